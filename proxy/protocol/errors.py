@@ -1,0 +1,39 @@
+"""The one error type that bad bytes may raise.
+
+Everything that parses untrusted input (frames, message bodies, record batches) turns
+construct, struct and index errors into ``ProtocolError`` so callers can refuse the
+offending request or connection without guessing which exceptions can escape.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Bytes that do not form a valid Kafka frame, message or record batch.
+
+    ``api_key`` and ``version`` are None where the failure is below the message level
+    (for example a record batch or a frame length); ``offset`` is the byte offset of the
+    failure within the buffer that was being parsed, when known.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        api_key: int | None = None,
+        version: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.api_key = api_key
+        self.version = version
+        self.offset = offset
+        where = []
+        if api_key is not None:
+            where.append(f"api_key={api_key}")
+        if version is not None:
+            where.append(f"version={version}")
+        if offset is not None:
+            where.append(f"offset={offset}")
+        suffix = f" ({', '.join(where)})" if where else ""
+        super().__init__(f"{reason}{suffix}")
