@@ -1,0 +1,142 @@
+"""Sans-IO framing of the Kafka wire protocol.
+
+Kafka frames every request and response as a 4-byte big-endian size followed by that
+many bytes. The proxy splits a byte stream into frames without copying more than it must,
+and peeks at a request's header (api key, version, correlation id, client id) without
+decoding its body, so that frames of API keys no feature needs are forwarded untouched.
+
+Nothing here does I/O: feed bytes in, take frames out.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from proxy.protocol.errors import ProtocolError
+
+SIZE_PREFIX = struct.Struct(">i")
+_REQUEST_HEADER_FIXED = struct.Struct(">hhih")  # api key, version, correlation id, client id length
+_CORRELATION_ID = struct.Struct(">i")
+
+DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # the broker's socket.request.max.bytes default
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeaderPeek:
+    """The fixed head of a request header, read without touching the body.
+
+    ``header_end_v1`` is where a v1 request header ends (after the client id). A flexible
+    request (header v2) continues with tagged fields there; the caller that needs the body
+    knows the header version from the (api key, version) pair.
+    """
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    header_end_v1: int
+
+
+def peek_request_header(frame: bytes | bytearray | memoryview) -> RequestHeaderPeek:
+    """Read api key, version, correlation id and client id from a request frame body.
+
+    ``frame`` is the frame without its size prefix. Request header v1 and v2 share this
+    prefix, so no schema is needed.
+    """
+    n = len(frame)
+    if n < _REQUEST_HEADER_FIXED.size:
+        raise ProtocolError(f"request header truncated: {n} bytes", offset=n)
+    api_key, version, correlation_id, client_len = _REQUEST_HEADER_FIXED.unpack_from(frame, 0)
+    pos = _REQUEST_HEADER_FIXED.size
+    if client_len == -1:
+        client_id = None
+    elif client_len < 0:
+        raise ProtocolError(
+            f"negative client id length {client_len}", api_key=api_key, version=version, offset=6
+        )
+    else:
+        end = pos + client_len
+        if end > n:
+            raise ProtocolError(
+                f"client id length {client_len} exceeds the {n - pos} bytes left",
+                api_key=api_key,
+                version=version,
+                offset=pos,
+            )
+        try:
+            client_id = bytes(frame[pos:end]).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(
+                "client id is not valid UTF-8", api_key=api_key, version=version, offset=pos
+            ) from exc
+        pos = end
+    return RequestHeaderPeek(api_key, version, correlation_id, client_id, pos)
+
+
+def peek_correlation_id(frame: bytes | bytearray | memoryview) -> int:
+    """The correlation id that starts every response header (v0 and v1 alike)."""
+    if len(frame) < 4:
+        raise ProtocolError(f"response header truncated: {len(frame)} bytes", offset=len(frame))
+    return _CORRELATION_ID.unpack_from(frame, 0)[0]
+
+
+def frame_bytes(body: bytes | bytearray | memoryview) -> bytes:
+    """Prefix ``body`` with its size, ready to write to a socket."""
+    return SIZE_PREFIX.pack(len(body)) + bytes(body)
+
+
+class FrameSplitter:
+    """Accumulates stream bytes and yields complete frames (without their size prefix).
+
+    The size prefix is checked against ``max_frame_bytes`` as soon as it arrives, before
+    any buffering of the body, so a hostile length can never make us allocate: the caller
+    gets a ``ProtocolError`` and should close the connection.
+    """
+
+    __slots__ = ("_buffer", "_max_frame_bytes", "_need")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        self._buffer = bytearray()
+        self._max_frame_bytes = max_frame_bytes
+        self._need: int | None = None  # body size of the frame being assembled
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self._buffer += data
+
+    def next_frame(self) -> bytes | None:
+        """The next complete frame body, or None until more bytes arrive."""
+        buf = self._buffer
+        if self._need is None:
+            if len(buf) < 4:
+                return None
+            size = SIZE_PREFIX.unpack_from(buf, 0)[0]
+            if size < 0:
+                raise ProtocolError(f"negative frame size {size}", offset=0)
+            if size > self._max_frame_bytes:
+                raise ProtocolError(
+                    f"frame of {size} bytes exceeds the {self._max_frame_bytes}-byte limit",
+                    offset=0,
+                )
+            self._need = size
+        need = self._need
+        if len(buf) < 4 + need:
+            return None
+        frame = bytes(buf[4 : 4 + need])
+        del buf[: 4 + need]
+        self._need = None
+        return frame
+
+    def frames(self) -> list[bytes]:
+        """All complete frames buffered so far."""
+        out = []
+        while (frame := self.next_frame()) is not None:
+            out.append(frame)
+        return out
