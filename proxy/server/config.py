@@ -1,0 +1,260 @@
+"""Proxy configuration: a Kafka-style properties file plus ``--override key=value``.
+
+Every key is declared once in ``SETTINGS`` with its type, default and a check, so an
+unknown key or a bad value fails at start with a message that names the key and the
+problem, never later and never silently. Per-topic settings are written
+``topic.<topic name>.<setting>`` (topic names may themselves contain dots; the setting is
+matched as a suffix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, phrased for the person who made it."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _parse_int(text: str) -> int:
+    return int(text.strip().replace("_", ""), 0)
+
+
+def _parse_str(text: str) -> str:
+    return text.strip()
+
+
+def _parse_host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port_number = int(port)
+    if not 0 < port_number < 65536:
+        raise ValueError(f"port {port_number} is outside 1..65535")
+    return host, port_number
+
+
+def _parse_servers(text: str) -> list[tuple[str, int]]:
+    servers = [_parse_host_port(part) for part in text.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("expected at least one host:port")
+    return servers
+
+
+def _parse_node_addresses(text: str) -> dict[int, tuple[str, int]]:
+    """``1@host:port,2@host:port``: the advertised proxy address of each broker node."""
+    mapping: dict[int, tuple[str, int]] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        node, sep, address = part.partition("@")
+        if not sep:
+            raise ValueError(f"entry {part!r} is not node_id@host:port")
+        mapping[int(node)] = _parse_host_port(address)
+    return mapping
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    check: Callable[[Any], str | None] = lambda value: None
+
+
+def _at_least(minimum: int) -> Callable[[int], str | None]:
+    return lambda value: None if value >= minimum else f"must be at least {minimum}"
+
+
+def _one_of(*choices: str) -> Callable[[str], str | None]:
+    return lambda value: None if value in choices else f"must be one of {', '.join(choices)}"
+
+
+def _port(value: int) -> str | None:
+    return None if 0 <= value < 65536 else "must be a port number in 0..65535 (0 picks a free port)"
+
+
+PROXY_SETTINGS: tuple[Setting, ...] = (
+    Setting("bootstrap.servers", _parse_servers, None, "The real Kafka cluster: host:port[,host:port...]."),
+    Setting("topology", _parse_str, "port-per-broker", "port-per-broker or sidecar.",
+            _one_of("port-per-broker", "sidecar")),
+    Setting("listen.host", _parse_str, "127.0.0.1", "Address the proxy listens on."),
+    Setting("listen.port", _parse_int, 9192, "Bootstrap port (port-per-broker) or the sidecar's port.", _port),
+    Setting("advertised.host", _parse_str, "", "Host clients should use to reach the proxy; defaults to listen.host."),
+    Setting("node.port.base", _parse_int, 0,
+            "port-per-broker: node N listens on node.port.base + N; 0 means listen.port + 1.", _port),
+    Setting("sidecar.node.addresses", _parse_node_addresses, {},
+            "sidecar: the proxy address advertised for each broker node, as id@host:port,..."),
+    Setting("max.frame.bytes", _parse_int, 104857600, "Largest request or response frame accepted.", _at_least(1024)),
+    Setting("max.connections", _parse_int, 10000, "Client connections accepted at once.", _at_least(1)),
+    Setting("max.inflight.requests.per.connection", _parse_int, 64,
+            "Requests awaiting a response per connection before the proxy stops reading from the client.",
+            _at_least(1)),
+    Setting("connections.max.idle.ms", _parse_int, 540000, "Close a connection idle this long.", _at_least(1000)),
+    Setting("upstream.connect.timeout.ms", _parse_int, 10000, "Deadline to connect to a broker.", _at_least(1)),
+    Setting("shutdown.drain.timeout.ms", _parse_int, 30000,
+            "On SIGTERM, how long in-flight requests may take to finish.", _at_least(0)),
+    Setting("metrics.port", _parse_int, 0, "Prometheus metrics HTTP port on listen.host; 0 disables.", _port),
+    Setting("log.format", _parse_str, "logfmt", "logfmt or json.", _one_of("logfmt", "json")),
+    Setting("log.level", _parse_str, "INFO", "Python logging level.",
+            _one_of("DEBUG", "INFO", "WARNING", "ERROR")),
+    Setting("ssl.listener.enabled", _parse_bool, False, "Terminate TLS from clients."),
+    Setting("ssl.listener.certfile", _parse_str, "", "PEM certificate chain for the client-facing listener."),
+    Setting("ssl.listener.keyfile", _parse_str, "", "PEM private key for the client-facing listener."),
+    Setting("ssl.upstream.enabled", _parse_bool, False, "Speak TLS to the brokers."),
+    Setting("ssl.upstream.cafile", _parse_str, "", "PEM CA bundle to verify brokers; empty uses the system store."),
+    Setting("ssl.upstream.check.hostname", _parse_bool, True, "Verify the broker's host name."),
+    Setting("max.bytes.key.range.results", _parse_int, 209715200,
+            "Byte cap of the key-range result cache.", _at_least(0)),
+    Setting("accept.individual.commit", _parse_bool, True, "Accept OffsetCommit requests carrying offset ranges."),
+    Setting("individual.commit.log.segment.bytes", _parse_int, 10485760,
+            "segment.bytes of __individual_commit_offsets.", _at_least(14)),
+)
+
+TOPIC_SETTINGS: tuple[Setting, ...] = (
+    Setting("accept.range.fetch", _parse_bool, True, "Serve key-range fetches of this topic."),
+    Setting("reserve.message.value.range.fetch", _parse_bool, False,
+            "Cache filtered records themselves (true) or only the matching offsets (false)."),
+)
+
+_PROXY_BY_NAME = {setting.name: setting for setting in PROXY_SETTINGS}
+_TOPIC_BY_NAME = {setting.name: setting for setting in TOPIC_SETTINGS}
+
+
+@dataclass
+class ProxyConfig:
+    """Parsed, checked settings. Attribute names are the keys with dots as underscores."""
+
+    values: dict[str, Any]
+    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __getattr__(self, attribute: str) -> Any:
+        key = attribute.replace("_", ".")
+        values = self.__dict__.get("values", {})
+        if key in values:
+            return values[key]
+        raise AttributeError(attribute)
+
+    def get(self, key: str) -> Any:
+        return self.values[key]
+
+    def topic_setting(self, topic: str, key: str) -> Any:
+        per_topic = self.topics.get(topic)
+        if per_topic is not None and key in per_topic:
+            return per_topic[key]
+        return _TOPIC_BY_NAME[key].default
+
+    @property
+    def advertised_host(self) -> str:
+        return self.values["advertised.host"] or self.values["listen.host"]
+
+
+def parse_properties(text: str, source: str = "<properties>") -> dict[str, str]:
+    """Java properties, the subset Kafka configs use: ``key=value`` or ``key: value``,
+    ``#``/``!`` comments, blank lines, trailing-backslash continuations."""
+    entries: dict[str, str] = {}
+    pending = ""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = pending + raw.strip()
+        pending = ""
+        if not line or line[0] in "#!":
+            continue
+        if line.endswith("\\"):
+            pending = line[:-1]
+            continue
+        for separator_index, char in enumerate(line):
+            if char in "=:":
+                break
+        else:
+            raise ConfigError(f"{source}:{number}: expected key=value, got {raw.strip()!r}")
+        key = line[:separator_index].strip()
+        if not key:
+            raise ConfigError(f"{source}:{number}: empty key")
+        entries[key] = line[separator_index + 1 :].strip()
+    return entries
+
+
+def _apply(setting: Setting, raw: str, label: str) -> Any:
+    try:
+        value = setting.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{label}: invalid value {raw!r}: {exc}") from None
+    problem = setting.check(value)
+    if problem:
+        raise ConfigError(f"{label}: {problem} (got {raw!r})")
+    return value
+
+
+def build_config(entries: dict[str, str]) -> ProxyConfig:
+    """Check every entry; unknown keys are errors, so a typo never goes unnoticed."""
+    values = {setting.name: setting.default for setting in PROXY_SETTINGS}
+    topics: dict[str, dict[str, Any]] = {}
+    for key, raw in entries.items():
+        if key in _PROXY_BY_NAME:
+            values[key] = _apply(_PROXY_BY_NAME[key], raw, key)
+            continue
+        if key.startswith("topic."):
+            rest = key[len("topic."):]
+            for name, setting in _TOPIC_BY_NAME.items():
+                suffix = "." + name
+                if rest.endswith(suffix) and len(rest) > len(suffix):
+                    topic = rest[: -len(suffix)]
+                    topics.setdefault(topic, {})[name] = _apply(setting, raw, key)
+                    break
+            else:
+                known = ", ".join(_TOPIC_BY_NAME)
+                raise ConfigError(f"{key}: unknown per-topic setting; write topic.<name>.<setting> with one of {known}")
+            continue
+        raise ConfigError(f"{key}: unknown setting (see `keyrange-proxy --help-config`)")
+    if values["bootstrap.servers"] is None:
+        raise ConfigError("bootstrap.servers: required; give --bootstrap-server host:port or set it in the properties file")
+    if values["topology"] == "sidecar" and len(values["bootstrap.servers"]) != 1:
+        raise ConfigError("bootstrap.servers: the sidecar topology fronts exactly one broker; give one host:port")
+    if values["ssl.listener.enabled"] and not (values["ssl.listener.certfile"] and values["ssl.listener.keyfile"]):
+        raise ConfigError("ssl.listener.enabled: needs ssl.listener.certfile and ssl.listener.keyfile")
+    for key in ("ssl.listener.certfile", "ssl.listener.keyfile", "ssl.upstream.cafile"):
+        if values[key] and not Path(values[key]).is_file():
+            raise ConfigError(f"{key}: no such file {values[key]!r}")
+    if values["node.port.base"] == 0 and values["listen.port"] != 0:
+        values["node.port.base"] = values["listen.port"] + 1
+    return ProxyConfig(values=values, topics=topics)
+
+
+def load_config(path: str | None, overrides: list[str]) -> ProxyConfig:
+    entries: dict[str, str] = {}
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {path!r} does not exist")
+        entries.update(parse_properties(file.read_text(encoding="utf-8"), source=path))
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--override {override!r}: expected key=value")
+        entries[key.strip()] = value.strip()
+    return build_config(entries)
+
+
+def describe_settings() -> str:
+    lines = ["Proxy settings (properties file or --override key=value):"]
+    for setting in PROXY_SETTINGS:
+        lines.append(f"  {setting.name} (default {setting.default!r})\n      {setting.doc}")
+    lines.append("Per-topic settings, written topic.<topic name>.<setting>:")
+    for setting in TOPIC_SETTINGS:
+        lines.append(f"  {setting.name} (default {setting.default!r})\n      {setting.doc}")
+    return "\n".join(lines)

@@ -1,0 +1,204 @@
+"""One client connection and its one upstream connection.
+
+Two tasks share a nursery: the reader takes frames from the client, routes them and
+sends them upstream; the writer takes responses in request order (from upstream or from
+the proxy itself) and sends them to the client. Between them a bounded channel of
+exchanges caps the requests in flight: when it is full the reader stops reading, the
+client's socket fills, and the client slows down; nothing buffers without limit.
+
+Bad bytes from the client close this connection only, with one log line naming the peer
+and the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import ssl
+from typing import Awaitable, Callable
+
+import trio
+
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.framing import peek_correlation_id, peek_request_header
+from proxy.protocol.messages import api_name
+from proxy.server.exchange import Exchange
+from proxy.server.metrics import ProxyMetrics
+from proxy.server.routing import Router
+from proxy.server.streams import FrameStream
+
+log = logging.getLogger("proxy.connection")
+
+_connection_ids = itertools.count(1)
+
+UpstreamOpener = Callable[[], Awaitable[trio.abc.Stream]]
+
+
+class UpstreamUnavailable(Exception):
+    """No broker could be reached for this connection."""
+
+
+class ClientConnection:
+    def __init__(
+        self,
+        client: trio.abc.Stream,
+        peer: str,
+        *,
+        open_upstream: UpstreamOpener,
+        router: Router,
+        metrics: ProxyMetrics,
+        max_frame_bytes: int,
+        max_inflight: int,
+        idle_timeout: float,
+        target: str,
+    ) -> None:
+        self.id = next(_connection_ids)
+        self.peer = peer
+        self.target = target  # "bootstrap" or "node-<id>", for logs
+        self.client = FrameStream(client, max_frame_bytes)
+        self.open_upstream = open_upstream
+        self.router = router
+        self.metrics = metrics
+        self.max_frame_bytes = max_frame_bytes
+        self.max_inflight = max_inflight
+        self.idle_timeout = idle_timeout
+        self.state: dict = {}  # per-connection state of features (e.g. fetch sessions)
+        self.nursery: trio.Nursery | None = None
+        self._reader_scope = trio.CancelScope()
+        self._last_activity = trio.current_time()
+        self._inflight = 0
+        self.closed = trio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def run(self) -> None:
+        upstream_stream = None
+        try:
+            try:
+                upstream_stream = await self.open_upstream()
+            except (OSError, trio.TooSlowError, ssl.SSLError, UpstreamUnavailable) as exc:
+                log.warning("upstream unavailable conn=%s peer=%s target=%s reason=%r",
+                            self.id, self.peer, self.target, str(exc))
+                self.metrics.errors.labels("upstream_unavailable").inc()
+                return
+            upstream = FrameStream(upstream_stream, self.max_frame_bytes)
+            send_exchanges, receive_exchanges = trio.open_memory_channel[Exchange](self.max_inflight)
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                scope = nursery.cancel_scope
+                nursery.start_soon(self._guarded, self._read_client(upstream, send_exchanges), scope, False)
+                nursery.start_soon(self._guarded, self._write_client(upstream, receive_exchanges, scope), scope)
+                nursery.start_soon(self._watch_idle, scope)
+        finally:
+            self.metrics.inflight.dec(self._inflight)
+            self._inflight = 0
+            if upstream_stream is not None:
+                await FrameStream(upstream_stream, 1).aclose()
+            await self.client.aclose()
+            self.closed.set()
+
+    async def _guarded(self, task: Awaitable[None], scope: trio.CancelScope, end_on_return: bool = True) -> None:
+        """Run one of the connection's tasks; any way it fails ends the whole connection,
+        and only this connection. The reader returning (client closed, or drain) must not
+        end it: the writer still owes the responses in flight."""
+        try:
+            await task
+            if not end_on_return:
+                return
+        except ProtocolError as exc:
+            self.metrics.errors.labels("protocol").inc()
+            log.warning("closing connection conn=%s peer=%s target=%s reason=%r",
+                        self.id, self.peer, self.target, str(exc))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
+            log.debug("connection ended conn=%s peer=%s reason=%r", self.id, self.peer, str(exc))
+        scope.cancel()
+
+    def drain(self) -> None:
+        """Stop taking requests; the writer finishes those in flight, then the connection closes."""
+        self._reader_scope.cancel()
+
+    # -- tasks ------------------------------------------------------------------------------
+    async def _read_client(self, upstream: FrameStream, exchanges: trio.MemorySendChannel) -> None:
+        metrics = self.metrics
+        async with exchanges:
+            with self._reader_scope:
+                while True:
+                    frame = await self.client.receive_frame()
+                    if frame is None:
+                        return
+                    received_at = trio.current_time()
+                    self._last_activity = received_at
+                    peek = peek_request_header(frame)
+                    route = await self.router.route(self, peek, frame)
+                    requests, request_bytes, _, _ = metrics.for_api(peek.api_key)
+                    requests.inc()
+                    request_bytes.inc(len(frame) + 4)
+                    if route.expect_response or route.local is not None:
+                        exchange = Exchange(
+                            api_key=peek.api_key,
+                            api_version=peek.api_version,
+                            correlation_id=peek.correlation_id,
+                            received_at=received_at,
+                            request_bytes=len(frame) + 4,
+                            transform=route.transform,
+                            local=route.local,
+                        )
+                        # Blocks while max_inflight exchanges wait: backpressure on the client.
+                        await exchanges.send(exchange)
+                        self._inflight += 1
+                        metrics.inflight.inc()
+                    if route.upstream_frame is not None:
+                        await upstream.send_frame(route.upstream_frame)
+
+    async def _write_client(
+        self, upstream: FrameStream, exchanges: trio.MemoryReceiveChannel, scope: trio.CancelScope
+    ) -> None:
+        metrics = self.metrics
+        async with exchanges:
+            async for exchange in exchanges:
+                if exchange.local is not None:
+                    response = await exchange.local.wait()
+                else:
+                    response = await upstream.receive_frame()
+                    if response is None:
+                        log.info("upstream closed conn=%s peer=%s target=%s", self.id, self.peer, self.target)
+                        scope.cancel()
+                        return
+                    correlation_id = peek_correlation_id(response)
+                    if correlation_id != exchange.correlation_id:
+                        raise ProtocolError(
+                            f"broker answered correlation id {correlation_id}, expected {exchange.correlation_id}",
+                            api_key=exchange.api_key,
+                            version=exchange.api_version,
+                        )
+                    if exchange.transform is not None:
+                        response = await exchange.transform(response)
+                await self.client.send_frame(response)
+                now = trio.current_time()
+                self._last_activity = now
+                self._inflight -= 1
+                metrics.inflight.dec()
+                _, _, response_bytes, latency = metrics.for_api(exchange.api_key)
+                response_bytes.inc(len(response) + 4)
+                latency.observe(now - exchange.received_at)
+        # The reader is done and every exchange is answered: close in order.
+        scope.cancel()
+
+    async def _watch_idle(self, scope: trio.CancelScope) -> None:
+        if not math.isfinite(self.idle_timeout):
+            return
+        while True:
+            deadline = self._last_activity + self.idle_timeout
+            now = trio.current_time()
+            if now >= deadline and self._inflight == 0:
+                log.info("closing idle connection conn=%s peer=%s idle_s=%.0f", self.id, self.peer, self.idle_timeout)
+                scope.cancel()
+                return
+            await trio.sleep(max(deadline - now, 1.0))
+
+
+def describe_api(api_key: int) -> str:
+    try:
+        return api_name(api_key)
+    except KeyError:
+        return f"api_key {api_key}"

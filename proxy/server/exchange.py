@@ -1,0 +1,54 @@
+"""One request on its way through the proxy, and how its response will be produced.
+
+A client connection keeps its exchanges in request order. Each one says where its
+response comes from: the next frame of the upstream connection (possibly rewritten on the
+way back), or an answer the proxy computes itself. The writer side takes exchanges in
+order, so responses leave in request order whatever their source, as Kafka requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import trio
+
+ResponseTransform = Callable[[bytes], Awaitable[bytes]]
+
+
+class LocalAnswer:
+    """A response body the proxy produces itself, possibly after asynchronous work."""
+
+    __slots__ = ("_event", "_frame", "_error")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._frame: bytes | None = None
+        self._error: BaseException | None = None
+
+    def set(self, frame: bytes) -> None:
+        self._frame = frame
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._event.set()
+
+    async def wait(self) -> bytes:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._frame is not None
+        return self._frame
+
+
+@dataclass(slots=True)
+class Exchange:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    received_at: float
+    request_bytes: int
+    transform: ResponseTransform | None = None
+    local: LocalAnswer | None = None
+    notes: dict = field(default_factory=dict)

@@ -1,0 +1,99 @@
+"""Prometheus metrics of the proxy, and the small trio HTTP endpoint that serves them.
+
+Label children are looked up once per api key and cached, because ``labels()`` costs a
+dictionary walk and a lock on every call and the request path runs it several times per
+request.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from proxy.protocol.messages import api_name
+
+log = logging.getLogger("proxy.metrics")
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("kafka_proxy_requests", "Requests forwarded or answered, by API.", ["api"], registry=r)
+        self.request_bytes = Counter("kafka_proxy_request_bytes", "Request bytes received from clients, by API.",
+                                     ["api"], registry=r)
+        self.response_bytes = Counter("kafka_proxy_response_bytes", "Response bytes sent to clients, by API.",
+                                      ["api"], registry=r)
+        self.latency = Histogram("kafka_proxy_request_latency_seconds",
+                                 "Time from a request's arrival to its response leaving, by API.",
+                                 ["api"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.connections = Gauge("kafka_proxy_client_connections", "Open client connections.", registry=r)
+        self.connections_total = Counter("kafka_proxy_client_connections_accepted", "Client connections accepted.",
+                                         registry=r)
+        self.connections_refused = Counter("kafka_proxy_client_connections_refused",
+                                           "Client connections refused, by reason.", ["reason"], registry=r)
+        self.errors = Counter("kafka_proxy_connection_errors", "Connections closed on an error, by kind.", ["kind"],
+                              registry=r)
+        self.upstream_connects = Counter("kafka_proxy_upstream_connects", "Upstream connections opened.", registry=r)
+        self.upstream_connect_failures = Counter("kafka_proxy_upstream_connect_failures",
+                                                 "Upstream connection attempts that failed.", registry=r)
+        self.inflight = Gauge("kafka_proxy_inflight_requests", "Requests awaiting their response.", registry=r)
+        self._per_api: dict[int, tuple] = {}
+
+    def for_api(self, api_key: int) -> tuple:
+        """(requests, request_bytes, response_bytes, latency) children for one api key."""
+        children = self._per_api.get(api_key)
+        if children is None:
+            try:
+                name = api_name(api_key)
+            except KeyError:
+                name = f"api_{api_key}"
+            children = (
+                self.requests.labels(name),
+                self.request_bytes.labels(name),
+                self.response_bytes.labels(name),
+                self.latency.labels(name),
+            )
+            self._per_api[api_key] = children
+        return children
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+async def serve_metrics(metrics: ProxyMetrics, host: str, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """GET /metrics on ``host:port``. Anything else gets 404. One request per connection."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            with trio.move_on_after(5):
+                request = b""
+                while b"\r\n\r\n" not in request and len(request) < 8192:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        return
+                    request += chunk
+                line = request.split(b"\r\n", 1)[0].split()
+                if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] in (b"/metrics", b"/"):
+                    body = metrics.render()
+                    head = (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE_LATEST}\r\n"
+                            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+                else:
+                    body = b"not found\n"
+                    head = (b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
+                            b"Content-Length: 10\r\nConnection: close\r\n\r\n")
+                await stream.send_all(head + body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    log.info("metrics endpoint listening port=%s", listeners[0].socket.getsockname()[1])
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handle, listeners)

@@ -1,0 +1,137 @@
+"""Decide, per request, how it travels and what happens to its response.
+
+Only the API keys some feature needs are decoded; every other frame goes upstream as the
+client sent it and its response comes back as the broker sent it. Features plug in here
+by registering a request hook for an API key (see ``Router.register``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from proxy.protocol import messages
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.messages import ApiKey
+from proxy.protocol.peek import produce_acks
+from proxy.server.exchange import LocalAnswer, ResponseTransform
+from proxy.server.rewrite import ADDRESS_REWRITERS, clamp_api_versions
+
+log = logging.getLogger("proxy.routing")
+
+UNSUPPORTED_VERSION = 35
+
+
+@dataclass(slots=True)
+class Route:
+    """What to do with one request.
+
+    ``upstream_frame``: the bytes to send to the broker, or None to send nothing.
+    ``expect_response``: whether the broker will answer (False only for acks=0 Produce).
+    ``transform``: rewrites the broker's response frame on its way back.
+    ``local``: the proxy answers by itself; nothing is expected from the broker.
+    """
+
+    upstream_frame: bytes | None
+    expect_response: bool = True
+    transform: ResponseTransform | None = None
+    local: LocalAnswer | None = None
+
+
+# A hook gets the client connection (``id``, ``peer``, ``nursery``, ``state``), the header
+# peek and the frame; it returns a Route, or None for the default route.
+RequestHook = Callable[[Any, RequestHeaderPeek, bytes], Awaitable["Route | None"]]
+
+
+class Router:
+    def __init__(self, book, features: dict[str, tuple[int, int]] | None = None) -> None:
+        self.book = book
+        self.features: dict[str, tuple[int, int]] = dict(features or {})
+        self._hooks: dict[int, RequestHook] = {}
+        self._decoded_keys: set[int] = set(ADDRESS_REWRITERS) | {ApiKey.API_VERSIONS}
+
+    def register(self, api_key: int, hook: RequestHook) -> None:
+        """A feature that decodes ``api_key`` requests. The hook may return None to fall
+        back to the default route."""
+        self._hooks[api_key] = hook
+        self._decoded_keys.add(api_key)
+
+    def advertise(self, feature: str, min_version: int = 1, max_version: int = 1) -> None:
+        self.features[feature] = (min_version, max_version)
+
+    def known_max_versions(self) -> dict[int, int]:
+        return {key: messages.supported_versions(key)[1] for key in self._decoded_keys}
+
+    async def route(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route:
+        api_key = peek.api_key
+        if api_key in self._decoded_keys:
+            low, high = messages.supported_versions(api_key)
+            if not low <= peek.api_version <= high:
+                if api_key == ApiKey.API_VERSIONS:
+                    return Route(None, local=self._unsupported_api_versions(peek))
+                raise ProtocolError(
+                    f"{messages.api_name(api_key)} v{peek.api_version} is beyond the versions the proxy "
+                    f"advertised ({low}-{high})",
+                    api_key=api_key,
+                    version=peek.api_version,
+                )
+        hook = self._hooks.get(api_key)
+        if hook is not None:
+            route = await hook(conn, peek, frame)
+            if route is not None:
+                return route
+        if api_key == ApiKey.PRODUCE and produce_acks(frame, peek) == 0:
+            return Route(frame, expect_response=False)
+        if api_key == ApiKey.API_VERSIONS:
+            return Route(frame, transform=self._api_versions_transform(peek))
+        rewriter = ADDRESS_REWRITERS.get(api_key)
+        if rewriter is not None:
+            return Route(frame, transform=self._address_transform(peek, rewriter))
+        return Route(frame)
+
+    # -- response transforms --------------------------------------------------------------
+    def _address_transform(self, peek: RequestHeaderPeek, rewriter) -> ResponseTransform:
+        api_key, version, book = peek.api_key, peek.api_version, self.book
+
+        async def transform(response: bytes) -> bytes:
+            header, body = messages.decode_response(api_key, version, response)
+            if not rewriter(body, book):
+                return response
+            return messages.encode_response(api_key, version, header, body)
+
+        return transform
+
+    def _api_versions_transform(self, peek: RequestHeaderPeek) -> ResponseTransform:
+        version = peek.api_version
+
+        async def transform(response: bytes) -> bytes:
+            header, body = messages.decode_response(ApiKey.API_VERSIONS, version, response)
+            if body.error_code != 0:
+                # The broker answered an older version it chose (v0 layout); pass it on.
+                return response
+            features = self.features if version >= 3 else {}
+            def new_feature(**fields):
+                return messages.new_struct(ApiKey.API_VERSIONS, version, "response", "supported_features", **fields)
+
+            if not clamp_api_versions(body, self.known_max_versions(), features, new_feature):
+                return response
+            return messages.encode_response(ApiKey.API_VERSIONS, version, header, body)
+
+        return transform
+
+    def _unsupported_api_versions(self, peek: RequestHeaderPeek) -> LocalAnswer:
+        """Answer as a broker does when a client asks for an ApiVersions version it lacks:
+        UNSUPPORTED_VERSION in the v0 layout, listing the ApiVersions versions we do know."""
+        low, high = messages.supported_versions(ApiKey.API_VERSIONS)
+        body = messages.new_body(
+            ApiKey.API_VERSIONS, 0, "response",
+            error_code=UNSUPPORTED_VERSION,
+            api_keys=[messages.new_struct(ApiKey.API_VERSIONS, 0, "response", "api_keys",
+                                          api_key=int(ApiKey.API_VERSIONS), min_version=low, max_version=high)],
+        )
+        header = messages.new_response_header(0, correlation_id=peek.correlation_id)
+        answer = LocalAnswer()
+        answer.set(messages.encode_response(ApiKey.API_VERSIONS, 0, header, body))
+        return answer
