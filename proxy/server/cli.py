@@ -22,8 +22,35 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--topology", choices=["port-per-broker", "sidecar"])
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="set any setting; repeatable; wins over the file")
+    parser.add_argument("--ready-file", metavar="PATH",
+                        help="once listening, write the ports (JSON) here; for scripts that start the proxy")
     parser.add_argument("--help-config", action="store_true", help="list every setting with its default")
     return parser
+
+
+async def _run(server, ready_file: str | None) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.run)
+        await server.started.wait()
+        if ready_file:
+            _write_ready_file(server, ready_file)
+
+
+def _write_ready_file(server, path: str) -> None:
+    import json
+    import os
+
+    info = {
+        "pid": os.getpid(),
+        "host": server.config.advertised_host,
+        "port": server.port,
+        "node_ports": {str(node): port for node, port in sorted(server.node_ports.items())},
+        "metrics_port": server.metrics_port,
+    }
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(info, file)
+    os.replace(temporary, path)  # readers never see a half-written file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         server = ProxyServer(config)
-        trio.run(server.run)
+        trio.run(_run, server, args.ready_file)
     except StartupError as exc:
         print(f"keyrange-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
