@@ -1,0 +1,303 @@
+"""Pure-Python hot loops over a decompressed records section.
+
+These walk records reading only what routing needs: the record length, the key (or, for
+a null key, the offset delta) and nothing of the value or headers. They check framing
+(every record and key inside the section, the section filled exactly) but not every
+field, since kept records are copied verbatim and the broker validated them on produce.
+
+The optional C module ``proxy.records._ckernels`` implements the same three functions with
+the same results; ``proxy.records.kernels`` picks one. Positions in errors are relative to
+``buf`` (``ProtocolError.offset``).
+
+Signatures shared with the C module::
+
+    split(buf, start, end, base_offset, bounds, members, nsets)
+        -> (list[bytes] per set, list[int] counts per set, total records)
+    match(buf, start, end, base_offset, bounds, members, nsets)
+        -> (list[list[int]] absolute offsets per set, total records)
+    keep(buf, start, end, base_offset, offsets)
+        -> (bytes, kept count, total records)
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_right
+
+import xxhash
+
+from proxy.protocol.errors import ProtocolError
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_pack_offset = struct.Struct(">q").pack
+
+
+def _varint(buf, pos: int, end: int, max_bytes: int = 5) -> tuple[int, int]:
+    """Slow path of a signed varint (the hot loops inline the one-byte case)."""
+    result = 0
+    shift = 0
+    stop = min(end, pos + max_bytes)
+    p = pos
+    while p < stop:
+        b = buf[p]
+        p += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (result >> 1) ^ -(result & 1), p
+        shift += 7
+    raise ProtocolError("malformed varint", offset=pos)
+
+
+def _route(buf, pos: int, rec_end: int, base_offset: int) -> int:
+    """Key hash of the record whose attributes byte is at ``pos``; the non-hot cases.
+
+    Used for records whose fields are not all one-byte varints: decodes timestamp delta,
+    offset delta and key length strictly, then hashes.
+    """
+    pos += 1
+    _, pos = _varint(buf, pos, rec_end, 10)
+    offset_delta, pos = _varint(buf, pos, rec_end)
+    key_len, pos = _varint(buf, pos, rec_end)
+    if key_len >= 0:
+        if pos + key_len > rec_end:
+            raise ProtocolError(f"key length {key_len} does not fit its record", offset=pos)
+        return _xxh3(buf[pos : pos + key_len]) >> 1
+    if key_len == -1:
+        return _xxh3(_pack_offset(base_offset + offset_delta)) >> 1
+    raise ProtocolError(f"negative key length {key_len}", offset=pos)
+
+
+def _offset_delta(buf, pos: int, rec_end: int) -> int:
+    """Offset delta of the record whose attributes byte is at ``pos``."""
+    _, pos = _varint(buf, pos + 1, rec_end, 10)
+    offset_delta, _ = _varint(buf, pos, rec_end)
+    return offset_delta
+
+
+def _walk_error(exc: Exception, rec_start: int) -> ProtocolError:
+    """Every fault is reported at the start of the record that holds it.
+
+    Both kernel implementations do this, so they agree on offsets even where they
+    notice a fault at different bytes of the record.
+    """
+    if isinstance(exc, ProtocolError):
+        return ProtocolError(exc.reason, offset=rec_start)
+    return ProtocolError("record runs past the end of the records section", offset=rec_start)
+
+
+def split(buf, start: int, end: int, base_offset: int, bounds, members, nsets: int):
+    """Route every record to the sets containing its key hash; copy raw bytes per set."""
+    outs: list[list] = [[] for _ in range(nsets)]
+    if all(len(m) <= 1 for m in members):
+        table = [outs[m[0]].append if m else None for m in members]
+        total = _split_disjoint(buf, start, end, base_offset, bounds, table)
+    else:
+        table = [tuple(outs[k].append for k in m) for m in members]
+        total = _split_overlapping(buf, start, end, base_offset, bounds, table)
+    return [b"".join(o) for o in outs], [len(o) for o in outs], total
+
+
+def _split_disjoint(buf, pos, end, base_offset, bounds, table) -> int:
+    """Hot loop when every hash belongs to at most one set (``table`` holds appenders)."""
+    xxh3 = _xxh3
+    bisect = bisect_right
+    total = 0
+    rec_start = pos
+    try:
+        while pos < end:
+            rec_start = pos
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:  # records of 64..8191 bytes: two-byte length
+                u = (u & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                u, pos = _uvarint(buf, pos, end)
+            length = (u >> 1) ^ -(u & 1)
+            rec_end = pos + length
+            if length < 1 or rec_end > end:
+                raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
+            # attributes (1 byte), then timestamp delta, offset delta, key length: the
+            # common case has all three as one-byte varints and a short key.
+            # attributes (1 byte), then skip the timestamp and offset delta varints and
+            # read the key length; the common key is non-null and shorter than 64 bytes.
+            p = pos + 1
+            while buf[p] > 0x7F:
+                p += 1
+            p += 1
+            while buf[p] > 0x7F:
+                p += 1
+            p += 1
+            kl = buf[p]
+            if 1 < kl < 0x80 and not kl & 1:
+                p += 1
+                key_end = p + (kl >> 1)
+                if key_end > rec_end:
+                    raise ProtocolError("key does not fit its record", offset=p)
+                h = xxh3(buf[p:key_end]) >> 1
+            else:
+                h = _route(buf, pos, rec_end, base_offset)
+            append = table[bisect(bounds, h)]
+            if append is not None:
+                append(buf[rec_start:rec_end])
+            total += 1
+            pos = rec_end
+    except (IndexError, ProtocolError) as exc:
+        raise _walk_error(exc, rec_start) from None
+    return total
+
+
+def _split_overlapping(buf, pos, end, base_offset, bounds, table) -> int:
+    """Hot loop when sets overlap (``table`` holds tuples of appenders)."""
+    xxh3 = _xxh3
+    bisect = bisect_right
+    total = 0
+    rec_start = pos
+    try:
+        while pos < end:
+            rec_start = pos
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:  # records of 64..8191 bytes: two-byte length
+                u = (u & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                u, pos = _uvarint(buf, pos, end)
+            length = (u >> 1) ^ -(u & 1)
+            rec_end = pos + length
+            if length < 1 or rec_end > end:
+                raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
+            # attributes (1 byte), then skip the timestamp and offset delta varints and
+            # read the key length; the common key is non-null and shorter than 64 bytes.
+            p = pos + 1
+            while buf[p] > 0x7F:
+                p += 1
+            p += 1
+            while buf[p] > 0x7F:
+                p += 1
+            p += 1
+            kl = buf[p]
+            if 1 < kl < 0x80 and not kl & 1:
+                p += 1
+                key_end = p + (kl >> 1)
+                if key_end > rec_end:
+                    raise ProtocolError("key does not fit its record", offset=p)
+                h = xxh3(buf[p:key_end]) >> 1
+            else:
+                h = _route(buf, pos, rec_end, base_offset)
+            appenders = table[bisect(bounds, h)]
+            if appenders:
+                raw = buf[rec_start:rec_end]
+                for append in appenders:
+                    append(raw)
+            total += 1
+            pos = rec_end
+    except (IndexError, ProtocolError) as exc:
+        raise _walk_error(exc, rec_start) from None
+    return total
+
+
+def _uvarint(buf, pos: int, end: int) -> tuple[int, int]:
+    """Unsigned 5-byte-max LEB128 (the record length before zig-zag decoding)."""
+    result = 0
+    shift = 0
+    stop = min(end, pos + 5)
+    p = pos
+    while p < stop:
+        b = buf[p]
+        p += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, p
+        shift += 7
+    raise ProtocolError("malformed record length varint", offset=pos)
+
+
+def match(buf, start: int, end: int, base_offset: int, bounds, members, nsets: int):
+    """Like ``split`` but collect absolute offsets instead of bytes."""
+    outs: list[list[int]] = [[] for _ in range(nsets)]
+    table = [tuple(outs[k].append for k in m) for m in members]
+    xxh3 = _xxh3
+    bisect = bisect_right
+    pos = start
+    total = 0
+    rec_start = pos
+    try:
+        while pos < end:
+            rec_start = pos
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:
+                u = (u & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                u, pos = _uvarint(buf, pos, end)
+            length = (u >> 1) ^ -(u & 1)
+            rec_end = pos + length
+            if length < 1 or rec_end > end:
+                raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
+            p = pos + 1
+            while buf[p] > 0x7F:
+                p += 1
+            p += 1
+            od_pos = p
+            while buf[p] > 0x7F:
+                p += 1
+            p += 1
+            kl = buf[p]
+            if 1 < kl < 0x80 and not kl & 1:
+                p += 1
+                key_end = p + (kl >> 1)
+                if key_end > rec_end:
+                    raise ProtocolError("key does not fit its record", offset=p)
+                h = xxh3(buf[p:key_end]) >> 1
+                if p - od_pos == 2:  # one-byte offset delta
+                    od = buf[od_pos]
+                    delta = (od >> 1) ^ -(od & 1)
+                else:
+                    delta, _ = _varint(buf, od_pos, rec_end)
+            else:
+                h = _route(buf, pos, rec_end, base_offset)
+                delta = _offset_delta(buf, pos, rec_end)
+            offset = base_offset + delta
+            for append in table[bisect(bounds, h)]:
+                append(offset)
+            total += 1
+            pos = rec_end
+    except (IndexError, ProtocolError) as exc:
+        raise _walk_error(exc, rec_start) from None
+    return outs, total
+
+
+def keep(buf, start: int, end: int, base_offset: int, offsets):
+    """Copy the records whose absolute offset is in ``offsets`` (a set or frozenset)."""
+    out = []
+    pos = start
+    total = 0
+    rec_start = pos
+    try:
+        while pos < end:
+            rec_start = pos
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:
+                u = (u & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                u, pos = _uvarint(buf, pos, end)
+            length = (u >> 1) ^ -(u & 1)
+            rec_end = pos + length
+            if length < 1 or rec_end > end:
+                raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
+            delta = _offset_delta(buf, pos, rec_end)
+            if base_offset + delta in offsets:
+                out.append(buf[rec_start:rec_end])
+            total += 1
+            pos = rec_end
+    except (IndexError, ProtocolError) as exc:
+        raise _walk_error(exc, rec_start) from None
+    return b"".join(out), len(out), total
