@@ -33,7 +33,7 @@ _pack_offset = struct.Struct(">q").pack
 
 
 def _varint(buf, pos: int, end: int, max_bytes: int = 5) -> tuple[int, int]:
-    """Slow path of a signed varint (the hot loops inline the one-byte case)."""
+    """Strict signed varint: at most ``max_bytes`` (5 or 10) bytes, value in int32/int64."""
     result = 0
     shift = 0
     stop = min(end, pos + max_bytes)
@@ -43,6 +43,8 @@ def _varint(buf, pos: int, end: int, max_bytes: int = 5) -> tuple[int, int]:
         p += 1
         result |= (b & 0x7F) << shift
         if b < 0x80:
+            if result >> (32 if max_bytes == 5 else 64):
+                raise ProtocolError("varint out of range", offset=pos)
             return (result >> 1) ^ -(result & 1), p
         shift += 7
     raise ProtocolError("malformed varint", offset=pos)
@@ -85,8 +87,19 @@ def _walk_error(exc: Exception, rec_start: int) -> ProtocolError:
     return ProtocolError("record runs past the end of the records section", offset=rec_start)
 
 
+# Offsets are int64 and offset deltas int32: a base offset this far from the int64 edge
+# keeps every base + delta representable (and such offsets never occur in a real log).
+MAX_BASE_OFFSET = (1 << 63) - 1 - (1 << 31)
+
+
+def _check_base(base_offset: int, start: int) -> None:
+    if not 0 <= base_offset <= MAX_BASE_OFFSET:
+        raise ProtocolError(f"base offset {base_offset} out of range", offset=start)
+
+
 def split(buf, start: int, end: int, base_offset: int, bounds, members, nsets: int):
     """Route every record to the sets containing its key hash; copy raw bytes per set."""
+    _check_base(base_offset, start)
     outs: list[list] = [[] for _ in range(nsets)]
     if all(len(m) <= 1 for m in members):
         table = [outs[m[0]].append if m else None for m in members]
@@ -217,6 +230,7 @@ def _uvarint(buf, pos: int, end: int) -> tuple[int, int]:
 
 def match(buf, start: int, end: int, base_offset: int, bounds, members, nsets: int):
     """Like ``split`` but collect absolute offsets instead of bytes."""
+    _check_base(base_offset, start)
     outs: list[list[int]] = [[] for _ in range(nsets)]
     table = [tuple(outs[k].append for k in m) for m in members]
     xxh3 = _xxh3
@@ -274,6 +288,7 @@ def match(buf, start: int, end: int, base_offset: int, bounds, members, nsets: i
 
 def keep(buf, start: int, end: int, base_offset: int, offsets):
     """Copy the records whose absolute offset is in ``offsets`` (a set or frozenset)."""
+    _check_base(base_offset, start)
     out = []
     pos = start
     total = 0

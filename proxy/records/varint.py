@@ -39,6 +39,8 @@ def read_varint(buf, pos: int, end: int, max_bytes: int = VARINT_MAX_BYTES) -> t
         p += 1
         result |= (b & 0x7F) << shift
         if b < 0x80:
+            if result >> (32 if max_bytes == VARINT_MAX_BYTES else 64):
+                raise ProtocolError("varint value out of range", offset=pos)
             return (result >> 1) ^ -(result & 1), p
         shift += 7
     if p >= end and p - pos < max_bytes:
