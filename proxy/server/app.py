@@ -82,7 +82,7 @@ class ProxyServer:
         async with trio.open_nursery() as root:
             if handle_signals:
                 root.start_soon(self._watch_signals)
-            if self.config.get("metrics.port"):
+            if self.config.get("metrics.port") >= 0:
                 self.metrics_port = await root.start(
                     serve_metrics, self.metrics, self.config.get("listen.host"), self.config.get("metrics.port")
                 )

@@ -1,0 +1,53 @@
+"""Proxy fixtures: the real ``keyrange-proxy`` process in front of the real brokers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from proxy.testing.kafka_cluster import KafkaCluster
+from proxy.testing.proxy_process import ProxyProcess
+
+ProxyFactory = Callable[..., ProxyProcess]
+
+
+@pytest.fixture(scope="session")
+def proxy_factory(tmp_path_factory) -> Iterator[ProxyFactory]:
+    """``proxy_factory(cluster, **overrides) -> ProxyProcess``; every proxy started is
+    stopped at the end of the session (earlier if the test stops it)."""
+    started: list[ProxyProcess] = []
+
+    def start(cluster: KafkaCluster, bootstrap: str | None = None, **overrides: str) -> ProxyProcess:
+        settings = {key.replace("_", "."): str(value) for key, value in overrides.items()}
+        process = ProxyProcess.start(
+            bootstrap or cluster.bootstrap_servers,
+            overrides=settings,
+            workdir=tmp_path_factory.mktemp("proxy"),
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def proxy(kafka: KafkaCluster, proxy_factory: ProxyFactory) -> ProxyProcess:
+    """One proxy (port per broker) in front of the single-node ``kafka``."""
+    return proxy_factory(kafka, metrics_port="0")
+
+
+@pytest.fixture(scope="session")
+def cluster_proxy(kafka_cluster: KafkaCluster, proxy_factory: ProxyFactory) -> ProxyProcess:
+    """One proxy (port per broker) in front of the three-node ``kafka_cluster``."""
+    return proxy_factory(kafka_cluster)
+
+
+def real_ports(cluster: KafkaCluster) -> set[int]:
+    return {node.port for node in cluster.nodes}
+
+
+def proxy_ports(process: ProxyProcess) -> set[int]:
+    return {process.port, *process.node_ports.values()}
