@@ -37,3 +37,17 @@ class ProtocolError(Exception):
             where.append(f"offset={offset}")
         suffix = f" ({', '.join(where)})" if where else ""
         super().__init__(f"{reason}{suffix}")
+
+
+class UnsupportedVersionError(ProtocolError):
+    """An API key, version or message that our merged schemas do not define.
+
+    A ``ProtocolError`` so that callers who only guard against bad bytes still catch it;
+    callers that can forward such frames opaquely should check ``supported_versions``
+    first or catch this subclass.
+    """
+
+
+class MessageEncodeError(ValueError):
+    """A decoded-value object that cannot be encoded (wrong type, out-of-range integer,
+    None in a non-nullable field). Always a bug in the code that built the value."""

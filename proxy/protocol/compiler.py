@@ -1,0 +1,752 @@
+"""Compile a merged message definition, for one version, into a construct structure.
+
+``compile_message(view, name, version)`` builds a tree of construct objects for that
+version (``StructCodec`` for structs, ``ArrayCodec``, ``NullableStructCodec`` and the
+primitives of ``primitives.py``), then compiles it with construct's ``Construct.compile``.
+Our constructs implement ``_emitparse``/``_emitbuild``: each struct becomes one straight-
+line Python function that unpacks runs of fixed-size fields with a single ``struct``
+call, calls the primitive readers by name and builds the generated dataclass with
+positional arguments. Construct's own ``Struct`` would create two ``Container`` objects
+and a context per struct instance, which is what makes it slow.
+
+The generated functions work on ``(buf, pos, end)`` rather than a stream; the compiled
+construct still parses from and builds to streams (a thin wrapper), but
+``MessageCodec`` calls the buffer-level functions directly so that record sets stay
+zero-copy views and no ``BytesIO`` is involved.
+
+``mode="interpreted"`` skips code generation and runs the same construct tree through
+its ``read``/``write`` methods: the reference the compiled code is tested against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from construct.core import CodeGen
+
+from proxy.protocol import primitives as prim
+from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
+from proxy.protocol.primitives import (
+    EMPTY_FROZENSET,
+    Bool,
+    Fixed,
+    KafkaConstruct,
+    Uuid,
+    Varlen,
+    primitive,
+)
+from proxy.protocol.schema import FieldDef, MessageDef, View, registry
+from proxy.protocol.tagged import read_tagged_section, write_tag_entries
+from proxy.protocol.values import PRESENT_TAGS, UNKNOWN_TAGGED, default_spec, message_classes
+
+Mode = Literal["compiled", "interpreted"]
+
+# Objects the generated modules refer to by number (classes, struct formats, codecs).
+# Generated code binds them to module globals once, at exec time.
+LINKED: dict[int, Any] = {}
+_link_ids = itertools.count(1)
+
+
+# --------------------------------------------------------------------------- members
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One field of a struct as encoded in one version."""
+
+    attr: str
+    codec: KafkaConstruct
+    tag: int | None  # None for a field in the fixed part of the struct
+    default: Any  # the default value, used to decide whether a tagged field is sent
+    # ``None`` when the field is absent from this version.
+
+
+class ArrayCodec(KafkaConstruct):
+    """A Kafka array: int32 count (or compact uvarint count + 1), then the elements."""
+
+    def __init__(self, element: KafkaConstruct, *, compact: bool, nullable: bool) -> None:
+        super().__init__()
+        self.element = element
+        self.compact = compact
+        self.nullable = nullable
+        self.min_size = 1 if compact else 4
+
+    def read(self, buf, pos, end):
+        n, pos = prim.read_array_count(
+            buf, pos, end, self.element.min_size, self.nullable, self.compact
+        )
+        if n is None:
+            return None, pos
+        items = []
+        read = self.element.read
+        for _ in range(n):
+            item, pos = read(buf, pos, end)
+            items.append(item)
+        return items, pos
+
+    def write(self, out, value):
+        prim.write_array_count(out, value, self.nullable, self.compact)
+        if value is not None:
+            write = self.element.write
+            for item in value:
+                write(out, item)
+
+
+class NullableStructCodec(KafkaConstruct):
+    """A struct field that may be null: int8 -1 (null) or 1 (present), then the struct."""
+
+    min_size = 1
+
+    def __init__(self, inner: StructCodec) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def read(self, buf, pos, end):
+        present, pos = prim.read_nullable_struct_marker(buf, pos, end)
+        if not present:
+            return None, pos
+        return self.inner.read(buf, pos, end)
+
+    def write(self, out, value):
+        if value is None:
+            out.append(0xFF)
+        else:
+            out.append(1)
+            self.inner.write(out, value)
+
+
+class StructCodec(KafkaConstruct):
+    """One struct (or the message itself) in one version.
+
+    ``members`` lists every field of the generated class in class order; a member whose
+    codec is None is absent from this version and decodes to its default.
+    """
+
+    def __init__(
+        self,
+        cls: type,
+        members: list[tuple[FieldDef, Member | None]],
+        flexible: bool,
+        label: str,
+    ) -> None:
+        super().__init__()
+        self.cls = cls
+        self.all_members = members
+        self.flexible = flexible
+        self.label = label
+        self.fixed_part = [m for _, m in members if m is not None and m.tag is None]
+        self.tagged = sorted(
+            (m for _, m in members if m is not None and m.tag is not None),
+            key=lambda m: m.tag,
+        )
+        self.known_tags = {m.tag: (m.attr, m.codec.read) for m in self.tagged}
+        self.min_size = sum(m.codec.min_size for m in self.fixed_part) + (1 if flexible else 0)
+        self.emitted: tuple[str, str] | None = None  # (parse, build) function names
+
+    def __repr__(self) -> str:
+        return f"StructCodec({self.label})"
+
+    # ----------------------------------------------------------- interpreted
+
+    def read(self, buf, pos, end):
+        values: dict[str, Any] = {}
+        for m in self.fixed_part:
+            values[m.attr], pos = m.codec.read(buf, pos, end)
+        if self.flexible:
+            tagged, present, unknown, pos = read_tagged_section(buf, pos, end, self.known_tags)
+            values.update(tagged)
+            values[PRESENT_TAGS] = present
+            values[UNKNOWN_TAGGED] = unknown
+        return self.cls(**values), pos
+
+    def write(self, out, value):
+        for m in self.fixed_part:
+            m.codec.write(out, getattr(value, m.attr))
+        if self.flexible:
+            entries = []
+            present = getattr(value, PRESENT_TAGS)
+            for m in self.tagged:
+                field_value = getattr(value, m.attr)
+                if field_value != m.default or m.tag in present:
+                    encoded = bytearray()
+                    m.codec.write(encoded, field_value)
+                    entries.append((m.tag, encoded))
+            entries.extend(getattr(value, UNKNOWN_TAGGED))
+            write_tag_entries(out, entries)
+
+    # ----------------------------------------------------------- compiled
+
+    def _emitparse(self, code):
+        gen = Generator.of(code)
+        parse_name, _ = gen.struct_functions(self)
+        wrapper = gen.fresh("stream_parse")
+        code.append(
+            f"""
+            def {wrapper}(io, this):
+                data = io.read()
+                view = memoryview(data)
+                obj, used = {parse_name}(view, 0, len(view))
+                if used != len(data):
+                    io.seek(used - len(data), 1)
+                return obj
+            """
+        )
+        return f"{wrapper}(io, this)"
+
+    def _emitbuild(self, code):
+        gen = Generator.of(code)
+        _, build_name = gen.struct_functions(self)
+        wrapper = gen.fresh("stream_build")
+        code.append(
+            f"""
+            def {wrapper}(obj, io, this):
+                out = bytearray()
+                {build_name}(out, obj)
+                io.write(out)
+                return obj
+            """
+        )
+        return f"{wrapper}(obj, io, this)"
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def _field_codec(
+    f: FieldDef, version: int, flexible: bool, classes, label: str
+) -> KafkaConstruct:
+    nullable = version in f.nullable_versions
+    compact = flexible and (f.flexible_versions is None or version in f.flexible_versions)
+    if f.fields is not None:
+        struct_codec = build_struct(
+            f.fields, classes.class_for(f), version, flexible, classes, f"{label}.{f.name}"
+        )
+        if f.is_array:
+            return ArrayCodec(struct_codec, compact=compact, nullable=nullable)
+        return NullableStructCodec(struct_codec) if nullable else struct_codec
+    if f.is_array:
+        element = primitive(f.element_type, compact=compact, nullable=False)
+        return ArrayCodec(element, compact=compact, nullable=nullable)
+    return primitive(f.type, compact=compact, nullable=nullable)
+
+
+def build_struct(
+    fields: tuple[FieldDef, ...], cls: type, version: int, flexible: bool, classes, label: str
+) -> StructCodec:
+    members: list[tuple[FieldDef, Member | None]] = []
+    for f in fields:
+        if version not in f.versions:
+            members.append((f, None))
+            continue
+        codec = _field_codec(f, version, flexible, classes, label)
+        tagged = flexible and version in f.tagged_versions
+        nested = classes.field_classes.get(id(f))
+        default, factory = default_spec(f, nested)
+        members.append(
+            (
+                f,
+                Member(
+                    attr=f.attr,
+                    codec=codec,
+                    tag=f.tag if tagged else None,
+                    default=factory() if factory is not None else default,
+                ),
+            )
+        )
+    return StructCodec(cls, members, flexible, f"{label}@v{version}")
+
+
+# --------------------------------------------------------------------------- code generation
+
+
+_HELPERS = (
+    "read_uvarint",
+    "write_uvarint",
+    "read_array_count",
+    "read_nullable_struct_marker",
+    "fail",
+    "short",
+    "EMPTY_FROZENSET",
+    "INT32",
+)
+
+
+class Generator:
+    """Emits the Python source of struct parse/build functions into a construct CodeGen."""
+
+    def __init__(self, code: CodeGen) -> None:
+        self.code = code
+        self.struct_names: dict[int, tuple[str, str]] = {}
+        prelude = [
+            "from proxy.protocol import primitives as k_prim",
+            "from proxy.protocol.compiler import LINKED as k_linked",
+            "from proxy.protocol.tagged import read_tagged_section as k_read_tags",
+            "from proxy.protocol.tagged import write_tag_entries as k_write_tags",
+            "from uuid import UUID as k_UUID",
+        ]
+        prelude += [f"k_{name} = k_prim.{name}" for name in _HELPERS]
+        code.append("\n".join(prelude))
+
+    @classmethod
+    def of(cls, code: CodeGen) -> Generator:
+        gen = getattr(code, "_kafka_generator", None)
+        if gen is None:
+            gen = cls(code)
+            code._kafka_generator = gen
+        return gen
+
+    def fresh(self, prefix: str) -> str:
+        return f"k_{prefix}_{self.code.allocateId()}"
+
+    def link(self, obj: Any, prefix: str = "obj") -> str:
+        """A module-global name bound to ``obj`` in the generated module."""
+        link_id = next(_link_ids)
+        LINKED[link_id] = obj
+        name = f"k_{prefix}_{link_id}"
+        self.code.append(f"{name} = k_linked[{link_id}]")
+        return name
+
+    def helper(self, name: str) -> str:
+        """The generated-module name of a primitives.py function."""
+        self.code.append(f"k_{name} = k_prim.{name}")
+        return f"k_{name}"
+
+    def literal(self, value: Any) -> str:
+        """Source text producing ``value`` (a fresh object for mutable defaults)."""
+        if value is None or isinstance(value, (bool, int, str, bytes)):
+            return repr(value)
+        if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):
+            return repr(value)
+        if isinstance(value, list):
+            if value:
+                raise ValueError("non-empty list default")
+            return "[]"
+        if isinstance(value, uuid.UUID):
+            return self.link(value, "uuid")
+        if hasattr(value, "__dataclass_fields__"):
+            return f"{self.link(type(value), 'cls')}()"
+        return self.link(value, "const")
+
+    # ----------------------------------------------------------- structs
+
+    def struct_functions(self, codec: StructCodec) -> tuple[str, str]:
+        names = self.struct_names.get(id(codec))
+        if names is None:
+            names = (self.fresh("parse"), self.fresh("build"))
+            self.struct_names[id(codec)] = names
+            self._emit_parse(codec, names[0])
+            self._emit_build(codec, names[1])
+            codec.emitted = names
+        return names
+
+    def _emit_parse(self, codec: StructCodec, fname: str) -> None:
+        lines: list[str] = []
+        var_of: dict[str, str] = {}
+        members = codec.fixed_part
+        i = 0
+        while i < len(members):
+            run = []
+            while i < len(members) and members[i].codec.fixed_format is not None:
+                run.append(members[i])
+                i += 1
+            if run:
+                lines += self._parse_fixed_run(run, var_of)
+                continue
+            m = members[i]
+            var = f"v_{m.attr}"
+            var_of[m.attr] = var
+            lines += self._parse_value(m.codec, var)
+            i += 1
+        extra_args = ""
+        if codec.flexible:
+            lines += self._parse_tagged(codec, var_of)
+            extra_args = ", t__unknown, t__present"
+        args = []
+        for f, m in codec.all_members:
+            if m is not None and m.attr in var_of:
+                args.append(var_of[m.attr])
+            else:
+                nested = codec.cls.__dataclass_fields__[f.attr]
+                args.append(self._default_expr(nested))
+        cls_name = self.link(codec.cls, "cls")
+        body = "\n".join("    " + line for line in lines) or "    pass"
+        self.code.append(
+            f"def {fname}(buf, pos, end):\n"
+            f"    # {codec.label}\n"
+            f"{body}\n"
+            f"    return {cls_name}({', '.join(args)}{extra_args}), pos\n"
+        )
+
+    def _default_expr(self, dc_field) -> str:
+        if dc_field.default_factory is not dataclasses.MISSING:
+            factory = dc_field.default_factory
+            return "[]" if factory is list else f"{self.link(factory, 'cls')}()"
+        return self.literal(dc_field.default)
+
+    def _parse_fixed_run(self, run: list[Member], var_of: dict[str, str]) -> list[str]:
+        fmt = "".join(m.codec.fixed_format for m in run)
+        layout = struct.Struct(">" + fmt)
+        st = self.link(layout, "st")
+        names = []
+        for m in run:
+            var = f"v_{m.attr}"
+            var_of[m.attr] = var
+            names.append(var)
+        lines = [
+            f"if end - pos < {layout.size}: k_short(pos, {layout.size}, end)",
+            f"{', '.join(names)}, = {st}.unpack_from(buf, pos)",
+        ]
+        offset = 0
+        for m, var in zip(run, names):
+            if isinstance(m.codec, Bool):
+                lines.append(
+                    f"if {var} > 1: k_fail('boolean byte ' + str({var}) + "
+                    f"' is neither 0 nor 1', pos + {offset})"
+                )
+                lines.append(f"{var} = {var} == 1")
+            elif isinstance(m.codec, Uuid):
+                lines.append(f"{var} = k_UUID(bytes={var})")
+            offset += struct.calcsize(">" + m.codec.fixed_format)
+        lines.append(f"pos += {layout.size}")
+        return lines
+
+    def _parse_value(self, codec: KafkaConstruct, var: str) -> list[str]:
+        """Statements that read one value of ``codec`` into ``var``, advancing ``pos``."""
+        if isinstance(codec, Varlen):
+            return [f"{var}, pos = {self.helper(codec.reader_name)}(buf, pos, end)"]
+        if isinstance(codec, StructCodec):
+            parse_name, _ = self.struct_functions(codec)
+            return [f"{var}, pos = {parse_name}(buf, pos, end)"]
+        if isinstance(codec, NullableStructCodec):
+            parse_name, _ = self.struct_functions(codec.inner)
+            return [
+                f"{var}__present, pos = k_read_nullable_struct_marker(buf, pos, end)",
+                f"if {var}__present: {var}, pos = {parse_name}(buf, pos, end)",
+                f"else: {var} = None",
+            ]
+        if isinstance(codec, ArrayCodec):
+            return self._parse_array(codec, var)
+        return [f"{var}, pos = {self.link(codec, 'codec')}.read(buf, pos, end)"]
+
+    def _parse_array(self, codec: ArrayCodec, var: str) -> list[str]:
+        element = codec.element
+        lines = [
+            f"{var}__n, pos = k_read_array_count(buf, pos, end, {element.min_size}, "
+            f"{codec.nullable}, {codec.compact})",
+        ]
+        if codec.nullable:
+            lines.append(f"if {var}__n is None: {var} = None")
+            lines.append("else:")
+        else:
+            lines.append("if True:")
+        if isinstance(element, Fixed):
+            st = self.link(element._struct, "st")
+            inner = [
+                f"{var}__end = pos + {var}__n * {element.min_size}",
+                f"{var} = [x for (x,) in {st}.iter_unpack(buf[pos:{var}__end])]",
+                f"pos = {var}__end",
+            ]
+        else:
+            if isinstance(element, Varlen):
+                reader = self.helper(element.reader_name)
+            elif isinstance(element, StructCodec):
+                reader = self.struct_functions(element)[0]
+            else:
+                reader = f"{self.link(element, 'codec')}.read"
+            inner = [
+                f"{var} = []",
+                f"{var}__append = {var}.append",
+                f"for _ in range({var}__n):",
+                f"    {var}__item, pos = {reader}(buf, pos, end)",
+                f"    {var}__append({var}__item)",
+            ]
+        lines += ["    " + line for line in inner]
+        return lines
+
+    def _parse_tagged(self, codec: StructCodec, var_of: dict[str, str]) -> list[str]:
+        lines = [
+            "if pos < end and buf[pos] == 0:",
+            "    pos += 1",
+            "    t__unknown = ()",
+            "    t__present = k_EMPTY_FROZENSET",
+        ]
+        for m in codec.tagged:
+            lines.append(f"    v_{m.attr} = {self.literal_default(m)}")
+        known = self._known_tags_table(codec)
+        lines.append("else:")
+        lines.append(f"    t__values, t__present, t__unknown, pos = k_read_tags(buf, pos, end, {known})")
+        for m in codec.tagged:
+            var = f"v_{m.attr}"
+            var_of[m.attr] = var
+            lines.append(
+                f"    {var} = t__values[{m.attr!r}] if {m.attr!r} in t__values "
+                f"else {self.literal_default(m)}"
+            )
+        return lines
+
+    def _known_tags_table(self, codec: StructCodec) -> str:
+        """A generated ``{tag: (attr, reader)}`` dict whose readers are compiled too."""
+        entries = []
+        for m in codec.tagged:
+            reader = self.fresh("tagread")
+            body = "\n".join("    " + line for line in self._parse_value(m.codec, "value"))
+            self.code.append(f"def {reader}(buf, pos, end):\n{body}\n    return value, pos\n")
+            entries.append(f"{m.tag}: ({m.attr!r}, {reader})")
+        table = self.fresh("tags")
+        self.code.append(f"{table} = {{{', '.join(entries)}}}")
+        return table
+
+    def literal_default(self, m: Member) -> str:
+        return self.literal(m.default)
+
+    # ----------------------------------------------------------- build
+
+    def _emit_build(self, codec: StructCodec, fname: str) -> None:
+        lines: list[str] = []
+        members = codec.fixed_part
+        i = 0
+        while i < len(members):
+            run = []
+            while i < len(members) and members[i].codec.fixed_format is not None:
+                run.append(members[i])
+                i += 1
+            if run:
+                lines += self._build_fixed_run(run)
+                continue
+            m = members[i]
+            lines += self._build_value(m.codec, f"obj.{m.attr}", f"w_{m.attr}")
+            i += 1
+        if codec.flexible:
+            lines += self._build_tagged(codec)
+        body = "\n".join("    " + line for line in lines) or "    pass"
+        self.code.append(f"def {fname}(out, obj):\n    # {codec.label}\n{body}\n")
+
+    def _build_fixed_run(self, run: list[Member]) -> list[str]:
+        fmt = ""
+        args = []
+        for m in run:
+            if isinstance(m.codec, Bool):
+                fmt += "?"
+                args.append(f"obj.{m.attr}")
+            elif isinstance(m.codec, Uuid):
+                fmt += "16s"
+                args.append(f"obj.{m.attr}.bytes")
+            else:
+                fmt += m.codec.fixed_format
+                args.append(f"obj.{m.attr}")
+        st = self.link(struct.Struct(">" + fmt), "st")
+        return [f"out += {st}.pack({', '.join(args)})"]
+
+    def _build_value(
+        self, codec: KafkaConstruct, expr: str, var: str, out: str = "out"
+    ) -> list[str]:
+        """Statements that append ``expr`` encoded by ``codec`` to bytearray ``out``."""
+        if isinstance(codec, Varlen):
+            return [f"{self.helper(codec.writer_name)}({out}, {expr})"]
+        if isinstance(codec, StructCodec):
+            return [f"{self.struct_functions(codec)[1]}({out}, {expr})"]
+        if isinstance(codec, NullableStructCodec):
+            build_name = self.struct_functions(codec.inner)[1]
+            return [
+                f"{var} = {expr}",
+                f"if {var} is None: {out}.append(255)",
+                "else:",
+                f"    {out}.append(1)",
+                f"    {build_name}({out}, {var})",
+            ]
+        if isinstance(codec, ArrayCodec):
+            return self._build_array(codec, expr, var, out)
+        return [f"{self.link(codec, 'codec')}.write({out}, {expr})"]
+
+    def _build_array(self, codec: ArrayCodec, expr: str, var: str, out: str) -> list[str]:
+        lines = [f"{var} = {expr}"]
+        count = (
+            f"k_write_uvarint({out}, len({var}) + 1)"
+            if codec.compact
+            else f"{out} += k_INT32.pack(len({var}))"
+        )
+        if codec.nullable:
+            null = f"{out}.append(0)" if codec.compact else f"{out} += b'\\xff\\xff\\xff\\xff'"
+            lines += [f"if {var} is None: {null}", "else:"]
+        else:
+            lines.append("if True:")
+        inner = [count]
+        element = codec.element
+        if isinstance(element, Fixed):
+            st = self.link(element._struct, "st")
+            inner.append(f"{out} += b''.join(map({st}.pack, {var}))")
+        else:
+            item = f"{var}__item"
+            if isinstance(element, Varlen):
+                writer = f"{self.helper(element.writer_name)}({out}, {item})"
+            elif isinstance(element, StructCodec):
+                writer = f"{self.struct_functions(element)[1]}({out}, {item})"
+            else:
+                writer = f"{self.link(element, 'codec')}.write({out}, {item})"
+            inner += [f"for {item} in {var}:", f"    {writer}"]
+        lines += ["    " + line for line in inner]
+        return lines
+
+    def _build_tagged(self, codec: StructCodec) -> list[str]:
+        if not codec.tagged:
+            return [
+                "t__unknown = obj._unknown_tagged",
+                "if t__unknown: k_write_tags(out, list(t__unknown))",
+                "else: out.append(0)",
+            ]
+        lines = ["t__entries = []", "t__present = obj._present_tags"]
+        for m in codec.tagged:
+            var = f"t_{m.attr}"
+            default = self.link(m.default, "dflt")
+            lines.append(f"{var} = obj.{m.attr}")
+            lines.append(f"if {var} != {default} or {m.tag} in t__present:")
+            lines.append(f"    {var}__out = bytearray()")
+            body = self._build_value(m.codec, var, f"{var}__w", f"{var}__out")
+            lines += ["    " + line for line in body]
+            lines.append(f"    t__entries.append(({m.tag}, {var}__out))")
+        lines.append("t__unknown = obj._unknown_tagged")
+        lines.append("if t__unknown: t__entries.extend(t__unknown)")
+        lines.append("k_write_tags(out, t__entries)")
+        return lines
+
+
+# --------------------------------------------------------------------------- message codecs
+
+
+@dataclass(frozen=True)
+class MessageCodec:
+    """Decoder and encoder for one message in one version.
+
+    ``read(buf, pos, end)`` and ``write(out, value)`` are the buffer-level entry points
+    (generated functions in compiled mode); ``construct`` is the construct structure.
+    """
+
+    name: str
+    version: int
+    api_key: int | None
+    flexible: bool
+    mode: Mode
+    construct: KafkaConstruct
+    root_class: type
+    read: Callable[[Any, int, int], tuple[Any, int]]
+    write: Callable[[bytearray, Any], None]
+
+    def decode(self, data, offset: int = 0, *, to_end: bool = True):
+        """Decode from ``data[offset:]``; with ``to_end`` trailing bytes are an error.
+
+        Returns the value, or ``(value, end_position)`` when ``to_end`` is false.
+        """
+        view = as_view(data)
+        end = len(view)
+        try:
+            if offset < 0 or offset > end:
+                prim.fail(f"offset {offset} outside the {end}-byte buffer", offset)
+            value, pos = self.read(view, offset, end)
+        except ProtocolError as exc:
+            raise ProtocolError(
+                exc.reason, api_key=self.api_key, version=self.version, offset=exc.offset
+            ) from None
+        except Exception as exc:  # a decoder bug must still surface as ProtocolError
+            raise ProtocolError(
+                f"internal decoder error in {self.name}: {type(exc).__name__}: {exc}",
+                api_key=self.api_key,
+                version=self.version,
+            ) from exc
+        if not to_end:
+            return value, pos
+        if pos != end:
+            raise ProtocolError(
+                f"{end - pos} trailing bytes after {self.name}",
+                api_key=self.api_key,
+                version=self.version,
+                offset=pos,
+            )
+        return value
+
+    def encode_into(self, out: bytearray, value) -> None:
+        if not isinstance(value, self.root_class):
+            raise TypeError(
+                f"{self.name} v{self.version} encodes {self.root_class.__qualname__}, "
+                f"not {type(value).__name__}"
+            )
+        try:
+            self.write(out, value)
+        except (struct.error, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            from proxy.protocol.errors import MessageEncodeError
+
+            raise MessageEncodeError(
+                f"cannot encode {self.name} v{self.version}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def encode(self, value) -> bytes:
+        out = bytearray()
+        self.encode_into(out, value)
+        return bytes(out)
+
+
+def as_view(data) -> memoryview:
+    """A flat unsigned-byte view of ``data`` without copying it."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def build_codec_tree(message: MessageDef, view: View, version: int) -> StructCodec:
+    classes = message_classes(view, message.name)
+    return build_struct(
+        message.fields,
+        classes.root,
+        version,
+        message.is_flexible(version),
+        classes,
+        message.name,
+    )
+
+
+@functools.cache
+def compile_message(view: View, name: str, version: int, mode: Mode = "compiled") -> MessageCodec:
+    """The codec for message ``name`` at ``version`` in schema ``view``, built once."""
+    message = registry(view).by_name.get(name)
+    if message is None:
+        raise UnsupportedVersionError(f"no definition for message {name}")
+    if version not in message.valid_versions:
+        raise UnsupportedVersionError(
+            f"{name} has no version {version} (valid {message.valid_versions})",
+            api_key=message.api_key,
+            version=version,
+        )
+    tree = build_codec_tree(message, view, version)
+    if mode == "compiled":
+        compiled = tree.compile()
+        parse_name, build_name = tree.emitted
+        read = getattr(compiled.module, parse_name)
+        write = getattr(compiled.module, build_name)
+        construct_obj = compiled
+    elif mode == "interpreted":
+        read, write, construct_obj = tree.read, tree.write, tree
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return MessageCodec(
+        name=name,
+        version=version,
+        api_key=message.api_key,
+        flexible=message.is_flexible(version),
+        mode=mode,
+        construct=construct_obj,
+        root_class=tree.cls,
+        read=read,
+        write=write,
+    )
+
+
+def generated_source(view: View, name: str, version: int) -> str:
+    """The Python source construct compiled for a message version (for inspection)."""
+    codec = compile_message(view, name, version)
+    return codec.construct.source

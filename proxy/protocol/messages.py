@@ -1,0 +1,300 @@
+"""Public message codec API: decode and encode Kafka requests, responses and data.
+
+Values are generated slotted dataclasses (see ``values.py``) with snake_case attributes
+named after Kafka's fields, e.g. ``body.topics[0].partitions[0].key_ranges``. One class
+per struct covers every version; a field the version lacks holds its default. Records
+are ``memoryview`` slices of the decoded frame (zero copy), strings are ``str``, bytes
+are ``bytes``, uuids are ``uuid.UUID``, arrays are ``list`` and nullable values ``None``.
+
+Every decode path raises only ``ProtocolError`` (with api key, version and byte offset);
+``UnsupportedVersionError`` (a subclass) means our schemas lack the key or version.
+Decoding is strict: it accepts only canonical encodings and rejects trailing bytes after
+a body, so ``encode(decode(frame)) == frame`` for every frame it accepts.
+
+Frames here are Kafka frames *without* the 4-byte size prefix (``framing`` strips it).
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from typing import Any, Callable, Literal
+
+from proxy.protocol.api_keys import ApiKey, api_name
+from proxy.protocol.compiler import MessageCodec, as_view, compile_message
+from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
+from proxy.protocol.framing import peek_correlation_id
+from proxy.protocol.schema import MessageDef, View, registry
+from proxy.protocol.values import message_classes, to_dict
+
+__all__ = [
+    "ApiKey",
+    "api_name",
+    "body_class",
+    "data_version",
+    "decode_body",
+    "decode_data",
+    "decode_request",
+    "decode_response",
+    "decode_response_by_correlation",
+    "encode_body",
+    "encode_data",
+    "encode_request",
+    "encode_response",
+    "is_flexible",
+    "new_body",
+    "new_data",
+    "new_request_header",
+    "new_response_header",
+    "request_header_version",
+    "response_header_version",
+    "supported_versions",
+    "to_dict",
+    "RequestHeader",
+    "ResponseHeader",
+]
+
+Kind = Literal["request", "response"]
+
+_API_KEY_AND_VERSION = struct.Struct(">hh")
+_DATA_VERSION = struct.Struct(">h")
+
+
+# --------------------------------------------------------------------------- schema facts
+
+
+def _message(api_key: int, kind: str, view: View = "ours") -> MessageDef:
+    message = registry(view).message(api_key, kind)
+    if message is None:
+        raise UnsupportedVersionError(f"no {kind} schema for {api_name(api_key)}", api_key=api_key)
+    return message
+
+
+@functools.cache
+def supported_versions(api_key: int) -> tuple[int, int] | None:
+    """The (min, max) versions we can decode for ``api_key``, or None if we cannot.
+
+    Both the request and the response must be defined. A request version Kafka marks
+    unstable (``latestVersionUnstable``) is left out: brokers do not advertise it by
+    default, and its layout may still change under the same number.
+    """
+    request = registry().message(api_key, "request")
+    response = registry().message(api_key, "response")
+    if request is None or response is None:
+        return None
+    versions = request.valid_versions.intersect(response.valid_versions)
+    hi = versions.hi - 1 if request.latest_version_unstable else versions.hi
+    if hi < versions.lo:
+        return None
+    return versions.lo, hi
+
+
+def is_flexible(api_key: int, version: int) -> bool:
+    """True when (api key, version) uses compact encodings and tagged fields."""
+    return _message(api_key, "request").is_flexible(version)
+
+
+def request_header_version(api_key: int, version: int) -> int:
+    """2 for flexible request versions, 1 otherwise (ControlledShutdown v0 is gone)."""
+    return 2 if is_flexible(api_key, version) else 1
+
+
+def response_header_version(api_key: int, version: int) -> int:
+    """1 for flexible versions, 0 otherwise; ApiVersions always answers with v0 (KIP-511),
+    so a client that sent a too-new request can still read the error."""
+    if api_key == ApiKey.API_VERSIONS:
+        return 0
+    return 1 if is_flexible(api_key, version) else 0
+
+
+def _body_codec(api_key: int, version: int, kind: str, view: View = "ours") -> MessageCodec:
+    message = _message(api_key, kind, view)
+    return compile_message(view, message.name, version)
+
+
+def _header_codec(kind: str, header_version: int) -> MessageCodec:
+    return compile_message("ours", "RequestHeader" if kind == "request" else "ResponseHeader", header_version)
+
+
+RequestHeader: type = message_classes("ours", "RequestHeader").root
+ResponseHeader: type = message_classes("ours", "ResponseHeader").root
+# Shorter names for the two header fields every caller reads.
+RequestHeader.api_key = property(lambda self: self.request_api_key, doc="request_api_key")
+RequestHeader.api_version = property(
+    lambda self: self.request_api_version, doc="request_api_version"
+)
+
+
+def new_request_header(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None = None
+):
+    return RequestHeader(
+        request_api_key=api_key,
+        request_api_version=api_version,
+        correlation_id=correlation_id,
+        client_id=client_id,
+    )
+
+
+def new_response_header(correlation_id: int):
+    return ResponseHeader(correlation_id=correlation_id)
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def body_class(api_key: int, kind: Kind, *, view: View = "ours") -> type:
+    """The generated root class of a request or response; nested struct classes are its
+    attributes by Kafka struct name, e.g. ``body_class(1, "request").FetchPartition``."""
+    return message_classes(view, _message(api_key, kind, view).name).root
+
+
+def new_body(api_key: int, version: int, kind: Kind, *, view: View = "ours", **fields: Any):
+    """A request or response body with every field at its default except ``fields``.
+
+    ``version`` is checked against the schema (so a typo fails here, not at encode);
+    the object itself is version-independent.
+    """
+    codec = _body_codec(api_key, version, kind, view)
+    return codec.root_class(**fields)
+
+
+def decode_body(
+    api_key: int, version: int, kind: Kind, data, offset: int = 0, *, view: View = "ours"
+):
+    """Decode a body that runs from ``offset`` to the end of ``data``."""
+    return _body_codec(api_key, version, kind, view).decode(data, offset)
+
+
+def encode_body(api_key: int, version: int, kind: Kind, body, *, view: View = "ours") -> bytes:
+    return _body_codec(api_key, version, kind, view).encode(body)
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def decode_request(frame) -> tuple[Any, Any]:
+    """Decode a whole request frame (header and body) into ``(header, body)``."""
+    view = as_view(frame)
+    if len(view) < _API_KEY_AND_VERSION.size:
+        raise ProtocolError(f"request header truncated: {len(view)} bytes", offset=len(view))
+    api_key, version = _API_KEY_AND_VERSION.unpack_from(view, 0)
+    body_codec = _body_codec(api_key, version, "request")
+    header_codec = _header_codec("request", request_header_version(api_key, version))
+    try:
+        header, pos = header_codec.decode(view, 0, to_end=False)
+    except ProtocolError as exc:
+        raise ProtocolError(
+            f"request header: {exc.reason}", api_key=api_key, version=version, offset=exc.offset
+        ) from None
+    return header, body_codec.decode(view, pos)
+
+
+def encode_request(header, body) -> bytes:
+    """A request frame (without size prefix) for ``header`` and ``body``."""
+    api_key, version = header.request_api_key, header.request_api_version
+    body_codec = _body_codec(api_key, version, "request")
+    out = bytearray()
+    _header_codec("request", request_header_version(api_key, version)).encode_into(out, header)
+    body_codec.encode_into(out, body)
+    return bytes(out)
+
+
+def decode_response(api_key: int, api_version: int, frame) -> tuple[Any, Any]:
+    """Decode a response frame to the request (api key, version) it answers.
+
+    Responses do not name their API; look it up by correlation id first, see
+    ``decode_response_by_correlation``.
+    """
+    view = as_view(frame)
+    body_codec = _body_codec(api_key, api_version, "response")
+    header_codec = _header_codec("response", response_header_version(api_key, api_version))
+    try:
+        header, pos = header_codec.decode(view, 0, to_end=False)
+    except ProtocolError as exc:
+        raise ProtocolError(
+            f"response header: {exc.reason}",
+            api_key=api_key,
+            version=api_version,
+            offset=exc.offset,
+        ) from None
+    return header, body_codec.decode(view, pos)
+
+
+def decode_response_by_correlation(
+    frame, lookup: Callable[[int], tuple[int, int]]
+) -> tuple[Any, Any]:
+    """Decode a response when only its correlation id identifies it.
+
+    ``lookup(correlation_id)`` returns the (api key, version) of the request it answers
+    (typically popping an in-flight table); a KeyError from it becomes a ProtocolError.
+    """
+    correlation_id = peek_correlation_id(frame)
+    try:
+        api_key, api_version = lookup(correlation_id)
+    except KeyError:
+        raise ProtocolError(f"response to unknown correlation id {correlation_id}", offset=0) from None
+    return decode_response(api_key, api_version, frame)
+
+
+def encode_response(api_key: int, api_version: int, header, body) -> bytes:
+    """A response frame (without size prefix)."""
+    body_codec = _body_codec(api_key, api_version, "response")
+    out = bytearray()
+    _header_codec("response", response_header_version(api_key, api_version)).encode_into(
+        out, header
+    )
+    body_codec.encode_into(out, body)
+    return bytes(out)
+
+
+# --------------------------------------------------------------------------- data structures
+
+
+def _data_message(name: str) -> MessageDef:
+    message = registry().by_name.get(name)
+    if message is None or message.kind != "data":
+        raise UnsupportedVersionError(f"no data structure named {name!r}")
+    return message
+
+
+def data_version(data) -> int:
+    """The int16 version that prefixes every versioned data structure."""
+    view = as_view(data)
+    if len(view) < 2:
+        raise ProtocolError(f"data version truncated: {len(view)} bytes", offset=0)
+    return _DATA_VERSION.unpack_from(view, 0)[0]
+
+
+def decode_data(name: str, data):
+    """Decode a version-prefixed data structure (consumer protocol, individual commit).
+
+    Layout: int16 version, then the structure in that version. A version newer than we
+    know is read with our newest layout and its trailing bytes are ignored, as Kafka does
+    for the consumer protocol (newer versions only append fields); for known versions
+    trailing bytes are an error.
+    """
+    message = _data_message(name)
+    version = data_version(data)
+    valid = message.valid_versions
+    if version < valid.lo:
+        raise UnsupportedVersionError(f"{name} version {version} is older than {valid}", version=version, offset=0)
+    if version > valid.hi:
+        value, _ = compile_message("ours", name, valid.hi).decode(data, 2, to_end=False)
+        return value
+    return compile_message("ours", name, version).decode(data, 2)
+
+
+def encode_data(name: str, value, version: int | None = None) -> bytes:
+    """``value`` with its int16 version prefix; ``version`` defaults to the newest."""
+    message = _data_message(name)
+    if version is None:
+        version = message.valid_versions.hi
+    out = bytearray(_DATA_VERSION.pack(version))
+    compile_message("ours", name, version).encode_into(out, value)
+    return bytes(out)
+
+
+def new_data(name: str, **fields: Any):
+    """A data structure value with defaults, e.g. ``new_data("IndividualCommitKey", ...)``."""
+    return message_classes("ours", _data_message(name).name).root(**fields)

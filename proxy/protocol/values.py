@@ -1,0 +1,153 @@
+"""Python classes for decoded Kafka messages, generated from the definitions.
+
+Every struct of a message gets one slotted dataclass, named after the struct type
+(``FetchTopic``, ``FetchPartition``; the message itself is the root, ``FetchRequest``).
+A class covers the union of the struct's fields over *all* versions, so proxy code can
+read ``topic.topic_id`` or ``topic.topic`` whatever the version; a field the decoded
+version lacks holds its default. Attribute names are the snake_case Kafka field names.
+
+Two extra dataclass fields carry what tagged-field round trips need:
+
+* ``_unknown_tagged``: ``tuple[(tag, bytes), ...]`` of tagged fields this schema does not
+  know, re-emitted verbatim on encode (compared by ``==``, hidden from ``repr``);
+* ``_present_tags``: ``frozenset`` of known tags that were on the wire, so a tagged field
+  sent with its default value is re-emitted (not compared, not shown).
+
+Nested classes hang off the root class by struct name (``FetchRequest.FetchPartition``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import uuid
+from typing import Any
+
+from proxy.protocol.primitives import EMPTY_FROZENSET, ZERO_UUID
+from proxy.protocol.schema import FieldDef, MessageDef, SchemaError, View, registry
+
+UNKNOWN_TAGGED = "_unknown_tagged"
+PRESENT_TAGS = "_present_tags"
+
+
+def parse_default(f: FieldDef) -> Any:
+    """The field's default as a Python value (not for arrays or structs)."""
+    raw = f.default
+    if raw == "null":
+        return None
+    t = f.type
+    if t in ("int8", "int16", "uint16", "int32", "uint32", "int64"):
+        if raw is None or raw == "":
+            return 0
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else int(str(raw), 0)
+    if t == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if raw in (None, "", "false"):
+            return False
+        if raw == "true":
+            return True
+        raise SchemaError(f"{f.name}: bad bool default {raw!r}")
+    if t == "float64":
+        return 0.0 if raw in (None, "") else float(raw)
+    if t == "string":
+        return "" if raw is None else str(raw)
+    if t == "bytes":
+        return b""
+    if t == "records":
+        return None
+    if t == "uuid":
+        if raw in (None, ""):
+            return ZERO_UUID
+        padded = str(raw) + "=" * (-len(str(raw)) % 4)
+        return uuid.UUID(bytes=base64.urlsafe_b64decode(padded))
+    raise SchemaError(f"{f.name}: no default for type {t}")
+
+
+def default_spec(f: FieldDef, nested: type | None) -> tuple[Any, Any]:
+    """``(default, default_factory)`` for a field; exactly one is meaningful."""
+    if f.default == "null":
+        return None, None
+    if f.is_array:
+        return None, list
+    if nested is not None:
+        return None, nested
+    return parse_default(f), None
+
+
+def default_value(f: FieldDef, nested: type | None) -> Any:
+    """A fresh default value for ``f``."""
+    value, factory = default_spec(f, nested)
+    return factory() if factory is not None else value
+
+
+class MessageClasses:
+    """The generated classes of one message: ``root`` plus one per struct name."""
+
+    def __init__(self, message: MessageDef) -> None:
+        self.message = message
+        self.by_struct: dict[str, type] = {}
+        self.field_classes: dict[int, type] = {}  # id(FieldDef) -> class of its struct
+        self.root = self._make(message.name, message.fields)
+        for name, cls in self.by_struct.items():
+            setattr(self.root, name, cls)
+
+    def _make(self, name: str, fields: tuple[FieldDef, ...]) -> type:
+        spec = []
+        for f in fields:
+            nested = None
+            if f.fields is not None:
+                nested = self.by_struct.get(f.struct_name)
+                if nested is None:
+                    nested = self._make(f.struct_name, f.fields)
+                    self.by_struct[f.struct_name] = nested
+                self.field_classes[id(f)] = nested
+            default, factory = default_spec(f, nested)
+            if factory is not None:
+                spec.append((f.attr, Any, dataclasses.field(default_factory=factory)))
+            else:
+                spec.append((f.attr, Any, dataclasses.field(default=default)))
+        spec.append((UNKNOWN_TAGGED, tuple, dataclasses.field(default=(), repr=False)))
+        spec.append(
+            (
+                PRESENT_TAGS,
+                frozenset,
+                dataclasses.field(default=EMPTY_FROZENSET, repr=False, compare=False),
+            )
+        )
+        cls = dataclasses.make_dataclass(name, spec, slots=True, eq=True)
+        cls.__module__ = __name__
+        cls.__qualname__ = name if name == self.message.name else f"{self.message.name}.{name}"
+        cls.__doc__ = (
+            f"Kafka {self.message.name} struct {name}: "
+            + ", ".join(f"{f.attr} ({f.type}, v{f.versions})" for f in fields)
+        )
+        return cls
+
+    def class_for(self, f: FieldDef) -> type:
+        return self.field_classes[id(f)]
+
+
+@functools.cache
+def message_classes(view: View, name: str) -> MessageClasses:
+    """Generated classes for message ``name`` in schema ``view`` (built once)."""
+    message = registry(view).by_name.get(name)
+    if message is None:
+        raise KeyError(f"no message definition named {name!r}")
+    return MessageClasses(message)
+
+
+def to_dict(value: Any) -> Any:
+    """A decoded value as plain dicts and lists (for logs, JSON and test diffs)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out.pop(PRESENT_TAGS, None)
+        if not out.get(UNKNOWN_TAGGED):
+            out.pop(UNKNOWN_TAGGED, None)
+        return out
+    if isinstance(value, list):
+        return [to_dict(v) for v in value]
+    if isinstance(value, memoryview):
+        return bytes(value)
+    return value
