@@ -34,7 +34,7 @@ from proxy.protocol.errors import ProtocolError
 from proxy.records.compression import DEFAULT_MAX_DECOMPRESSED_BYTES, Codec, codec_of, decompress
 from proxy.records.varint import read_varint, read_varlong
 
-HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER = struct.Struct(">qiibIHiqqqhii")  # attributes read unsigned
 HEADER_SIZE = HEADER.size  # 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the part of an entry its length does not count
 MAGIC_OFFSET = 16

@@ -37,8 +37,8 @@ from proxy.records.varint import encode_varint
 # The header splits at the CRC: what precedes it is outside the checksum, what follows in.
 _BEFORE_CRC = struct.Struct(">qiib")
 _CRC = struct.Struct(">I")
-_AFTER_CRC = struct.Struct(">hiqqqhii")
-_TAIL_NO_COUNT = struct.Struct(">hiqqqhi")
+_AFTER_CRC = struct.Struct(">Hiqqqhii")
+_TAIL_NO_COUNT = struct.Struct(">Hiqqqhi")
 _COUNT = struct.Struct(">i")
 _BATCH_LENGTH_BASE = HEADER_SIZE - LOG_OVERHEAD  # 49: header bytes the length field counts
 
