@@ -8,6 +8,7 @@ with both kernel implementations (pure Python and, when built, the C accelerator
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 
 import pytest
@@ -25,6 +26,8 @@ from proxy.records.plan import RangePlan
 from proxy.records.split import filter_by_offsets, match_offsets, split_records
 from proxy.testing.batches import Rec, control_batch, kafka_python_batch, legacy_batch
 
+# KEYRANGE_FUZZ_SCALE=20 runs twenty times the examples, for a deeper local run.
+SCALE = int(os.environ.get("KEYRANGE_FUZZ_SCALE", "1"))
 IMPLS = ["python"] + (["c"] if kernels.ACCELERATED else [])
 
 
@@ -124,7 +127,7 @@ def _check_identity(src: RecordBatch, out: RecordBatch) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(log=logs(), sets=range_sets(), out_codec=st.sampled_from([None, None, Codec.NONE]))
 def test_split_routes_every_record_to_exactly_its_sets(impl, log, sets, out_codec) -> None:
     blob, entries = log
@@ -249,7 +252,7 @@ def _mutate(blob: bytes, muts, cut: int | None, fix_crc: bool) -> bytes:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150 * SCALE, deadline=None)
 @given(muts=mutations, cut=st.one_of(st.none(), st.integers(0, 10_000)), fix_crc=st.booleans())
 def test_mutated_input_raises_only_protocol_error(impl, muts, cut, fix_crc) -> None:
     blob = _mutate(_valid_blob(), muts, cut, fix_crc)
@@ -269,7 +272,7 @@ def test_mutated_input_raises_only_protocol_error(impl, muts, cut, fix_crc) -> N
 
 
 @pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 * SCALE, deadline=None)
 @given(muts=mutations, cut=st.one_of(st.none(), st.integers(0, 4000)),
        n=st.integers(1, 5), base=st.sampled_from([0, 7, 2**40]))
 def test_c_and_python_kernels_agree(muts, cut, n, base) -> None:
