@@ -66,6 +66,7 @@ class ClientConnection:
         self.state: dict = {}  # per-connection state of features (e.g. fetch sessions)
         self.nursery: trio.Nursery | None = None
         self._reader_scope = trio.CancelScope()
+        self._first_request_scope: trio.CancelScope | None = None
         self._last_activity = trio.current_time()
         self._inflight = 0
         self.closed = trio.Event()
@@ -74,6 +75,19 @@ class ClientConnection:
     async def run(self) -> None:
         upstream_stream = None
         try:
+            # The upstream connection opens on the first request, so idle or port-scanning
+            # clients cost the brokers nothing.
+            first = None
+            with trio.move_on_after(self.idle_timeout) as self._first_request_scope:
+                try:
+                    first = await self.client.receive_frame()
+                except ProtocolError as exc:
+                    self._log_protocol_error(exc)
+                    return
+                except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
+                    return
+            if first is None:
+                return
             try:
                 upstream_stream = await self.open_upstream()
             except (OSError, trio.TooSlowError, ssl.SSLError, UpstreamUnavailable) as exc:
@@ -86,7 +100,7 @@ class ClientConnection:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 scope = nursery.cancel_scope
-                nursery.start_soon(self._guarded, self._read_client(upstream, send_exchanges), scope, False)
+                nursery.start_soon(self._guarded, self._read_client(upstream, send_exchanges, first), scope, False)
                 nursery.start_soon(self._guarded, self._write_client(upstream, receive_exchanges, scope), scope)
                 nursery.start_soon(self._watch_idle, scope)
         finally:
@@ -97,6 +111,11 @@ class ClientConnection:
             await self.client.aclose()
             self.closed.set()
 
+    def _log_protocol_error(self, exc: ProtocolError) -> None:
+        self.metrics.errors.labels("protocol").inc()
+        log.warning("closing connection conn=%s peer=%s target=%s reason=%r",
+                    self.id, self.peer, self.target, str(exc))
+
     async def _guarded(self, task: Awaitable[None], scope: trio.CancelScope, end_on_return: bool = True) -> None:
         """Run one of the connection's tasks; any way it fails ends the whole connection,
         and only this connection. The reader returning (client closed, or drain) must not
@@ -106,26 +125,28 @@ class ClientConnection:
             if not end_on_return:
                 return
         except ProtocolError as exc:
-            self.metrics.errors.labels("protocol").inc()
-            log.warning("closing connection conn=%s peer=%s target=%s reason=%r",
-                        self.id, self.peer, self.target, str(exc))
+            self._log_protocol_error(exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
             log.debug("connection ended conn=%s peer=%s reason=%r", self.id, self.peer, str(exc))
         scope.cancel()
 
     def drain(self) -> None:
         """Stop taking requests; the writer finishes those in flight, then the connection closes."""
+        if self._first_request_scope is not None:
+            self._first_request_scope.cancel()
         self._reader_scope.cancel()
 
     # -- tasks ------------------------------------------------------------------------------
-    async def _read_client(self, upstream: FrameStream, exchanges: trio.MemorySendChannel) -> None:
+    async def _read_client(self, upstream: FrameStream, exchanges: trio.MemorySendChannel, first: bytes) -> None:
         metrics = self.metrics
+        frame: bytes | None = first
         async with exchanges:
             with self._reader_scope:
                 while True:
-                    frame = await self.client.receive_frame()
                     if frame is None:
-                        return
+                        frame = await self.client.receive_frame()
+                        if frame is None:
+                            return
                     received_at = trio.current_time()
                     self._last_activity = received_at
                     peek = peek_request_header(frame)
@@ -149,6 +170,7 @@ class ClientConnection:
                         metrics.inflight.inc()
                     if route.upstream_frame is not None:
                         await upstream.send_frame(route.upstream_frame)
+                    frame = None
 
     async def _write_client(
         self, upstream: FrameStream, exchanges: trio.MemoryReceiveChannel, scope: trio.CancelScope

@@ -112,9 +112,7 @@ class Router:
                 # The broker answered an older version it chose (v0 layout); pass it on.
                 return response
             features = self.features if version >= 3 else {}
-            def new_feature(**fields):
-                return messages.new_struct(ApiKey.API_VERSIONS, version, "response", "supported_features", **fields)
-
+            new_feature = messages.body_class(ApiKey.API_VERSIONS, "response").SupportedFeatureKey
             if not clamp_api_versions(body, self.known_max_versions(), features, new_feature):
                 return response
             return messages.encode_response(ApiKey.API_VERSIONS, version, header, body)
@@ -125,13 +123,13 @@ class Router:
         """Answer as a broker does when a client asks for an ApiVersions version it lacks:
         UNSUPPORTED_VERSION in the v0 layout, listing the ApiVersions versions we do know."""
         low, high = messages.supported_versions(ApiKey.API_VERSIONS)
+        response_class = messages.body_class(ApiKey.API_VERSIONS, "response")
         body = messages.new_body(
             ApiKey.API_VERSIONS, 0, "response",
             error_code=UNSUPPORTED_VERSION,
-            api_keys=[messages.new_struct(ApiKey.API_VERSIONS, 0, "response", "api_keys",
-                                          api_key=int(ApiKey.API_VERSIONS), min_version=low, max_version=high)],
+            api_keys=[response_class.ApiVersion(api_key=int(ApiKey.API_VERSIONS), min_version=low, max_version=high)],
         )
-        header = messages.new_response_header(0, correlation_id=peek.correlation_id)
+        header = messages.new_response_header(peek.correlation_id)
         answer = LocalAnswer()
         answer.set(messages.encode_response(ApiKey.API_VERSIONS, 0, header, body))
         return answer

@@ -1,0 +1,204 @@
+"""Hostile and careless clients hurt only themselves; the proxy and its other clients go on."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+import urllib.request
+import uuid
+
+import psutil
+import pytest
+
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
+from proxy.testing.wait import wait_until
+
+
+def _connect(proxy) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _metadata_request(correlation_id: int, version: int = 12) -> bytes:
+    header = messages.new_request_header(ApiKey.METADATA, version, correlation_id=correlation_id, client_id="probe")
+    body = messages.new_body(ApiKey.METADATA, version, "request", topics=None, allow_auto_topic_creation=False)
+    frame = messages.encode_request(header, body)
+    return struct.pack(">i", len(frame)) + frame
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    def exact(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+
+    (size,) = struct.unpack(">i", exact(4))
+    return exact(size)
+
+
+def _is_closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _healthy(proxy) -> bool:
+    """A well-behaved client gets a correct Metadata answer through the proxy."""
+    with _connect(proxy) as sock:
+        sock.sendall(_metadata_request(42))
+        frame = _read_frame(sock)
+    _header, body = messages.decode_response(ApiKey.METADATA, 12, frame)
+    assert _header.correlation_id == 42
+    assert {b.port for b in body.brokers} <= {proxy.port, *proxy.node_ports.values()}
+    return True
+
+
+def _producer_roundtrip(proxy, topic: str) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap_servers, acks="all")
+    producer.send(topic, b"still-fine").get(30)
+    producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap_servers, auto_offset_reset="earliest",
+                             consumer_timeout_ms=15000)
+    assert [m.value for m in consumer][:1] == [b"still-fine"]
+    consumer.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        pytest.param(b"\x00\x00\x00\x08" + b"\xff" * 8, id="bad-header"),
+        pytest.param(struct.pack(">i", -3), id="negative-size"),
+        pytest.param(struct.pack(">i", 6) + b"\x00\x03\x00\x0c\x00\x00", id="truncated-header"),
+        pytest.param(struct.pack(">i", 14) + struct.pack(">hhih", 3, 999, 1, 0) + b"\x00\x00\x00\x00", id="unknown-version"),
+    ],
+)
+def test_malformed_frame_closes_only_that_connection(proxy, garbage):
+    bystander = _connect(proxy)
+    bystander.sendall(_metadata_request(1))
+    _read_frame(bystander)
+    with _connect(proxy) as bad:
+        bad.sendall(garbage)
+        wait_until(lambda: _is_closed(bad), timeout=15, what="proxy closes the malformed connection")
+    bystander.sendall(_metadata_request(2))
+    frame = _read_frame(bystander)
+    assert messages.decode_response(ApiKey.METADATA, 12, frame)[0].correlation_id == 2
+    bystander.close()
+    assert _healthy(proxy)
+
+
+def test_frame_above_cap_is_refused_before_buffering(kafka, proxy_factory):
+    small = proxy_factory(kafka, max_frame_bytes="65536")
+    process = psutil.Process(small.pid)
+    rss_before = process.memory_info().rss
+    with _connect(small) as sock:
+        sock.sendall(struct.pack(">i", 1_000_000_000) + b"\x00" * 1024)
+        wait_until(lambda: _is_closed(sock), timeout=15, what="oversized frame refused")
+    assert process.memory_info().rss - rss_before < 20 * 1024 * 1024
+    assert "exceeds the 65536-byte limit" in small.log_text()
+    assert _healthy(small)
+
+
+def test_client_that_stops_reading_is_bounded(kafka, proxy_factory):
+    """A client pipelines requests and never reads: the proxy stops reading it once
+    max.inflight.requests.per.connection are waiting, instead of buffering responses."""
+    slow = proxy_factory(kafka, max_inflight_requests_per_connection="8")
+    process = psutil.Process(slow.pid)
+    rss_before = process.memory_info().rss
+    sock = _connect(slow)
+    sock.setblocking(False)
+    request = _metadata_request(7)
+    sent = 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and sent < 50_000:
+        try:
+            sock.send(request)
+            sent += 1
+        except BlockingIOError:
+            break  # the proxy stopped reading: backpressure reached the client
+    assert sent < 50_000, "the proxy kept reading a client that never reads"
+    assert process.memory_info().rss - rss_before < 64 * 1024 * 1024
+    assert _healthy(slow)
+    sock.close()
+
+
+def test_thousand_idle_connections(kafka, proxy, new_topic):
+    sockets = []
+    try:
+        for _ in range(1000):
+            sockets.append(socket.create_connection(("127.0.0.1", proxy.port), timeout=10))
+        assert _healthy(proxy)
+        _producer_roundtrip(proxy, new_topic)
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert _healthy(proxy)
+
+
+def test_idle_connection_is_closed(kafka, proxy_factory):
+    short = proxy_factory(kafka, connections_max_idle_ms="1500")
+    with _connect(short) as sock:
+        sock.sendall(_metadata_request(1))
+        _read_frame(sock)
+        wait_until(lambda: _is_closed(sock), timeout=15, what="idle connection closed")
+
+
+def test_max_connections_refuses_extra_clients(kafka, proxy_factory):
+    capped = proxy_factory(kafka, max_connections="3")
+    held = [_connect(capped) for _ in range(3)]
+    try:
+        for sock in held:
+            sock.sendall(_metadata_request(1))
+            _read_frame(sock)
+        with _connect(capped) as extra:
+            wait_until(lambda: _is_closed(extra), timeout=15, what="connection beyond max.connections refused")
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: _healthy(capped), timeout=15, what="proxy accepts again once connections close")
+
+
+def test_metrics_endpoint_counts_requests(proxy):
+    assert _healthy(proxy)
+    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
+    assert 'kafka_proxy_requests_total{api="Metadata"}' in text
+    assert "kafka_proxy_request_latency_seconds_bucket" in text
+    assert "kafka_proxy_client_connections " in text
+
+
+def test_sigterm_drains_and_exits_cleanly(kafka, proxy_factory, new_topic):
+    doomed = proxy_factory(kafka)
+    _producer_roundtrip(doomed, new_topic)
+    assert doomed.stop(timeout=30) == 0
+    assert "proxy stopped" in doomed.log_text()
+
+
+def test_bad_configuration_fails_with_a_clear_message(kafka, tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy.server.cli", "--bootstrap-server", kafka.bootstrap_servers,
+         "--override", "max.inflight.requests.per.connection=0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "keyrange-proxy: configuration error: max.inflight.requests.per.connection: must be at least 1 (got '0')"
+    )
+    unreachable = subprocess.run(
+        [sys.executable, "-m", "proxy.server.cli", "--bootstrap-server", "127.0.0.1:1", "--listen", "127.0.0.1:0",
+         "--override", "upstream.connect.timeout.ms=2000"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert unreachable.returncode == 1
+    assert "cannot reach any bootstrap server: 127.0.0.1:1" in unreachable.stderr
