@@ -57,6 +57,17 @@ def test_lz4_frame_uses_independent_blocks() -> None:
     assert flg & 0x20  # block independence
     assert not flg & 0x03  # reserved bits
     assert (bd >> 4) & 7 in (4, 5, 6, 7) and not bd & 0x8F
+    # exactly the descriptor Java's Lz4BlockOutputStream writes: FLG 0x60, BD 0x40, HC
+    assert frame[4:7] == b"\x60\x40\x82"
+    assert compress(Codec.LZ4, b"") == b"\x04\x22\x4d\x18\x60\x40\x82\x00\x00\x00\x00"
+
+
+def test_lz4_incompressible_blocks_are_stored() -> None:
+    noise = os.urandom(200_000)  # four 64 KiB blocks, none of which shrinks
+    frame = compress(Codec.LZ4, noise)
+    assert len(frame) == 7 + 4 * 4 + len(noise) + 4
+    assert kafka_codec.lz4_decode(frame) == noise
+    assert bytes(decompress(Codec.LZ4, frame)) == noise
 
 
 @pytest.mark.parametrize("codec", [Codec.GZIP, Codec.SNAPPY, Codec.LZ4, Codec.ZSTD])
