@@ -6,7 +6,6 @@ import socket
 import struct
 import time
 import urllib.request
-import uuid
 
 import psutil
 import pytest
@@ -116,16 +115,23 @@ def test_client_that_stops_reading_is_bounded(kafka, proxy_factory):
     rss_before = process.memory_info().rss
     sock = _connect(slow)
     sock.setblocking(False)
-    request = _metadata_request(7)
-    sent = 0
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and sent < 50_000:
+    burst = _metadata_request(7) * 2000
+    sent_bytes = 0
+    limit = 512 * 1024 * 1024
+    deadline = time.monotonic() + 60
+    blocked = False
+    while time.monotonic() < deadline and sent_bytes < limit:
         try:
-            sock.send(request)
-            sent += 1
+            sent_bytes += sock.send(burst)
         except BlockingIOError:
-            break  # the proxy stopped reading: backpressure reached the client
-    assert sent < 50_000, "the proxy kept reading a client that never reads"
+            # Kernel buffers on both sides are full: confirm it stays that way.
+            try:
+                time.sleep(0.5)
+                sent_bytes += sock.send(burst)
+            except BlockingIOError:
+                blocked = True
+                break
+    assert blocked, f"the proxy kept reading a client that never reads ({sent_bytes} bytes taken)"
     assert process.memory_info().rss - rss_before < 64 * 1024 * 1024
     assert _healthy(slow)
     sock.close()
