@@ -130,14 +130,12 @@ def decompress(
 ):
     """Decompress a records section; never produce more than ``max_bytes``.
 
-    Returns a bytes-like object (``data`` itself for ``Codec.NONE``). Corrupt input and
-    output beyond ``max_bytes`` both raise ``ProtocolError`` with ``offset`` (the caller's
+    Returns a bytes-like object (``data`` itself for ``Codec.NONE``, which the cap does
+    not apply to). Corrupt input and output beyond ``max_bytes`` both raise ``ProtocolError`` with ``offset`` (the caller's
     byte offset of the compressed section).
     """
     codec = codec if isinstance(codec, Codec) else Codec(codec)
-    if codec is Codec.NONE:
-        if len(data) > max_bytes:
-            raise ProtocolError(f"records section exceeds {max_bytes} bytes", offset=offset)
+    if codec is Codec.NONE:  # nothing inflates: the bytes are already at hand
         return data
     if codec is Codec.SNAPPY:
         return _snappy_decompress(data, max_bytes, offset)

@@ -264,11 +264,7 @@ def _pass_through(entry, parts, stats, verify_crc: bool) -> int:
 def _payload(batch: RecordBatch, buf: bytes, max_bytes: int):
     """(buffer, start, end) of the decompressed records; no copy when uncompressed."""
     if batch.header.codec is Codec.NONE:
-        start = batch.position + RECORDS_OFFSET
-        end = batch.position + len(batch.data)
-        if end - start > max_bytes:
-            raise ProtocolError(f"records section exceeds {max_bytes} bytes", offset=start)
-        return buf, start, end
+        return buf, batch.position + RECORDS_OFFSET, batch.position + len(batch.data)
     payload = batch.records_payload(max_bytes=max_bytes)
     return payload, 0, len(payload)
 
