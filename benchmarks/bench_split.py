@@ -141,6 +141,7 @@ def machine() -> dict:
         "cramjam": cramjam.__version__,
         "xxhash": xxhash.VERSION,
         "c_accelerator_built": kernels.ACCELERATED,
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -173,7 +174,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "key-range split throughput (one core, one thread)",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join([os.path.relpath(sys.executable, ROOT), *sys.argv]),
         "cwd": str(ROOT),
         "workload": {
             "record_bytes": RECORD_BYTES, "key_bytes": KEY_BYTES, "batch_bytes": BATCH_BYTES,
