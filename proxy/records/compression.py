@@ -127,7 +127,7 @@ def decompress(
     *,
     max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     offset: int | None = None,
-):
+) -> bytes | bytearray | memoryview:
     """Decompress a records section; never produce more than ``max_bytes``.
 
     Returns a bytes-like object (``data`` itself for ``Codec.NONE``, which the cap does
