@@ -246,7 +246,7 @@ def build_struct(
             continue
         codec = _field_codec(f, version, flexible, classes, label)
         tagged = flexible and version in f.tagged_versions
-        nested = classes.field_classes.get(id(f))
+        nested = classes.class_for(f)
         default, factory = default_spec(f, nested)
         members.append(
             (

@@ -31,6 +31,7 @@ __all__ = [
     "ApiKey",
     "api_name",
     "body_class",
+    "data_class",
     "data_version",
     "decode_body",
     "decode_data",
@@ -295,6 +296,11 @@ def encode_data(name: str, value, version: int | None = None) -> bytes:
     return bytes(out)
 
 
+def data_class(name: str) -> type:
+    """The generated class of a data structure; nested structs are its attributes."""
+    return message_classes("ours", _data_message(name).name).root
+
+
 def new_data(name: str, **fields: Any):
     """A data structure value with defaults, e.g. ``new_data("IndividualCommitKey", ...)``."""
-    return message_classes("ours", _data_message(name).name).root(**fields)
+    return data_class(name)(**fields)

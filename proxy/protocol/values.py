@@ -88,7 +88,6 @@ class MessageClasses:
     def __init__(self, message: MessageDef) -> None:
         self.message = message
         self.by_struct: dict[str, type] = {}
-        self.field_classes: dict[int, type] = {}  # id(FieldDef) -> class of its struct
         self.root = self._make(message.name, message.fields)
         for name, cls in self.by_struct.items():
             setattr(self.root, name, cls)
@@ -102,7 +101,6 @@ class MessageClasses:
                 if nested is None:
                     nested = self._make(f.struct_name, f.fields)
                     self.by_struct[f.struct_name] = nested
-                self.field_classes[id(f)] = nested
             default, factory = default_spec(f, nested)
             if factory is not None:
                 spec.append((f.attr, Any, dataclasses.field(default_factory=factory)))
@@ -125,8 +123,10 @@ class MessageClasses:
         )
         return cls
 
-    def class_for(self, f: FieldDef) -> type:
-        return self.field_classes[id(f)]
+    def class_for(self, f: FieldDef) -> type | None:
+        """The class of a struct or struct-array field (struct names are unique per
+        message; the schema loader rejects a name defined twice differently)."""
+        return self.by_struct.get(f.struct_name) if f.fields is not None else None
 
 
 @functools.cache
