@@ -1,0 +1,170 @@
+"""Direct vs through the proxy, in the same run, with Kafka's own performance tools.
+
+Measures (each direct and through the proxy, alternating, ``--rounds`` times):
+- consume throughput: ConsumerPerformance over ``--consume-mb`` of 1 KB records;
+- produce throughput: ProducerPerformance, 1 KB records, unthrottled;
+- produce latency at a fixed rate (``--latency-rate-mb`` MB/s): the p99 the proxy adds;
+- proxy CPU seconds per MB forwarded (user + system of the proxy process).
+
+Writes ``benchmarks/results/proxy.json``. Run: ``make bench-proxy`` or
+``.venv/bin/python -m benchmarks.bench_proxy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from proxy.testing import java_tools
+from proxy.testing.kafka_cluster import KafkaCluster
+from proxy.testing.proxy_process import ProxyProcess
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RECORD_SIZE = 1024
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def _consume(bootstrap: str, topic: str, records: int) -> dict:
+    result = java_tools.consumer_performance(bootstrap, topic, records, timeout=900,
+                                             consumer_config={"fetch.max.bytes": "52428800"})
+    # CSV: start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, rebalance, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
+    line = [l for l in result.stdout.splitlines() if re.match(r"^\d{4}-", l)][-1]
+    cells = [c.strip() for c in line.split(",")]
+    return {"mb": float(cells[2]), "mb_per_s": float(cells[3]), "records": int(cells[4]),
+            "records_per_s": float(cells[5]), "fetch_mb_per_s": float(cells[8])}
+
+
+def _produce(bootstrap: str, topic: str, records: int, throughput: int = -1) -> dict:
+    result = java_tools.producer_performance(bootstrap, topic, records, record_size=RECORD_SIZE,
+                                             throughput=throughput, timeout=900,
+                                             producer_props={"acks": "1", "linger.ms": "5", "batch.size": "262144"})
+    line = [l for l in result.stdout.splitlines() if "records sent" in l][-1]
+    # "N records sent, X records/sec (Y MB/sec), A ms avg latency, M ms max latency,
+    #  P50 ms 50th, P95 ms 95th, P99 ms 99th, P999 ms 99.9th."
+    def number(pattern: str) -> float:
+        return float(re.search(pattern, line).group(1))
+
+    return {"records": int(number(r"(\d+) records sent")),
+            "records_per_s": number(r"([\d.]+) records/sec"),
+            "mb_per_s": number(r"\(([\d.]+) MB/sec\)"),
+            "avg_latency_ms": number(r"([\d.]+) ms avg latency"),
+            "max_latency_ms": number(r"([\d.]+) ms max latency"),
+            "p50_ms": number(r"([\d.]+) ms 50th"),
+            "p95_ms": number(r"([\d.]+) ms 95th"),
+            "p99_ms": number(r"([\d.]+) ms 99th"),
+            "p999_ms": number(r"([\d.]+) ms 99\.9th")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--consume-mb", type=int, default=1024)
+    parser.add_argument("--produce-mb", type=int, default=512)
+    parser.add_argument("--latency-rate-mb", type=float, default=10.0)
+    parser.add_argument("--latency-seconds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=RESULTS / "proxy.json")
+    args = parser.parse_args(argv)
+
+    consume_records = args.consume_mb * 1024 * 1024 // RECORD_SIZE
+    produce_records = args.produce_mb * 1024 * 1024 // RECORD_SIZE
+    latency_rate = int(args.latency_rate_mb * 1024 * 1024 / RECORD_SIZE)
+    latency_records = latency_rate * args.latency_seconds
+    workdir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    report: dict = {
+        "command": " ".join(["python -m benchmarks.bench_proxy", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count(),
+                    "cpu": platform.processor() or platform.machine()},
+        "record_size": RECORD_SIZE,
+    }
+    with KafkaCluster.start(1, workdir=workdir / "kafka",
+                            broker_properties={"num.partitions": "1"}) as cluster:
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy")
+        proxy_ps = psutil.Process(proxy.pid)
+        try:
+            java_tools.create_topic(cluster.bootstrap_servers, "bench-consume", partitions=1)
+            print(f"filling bench-consume with {args.consume_mb} MB ...", flush=True)
+            _produce(cluster.bootstrap_servers, "bench-consume", consume_records)
+
+            consume = {"direct": [], "proxy": []}
+            cpu_per_mb = []
+            for round_number in range(args.rounds):
+                consume["direct"].append(_consume(cluster.bootstrap_servers, "bench-consume", consume_records))
+                before = _cpu_seconds(proxy_ps)
+                via = _consume(proxy.bootstrap_servers, "bench-consume", consume_records)
+                cpu_per_mb.append((_cpu_seconds(proxy_ps) - before) / via["mb"])
+                consume["proxy"].append(via)
+                print(f"consume round {round_number}: direct {consume['direct'][-1]['mb_per_s']:.1f} MB/s, "
+                      f"proxy {via['mb_per_s']:.1f} MB/s", flush=True)
+
+            produce = {"direct": [], "proxy": []}
+            for round_number in range(args.rounds):
+                for mode, bootstrap in (("direct", cluster.bootstrap_servers), ("proxy", proxy.bootstrap_servers)):
+                    topic = f"bench-produce-{mode}-{round_number}"
+                    java_tools.create_topic(cluster.bootstrap_servers, topic, partitions=1)
+                    produce[mode].append(_produce(bootstrap, topic, produce_records))
+                print(f"produce round {round_number}: direct {produce['direct'][-1]['mb_per_s']:.1f} MB/s, "
+                      f"proxy {produce['proxy'][-1]['mb_per_s']:.1f} MB/s", flush=True)
+
+            latency = {"direct": [], "proxy": []}
+            for round_number in range(args.rounds):
+                for mode, bootstrap in (("direct", cluster.bootstrap_servers), ("proxy", proxy.bootstrap_servers)):
+                    topic = f"bench-latency-{mode}-{round_number}"
+                    java_tools.create_topic(cluster.bootstrap_servers, topic, partitions=1)
+                    latency[mode].append(_produce(bootstrap, topic, latency_records, throughput=latency_rate))
+                print(f"latency round {round_number}: p99 direct {latency['direct'][-1]['p99_ms']} ms, "
+                      f"proxy {latency['proxy'][-1]['p99_ms']} ms", flush=True)
+        finally:
+            proxy.stop()
+
+    def median(rows: list[dict], key: str) -> float:
+        return statistics.median(row[key] for row in rows)
+
+    report["consume"] = {
+        "records": consume_records,
+        "runs": consume,
+        "direct_mb_per_s": median(consume["direct"], "mb_per_s"),
+        "proxy_mb_per_s": median(consume["proxy"], "mb_per_s"),
+    }
+    report["consume"]["ratio"] = report["consume"]["proxy_mb_per_s"] / report["consume"]["direct_mb_per_s"]
+    report["consume"]["goal"] = ">= 0.90"
+    report["produce"] = {
+        "records": produce_records,
+        "runs": produce,
+        "direct_mb_per_s": median(produce["direct"], "mb_per_s"),
+        "proxy_mb_per_s": median(produce["proxy"], "mb_per_s"),
+    }
+    report["produce"]["ratio"] = report["produce"]["proxy_mb_per_s"] / report["produce"]["direct_mb_per_s"]
+    report["produce"]["goal"] = ">= 0.95"
+    report["latency"] = {
+        "rate_mb_per_s": args.latency_rate_mb,
+        "records": latency_records,
+        "runs": latency,
+        "direct_p99_ms": median(latency["direct"], "p99_ms"),
+        "proxy_p99_ms": median(latency["proxy"], "p99_ms"),
+    }
+    report["latency"]["p99_added_ms"] = report["latency"]["proxy_p99_ms"] - report["latency"]["direct_p99_ms"]
+    report["latency"]["goal"] = "p99 added <= 1 ms"
+    report["proxy_cpu_seconds_per_mb"] = statistics.median(cpu_per_mb)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: report[k] for k in ("consume", "produce", "latency")}, indent=1, default=str)[:3000])
+    print(f"proxy CPU per MB forwarded: {report['proxy_cpu_seconds_per_mb'] * 1000:.2f} ms")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
