@@ -18,12 +18,15 @@ def proxy_factory(tmp_path_factory) -> Iterator[ProxyFactory]:
     stopped at the end of the session (earlier if the test stops it)."""
     started: list[ProxyProcess] = []
 
-    def start(cluster: KafkaCluster, bootstrap: str | None = None, **overrides: str) -> ProxyProcess:
+    def start(
+        cluster: KafkaCluster, bootstrap: str | None = None, listen_port: int = 0, **overrides: str
+    ) -> ProxyProcess:
         settings = {key.replace("_", "."): str(value) for key, value in overrides.items()}
         process = ProxyProcess.start(
             bootstrap or cluster.bootstrap_servers,
             overrides=settings,
             workdir=tmp_path_factory.mktemp("proxy"),
+            listen_port=listen_port,
         )
         started.append(process)
         return process
@@ -51,3 +54,19 @@ def real_ports(cluster: KafkaCluster) -> set[int]:
 
 def proxy_ports(process: ProxyProcess) -> set[int]:
     return {process.port, *process.node_ports.values()}
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports that were free a moment ago (for processes that must know each other's ports)."""
+    import socket
+
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
