@@ -123,12 +123,22 @@ class ProxyServer:
 
     async def _learn_cluster(self) -> None:
         """Read the cluster's brokers before accepting clients, so node ports exist from
-        the start (clients that reconnect after a proxy restart go straight to them)."""
+        the start (clients that reconnect after a proxy restart go straight to them).
+
+        A broker that accepts the connection but not an unauthenticated request (a SASL
+        listener) is reachable: the proxy starts anyway and learns the nodes from the
+        responses clients receive after they authenticate.
+        """
         errors = []
+        reachable = False
         for host, port in self.config.get("bootstrap.servers"):
             try:
                 body = await self._fetch_metadata(host, port)
-            except (OSError, trio.TooSlowError, BrokerConnectionError, ssl.SSLError) as exc:
+            except BrokerConnectionError as exc:
+                reachable = True
+                errors.append(f"{host}:{port} ({exc})")
+                continue
+            except (OSError, trio.TooSlowError, ssl.SSLError) as exc:
                 errors.append(f"{host}:{port} ({exc})")
                 continue
             for broker in body.brokers:
@@ -139,7 +149,17 @@ class ProxyServer:
                 for broker in body.brokers:
                     self.book.advertised(broker.node_id)
             return
-        raise StartupError("cannot reach any bootstrap server: " + "; ".join(errors))
+        if not reachable:
+            raise StartupError("cannot reach any bootstrap server: " + "; ".join(errors))
+        if self.config.get("topology") == "sidecar":
+            if self.config.get("sidecar.node.id") < 0:
+                raise StartupError(
+                    "the broker refused an unauthenticated Metadata request; set sidecar.node.id "
+                    "to the id of the broker this sidecar fronts"
+                )
+            self.book.sidecar_node_id = self.config.get("sidecar.node.id")
+        log.warning("cluster metadata unavailable at start (%s); node ports open as clients discover nodes",
+                    "; ".join(errors))
 
     async def _fetch_metadata(self, host: str, port: int):
         timeout = self.config.get("upstream.connect.timeout.ms") / 1000
@@ -150,6 +170,9 @@ class ProxyServer:
             return await connection.request(ApiKey.METADATA, METADATA_VERSION, body, timeout=timeout)
 
     def _identify_sidecar_node(self, host: str, port: int, body) -> None:
+        if self.config.get("sidecar.node.id") >= 0:
+            self.book.sidecar_node_id = self.config.get("sidecar.node.id")
+            return
         matches = [b.node_id for b in body.brokers if b.port == port and (b.host == host or len(body.brokers) == 1)]
         if not matches:
             matches = [b.node_id for b in body.brokers if b.port == port]

@@ -100,6 +100,8 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
             "port-per-broker: node N listens on node.port.base + N; 0 means listen.port + 1.", _port),
     Setting("sidecar.node.addresses", _parse_node_addresses, {},
             "sidecar: the proxy address advertised for each broker node, as id@host:port,..."),
+    Setting("sidecar.node.id", _parse_int, -1,
+            "sidecar: the id of the broker this sidecar fronts; -1 finds it in the cluster metadata."),
     Setting("max.frame.bytes", _parse_int, 104857600, "Largest request or response frame accepted.", _at_least(1024)),
     Setting("max.connections", _parse_int, 10000, "Client connections accepted at once.", _at_least(1)),
     Setting("max.inflight.requests.per.connection", _parse_int, 64,
