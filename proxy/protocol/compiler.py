@@ -286,8 +286,11 @@ class Generator:
         prelude = [
             "from proxy.protocol import primitives as k_prim",
             "from proxy.protocol.compiler import LINKED as k_linked",
-            "from proxy.protocol.tagged import read_tagged_section as k_read_tags",
             "from proxy.protocol.tagged import write_tag_entries as k_write_tags",
+            "from proxy.protocol.tagged import read_tag_count as k_read_tag_count",
+            "from proxy.protocol.tagged import read_tag_header as k_read_tag_header",
+            "from proxy.protocol.tagged import tag_not_consumed as k_tag_not_consumed",
+            "from struct import Struct as k_Struct",
             "from uuid import UUID as k_UUID",
         ]
         prelude += [f"k_{name} = k_prim.{name}" for name in _HELPERS]
@@ -436,21 +439,37 @@ class Generator:
 
     def _parse_array(self, codec: ArrayCodec, var: str) -> list[str]:
         element = codec.element
-        lines = [
+        min_size = max(element.min_size, 1)
+        count_call = (
             f"{var}__n, pos = k_read_array_count(buf, pos, end, {element.min_size}, "
-            f"{codec.nullable}, {codec.compact})",
-        ]
+            f"{codec.nullable}, {codec.compact})"
+        )
+        if codec.compact:
+            # fast path: a one-byte count (under 127 elements) that fits what is left
+            lines = [
+                f"if pos < end and 0 < ({var}__c := buf[pos]) < 0x80 "
+                f"and ({var}__c - 1) * {min_size} < end - pos:",
+                f"    {var}__n = {var}__c - 1",
+                "    pos += 1",
+                "else:",
+                f"    {count_call}",
+            ]
+        else:
+            lines = [count_call]
         if codec.nullable:
             lines.append(f"if {var}__n is None: {var} = None")
             lines.append("else:")
         else:
             lines.append("if True:")
         if isinstance(element, Fixed):
-            st = self.link(element._struct, "st")
+            fmt = element.fixed_format
+            structs = prim.array_structs(fmt)
+            linked = self.link(structs, "arrays")
             inner = [
-                f"{var}__end = pos + {var}__n * {element.min_size}",
-                f"{var} = [x for (x,) in {st}.iter_unpack(buf[pos:{var}__end])]",
-                f"pos = {var}__end",
+                f"{var}__st = {linked}[{var}__n] if {var}__n < {len(structs)} "
+                f"else k_Struct('>%d{fmt}' % {var}__n)",
+                f"{var} = list({var}__st.unpack_from(buf, pos))",
+                f"pos += {var}__n * {element.min_size}",
             ]
         else:
             if isinstance(element, Varlen):
@@ -470,40 +489,61 @@ class Generator:
         return lines
 
     def _parse_tagged(self, codec: StructCodec, var_of: dict[str, str]) -> list[str]:
+        """The tagged-fields section, inlined: a one-byte zero count is the fast path;
+        otherwise the loop of ``tagged.read_tagged_section`` with a branch per known tag."""
+        defaults = []
+        for m in codec.tagged:
+            var = f"v_{m.attr}"
+            var_of[m.attr] = var
+            defaults.append(f"{var} = {self.literal(m.default)}")
         lines = [
             "if pos < end and buf[pos] == 0:",
             "    pos += 1",
             "    t__unknown = ()",
             "    t__present = k_EMPTY_FROZENSET",
         ]
+        lines += ["    " + line for line in defaults]
+        lines += ["else:"]
+        body = list(defaults)
+        body += [
+            "t__count, pos = k_read_tag_count(buf, pos, end)",
+            "t__unknown = []",
+            "t__present = set()",
+            "t__tag = -1",
+            "for _ in range(t__count):",
+            "    t__tag, pos, t__end = k_read_tag_header(buf, pos, end, t__tag)",
+        ]
+        keyword = "if"
         for m in codec.tagged:
-            lines.append(f"    v_{m.attr} = {self.literal_default(m)}")
-        known = self._known_tags_table(codec)
-        lines.append("else:")
-        lines.append(f"    t__values, t__present, t__unknown, pos = k_read_tags(buf, pos, end, {known})")
-        for m in codec.tagged:
-            var = f"v_{m.attr}"
-            var_of[m.attr] = var
-            lines.append(
-                f"    {var} = t__values[{m.attr!r}] if {m.attr!r} in t__values "
-                f"else {self.literal_default(m)}"
-            )
+            reader = self._tag_reader(m)
+            body += [
+                f"    {keyword} t__tag == {m.tag}:",
+                f"        v_{m.attr}, t__used = {reader}(buf, pos, t__end)",
+                "        t__present.add(t__tag)",
+            ]
+            keyword = "elif"
+        if codec.tagged:
+            body += ["    else:"]
+            indent = "        "
+        else:
+            indent = "    "
+        body += [
+            f"{indent}t__unknown.append((t__tag, bytes(buf[pos:t__end])))",
+            f"{indent}t__used = t__end",
+            "    if t__used != t__end: k_tag_not_consumed(t__tag, t__used, t__end)",
+            "    pos = t__end",
+            "t__present = frozenset(t__present) if t__present else k_EMPTY_FROZENSET",
+            "t__unknown = tuple(t__unknown)",
+        ]
+        lines += ["    " + line for line in body]
         return lines
 
-    def _known_tags_table(self, codec: StructCodec) -> str:
-        """A generated ``{tag: (attr, reader)}`` dict whose readers are compiled too."""
-        entries = []
-        for m in codec.tagged:
-            reader = self.fresh("tagread")
-            body = "\n".join("    " + line for line in self._parse_value(m.codec, "value"))
-            self.code.append(f"def {reader}(buf, pos, end):\n{body}\n    return value, pos\n")
-            entries.append(f"{m.tag}: ({m.attr!r}, {reader})")
-        table = self.fresh("tags")
-        self.code.append(f"{table} = {{{', '.join(entries)}}}")
-        return table
-
-    def literal_default(self, m: Member) -> str:
-        return self.literal(m.default)
+    def _tag_reader(self, m: Member) -> str:
+        """A generated function reading one tagged field's value from its own bytes."""
+        reader = self.fresh("tagread")
+        body = "\n".join("    " + line for line in self._parse_value(m.codec, "value"))
+        self.code.append(f"def {reader}(buf, pos, end):\n{body}\n    return value, pos\n")
+        return reader
 
     # ----------------------------------------------------------- build
 
@@ -566,21 +606,29 @@ class Generator:
 
     def _build_array(self, codec: ArrayCodec, expr: str, var: str, out: str) -> list[str]:
         lines = [f"{var} = {expr}"]
-        count = (
-            f"k_write_uvarint({out}, len({var}) + 1)"
-            if codec.compact
-            else f"{out} += k_INT32.pack(len({var}))"
-        )
+        if codec.compact:
+            count = [
+                f"{var}__n = len({var}) + 1",
+                f"if {var}__n < 0x80: {out}.append({var}__n)",
+                f"else: k_write_uvarint({out}, {var}__n)",
+            ]
+        else:
+            count = [f"{out} += k_INT32.pack(len({var}))"]
         if codec.nullable:
             null = f"{out}.append(0)" if codec.compact else f"{out} += b'\\xff\\xff\\xff\\xff'"
             lines += [f"if {var} is None: {null}", "else:"]
         else:
             lines.append("if True:")
-        inner = [count]
+        inner = list(count)
         element = codec.element
         if isinstance(element, Fixed):
-            st = self.link(element._struct, "st")
-            inner.append(f"{out} += b''.join(map({st}.pack, {var}))")
+            fmt = element.fixed_format
+            structs = prim.array_structs(fmt)
+            linked = self.link(structs, "arrays")
+            inner.append(
+                f"{out} += ({linked}[len({var})] if len({var}) < {len(structs)} "
+                f"else k_Struct('>%d{fmt}' % len({var}))).pack(*{var})"
+            )
         else:
             item = f"{var}__item"
             if isinstance(element, Varlen):

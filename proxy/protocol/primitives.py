@@ -158,13 +158,36 @@ def read_nullable_string(buf, pos, end):
     return _decode_utf8(buf, pos, n), pos + n
 
 
+# The compact readers below take a fast path for the common one-byte length (strings up
+# to 126 bytes): one Python call per string instead of four. Anything unusual falls
+# through to the general path, which does every check and reports errors.
+
+
 def read_compact_string(buf, pos, end):
+    if pos < end:
+        n = buf[pos] - 1
+        if 0 <= n < 0x7F and n < end - pos:
+            start = pos + 1
+            try:
+                return str(buf[start : start + n], "utf-8"), start + n
+            except UnicodeDecodeError:
+                pass  # the general path reports it with its offset
     n, pos = _compact_length(buf, pos, end)
     _check_length(n, False, pos, end, "string")
     return _decode_utf8(buf, pos, n), pos + n
 
 
 def read_compact_nullable_string(buf, pos, end):
+    if pos < end:
+        n = buf[pos] - 1
+        if 0 <= n < 0x7F and n < end - pos:
+            start = pos + 1
+            try:
+                return str(buf[start : start + n], "utf-8"), start + n
+            except UnicodeDecodeError:
+                pass
+        elif n == -1:
+            return None, pos + 1
     n, pos = _compact_length(buf, pos, end)
     _check_length(n, True, pos, end, "string")
     if n < 0:
@@ -308,6 +331,12 @@ def read_array_count(buf, pos, end, min_element_size: int, nullable: bool, compa
     if n * (min_element_size or 1) > end - pos:
         fail(f"array of {n} elements cannot fit in the {end - pos} bytes left", start)
     return n, pos
+
+
+def array_structs(fmt: str, count: int = 64) -> tuple[struct.Struct, ...]:
+    """Precompiled ``struct`` layouts for 0..count-1 repetitions of ``fmt``: decoding an
+    int32 array of n elements is then one ``unpack_from`` call."""
+    return tuple(struct.Struct(f">{n}{fmt}") for n in range(count))
 
 
 def write_array_count(out: bytearray, value, nullable: bool, compact: bool) -> None:

@@ -19,32 +19,49 @@ from proxy.protocol.primitives import EMPTY_FROZENSET, fail, read_uvarint, write
 KnownTags = dict[int, tuple[str, Callable[[Any, int, int], tuple[Any, int]]]]
 
 
+def read_tag_count(buf, pos: int, end: int) -> tuple[int, int]:
+    """The number of tagged fields, bounded by the bytes left (each takes at least a tag
+    byte and a size byte)."""
+    start = pos
+    count, pos = read_uvarint(buf, pos, end)
+    if count * 2 > end - pos:
+        fail(f"{count} tagged fields cannot fit in the {end - pos} bytes left", start)
+    return count, pos
+
+
+def read_tag_header(buf, pos: int, end: int, last_tag: int) -> tuple[int, int, int]:
+    """One field's tag and size: returns ``(tag, value_start, value_end)``."""
+    tag_pos = pos
+    tag, pos = read_uvarint(buf, pos, end)
+    if tag <= last_tag:
+        fail(f"tagged field {tag} follows tag {last_tag}; tags must ascend", tag_pos)
+    size, pos = read_uvarint(buf, pos, end)
+    if size > end - pos:
+        fail(f"tagged field {tag} of {size} bytes exceeds the {end - pos} bytes left", pos)
+    return tag, pos, pos + size
+
+
+def tag_not_consumed(tag: int, used_to: int, field_end: int) -> None:
+    fail(f"tagged field {tag} has {field_end - used_to} unread bytes", used_to)
+
+
 def read_tagged_section(
     buf, pos: int, end: int, known: KnownTags
 ) -> tuple[dict[str, Any], frozenset[int], tuple[tuple[int, bytes], ...], int]:
     """Parse a tagged-fields section.
 
     Returns the decoded known fields by attribute, the set of known tags present, the
-    unknown fields as ``(tag, raw bytes)`` and the position after the section.
+    unknown fields as ``(tag, raw bytes)`` and the position after the section. (The
+    compiled codecs inline this loop with the same helpers and messages.)
     """
-    start = pos
-    count, pos = read_uvarint(buf, pos, end)
-    if count * 2 > end - pos:  # each field takes at least a tag byte and a size byte
-        fail(f"{count} tagged fields cannot fit in the {end - pos} bytes left", start)
+    count, pos = read_tag_count(buf, pos, end)
     values: dict[str, Any] = {}
     present: set[int] = set()
     unknown: list[tuple[int, bytes]] = []
     last_tag = -1
     for _ in range(count):
-        tag_pos = pos
-        tag, pos = read_uvarint(buf, pos, end)
-        if tag <= last_tag:
-            fail(f"tagged field {tag} follows tag {last_tag}; tags must ascend", tag_pos)
+        tag, pos, field_end = read_tag_header(buf, pos, end, last_tag)
         last_tag = tag
-        size, pos = read_uvarint(buf, pos, end)
-        if size > end - pos:
-            fail(f"tagged field {tag} of {size} bytes exceeds the {end - pos} bytes left", pos)
-        field_end = pos + size
         entry = known.get(tag)
         if entry is None:
             unknown.append((tag, bytes(buf[pos:field_end])))
@@ -52,7 +69,7 @@ def read_tagged_section(
             attr, reader = entry
             value, used_to = reader(buf, pos, field_end)
             if used_to != field_end:
-                fail(f"tagged field {tag} has {field_end - used_to} unread bytes", used_to)
+                tag_not_consumed(tag, used_to, field_end)
             values[attr] = value
             present.add(tag)
         pos = field_end
