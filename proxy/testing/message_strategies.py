@@ -14,7 +14,7 @@ import functools
 
 from hypothesis import strategies as st
 
-from proxy.protocol.compiler import ArrayCodec, NullableStructCodec, StructCodec, build_codec_tree
+from proxy.protocol.codec_tree import ArrayCodec, NullableStructCodec, StructCodec, build_codec_tree
 from proxy.protocol.primitives import Bool, Fixed, KafkaConstruct, Uuid, Varlen
 from proxy.protocol.schema import View, registry
 from proxy.protocol.values import UNKNOWN_TAGGED

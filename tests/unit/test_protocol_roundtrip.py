@@ -79,3 +79,15 @@ def test_random_values_roundtrip(name, version, newest):
         _check_roundtrip(name, version, value)
 
     check()
+
+
+def test_construct_interface():
+    """The compiled and interpreted trees are ordinary constructs: parse/build work too."""
+    compiled = compile_message("ours", "FetchRequest", 18)
+    interpreted = compile_message("ours", "FetchRequest", 18, "interpreted")
+    body = compiled.root_class(max_wait_ms=5, topics=[])
+    data = compiled.encode(body)
+    for construct in (compiled.construct, interpreted.construct):
+        assert construct.parse(data) == body
+        assert construct.build(body) == data
+    assert "def k_parse_" in compiled.construct.source
