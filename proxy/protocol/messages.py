@@ -33,6 +33,7 @@ __all__ = [
     "body_class",
     "data_class",
     "data_version",
+    "decode_api_versions_response",
     "decode_body",
     "decode_data",
     "decode_request",
@@ -205,8 +206,16 @@ def decode_response(api_key: int, api_version: int, frame) -> tuple[Any, Any]:
     """Decode a response frame to the request (api key, version) it answers.
 
     Responses do not name their API; look it up by correlation id first, see
-    ``decode_response_by_correlation``.
+    ``decode_response_by_correlation``. ApiVersions responses fall back to the v0 layout
+    like Kafka clients do (see ``decode_api_versions_response``).
     """
+    if api_key == ApiKey.API_VERSIONS:
+        header, body, _ = decode_api_versions_response(api_version, frame)
+        return header, body
+    return _decode_response_at(api_key, api_version, frame)
+
+
+def _decode_response_at(api_key: int, api_version: int, frame) -> tuple[Any, Any]:
     view = as_view(frame)
     body_codec = _body_codec(api_key, api_version, "response")
     header_codec = _header_codec("response", response_header_version(api_key, api_version))
@@ -220,6 +229,32 @@ def decode_response(api_key: int, api_version: int, frame) -> tuple[Any, Any]:
             offset=exc.offset,
         ) from None
     return header, body_codec.decode(view, pos)
+
+
+UNSUPPORTED_VERSION = 35
+
+
+def decode_api_versions_response(api_version: int, frame) -> tuple[Any, Any, int]:
+    """Decode an ApiVersions response, falling back to the v0 layout as Kafka clients do.
+
+    A broker that does not support the request's version answers UNSUPPORTED_VERSION (35)
+    in a v0 body. Returns ``(header, body, layout_version)``; re-encoding the body at the
+    client's requested version is fine (every client reads its own version), forwarding
+    the original bytes is too.
+    """
+    try:
+        header, body = _decode_response_at(ApiKey.API_VERSIONS, api_version, frame)
+        return header, body, api_version
+    except ProtocolError as first:
+        if api_version == 0 or isinstance(first, UnsupportedVersionError):
+            raise
+        try:
+            header, body = _decode_response_at(ApiKey.API_VERSIONS, 0, frame)
+        except ProtocolError:
+            raise first from None
+        if body.error_code != UNSUPPORTED_VERSION:
+            raise first from None
+        return header, body, 0
 
 
 def decode_response_by_correlation(

@@ -51,9 +51,12 @@ def _frame(api_key: int, version: int, kind: str, body) -> bytes:
 
 
 def _decode_frame(api_key: int, version: int, kind: str, frame: bytes):
+    """``(header, body, layout version)``: ApiVersions responses may fall back to v0."""
     if kind == "request":
-        return messages.decode_request(frame)
-    return messages.decode_response(api_key, version, frame)
+        return (*messages.decode_request(frame), version)
+    if api_key == ApiKey.API_VERSIONS:
+        return messages.decode_api_versions_response(version, frame)
+    return (*messages.decode_response(api_key, version, frame), version)
 
 
 def _reencode(api_key: int, version: int, kind: str, header, body) -> bytes:
@@ -111,7 +114,7 @@ def test_mutated_frames_raise_only_protocol_error(data):
     for mutation in mutations:
         frame = _mutate(frame, mutation)
     try:
-        header, decoded = _decode_frame(api_key, version, kind, frame)
+        header, decoded, layout = _decode_frame(api_key, version, kind, frame)
     except UnsupportedVersionError:
         return  # a flipped api key or version in a request header
     except ProtocolError as exc:
@@ -119,7 +122,7 @@ def test_mutated_frames_raise_only_protocol_error(data):
         assert exc.offset is None or 0 <= exc.offset <= len(frame)
         return
     # strict decoding: anything accepted is canonical and re-encodes identically
-    assert _reencode(api_key, version, kind, header, decoded) == frame
+    assert _reencode(api_key, layout, kind, header, decoded) == frame
 
 
 @settings(max_examples=150, deadline=500, database=None)

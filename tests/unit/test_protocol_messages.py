@@ -139,3 +139,18 @@ def test_to_dict_for_logs():
         "member_id": "",
         "group_instance_id": None,
     }
+
+
+def test_api_versions_response_falls_back_to_v0_on_unsupported_version():
+    v0 = messages.new_body(ApiKey.API_VERSIONS, 0, "response", error_code=35)
+    A = messages.body_class(ApiKey.API_VERSIONS, "response")
+    v0.api_keys = [A.ApiVersion(api_key=18, min_version=0, max_version=3)]
+    frame = messages.encode_response(ApiKey.API_VERSIONS, 0, messages.new_response_header(3), v0)
+    header, body, layout = messages.decode_api_versions_response(4, frame)
+    assert (header.correlation_id, body.error_code, layout) == (3, 35, 0)
+    assert messages.decode_response(ApiKey.API_VERSIONS, 4, frame)[1] == body
+    # any other v0-shaped answer to a v4 request is still an error
+    v0.error_code = 0
+    frame = messages.encode_response(ApiKey.API_VERSIONS, 0, messages.new_response_header(3), v0)
+    with pytest.raises(ProtocolError):
+        messages.decode_response(ApiKey.API_VERSIONS, 4, frame)
