@@ -135,7 +135,7 @@ class StructCodec(KafkaConstruct):
             present = getattr(value, PRESENT_TAGS)
             for m in self.tagged:
                 field_value = getattr(value, m.attr)
-                if field_value != m.default or m.tag in present:
+                if field_value != m.default or (m.default is not None and m.tag in present):
                     encoded = bytearray()
                     m.codec.write(encoded, field_value)
                     entries.append((m.tag, encoded))

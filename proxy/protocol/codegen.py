@@ -415,7 +415,12 @@ class Generator:
             var = f"t_{m.attr}"
             default = self.link(m.default, "dflt")
             lines.append(f"{var} = obj.{m.attr}")
-            lines.append(f"if {var} != {default} or {m.tag} in t__present:")
+            if m.default is None:
+                # None means "not sent": setting a nullable tagged field to None strips it,
+                # even if it was on the wire (an explicit null is normalized away)
+                lines.append(f"if {var} is not None:")
+            else:
+                lines.append(f"if {var} != {default} or {m.tag} in t__present:")
             lines.append(f"    {var}__out = bytearray()")
             body = self._build_value(m.codec, var, f"{var}__w", f"{var}__out")
             lines += ["    " + line for line in body]

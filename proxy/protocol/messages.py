@@ -9,9 +9,32 @@ are ``bytes``, uuids are ``uuid.UUID``, arrays are ``list`` and nullable values 
 Every decode path raises only ``ProtocolError`` (with api key, version and byte offset);
 ``UnsupportedVersionError`` (a subclass) means our schemas lack the key or version.
 Decoding is strict: it accepts only canonical encodings and rejects trailing bytes after
-a body, so ``encode(decode(frame)) == frame`` for every frame it accepts.
+a body, so ``encode(decode(frame)) == frame`` for every frame it accepts, with one
+deliberate exception: a tagged field whose default is null, sent explicitly as null, is
+dropped on re-encode (Java clients never send that; see below).
 
 Frames here are Kafka frames *without* the 4-byte size prefix (``framing`` strips it).
+
+Reading::
+
+    header, body = decode_request(frame)                 # header.api_key, .api_version
+    for topic in body.topics:                            # FetchRequest v13+: topic.topic_id
+        for partition in topic.partitions:
+            ranges = partition.key_ranges or body.key_ranges   # None when absent
+
+Building from scratch (every field not given is at its Kafka default)::
+
+    F = body_class(ApiKey.FETCH, "request")              # nested classes by struct name
+    body = new_body(ApiKey.FETCH, 18, "request", max_wait_ms=500, topics=[
+        F.FetchTopic(topic_id=tid, partitions=[F.FetchPartition(partition=0, fetch_offset=7)])])
+    frame = encode_request(new_request_header(ApiKey.FETCH, 18, correlation_id, "client"), body)
+
+Values are mutable: rewrite in place (``broker.host = ...``) and re-encode. A tagged
+field equal to its default is not sent; our list extensions default to None, so setting
+``key_ranges = None`` strips it from the wire even if the client sent it, which is how the
+proxy forwards a request without tag-10000 fields (``strip_extensions`` does it for all).
+A tagged field with a non-None default that arrived explicitly set to its default is
+re-sent as it came, so re-encoding stays byte-identical.
 """
 
 from __future__ import annotations
@@ -25,7 +48,7 @@ from proxy.protocol.compiler import MessageCodec, as_view, compile_message
 from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
 from proxy.protocol.framing import peek_correlation_id
 from proxy.protocol.schema import MessageDef, View, registry
-from proxy.protocol.values import message_classes, to_dict
+from proxy.protocol.values import message_classes, strip_extensions, to_dict
 
 __all__ = [
     "ApiKey",
@@ -50,6 +73,7 @@ __all__ = [
     "new_response_header",
     "request_header_version",
     "response_header_version",
+    "strip_extensions",
     "supported_versions",
     "to_dict",
     "RequestHeader",

@@ -11,7 +11,9 @@ Two extra dataclass fields carry what tagged-field round trips need:
 * ``_unknown_tagged``: ``tuple[(tag, bytes), ...]`` of tagged fields this schema does not
   know, re-emitted verbatim on encode (compared by ``==``, hidden from ``repr``);
 * ``_present_tags``: ``frozenset`` of known tags that were on the wire, so a tagged field
-  sent with its default value is re-emitted (not compared, not shown).
+  sent with its default value is re-emitted (not compared, not shown). Fields whose
+  default is None are the exception: None always means "not sent", so setting such a
+  field to None strips it (an explicit null on the wire is normalized away).
 
 Nested classes hang off the root class by struct name (``FetchRequest.FetchPartition``).
 """
@@ -116,6 +118,9 @@ class MessageClasses:
         )
         cls = dataclasses.make_dataclass(name, spec, slots=True, eq=True)
         cls.__module__ = __name__
+        # what strip_extensions needs: our added fields, and where nested structs hang
+        cls._kafka_ours = tuple((f.attr, f.tag) for f in fields if f.ours)
+        cls._kafka_struct_attrs = tuple(f.attr for f in fields if f.fields is not None)
         cls.__qualname__ = name if name == self.message.name else f"{self.message.name}.{name}"
         cls.__doc__ = (
             f"Kafka {self.message.name} struct {name}: "
@@ -136,6 +141,33 @@ def message_classes(view: View, name: str) -> MessageClasses:
     if message is None:
         raise KeyError(f"no message definition named {name!r}")
     return MessageClasses(message)
+
+
+def strip_extensions(value: Any) -> Any:
+    """Reset every field our overlays add (tag 10000) to its default, in place, through
+    all nested structs, so the value encodes exactly as a stock Kafka peer would send it.
+    Returns ``value``."""
+    cls = type(value)
+    ours = cls._kafka_ours
+    if ours:
+        fields = cls.__dataclass_fields__
+        for attr, _ in ours:
+            f = fields[attr]
+            if f.default_factory is not dataclasses.MISSING:
+                setattr(value, attr, f.default_factory())
+            else:
+                setattr(value, attr, f.default)
+        present = getattr(value, PRESENT_TAGS)
+        if present:
+            setattr(value, PRESENT_TAGS, present - {tag for _, tag in ours})
+    for attr in cls._kafka_struct_attrs:
+        nested = getattr(value, attr)
+        if isinstance(nested, list):
+            for item in nested:
+                strip_extensions(item)
+        elif nested is not None:
+            strip_extensions(nested)
+    return value
 
 
 def to_dict(value: Any) -> Any:

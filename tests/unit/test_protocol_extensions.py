@@ -4,6 +4,7 @@ re-encodes them untouched, and non-flexible versions never carry them."""
 
 from __future__ import annotations
 
+import struct
 import uuid
 
 import pytest
@@ -276,3 +277,45 @@ def test_key_range_extremes(start, end):
     body = messages.new_body(ApiKey.FETCH, 13, "request", key_ranges=[F.KeyRange(start=start, end=end)])
     data = messages.encode_body(ApiKey.FETCH, 13, "request", body)
     assert messages.decode_body(ApiKey.FETCH, 13, "request", data).key_ranges[0].end == end
+
+
+def test_setting_an_extension_to_none_strips_it_even_if_it_was_sent():
+    body = _fetch_request_with_ranges()
+    data = messages.encode_body(ApiKey.FETCH, 18, "request", body)
+    decoded = messages.decode_body(ApiKey.FETCH, 18, "request", data)
+    decoded.key_ranges = None
+    decoded.topics[0].partitions[0].key_ranges = None
+    stripped = messages.encode_body(ApiKey.FETCH, 18, "request", decoded)
+    standard = messages.decode_body(ApiKey.FETCH, 18, "request", stripped, view="standard")
+    assert standard._unknown_tagged == () and standard.topics[0].partitions[0]._unknown_tagged == ()
+
+
+def test_strip_extensions_resets_every_extension():
+    body = _fetch_request_with_ranges()
+    data = messages.encode_body(ApiKey.FETCH, 18, "request", body)
+    decoded = messages.decode_body(ApiKey.FETCH, 18, "request", data)
+    assert messages.strip_extensions(decoded) is decoded
+    assert decoded.key_ranges is None
+    assert all(p.key_ranges is None for p in decoded.topics[0].partitions)
+    stripped = messages.encode_body(ApiKey.FETCH, 18, "request", decoded)
+    standard = messages.decode_body(ApiKey.FETCH, 18, "request", stripped, view="standard")
+    assert messages.encode_body(ApiKey.FETCH, 18, "request", standard, view="standard") == stripped
+    assert standard._unknown_tagged == ()
+    # OffsetCommitResponse.StableOffset goes back to -1 and off the wire
+    R = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
+    response = messages.new_body(
+        ApiKey.OFFSET_COMMIT, 10, "response",
+        topics=[R.OffsetCommitResponseTopic(partitions=[R.OffsetCommitResponsePartition(stable_offset=5)])],
+    )
+    messages.strip_extensions(response)
+    assert response.topics[0].partitions[0].stable_offset == -1
+
+
+def test_explicit_null_for_a_null_default_tagged_field_is_normalized():
+    """The one non-identity re-encode: FetchRequest ClusterId (tag 0, default null) sent as
+    an explicit null is dropped, as Java peers never send it."""
+    prefix = struct.pack(">iiibii", 500, 1, 1024, 0, 0, -1) + b"\x01\x01\x01"
+    explicit_null = prefix + b"\x01\x00\x01\x00"
+    decoded = messages.decode_body(ApiKey.FETCH, 18, "request", explicit_null)
+    assert decoded.cluster_id is None
+    assert messages.encode_body(ApiKey.FETCH, 18, "request", decoded) == prefix + b"\x00"
