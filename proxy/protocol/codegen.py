@@ -137,8 +137,7 @@ class Generator:
             if m is not None and m.attr in var_of:
                 args.append(var_of[m.attr])
             else:
-                nested = codec.cls.__dataclass_fields__[f.attr]
-                args.append(self._default_expr(nested))
+                args.append(self._default_expr(codec.cls.__dataclass_fields__[f.attr]))
         cls_name = self.link(codec.cls, "cls")
         body = "\n".join("    " + line for line in lines) or "    pass"
         self.code.append(
