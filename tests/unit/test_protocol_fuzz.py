@@ -100,7 +100,7 @@ def _mutate(frame: bytes, mutation) -> bytes:
 
 
 @settings(
-    max_examples=400,
+    max_examples=200,
     deadline=500,  # milliseconds per example: a hostile length must never make us loop
     database=None,
     suppress_health_check=list(HealthCheck),
