@@ -133,11 +133,13 @@ def response_header_version(api_key: int, version: int) -> int:
     return 1 if is_flexible(api_key, version) else 0
 
 
+@functools.cache
 def _body_codec(api_key: int, version: int, kind: str, view: View = "ours") -> MessageCodec:
     message = _message(api_key, kind, view)
     return compile_message(view, message.name, version)
 
 
+@functools.cache
 def _header_codec(kind: str, header_version: int) -> MessageCodec:
     return compile_message("ours", "RequestHeader" if kind == "request" else "ResponseHeader", header_version)
 
