@@ -154,3 +154,7 @@ def test_api_versions_response_falls_back_to_v0_on_unsupported_version():
     frame = messages.encode_response(ApiKey.API_VERSIONS, 0, messages.new_response_header(3), v0)
     with pytest.raises(ProtocolError):
         messages.decode_response(ApiKey.API_VERSIONS, 4, frame)
+
+
+def test_precompile():
+    assert messages.precompile([ApiKey.FETCH, ApiKey.LEADER_AND_ISR]) == 2 * (18 - 4 + 1)
