@@ -144,6 +144,10 @@ def _jars_complete(libs: Path) -> bool:
     return bool(jars) and all((libs / name).is_file() for name in jars)
 
 
+# Named in full so that Maven resolves exactly this plugin (and, offline, says which
+# download failed instead of "No plugin found for prefix 'dependency'").
+_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+
 _NETWORK_ERROR = re.compile(
     r"Connection refused|UnknownHost|Unknown host|Connect to \S+ failed|connect timed out|"
     r"Network is unreachable|No route to host|Could not transfer|transfer failed|"
@@ -191,14 +195,14 @@ def fetch_jars(
             )
         settings = maven_settings or os.environ.get("KEYRANGE_MAVEN_SETTINGS")
         staging = Path(tempfile.mkdtemp(prefix="libs.partial-", dir=version_dir))
-        cmd = [mvn, "-B", "-f", str(_pom_path())]
+        cmd = [mvn, "-B", "-Dstyle.color=never", "-f", str(_pom_path())]
         if not verbose:
             cmd.append("-q")
         if settings:
             cmd += ["-s", str(settings)]
         cmd += [
             f"-Dmaven.repo.local={version_dir.parent / 'm2'}",
-            "dependency:copy-dependencies",
+            f"{_DEPENDENCY_PLUGIN}:copy-dependencies",
             f"-DoutputDirectory={staging}",
         ]
         log_path = version_dir / "maven.log"

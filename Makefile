@@ -1,0 +1,32 @@
+# keyrange-proxy developer targets.  `make test` and `make demo` work from a clean clone:
+# they create the virtualenv and fetch the Kafka jars on first use.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
+
+.PHONY: venv jars test demo clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+# Downloads Kafka from Maven Central into ${KEYRANGE_CACHE:-~/.cache/keyrange-proxy} once;
+# skips Maven entirely when the cache is complete.
+jars: $(STAMP)
+	$(PY) -m proxy.testing.kafka_cluster fetch-jars
+
+test: venv jars
+	$(PY) -m pytest $(PYTEST_FLAGS)
+
+demo: venv jars
+	$(PY) -m proxy.demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info
