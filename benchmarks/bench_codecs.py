@@ -9,10 +9,12 @@ Workloads, each at the newest version our schemas know:
   request without them, the bytes kafka-python is timed on);
 * ``offset_commit_request``: OffsetCommit request, 10 topics x 10 partitions.
 
-Each is timed through three codecs: ``compiled`` (what the proxy uses: construct
-``compile()`` with our ``_emitparse``/``_emitbuild``), ``interpreted`` (the same construct
-tree walked by its ``read``/``write`` methods; the plain construct path) and, for
-reference, kafka-python's own codec on the same bytes (standard view, no tag 10000).
+Each is timed through: ``compiled`` (what the proxy uses: construct ``compile()`` with
+our ``_emitparse``/``_emitbuild``), ``interpreted`` (the same construct tree walked by its
+``read``/``write`` methods) and, for reference, kafka-python's own codec on the same bytes
+(standard view, no tag 10000). The Metadata response is also timed with a definition
+written in construct's stock classes (``stock_construct``, plain and ``.compile()``d):
+the naive construct path this codec replaces.
 Timings are the best of several repeats, in microseconds per message.
 
 Writes ``benchmarks/results/codecs.json``; with ``--profile`` also writes a pyinstrument
@@ -127,6 +129,53 @@ WORKLOADS = {
 }
 
 
+def stock_construct_metadata_v13():
+    """Metadata response v13 written with construct's own classes only (Struct,
+    PrefixedArray, PascalString, VarInt): the naive construct baseline, no tag handling
+    beyond skipping, no bounds checks beyond construct's."""
+    from construct import (
+        Bytes,
+        Flag,
+        GreedyBytes,
+        Int16sb,
+        Int32sb,
+        PascalString,
+        Prefixed,
+        PrefixedArray,
+        Struct,
+        VarInt,
+        ExprAdapter,
+    )
+
+    compact_len = ExprAdapter(VarInt, lambda obj, ctx: obj - 1, lambda obj, ctx: obj + 1)
+
+    def compact_array(sub):
+        return PrefixedArray(compact_len, sub)
+
+    compact_string = PascalString(compact_len, "utf8")
+    tags = PrefixedArray(VarInt, Struct("tag" / VarInt, "data" / Prefixed(VarInt, GreedyBytes)))
+    broker = Struct(
+        "node_id" / Int32sb, "host" / compact_string, "port" / Int32sb,
+        "rack" / compact_string, "_tags" / tags,
+    )
+    partition = Struct(
+        "error_code" / Int16sb, "partition_index" / Int32sb, "leader_id" / Int32sb,
+        "leader_epoch" / Int32sb, "replica_nodes" / compact_array(Int32sb),
+        "isr_nodes" / compact_array(Int32sb), "offline_replicas" / compact_array(Int32sb),
+        "_tags" / tags,
+    )
+    topic = Struct(
+        "error_code" / Int16sb, "name" / compact_string, "topic_id" / Bytes(16),
+        "is_internal" / Flag, "partitions" / compact_array(partition),
+        "topic_authorized_operations" / Int32sb, "_tags" / tags,
+    )
+    return Struct(
+        "throttle_time_ms" / Int32sb, "brokers" / compact_array(broker),
+        "cluster_id" / compact_string, "controller_id" / Int32sb,
+        "topics" / compact_array(topic), "error_code" / Int16sb, "_tags" / tags,
+    )
+
+
 def best_time_us(fn, seconds: float) -> float:
     """Best per-call time over repeats of a loop calibrated to ~seconds/10 each."""
     fn()
@@ -181,6 +230,19 @@ def run(seconds: float) -> dict:
                 "interpreted": best_time_us(lambda: interpreted.encode(body), seconds),
             },
         }
+        if label == "metadata_response" and version == 13:
+            stock = stock_construct_metadata_v13()
+            stock_compiled = stock.compile()
+            parsed = stock.parse(data)
+            assert stock.build(parsed) == data and stock_compiled.parse(data) == parsed
+            entry["decode_us"]["stock_construct"] = best_time_us(lambda: stock.parse(data), seconds)
+            entry["decode_us"]["stock_construct_compiled"] = best_time_us(
+                lambda: stock_compiled.parse(data), seconds
+            )
+            entry["encode_us"]["stock_construct"] = best_time_us(lambda: stock.build(parsed), seconds)
+            entry["encode_us"]["stock_construct_compiled"] = best_time_us(
+                lambda: stock_compiled.build(parsed), seconds
+            )
         kp = kafka_python_codec(name)
         if kp is not None:
             standard = compile_message("standard", name, version)
