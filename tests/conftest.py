@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 
@@ -112,26 +113,55 @@ def any_kafka(request: pytest.FixtureRequest) -> KafkaCluster:
     return cluster
 
 
-_admins: dict[str, object] = {}
 _topic_counter = itertools.count(1)
 
 
-def _admin(bootstrap_servers: str):  # -> kafka.admin.KafkaAdminClient
+def create_topic(
+    cluster: KafkaCluster,
+    topic: str,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    configs: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> None:
+    """Create ``topic`` and wait until every partition has a leader.
+
+    A fresh admin client each time: one kept across tests can hold metadata from before a
+    node restart (kafka-python then aims at a controller id it no longer knows).  Retries
+    until ``timeout`` while nodes are still coming back.
+    """
     from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-    admin = _admins.get(bootstrap_servers)
-    if admin is None:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="tests-admin")
-        _admins[bootstrap_servers] = admin
-    return admin
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _close_admins() -> Iterator[None]:
-    yield
-    for admin in _admins.values():
-        admin.close()  # type: ignore[attr-defined]
-    _admins.clear()
+    spec = {
+        "num_partitions": partitions,
+        "replication_factor": replication_factor,
+        "configs": dict(configs or {}),
+    }
+    deadline = time.monotonic() + timeout
+    attempt_sent = False
+    while True:
+        admin = None
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers, client_id="tests-admin")
+            try:
+                admin.create_topics({topic: spec}, timeout_ms=30000)
+            except TopicAlreadyExistsError:
+                if not attempt_sent:
+                    raise
+            attempt_sent = True
+            admin.wait_for_topics([topic], timeout_ms=max(1000, int((deadline - time.monotonic()) * 1000)))
+            return
+        except TopicAlreadyExistsError:
+            raise
+        except KafkaError:
+            attempt_sent = True  # the request may have reached the controller
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+        finally:
+            if admin is not None:
+                admin.close()
 
 
 TopicFactory = Callable[..., str]
@@ -150,13 +180,7 @@ def topic_factory(request: pytest.FixtureRequest) -> TopicFactory:
         name: str | None = None,
     ) -> str:
         topic = name or f"{stem}-{next(_topic_counter)}-{uuid.uuid4().hex[:6]}"
-        spec = {
-            "num_partitions": partitions,
-            "replication_factor": replication_factor,
-            "configs": dict(configs or {}),
-        }
-        admin = _admin(cluster.bootstrap_servers)
-        admin.create_topics({topic: spec}, timeout_ms=30000, wait_for_metadata=True)  # type: ignore[attr-defined]
+        create_topic(cluster, topic, partitions, replication_factor, configs)
         return topic
 
     return create
