@@ -68,6 +68,9 @@ class ProxyServer:
             on_new_listener=self._on_new_listener,
         )
         self.router = Router(self.book)
+        from proxy.keyrange.feature import KeyRangeFetchFeature
+
+        self.keyrange = KeyRangeFetchFeature(config, self.router, self.metrics)
         self.connections: set[ClientConnection] = set()
         self.node_ports: dict[int, int] = {}
         self.metrics_port: int | None = None

@@ -50,6 +50,7 @@ class Router:
         self.book = book
         self.features: dict[str, tuple[int, int]] = dict(features or {})
         self._hooks: dict[int, RequestHook] = {}
+        self.topic_names: dict = {}  # topic id -> name, learned from Metadata responses
         self._decoded_keys: set[int] = set(ADDRESS_REWRITERS) | {ApiKey.API_VERSIONS}
 
     def register(self, api_key: int, hook: RequestHook) -> None:
@@ -95,8 +96,15 @@ class Router:
     def _address_transform(self, peek: RequestHeaderPeek, rewriter) -> ResponseTransform:
         api_key, version, book = peek.api_key, peek.api_version, self.book
 
+        topic_names = self.topic_names
+
         async def transform(response: bytes) -> bytes:
             header, body = messages.decode_response(api_key, version, response)
+            if api_key == ApiKey.METADATA:
+                for topic in body.topics or ():
+                    topic_id = getattr(topic, "topic_id", None)
+                    if topic_id is not None and topic.name and int(topic_id) != 0:
+                        topic_names[topic_id] = topic.name
             if not rewriter(body, book):
                 return response
             return messages.encode_response(api_key, version, header, body)

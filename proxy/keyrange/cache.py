@@ -1,0 +1,174 @@
+"""The key-range result cache (DESIGN.md section 5).
+
+One broker read of a partition is split once into every range set recently requested for
+that partition; the requester takes its share now and the other shares wait here for
+their consumers. A share is removed the moment it is served; when the bytes held would
+pass ``max_bytes`` the least recently used shares go first, so the bytes held never
+exceed the cap (a share larger than the cap is simply not kept).
+
+Two kinds of share, per topic (``reserve.message.value.range.fetch``):
+- records: the filtered Records blob itself, so the broker is not read again;
+- offsets: only which offsets of the read matched the range set; the consumer's own
+  broker read is then filtered by offset lookup instead of hashing every key again.
+
+Pure state: the caller passes the clock in, so eviction is deterministic in tests.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterable
+
+from proxy.ranges import KeyRange
+
+RangeSet = tuple[KeyRange, ...]
+PartitionId = tuple[str, int]  # (topic name, partition)
+
+_ENTRY_OVERHEAD = 200  # bytes charged per share for its bookkeeping, so tiny shares still count
+_OFFSET_BYTES = 8
+
+
+@dataclass(slots=True)
+class CachedShare:
+    """One range set's part of one broker read.
+
+    ``start_offset``: the fetch offset of the read; ``next_offset``: the offset after its
+    last complete batch. A consumer whose position lies in [start, next) can be served it.
+    The partition-level metadata of the read travels with it, so a response built from
+    the cache tells the consumer the same high watermark and aborted transactions as the
+    broker would have.
+    """
+
+    partition: PartitionId
+    ranges: RangeSet
+    start_offset: int
+    next_offset: int
+    records: bytes | None = None  # records shares
+    offsets: tuple[int, ...] | None = None  # offsets-only shares
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    aborted_transactions: list = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        held = len(self.records) if self.records is not None else 0
+        held += _OFFSET_BYTES * len(self.offsets) if self.offsets is not None else 0
+        return held + _ENTRY_OVERHEAD + 40 * len(self.aborted_transactions)
+
+
+@dataclass(slots=True)
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0  # by the byte cap (served shares are not counted)
+    stored: int = 0
+    rejected_too_large: int = 0
+
+
+class ShareCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes_held = 0
+        self.stats = CacheStats()
+        self._lru: OrderedDict[Hashable, CachedShare] = OrderedDict()
+        # (partition, ranges) -> keys of its shares, for lookup by position
+        self._by_set: dict[tuple[PartitionId, RangeSet], dict[int, Hashable]] = {}
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def put(self, share: CachedShare) -> bool:
+        """Keep ``share``, evicting the least recently used as needed. False if it alone
+        is larger than the cap."""
+        size = share.size
+        if size > self.max_bytes:
+            self.stats.rejected_too_large += 1
+            return False
+        key = (share.partition, share.ranges, share.start_offset)
+        if key in self._lru:
+            self._remove(key)
+        while self.bytes_held + size > self.max_bytes and self._lru:
+            oldest = next(iter(self._lru))
+            self._remove(oldest)
+            self.stats.evictions += 1
+        self._lru[key] = share
+        self._by_set.setdefault((share.partition, share.ranges), {})[share.start_offset] = key
+        self.bytes_held += size
+        self.stats.stored += 1
+        return True
+
+    def take(self, partition: PartitionId, ranges: RangeSet, position: int) -> CachedShare | None:
+        """The share of ``ranges`` that covers ``position``, removed from the cache."""
+        starts = self._by_set.get((partition, ranges))
+        if starts:
+            for start, key in list(starts.items()):
+                share = self._lru.get(key)
+                if share is not None and share.start_offset <= position < share.next_offset:
+                    self._remove(key)
+                    self.stats.hits += 1
+                    return share
+                if share is not None and share.next_offset <= position:
+                    # The consumer is past it already: it will never be served.
+                    self._remove(key)
+        self.stats.misses += 1
+        return None
+
+    def peek_offsets(self, partition: PartitionId, ranges: RangeSet, position: int) -> CachedShare | None:
+        """Like ``take`` but for offsets-only shares, which the caller consumes itself."""
+        return self.take(partition, ranges, position)
+
+    def drop_partition(self, partition: PartitionId) -> None:
+        for key in [k for k, share in self._lru.items() if share.partition == partition]:
+            self._remove(key)
+
+    def _remove(self, key: Hashable) -> None:
+        share = self._lru.pop(key)
+        self.bytes_held -= share.size
+        per_set = self._by_set.get((share.partition, share.ranges))
+        if per_set is not None:
+            per_set.pop(share.start_offset, None)
+            if not per_set:
+                del self._by_set[(share.partition, share.ranges)]
+
+    def shares(self) -> Iterable[CachedShare]:
+        return list(self._lru.values())
+
+
+class ActiveRangeSets:
+    """Which range sets have been requested for each partition recently.
+
+    A read of a partition is split into all of them. A set not requested for
+    ``ttl`` seconds is dropped, so consumers that left stop costing split work and cache.
+    """
+
+    def __init__(self, ttl: float, max_sets_per_partition: int = 64) -> None:
+        self.ttl = ttl
+        self.max_sets = max_sets_per_partition
+        self._seen: dict[PartitionId, dict[RangeSet, float]] = {}
+
+    def touch(self, partition: PartitionId, ranges: RangeSet, now: float) -> None:
+        sets = self._seen.setdefault(partition, {})
+        sets.pop(ranges, None)
+        sets[ranges] = now
+        if len(sets) > self.max_sets:
+            sets.pop(next(iter(sets)))
+
+    def active(self, partition: PartitionId, now: float) -> list[RangeSet]:
+        sets = self._seen.get(partition)
+        if not sets:
+            return []
+        expired = [r for r, seen in sets.items() if now - seen > self.ttl]
+        for r in expired:
+            del sets[r]
+        return list(sets)
+
+
+def copy_metadata(partition_data: Any) -> dict:
+    return {
+        "high_watermark": partition_data.high_watermark,
+        "last_stable_offset": partition_data.last_stable_offset,
+        "log_start_offset": partition_data.log_start_offset,
+        "aborted_transactions": list(partition_data.aborted_transactions or ()),
+    }

@@ -1,0 +1,275 @@
+"""Key-range fetch, sans-IO: plan a request, complete its response.
+
+``KeyRangeEngine`` is shared by all client connections of one proxy (it owns the result
+cache); ``ConnectionRanges`` is the per-connection part (fetch sessions, and which
+partitions the broker has already served this connection without error).
+
+The flow for one FetchRequest carrying ranges:
+
+1. ``plan`` resolves each partition's ranges (validation, sessions, topic settings). For a
+   sessionless request, partitions whose share is already cached (and which the broker
+   has served this connection before) are taken from the cache and removed from the
+   request. What remains goes upstream without any tag-10000 field, or nothing does.
+2. ``complete`` filters the broker's answer: each filtered partition's records are split
+   once into every range set active on that partition; the requester's share goes into
+   the response, the others into the cache. Cached shares are merged in, refused
+   partitions get INVALID_REQUEST, and ``KeyRangesApplied`` marks what was filtered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from proxy.keyrange.cache import ActiveRangeSets, CachedShare, RangeSet, ShareCache, copy_metadata
+from proxy.keyrange.requests import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_REQUEST,
+    NO_SESSION,
+    FetchRangeSessions,
+    PartitionKey,
+    RequestRanges,
+    topic_key,
+)
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
+from proxy.protocol.values import strip_extensions
+from proxy.records.compression import Codec
+from proxy.records.plan import RangePlan
+from proxy.records.split import filter_by_offsets, match_offsets, split_records
+
+FETCH_SESSION_ID_NOT_FOUND = 70
+INVALID_FETCH_SESSION_EPOCH = 71
+_EMPTY_RECORDS = b""
+
+
+@dataclass(slots=True)
+class FilterStats:
+    """Running totals, exported as metrics by the I/O edge."""
+
+    records_kept: int = 0
+    records_dropped: int = 0
+    partitions_filtered: int = 0
+    partitions_refused: int = 0
+    broker_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class FetchPlan:
+    """What ``plan`` decided for one request."""
+
+    version: int
+    ranges: RequestRanges
+    upstream_body: Any | None  # None: answer entirely from the cache
+    hits: dict[PartitionKey, CachedShare] = field(default_factory=dict)
+    fetch_offsets: dict[PartitionKey, int] = field(default_factory=dict)
+    names: dict[PartitionKey, str] = field(default_factory=dict)
+
+
+class ConnectionRanges:
+    """Key-range state of one client connection."""
+
+    def __init__(self) -> None:
+        self.sessions = FetchRangeSessions()
+        self.served: set[tuple[str, int]] = set()
+
+
+class KeyRangeEngine:
+    def __init__(
+        self,
+        *,
+        cache_bytes: int,
+        topic_setting: Callable[[str, str], Any],
+        topic_name: Callable[[Any], str | None],
+        recompress: bool = True,
+        interest_seconds: float = 30.0,
+    ) -> None:
+        self.cache = ShareCache(cache_bytes)
+        self.active = ActiveRangeSets(interest_seconds)
+        self.topic_setting = topic_setting
+        self.topic_name = topic_name
+        self.codec = None if recompress else Codec.NONE
+        self.stats = FilterStats()
+        self._plans: dict[tuple[RangeSet, ...], RangePlan] = {}
+
+    # -- request -----------------------------------------------------------------------------
+    def plan(self, conn: ConnectionRanges, version: int, request: Any, now: float) -> FetchPlan | None:
+        """None when the request asks for no ranges at all (forward it as sent)."""
+        ranges = conn.sessions.resolve(request)
+        if not ranges.uses_ranges:
+            return None
+        plan = FetchPlan(version=version, ranges=ranges, upstream_body=request)
+        for topic in request.topics:
+            key = topic_key(topic)
+            name = self._name(key)
+            for partition in topic.partitions:
+                pk = (key, partition.partition)
+                plan.names[pk] = name
+                plan.fetch_offsets[pk] = partition.fetch_offset
+        for pk, chosen in list(ranges.filtered.items()):
+            name = plan.names.get(pk) or self._name(pk[0])
+            plan.names[pk] = name
+            if not self.topic_setting(name, "accept.range.fetch"):
+                ranges.invalid[pk] = f"topic {name} does not accept range fetches"
+                del ranges.filtered[pk]
+                continue
+            if pk in plan.fetch_offsets:
+                self.active.touch((name, pk[1]), chosen, now)
+        sessionless = ranges.session_id == NO_SESSION and ranges.epoch == FINAL_EPOCH
+        if sessionless:
+            self._take_hits(conn, plan)
+        plan.upstream_body = self._upstream_request(request, plan, sessionless)
+        return plan
+
+    def _take_hits(self, conn: ConnectionRanges, plan: FetchPlan) -> None:
+        for pk, chosen in plan.ranges.filtered.items():
+            name = plan.names[pk]
+            partition_id = (name, pk[1])
+            if partition_id not in conn.served or pk not in plan.fetch_offsets:
+                continue
+            if not self.topic_setting(name, "reserve.message.value.range.fetch"):
+                continue  # offsets-only shares never replace a broker read
+            share = self.cache.take(partition_id, chosen, plan.fetch_offsets[pk])
+            if share is not None and share.records is not None:
+                plan.hits[pk] = share
+
+    def _upstream_request(self, request: Any, plan: FetchPlan, sessionless: bool) -> Any | None:
+        strip_extensions(request)
+        if not plan.hits:
+            return request
+        for topic in request.topics:
+            key = topic_key(topic)
+            topic.partitions = [p for p in topic.partitions if (key, p.partition) not in plan.hits]
+        request.topics = [t for t in request.topics if t.partitions]
+        if sessionless and not request.topics:
+            return None
+        return request
+
+    # -- response -----------------------------------------------------------------------------
+    def complete(self, conn: ConnectionRanges, plan: FetchPlan, response: Any | None, now: float) -> Any:
+        """The response for the client: ``response`` from the broker (None when the plan
+        needed no broker read), filtered, with cached shares and refusals merged in."""
+        version = plan.version
+        if response is None:
+            response = messages.new_body(ApiKey.FETCH, version, "response", session_id=NO_SESSION)
+        ranges = plan.ranges
+        if response.error_code in (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH):
+            conn.sessions.forget_session(ranges.session_id)
+            return response
+        if ranges.session_id == NO_SESSION and ranges.epoch == INITIAL_EPOCH and response.error_code == 0:
+            conn.sessions.bind_new_session(response.session_id, ranges)
+        response_class = messages.body_class(ApiKey.FETCH, "response")
+        topics = {topic_key(t): t for t in response.responses}
+        for key, topic in topics.items():
+            for partition in topic.partitions:
+                pk = (key, partition.partition_index)
+                name = plan.names.get(pk) or self._name(key)
+                if partition.error_code == 0:
+                    conn.served.add((name, pk[1]))
+                if pk in ranges.invalid:
+                    self._refuse(partition)
+                    continue
+                chosen = ranges.filtered.get(pk)
+                if chosen is None:
+                    continue
+                self._filter(partition, name, chosen, plan.fetch_offsets.get(pk), now)
+        for pk, share in plan.hits.items():
+            entry = self._partition_entry(response, topics, pk, response_class)
+            entry.records = share.records
+            entry.high_watermark = share.high_watermark
+            entry.last_stable_offset = share.last_stable_offset
+            entry.log_start_offset = share.log_start_offset
+            entry.aborted_transactions = list(share.aborted_transactions)
+            entry.key_ranges_applied = [response_class.KeyRange(start=r.start, end=r.end) for r in share.ranges]
+        for pk in ranges.invalid:
+            entry = self._partition_entry(response, topics, pk, response_class)
+            if entry.error_code != INVALID_REQUEST:
+                self._refuse(entry)
+        return response
+
+    def _refuse(self, partition: Any) -> None:
+        partition.error_code = INVALID_REQUEST
+        partition.records = _EMPTY_RECORDS
+        partition.aborted_transactions = []
+        partition.key_ranges_applied = None
+        self.stats.partitions_refused += 1
+
+    def _filter(self, partition: Any, name: str, chosen: RangeSet, fetch_offset: int | None, now: float) -> None:
+        response_class = messages.body_class(ApiKey.FETCH, "response")
+        applied = [response_class.KeyRange(start=r.start, end=r.end) for r in chosen]
+        partition.key_ranges_applied = applied
+        if partition.error_code != 0 or not partition.records:
+            return
+        blob = partition.records
+        partition_id = (name, partition.partition_index)
+        read = self.stats.broker_bytes
+        read[partition_id] = read.get(partition_id, 0) + len(blob)
+        sets = self.active.active(partition_id, now) if fetch_offset is not None else []
+        if chosen not in sets:
+            sets = [chosen, *sets]
+        index = sets.index(chosen)
+        plan = self._plan_for(tuple(sets))
+        keep_values = self.topic_setting(name, "reserve.message.value.range.fetch")
+        if keep_values:
+            result = split_records(blob, plan, codec=self.codec)
+            mine = result.outputs[index]
+            partition.records = mine.records
+            self.stats.records_kept += mine.stats.records_kept
+            self.stats.records_dropped += mine.stats.records_dropped
+            if fetch_offset is not None and result.next_offset is not None:
+                metadata = copy_metadata(partition)
+                for k, other in enumerate(sets):
+                    if k != index:
+                        self.cache.put(CachedShare(partition_id, other, fetch_offset, result.next_offset,
+                                                   records=result.outputs[k].records, **metadata))
+        else:
+            cached = self.cache.take(partition_id, chosen, fetch_offset) if fetch_offset is not None else None
+            if cached is not None and cached.offsets is not None and cached.start_offset == fetch_offset:
+                # The same read was hashed for another consumer: look offsets up instead.
+                output = filter_by_offsets(blob, set(cached.offsets), codec=self.codec)
+                partition.records = output.records
+                self.stats.records_kept += output.stats.records_kept
+                self.stats.records_dropped += output.stats.records_dropped
+                return
+            match = match_offsets(blob, plan)
+            mine = filter_by_offsets(blob, set(match.offsets[index]), codec=self.codec)
+            partition.records = mine.records
+            self.stats.records_kept += mine.stats.records_kept
+            self.stats.records_dropped += mine.stats.records_dropped
+            if fetch_offset is not None and match.next_offset is not None:
+                for k, other in enumerate(sets):
+                    if k != index:
+                        self.cache.put(CachedShare(partition_id, other, fetch_offset, match.next_offset,
+                                                   offsets=tuple(match.offsets[k])))
+        self.stats.partitions_filtered += 1
+
+    def _partition_entry(self, response: Any, topics: dict, pk: PartitionKey, response_class) -> Any:
+        key, index = pk
+        topic = topics.get(key)
+        if topic is None:
+            if isinstance(key, str):
+                topic = response_class.FetchableTopicResponse(topic=key, partitions=[])
+            else:
+                topic = response_class.FetchableTopicResponse(topic_id=key, partitions=[])
+            response.responses.append(topic)
+            topics[key] = topic
+        for partition in topic.partitions:
+            if partition.partition_index == index:
+                return partition
+        entry = response_class.PartitionData(partition_index=index, records=_EMPTY_RECORDS)
+        topic.partitions.append(entry)
+        return entry
+
+    def _plan_for(self, sets: tuple[RangeSet, ...]) -> RangePlan:
+        plan = self._plans.get(sets)
+        if plan is None:
+            if len(self._plans) > 1024:
+                self._plans.clear()
+            plan = self._plans[sets] = RangePlan(sets)
+        return plan
+
+    def _name(self, key: Any) -> str:
+        if isinstance(key, str):
+            return key
+        return self.topic_name(key) or str(key)

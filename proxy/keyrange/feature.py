@@ -1,0 +1,105 @@
+"""The I/O edge of key-range fetch: a Fetch hook on the router, and its metrics."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from prometheus_client import Counter, Gauge
+
+from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+from proxy.protocol import messages
+from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.messages import ApiKey
+from proxy.server.exchange import LocalAnswer
+from proxy.server.rewrite import rewrite_node_endpoints
+from proxy.server.routing import Route
+
+log = logging.getLogger("proxy.keyrange")
+
+# Tag 10000 as an unsigned varint: a frame without these two bytes carries no extension.
+_TAG_10000 = bytes([0x90, 0x4E])
+_FIRST_FLEXIBLE_FETCH = 12
+FEATURE = "keyrange.fetch"
+
+
+class KeyRangeFetchFeature:
+    def __init__(self, config, router, metrics) -> None:
+        self.router = router
+        self.engine = KeyRangeEngine(
+            cache_bytes=config.get("max.bytes.key.range.results"),
+            topic_setting=config.topic_setting,
+            topic_name=router.topic_names.get,
+            recompress=config.get("key.range.fetch.compression") == "source",
+            interest_seconds=config.get("key.range.interest.ms") / 1000,
+        )
+        registry = metrics.registry
+        self._hits = Counter("kafka_proxy_keyrange_cache_hits", "Shares served from the cache.", registry=registry)
+        self._misses = Counter("kafka_proxy_keyrange_cache_misses", "Cache lookups that found nothing.",
+                               registry=registry)
+        self._evictions = Counter("kafka_proxy_keyrange_cache_evictions",
+                                  "Shares evicted by max.bytes.key.range.results.", registry=registry)
+        self._held = Gauge("kafka_proxy_keyrange_cache_bytes", "Bytes held by the key-range cache.",
+                           registry=registry)
+        self._kept = Counter("kafka_proxy_keyrange_records_kept", "Records that passed the key filter.",
+                             registry=registry)
+        self._dropped = Counter("kafka_proxy_keyrange_records_dropped", "Records removed by the key filter.",
+                                registry=registry)
+        self._broker_bytes = Counter("kafka_proxy_keyrange_broker_bytes",
+                                     "Record bytes read from brokers for range-filtered partitions.",
+                                     ["topic", "partition"], registry=registry)
+        self._last = (0, 0, 0, 0, 0)
+        self._last_bytes: dict = {}
+        router.register(ApiKey.FETCH, self.on_fetch)
+        router.advertise(FEATURE)
+
+    def _state(self, conn) -> ConnectionRanges:
+        state = conn.state.get("keyrange")
+        if state is None:
+            state = conn.state["keyrange"] = ConnectionRanges()
+        return state
+
+    async def on_fetch(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+        version = peek.api_version
+        if version < _FIRST_FLEXIBLE_FETCH:
+            return None
+        state = self._state(conn)
+        if _TAG_10000 not in frame and not state.sessions.sessions:
+            return None  # no extension anywhere: the default route, no decoding
+        header, body = messages.decode_request(frame)
+        plan = self.engine.plan(state, version, body, trio.current_time())
+        if plan is None:
+            return None
+        engine, book = self.engine, self.router.book
+        if plan.upstream_body is None:
+            response = engine.complete(state, plan, None, trio.current_time())
+            answer = LocalAnswer()
+            answer.set(messages.encode_response(ApiKey.FETCH, version, messages.new_response_header(peek.correlation_id),
+                                                response))
+            self._export()
+            return Route(None, local=answer)
+
+        async def transform(raw: bytes) -> bytes:
+            response_header, response = messages.decode_response(ApiKey.FETCH, version, raw)
+            rewrite_node_endpoints(response, book)
+            response = engine.complete(state, plan, response, trio.current_time())
+            self._export()
+            return messages.encode_response(ApiKey.FETCH, version, response_header, response)
+
+        return Route(messages.encode_request(header, plan.upstream_body), transform=transform)
+
+    def _export(self) -> None:
+        cache = self.engine.cache
+        stats = self.engine.stats
+        now = (cache.stats.hits, cache.stats.misses, cache.stats.evictions, stats.records_kept, stats.records_dropped)
+        for counter, new, old in zip((self._hits, self._misses, self._evictions, self._kept, self._dropped),
+                                     now, self._last):
+            if new > old:
+                counter.inc(new - old)
+        self._last = now
+        self._held.set(cache.bytes_held)
+        for partition, total in stats.broker_bytes.items():
+            previous = self._last_bytes.get(partition, 0)
+            if total > previous:
+                self._broker_bytes.labels(partition[0], str(partition[1])).inc(total - previous)
+                self._last_bytes[partition] = total
