@@ -213,6 +213,7 @@ def _create_topic(bootstrap: str, partitions: int) -> str:
 def traffic(tapped_kafka, tmp_path_factory) -> Traffic:
     """Run every client family through the tap once; round-trip every frame recorded."""
     tap = tapped_kafka.tap
+    tap.clear()  # earlier tests' frames are not part of this run (and free the byte budget)
     bootstrap = tapped_kafka.bootstrap_servers
     # Run each client family in turn and label the frames that crossed the tap meanwhile.
     segments: list[tuple[str, int, int]] = []
