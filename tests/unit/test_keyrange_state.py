@@ -1,0 +1,117 @@
+"""Key-range request resolution across fetch sessions, and the byte-capped share cache."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from proxy.keyrange.cache import ActiveRangeSets, CachedShare, ShareCache
+from proxy.keyrange.requests import FetchRangeSessions
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
+from proxy.ranges import KeyRange, equal_shares
+
+R = messages.body_class(ApiKey.FETCH, "request")
+A, B = equal_shares(2)
+
+
+def _wire(ranges):
+    return None if ranges is None else [R.KeyRange(start=r.start, end=r.end) for r in ranges]
+
+
+def _request(session_id, epoch, partitions, *, top=None, forgotten=()):
+    topics = [R.FetchTopic(topic="t", partitions=[
+        R.FetchPartition(partition=p, fetch_offset=0, partition_max_bytes=100, key_ranges=_wire(r))
+        for p, r in partitions
+    ])]
+    body = messages.new_body(ApiKey.FETCH, 12, "request", session_id=session_id, session_epoch=epoch, topics=topics,
+                             key_ranges=_wire(top))
+    if forgotten:
+        body.forgotten_topics_data = [R.ForgottenTopic(topic="t", partitions=list(forgotten))]
+    return body
+
+
+def test_partition_ranges_override_top_level():
+    sessions = FetchRangeSessions()
+    out = sessions.resolve(_request(0, -1, [(0, [A]), (1, None)], top=[B]))
+    assert out.filtered == {("t", 0): (A,), ("t", 1): (B,)}
+
+
+def test_ranges_stay_in_force_in_incremental_session_until_changed_or_forgotten():
+    sessions = FetchRangeSessions()
+    first = sessions.resolve(_request(0, 0, [(0, [A]), (1, [B])]))
+    sessions.bind_new_session(77, first)
+    # incremental: partition 0 re-sent without ranges keeps them; partition 1 not sent keeps them
+    out = sessions.resolve(_request(77, 1, [(0, None)]))
+    assert out.filtered == {("t", 0): (A,), ("t", 1): (B,)}
+    # re-sent with other ranges replaces; an explicit empty list means the whole partition
+    out = sessions.resolve(_request(77, 2, [(0, [B]), (1, [])]))
+    assert out.filtered == {("t", 0): (B,)}
+    # forgotten partitions lose their ranges
+    out = sessions.resolve(_request(77, 3, [], forgotten=[0]))
+    assert out.filtered == {}
+    # closing the session drops everything
+    sessions.resolve(_request(77, -1, []))
+    assert 77 not in sessions.sessions
+
+
+def test_invalid_ranges_are_reported_per_partition():
+    sessions = FetchRangeSessions()
+    out = sessions.resolve(_request(0, -1, [(0, [KeyRange(5, 1)]), (1, [A])]))
+    assert set(out.invalid) == {("t", 0)}
+    assert out.filtered == {("t", 1): (A,)}
+
+
+def test_sessionless_full_request_starts_from_nothing():
+    sessions = FetchRangeSessions()
+    sessions.bind_new_session(5, sessions.resolve(_request(0, 0, [(0, [A])])))
+    out = sessions.resolve(_request(0, -1, [(0, None)]))
+    assert out.filtered == {}
+    assert not out.uses_ranges
+
+
+def _share(offset, size, ranges=(A,), partition=("t", 0)):
+    return CachedShare(partition, ranges, offset, offset + 10, records=b"x" * size)
+
+
+def test_cache_serves_once_and_by_position():
+    cache = ShareCache(10_000)
+    assert cache.put(_share(100, 50))
+    assert cache.take(("t", 0), (B,), 100) is None
+    assert cache.take(("t", 0), (A,), 99) is None
+    hit = cache.take(("t", 0), (A,), 105)
+    assert hit is not None and hit.start_offset == 100
+    assert cache.take(("t", 0), (A,), 105) is None, "a served share is evicted"
+    assert cache.bytes_held == 0
+
+
+def test_cache_evicts_least_recently_used_and_rejects_oversized():
+    cache = ShareCache(1000)
+    cache.put(_share(0, 300))
+    cache.put(_share(10, 300))
+    cache.put(_share(20, 300))
+    assert cache.bytes_held <= 1000
+    assert cache.take(("t", 0), (A,), 0) is None, "the oldest share went first"
+    assert not cache.put(_share(30, 5000))
+    assert cache.stats.rejected_too_large == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(300, 5000), st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 2000)),
+                                         max_size=120))
+def test_cache_never_holds_more_than_its_cap(cap, operations):
+    cache = ShareCache(cap)
+    for is_put, offset_slot, size in operations:
+        if is_put:
+            cache.put(_share(offset_slot * 10, size))
+        else:
+            cache.take(("t", 0), (A,), offset_slot * 10 + 3)
+        assert 0 <= cache.bytes_held <= cap
+        assert cache.bytes_held == sum(share.size for share in cache.shares())
+
+
+def test_active_range_sets_expire():
+    active = ActiveRangeSets(ttl=10)
+    active.touch(("t", 0), (A,), now=0)
+    active.touch(("t", 0), (B,), now=5)
+    assert active.active(("t", 0), now=9) == [(A,), (B,)]
+    assert active.active(("t", 0), now=12) == [(B,)]
