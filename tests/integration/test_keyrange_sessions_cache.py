@@ -1,0 +1,171 @@
+"""Key-range fetch: fetch sessions, transactions, and the result cache against a real broker."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+
+import pytest
+
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
+from proxy.ranges import KeyRange, contains, equal_shares
+from proxy.records.batch import RecordBatch, iter_batches
+from proxy.records.keyhash import key_hash
+from proxy.testing.raw_client import RawClient, records_of
+
+from .test_keyrange_fetch import _produce
+
+R = messages.body_class(ApiKey.FETCH, "request")
+
+
+def _metric(proxy, name: str) -> float:
+    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def _fetch_body(topic_id, offset, ranges, session_id, epoch, *, include_partition=True, isolation_level=0):
+    partitions = []
+    if include_partition:
+        partitions.append(R.FetchPartition(
+            partition=0, fetch_offset=offset, partition_max_bytes=2048,
+            key_ranges=None if ranges is None else [R.KeyRange(start=r.start, end=r.end) for r in ranges]))
+    return messages.new_body(ApiKey.FETCH, 17, "request", max_wait_ms=50, min_bytes=1, max_bytes=2048,
+                             isolation_level=isolation_level, session_id=session_id, session_epoch=epoch,
+                             topics=[R.FetchTopic(topic_id=topic_id, partitions=partitions)] if partitions else [])
+
+
+def test_incremental_fetch_session_keeps_ranges(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka)
+    sent = _produce(kafka.bootstrap_servers, topic, 600)
+    share = equal_shares(3)[2]
+    got = []
+    with RawClient.connect(proxy.bootstrap_servers) as raw:
+        topic_id = raw.topic_id(topic)
+        first = raw.request(ApiKey.FETCH, 17, _fetch_body(topic_id, 0, [share], 0, 0))
+        session_id = first.session_id
+        assert session_id != 0, "the broker created a fetch session"
+        partition = first.responses[0].partitions[0]
+        records, position = records_of(partition.records)
+        got.extend(records)
+        epoch = 1
+        while position < len(sent):
+            assert epoch < 2000
+            # re-sent without ranges: the session's ranges stay in force
+            response = raw.request(ApiKey.FETCH, 17, _fetch_body(topic_id, position, None, session_id, epoch))
+            assert response.error_code == 0
+            epoch += 1
+            for topic_entry in response.responses:
+                for partition in topic_entry.partitions:
+                    assert [KeyRange(r.start, r.end) for r in partition.key_ranges_applied] == [share]
+                    records, next_offset = records_of(partition.records)
+                    got.extend(r for r in records if r.offset >= position)
+                    if next_offset is not None:
+                        position = next_offset
+    expected = [i for i, (k, _v) in enumerate(sent) if contains([share], key_hash(k, i))]
+    assert [r.offset for r in got] == expected
+
+
+@pytest.mark.parametrize("isolation_level", [0, 1])
+def test_transactions_control_batches_and_aborted_list_unchanged(kafka, proxy, topic_factory, isolation_level):
+    from confluent_kafka import Producer
+
+    topic = topic_factory(kafka)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{uuid.uuid4().hex}",
+                         "linger.ms": 5})
+    producer.init_transactions(30)
+    for round_number in range(4):
+        producer.begin_transaction()
+        for i in range(40):
+            producer.produce(topic, key=f"k{i % 9}".encode(), value=f"r{round_number}-{i}".encode())
+        if round_number % 2:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+    share = equal_shares(2)[0]
+    with RawClient.connect(proxy.bootstrap_servers) as raw:
+        topic_id = raw.topic_id(topic)
+        position, end = 0, None
+        while end is None or position < end:
+            whole = raw.range_fetch(topic_id, 0, position, None, isolation_level=isolation_level, max_bytes=3000)
+            part = raw.range_fetch(topic_id, 0, position, [share], isolation_level=isolation_level,
+                                   max_bytes=3000)
+            end = whole.last_stable_offset if isolation_level else whole.high_watermark
+            assert part.aborted_transactions == whole.aborted_transactions
+            controls_whole = [bytes(b.data) for b in iter_batches(whole.records)
+                              if isinstance(b, RecordBatch) and b.header.is_control]
+            controls_part = [bytes(b.data) for b in iter_batches(part.records)
+                             if isinstance(b, RecordBatch) and b.header.is_control]
+            assert controls_part == controls_whole
+            records_whole, next_whole = records_of(whole.records)
+            records_part, next_part = records_of(part.records)
+            assert next_part == next_whole
+            assert records_part == [r for r in records_whole if contains([share], key_hash(r.key, r.offset))]
+            position = next_whole if next_whole is not None else end
+
+
+def test_cache_serves_only_connections_the_broker_served(kafka, proxy_factory, topic_factory):
+    topic = topic_factory(kafka)
+    cached = proxy_factory(kafka, metrics_port="0", **{f"topic.{topic}.reserve.message.value.range.fetch": "true"})
+    sent = _produce(kafka.bootstrap_servers, topic, 200)
+    a, b = equal_shares(2)
+    hits = "kafka_proxy_keyrange_cache_hits_total"
+    with RawClient.connect(cached.bootstrap_servers) as one, RawClient.connect(cached.bootstrap_servers) as two, \
+            RawClient.connect(cached.bootstrap_servers) as three:
+        topic_id = one.topic_id(topic)
+        two.topic_id(topic)
+        three.topic_id(topic)
+        first = one.range_fetch(topic_id, 0, 0, [a])  # broker read for one; range a is now active
+        two.range_fetch(topic_id, 0, 0, [b])  # broker read for two; a's share of it is cached
+        before = _metric(cached, hits)
+        fresh = three.range_fetch(topic_id, 0, 0, [a])  # three was never served: not from the cache
+        assert _metric(cached, hits) == before
+        again = one.range_fetch(topic_id, 0, 0, [a])  # one was served before: from the cache
+        assert _metric(cached, hits) == before + 1
+    expected = [i for i, (k, _v) in enumerate(sent) if contains([a], key_hash(k, i))]
+    for entry in (first, fresh, again):
+        records, _ = records_of(entry.records)
+        assert [r.offset for r in records] == expected[: len(records)]
+        assert records
+
+
+def test_sixteen_consumers_at_different_speeds_stay_under_the_cap(kafka, proxy_factory, topic_factory):
+    topic = topic_factory(kafka)
+    cap = 48 * 1024
+    cached = proxy_factory(kafka, metrics_port="0", max_bytes_key_range_results=str(cap),
+                           **{f"topic.{topic}.reserve.message.value.range.fetch": "true"})
+    sent = _produce(kafka.bootstrap_servers, topic, 3000)
+    shares = equal_shares(16)
+    clients = [RawClient.connect(cached.bootstrap_servers) for _ in shares]
+    try:
+        topic_id = clients[0].topic_id(topic)
+        for client in clients[1:]:
+            client.topic_id(topic)
+        positions = [0] * 16
+        got = [[] for _ in shares]
+        samples = []
+        rounds = 0
+        while min(positions) < len(sent):
+            rounds += 1
+            assert rounds < 5000
+            for i, client in enumerate(clients):
+                if positions[i] >= len(sent):
+                    continue
+                for _ in range(1 + i % 3):  # consumers run at three different speeds
+                    entry = client.range_fetch(topic_id, 0, positions[i], [shares[i]], max_bytes=4096)
+                    records, next_offset = records_of(entry.records)
+                    got[i].extend(r for r in records if r.offset >= positions[i])
+                    positions[i] = next_offset
+                    if positions[i] >= len(sent):
+                        break
+                samples.append(_metric(cached, "kafka_proxy_keyrange_cache_bytes"))
+        assert max(samples) <= cap
+        assert _metric(cached, "kafka_proxy_keyrange_cache_hits_total") > 0
+    finally:
+        for client in clients:
+            client.close()
+    for i, share in enumerate(shares):
+        expected = [n for n, (k, _v) in enumerate(sent) if contains([share], key_hash(k, n))]
+        assert [r.offset for r in got[i]] == expected
