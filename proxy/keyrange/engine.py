@@ -65,6 +65,7 @@ class FetchPlan:
     hits: dict[PartitionKey, CachedShare] = field(default_factory=dict)
     fetch_offsets: dict[PartitionKey, int] = field(default_factory=dict)
     names: dict[PartitionKey, str] = field(default_factory=dict)
+    sessionless: bool = False
 
 
 class ConnectionRanges:
@@ -95,7 +96,8 @@ class KeyRangeEngine:
 
     # -- request -----------------------------------------------------------------------------
     def plan(self, conn: ConnectionRanges, version: int, request: Any, now: float) -> FetchPlan | None:
-        """None when the request asks for no ranges at all (forward it as sent)."""
+        """None when the request asks for no ranges at all (forward it as sent). Call
+        ``finish`` before sending ``upstream_body``."""
         ranges = conn.sessions.resolve(request)
         if not ranges.uses_ranges:
             return None
@@ -116,14 +118,30 @@ class KeyRangeEngine:
                 continue
             if pk in plan.fetch_offsets:
                 self.active.touch((name, pk[1]), chosen, now)
-        sessionless = ranges.session_id == NO_SESSION and ranges.epoch == FINAL_EPOCH
-        if sessionless:
-            self._take_hits(conn, plan)
-        plan.upstream_body = self._upstream_request(request, plan, sessionless)
+        plan.sessionless = ranges.session_id == NO_SESSION and ranges.epoch == FINAL_EPOCH
+        if plan.sessionless:
+            self.take_hits(conn, plan)
         return plan
 
-    def _take_hits(self, conn: ConnectionRanges, plan: FetchPlan) -> None:
+    def cacheable_misses(self, conn: ConnectionRanges, plan: FetchPlan) -> list[tuple[str, int, int]]:
+        """(topic, partition, fetch offset) of the partitions this sessionless request could
+        take from the cache but did not find there. A read of one of them already on its
+        way from the broker will fill the cache: the caller may wait for it."""
+        if not plan.sessionless:
+            return []
+        out = []
+        for pk in plan.ranges.filtered:
+            if pk in plan.hits or pk not in plan.fetch_offsets:
+                continue
+            name = plan.names[pk]
+            if (name, pk[1]) in conn.served and self.topic_setting(name, "reserve.message.value.range.fetch"):
+                out.append((name, pk[1], plan.fetch_offsets[pk]))
+        return out
+
+    def take_hits(self, conn: ConnectionRanges, plan: FetchPlan) -> None:
         for pk, chosen in plan.ranges.filtered.items():
+            if pk in plan.hits:
+                continue
             name = plan.names[pk]
             partition_id = (name, pk[1])
             if partition_id not in conn.served or pk not in plan.fetch_offsets:
@@ -133,6 +151,16 @@ class KeyRangeEngine:
             share = self.cache.take(partition_id, chosen, plan.fetch_offsets[pk])
             if share is not None and share.records is not None:
                 plan.hits[pk] = share
+
+    def upstream_reads(self, plan: FetchPlan) -> list[tuple[str, int, int]]:
+        """(topic, partition, fetch offset) of the range-filtered partitions that go to the
+        broker: their reads will fill the cache for other consumers."""
+        return [(plan.names[pk], pk[1], plan.fetch_offsets[pk]) for pk in plan.ranges.filtered
+                if pk not in plan.hits and pk in plan.fetch_offsets]
+
+    def finish(self, plan: FetchPlan) -> None:
+        """Build the request for the broker (``plan.upstream_body``; None: no broker read)."""
+        plan.upstream_body = self._upstream_request(plan.upstream_body, plan, plan.sessionless)
 
     def _upstream_request(self, request: Any, plan: FetchPlan, sessionless: bool) -> Any | None:
         strip_extensions(request)

@@ -21,6 +21,25 @@ log = logging.getLogger("proxy.keyrange")
 _TAG_10000 = bytes([0x90, 0x4E])
 _FIRST_FLEXIBLE_FETCH = 12
 FEATURE = "keyrange.fetch"
+_COALESCE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for a shared read
+_MAX_INFLIGHT_READS = 10_000
+_STALE_READ_SECONDS = 60.0
+
+
+class _Read:
+    """A broker read in flight: ``done`` is set once its response has been split."""
+
+    __slots__ = ("done", "started")
+
+    def __init__(self, started: float) -> None:
+        self.done = trio.Event()
+        self.started = started
+
+    def set(self) -> None:
+        self.done.set()
+
+    async def wait(self) -> None:
+        await self.done.wait()
 
 
 class KeyRangeFetchFeature:
@@ -48,6 +67,7 @@ class KeyRangeFetchFeature:
         self._broker_bytes = Counter("kafka_proxy_keyrange_broker_bytes",
                                      "Record bytes read from brokers for range-filtered partitions.",
                                      ["topic", "partition"], registry=registry)
+        self._inflight: dict[tuple[str, int, int], _Read] = {}
         self._last = (0, 0, 0, 0, 0)
         self._last_bytes: dict = {}
         router.register(ApiKey.FETCH, self.on_fetch)
@@ -67,10 +87,21 @@ class KeyRangeFetchFeature:
         if _TAG_10000 not in frame and not state.sessions.sessions:
             return None  # no extension anywhere: the default route, no decoding
         header, body = messages.decode_request(frame)
-        plan = self.engine.plan(state, version, body, trio.current_time())
+        engine, book = self.engine, self.router.book
+        plan = engine.plan(state, version, body, trio.current_time())
         if plan is None:
             return None
-        engine, book = self.engine, self.router.book
+        waiting = [self._inflight[key] for key in engine.cacheable_misses(state, plan) if key in self._inflight]
+        if waiting:
+            # Another consumer's read of the same position is on its way: its split fills
+            # our share. Waiting is no worse than the broker holding the fetch (max_wait_ms),
+            # and responses on this connection are ordered anyway.
+            with trio.move_on_after(max(body.max_wait_ms, 0) / 1000 + _COALESCE_GRACE):
+                for event in waiting:
+                    await event.wait()
+            engine.take_hits(state, plan)
+        reads = engine.upstream_reads(plan)
+        engine.finish(plan)
         if plan.upstream_body is None:
             response = engine.complete(state, plan, None, trio.current_time())
             answer = LocalAnswer()
@@ -79,14 +110,41 @@ class KeyRangeFetchFeature:
             self._export()
             return Route(None, local=answer)
 
+        events = self._announce(reads)
+
         async def transform(raw: bytes) -> bytes:
-            response_header, response = messages.decode_response(ApiKey.FETCH, version, raw)
-            rewrite_node_endpoints(response, book)
-            response = engine.complete(state, plan, response, trio.current_time())
-            self._export()
-            return messages.encode_response(ApiKey.FETCH, version, response_header, response)
+            try:
+                response_header, response = messages.decode_response(ApiKey.FETCH, version, raw)
+                rewrite_node_endpoints(response, book)
+                response = engine.complete(state, plan, response, trio.current_time())
+                self._export()
+                return messages.encode_response(ApiKey.FETCH, version, response_header, response)
+            finally:
+                self._settle(events)
 
         return Route(messages.encode_request(header, plan.upstream_body), transform=transform)
+
+    def _announce(self, reads) -> list:
+        """Register this request's broker reads so consumers at the same position wait
+        for them instead of reading the broker again."""
+        events = []
+        now = trio.current_time()
+        if len(self._inflight) > _MAX_INFLIGHT_READS:
+            stale = [key for key, event in self._inflight.items() if now - event.started > _STALE_READ_SECONDS]
+            for key in stale:
+                self._inflight.pop(key).set()
+        for key in reads:
+            if key not in self._inflight:
+                event = _Read(now)
+                self._inflight[key] = event
+                events.append((key, event))
+        return events
+
+    def _settle(self, events) -> None:
+        for key, event in events:
+            if self._inflight.get(key) is event:
+                del self._inflight[key]
+            event.set()
 
     def _export(self) -> None:
         cache = self.engine.cache

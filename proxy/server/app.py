@@ -14,6 +14,7 @@ new arrives; every connection stops reading and finishes the requests in flight;
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import signal
@@ -81,6 +82,10 @@ class ProxyServer:
 
     # -- public -----------------------------------------------------------------------------
     async def run(self, *, handle_signals: bool = True) -> None:
+        messages.precompile(list(self.router.known_versions()))
+        # Everything allocated so far lives as long as the process: keep the collector
+        # from walking it on every generation-2 collection.
+        gc.freeze()
         await self._learn_cluster()
         async with trio.open_nursery() as root:
             if handle_signals:

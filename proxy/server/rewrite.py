@@ -75,21 +75,29 @@ ADDRESS_REWRITERS = {
 
 def clamp_api_versions(
     body,
-    known_max: dict[int, int],
+    known: dict[int, tuple[int, int]],
     features: dict[str, tuple[int, int]],
     new_feature: Callable[..., Any] | None = None,
 ) -> bool:
-    """Clamp the advertised max version of every key we decode; add our features.
+    """Clamp the advertised versions of every key we decode to what our schemas know; add
+    our features.
 
-    ``known_max`` maps each api key the proxy decodes to the newest version its schemas
-    know. A broker newer than our schemas could otherwise announce a version we cannot
-    decode. Keys not in ``known_max`` are passed on exactly as the broker advertises them.
+    ``known`` maps each api key the proxy decodes to the (min, max) its schemas know. A
+    broker newer than our schemas could otherwise announce a version we cannot decode, and
+    an older one a version below our schemas' floor. Keys not in ``known`` are passed on
+    exactly as the broker advertises them.
     """
     changed = False
     for entry in body.api_keys or ():
-        ours = known_max.get(entry.api_key)
-        if ours is not None and entry.max_version > ours:
-            entry.max_version = max(ours, entry.min_version)
+        ours = known.get(entry.api_key)
+        if ours is None:
+            continue
+        low, high = ours
+        if entry.max_version > high:
+            entry.max_version = max(high, entry.min_version)
+            changed = True
+        if entry.min_version < low <= entry.max_version:
+            entry.min_version = low
             changed = True
     if features and hasattr(body, "supported_features"):
         present = {feature.name for feature in body.supported_features or ()}

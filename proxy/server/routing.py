@@ -62,8 +62,10 @@ class Router:
     def advertise(self, feature: str, min_version: int = 1, max_version: int = 1) -> None:
         self.features[feature] = (min_version, max_version)
 
-    def known_max_versions(self) -> dict[int, int]:
-        return {key: messages.supported_versions(key)[1] for key in self._decoded_keys}
+    def known_versions(self) -> dict[int, tuple[int, int]]:
+        """(min, max) our schemas decode, for every api key some feature decodes."""
+        return {key: messages.supported_versions(key) for key in self._decoded_keys
+                if messages.supported_versions(key) is not None}
 
     async def route(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route:
         api_key = peek.api_key
@@ -121,7 +123,7 @@ class Router:
                 return response
             features = self.features if version >= 3 else {}
             new_feature = messages.body_class(ApiKey.API_VERSIONS, "response").SupportedFeatureKey
-            if not clamp_api_versions(body, self.known_max_versions(), features, new_feature):
+            if not clamp_api_versions(body, self.known_versions(), features, new_feature):
                 return response
             return messages.encode_response(ApiKey.API_VERSIONS, version, header, body)
 
