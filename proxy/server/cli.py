@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"keyrange-proxy: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.get("log.level"), config.get("log.format"))
+    from proxy.server.memory import tune_malloc
+
+    tune_malloc()
 
     from proxy.server.app import ProxyServer, StartupError
 
