@@ -583,26 +583,44 @@ class KafkaCluster:
         format`` (e.g. ``--add-scram``, ``--feature``).  On any failure, whatever was
         started is stopped before the error propagates.
         """
-        cluster = cls(
-            nodes,
-            workdir,
-            broker_properties,
-            extra_listeners,
-            format_args=format_args,
-            jvm_options=jvm_options,
-            cache_dir=cache_dir,
-        )
-        try:
-            began = time.monotonic()
-            cluster._format_all(timeout)
-            for node in cluster.nodes:
-                cluster._launch(node)
-            cluster.wait_ready(timeout)
-            cluster.start_seconds = time.monotonic() - began
-        except BaseException:
-            cluster.close(timeout=5.0)
-            raise
-        return cluster
+        for attempt in range(1, 4):
+            cluster = cls(
+                nodes,
+                workdir,
+                broker_properties,
+                extra_listeners,
+                format_args=format_args,
+                jvm_options=jvm_options,
+                cache_dir=cache_dir,
+            )
+            try:
+                began = time.monotonic()
+                cluster._format_all(timeout)
+                for node in cluster.nodes:
+                    cluster._launch(node)
+                cluster.wait_ready(timeout)
+                cluster.start_seconds = time.monotonic() - began
+                return cluster
+            except KafkaNodeError:
+                # Another process may have taken a port between our probe and the JVM's
+                # bind: start over on new ports (the node directories are ours to wipe).
+                clash = cluster._port_clash()
+                cluster.close(timeout=5.0)
+                if attempt == 3 or not clash:
+                    raise
+                for node in cluster.nodes:
+                    shutil.rmtree(node.workdir, ignore_errors=True)
+            except BaseException:
+                cluster.close(timeout=5.0)
+                raise
+        raise AssertionError("unreachable")
+
+    def _port_clash(self) -> bool:
+        for node in self.nodes:
+            with contextlib.suppress(OSError):
+                if "Address already in use" in node.log_path.read_text(errors="replace"):
+                    return True
+        return False
 
     def __enter__(self) -> KafkaCluster:
         return self
