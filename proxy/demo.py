@@ -1,98 +1,145 @@
-"""``make demo``: a real Kafka broker, a topic, keyed records in and out.
+"""``make demo``: a real Kafka broker, the proxy in front of it, and clients using it.
 
-Starts a one-node Kafka, creates a topic with three partitions, produces keyed records with
-kafka-python and consumes them back as a consumer group, printing each step, then stops the
-broker.  (The proxy will be put between the clients and the broker here.)
+1. Starts a one-node Apache Kafka (KRaft) and ``keyrange-proxy`` in front of it.
+2. A standard producer (kafka-python) writes keyed orders through the proxy; a standard
+   consumer group reads them back through the proxy: it cannot tell the proxy from the
+   broker, and sees only proxy addresses.
+3. Four key-range consumers share ONE partition, each fetching a quarter of the key-hash
+   space: every order reaches exactly one of them, each customer's orders stay in order,
+   and the broker is read about once thanks to the proxy's result cache.
+4. Stops everything it started.
 
     python -m proxy.demo
 """
 
 from __future__ import annotations
 
+import re
 import sys
+import tempfile
 import time
+import urllib.request
 from collections import defaultdict
+from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 
+from proxy.ranges import equal_shares
 from proxy.testing.kafka_cluster import KafkaCluster, KafkaHarnessError, kafka_version
+from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
+from proxy.testing.raw_client import RawClient, records_of
 
 TOPIC = "demo-orders"
-CUSTOMERS = ["alice", "bob", "carol", "dave", "erin"]
-RECORDS = 20
+CUSTOMERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+RECORDS = 40
+SHARES = 4
 
 
 def step(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
+def _metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    total = 0.0
+    for match in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
+        total += float(match.group(1))
+    return total
+
+
 def run() -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="keyrange-demo-"))
     step(f"Starting a one-node Apache Kafka {kafka_version()} (KRaft)")
-    with KafkaCluster.start(nodes=1) as kafka:
-        node = kafka.nodes[0]
-        print(f"broker ready in {kafka.start_seconds:.1f} s at {kafka.bootstrap_servers} "
-              f"(pid {node.pid}, log {node.log_path})")
+    with KafkaCluster.start(nodes=1, workdir=workdir / "kafka") as kafka:
+        print(f"broker ready in {kafka.start_seconds:.1f} s at {kafka.bootstrap_servers}")
 
-        step(f"Creating topic {TOPIC!r} with 3 partitions")
-        admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
-        try:
-            admin.create_topics(
-                {TOPIC: {"num_partitions": 3, "replication_factor": 1}}, wait_for_metadata=True
-            )
-        finally:
-            admin.close()
-        print("created")
-
-        step(f"Producing {RECORDS} records keyed by customer (acks=all)")
-        producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
-        try:
-            for i in range(RECORDS):
-                customer = CUSTOMERS[i % len(CUSTOMERS)]
-                meta = producer.send(
-                    TOPIC, key=customer.encode(), value=f"order-{i:02d}".encode()
-                ).get(timeout=30)
-                print(f"  {customer:>5} -> order-{i:02d}  partition {meta.partition} "
-                      f"offset {meta.offset}")
-        finally:
-            producer.close()
-
-        step("Consuming them back as consumer group 'demo'")
-        consumer = KafkaConsumer(
-            TOPIC,
-            bootstrap_servers=kafka.bootstrap_servers,
-            group_id="demo",
-            auto_offset_reset="earliest",
+        step("Starting keyrange-proxy in front of it")
+        proxy = ProxyProcess.start(
+            kafka.bootstrap_servers, workdir=workdir / "proxy",
+            overrides={"metrics.port": "0", f"topic.{TOPIC}.reserve.message.value.range.fetch": "true"},
         )
-        by_customer: dict[str, list[str]] = defaultdict(list)
         try:
-            received = 0
-            deadline = time.monotonic() + 60
-            while received < RECORDS and time.monotonic() < deadline:
-                for tp, records in consumer.poll(timeout_ms=500).items():
-                    for r in records:
-                        received += 1
-                        by_customer[r.key.decode()].append(r.value.decode())
-                        print(f"  partition {tp.partition} offset {r.offset}: "
-                              f"{r.key.decode()} {r.value.decode()}")
-            consumer.commit()
+            print(f"proxy listening at {proxy.bootstrap_servers} (node ports {proxy.node_ports}), "
+                  f"metrics at {proxy.metrics_url}")
+            admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap_servers)
+            try:
+                admin.create_topics({TOPIC: {"num_partitions": 1, "replication_factor": 1}}, wait_for_metadata=True)
+            finally:
+                admin.close()
+            print(f"created topic {TOPIC!r} with ONE partition, through the proxy")
+
+            step(f"A standard producer writes {RECORDS} orders keyed by customer, through the proxy")
+            producer = KafkaProducer(bootstrap_servers=proxy.bootstrap_servers, acks="all", linger_ms=5)
+            try:
+                for i in range(RECORDS):
+                    customer = CUSTOMERS[i % len(CUSTOMERS)]
+                    producer.send(TOPIC, key=customer.encode(), value=f"order-{i:02d}".encode())
+                    if i % 4 == 3:
+                        producer.flush(30)  # several small batches, so the cache has work to do
+                brokers = sorted(f"{b.host}:{b.port}" for b in producer._metadata.brokers())
+            finally:
+                producer.close()
+            print(f"the producer only ever saw proxy addresses: {brokers} (the broker is {kafka.bootstrap_servers})")
+
+            step("A standard consumer group reads everything back through the proxy")
+            consumer = KafkaConsumer(TOPIC, bootstrap_servers=proxy.bootstrap_servers, group_id="demo",
+                                     auto_offset_reset="earliest", consumer_timeout_ms=10000)
+            try:
+                standard = [(m.key.decode(), m.value.decode()) for m in consumer]
+            finally:
+                consumer.close()
+            print(f"consumed {len(standard)} orders, unfiltered, as from the broker itself")
+
+            step(f"{SHARES} key-range consumers share that one partition, a quarter of the key space each")
+            owners: dict[str, set[int]] = defaultdict(set)
+            per_consumer: list[list[tuple[str, str]]] = [[] for _ in range(SHARES)]
+            clients = [RawClient.connect(proxy.bootstrap_servers, client_id=f"range-{i}") for i in range(SHARES)]
+            try:
+                topic_id = clients[0].topic_id(TOPIC)
+                for client in clients[1:]:
+                    client.topic_id(TOPIC)
+                positions = [0] * SHARES
+                deadline = time.monotonic() + 60
+                while min(positions) < RECORDS and time.monotonic() < deadline:
+                    for i, (client, share) in enumerate(zip(clients, equal_shares(SHARES))):
+                        if positions[i] >= RECORDS:
+                            continue
+                        entry = client.range_fetch(topic_id, 0, positions[i], [share], max_bytes=128)
+                        records, next_offset = records_of(entry.records)
+                        for record in records:
+                            if record.offset >= positions[i]:
+                                per_consumer[i].append((record.key.decode(), record.value.decode()))
+                                owners[record.key.decode()].add(i)
+                        positions[i] = next_offset if next_offset is not None else positions[i]
+            finally:
+                for client in clients:
+                    client.close()
+            for i, got in enumerate(per_consumer):
+                customers = sorted({key for key, _ in got})
+                print(f"  consumer {i}: {len(got):2d} orders, customers {', '.join(customers) or '-'}")
+            total = sum(len(got) for got in per_consumer)
+            print(f"together: {total} of {RECORDS} orders; every customer handled by exactly one consumer: "
+                  f"{all(len(o) == 1 for o in owners.values())}")
+            for customer in CUSTOMERS[:3]:
+                mine = [value for got in per_consumer for key, value in got if key == customer]
+                print(f"  {customer:>5}'s orders, in produce order: {' '.join(mine)}")
+            hits = _metric(proxy.metrics_url, "kafka_proxy_keyrange_cache_hits_total")
+            read = _metric(proxy.metrics_url, "kafka_proxy_keyrange_broker_bytes_total")
+            print(f"proxy result cache: {hits:.0f} shares served without reading the broker; "
+                  f"{read / 1024:.1f} KiB read from the broker for the range consumers")
+            if total != RECORDS or sorted(standard) != sorted(v for got in per_consumer for v in got):
+                raise SystemExit("demo failed: the range consumers did not receive exactly the topic's records")
         finally:
-            consumer.close()
-
-        step("Per customer, orders arrive in the order they were produced")
-        for customer in CUSTOMERS:
-            print(f"  {customer:>5}: {' '.join(by_customer[customer])}")
-        if received != RECORDS:
-            raise SystemExit(f"demo failed: consumed {received} of {RECORDS} records")
-
-        step("Stopping the broker")
-    print("done: every record produced was consumed; no Kafka process left running")
+            step("Stopping the proxy and the broker")
+            proxy.stop()
+    print("done: every order reached exactly one range consumer; nothing left running")
 
 
 def main() -> int:
     try:
         run()
-    except KafkaHarnessError as exc:
+    except (KafkaHarnessError, ProxyStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
