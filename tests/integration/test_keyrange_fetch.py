@@ -182,3 +182,44 @@ def test_standard_fetch_on_the_same_proxy_is_unfiltered(kafka, proxy, topic_fact
     got = [(m.key, m.value) for m in consumer]
     consumer.close()
     assert got == sent
+
+
+def _random_split(rng: random.Random, n: int) -> list[list[KeyRange]]:
+    """n range sets covering the hash space exactly once, each a union of 1-3 pieces."""
+    cuts = sorted(rng.sample(range(1, HASH_MAX), 3 * n - 1))
+    pieces = [KeyRange(lo, hi - 1) for lo, hi in zip([0, *cuts], [*cuts, HASH_MAX + 1])]
+    owners = [i % n for i in range(len(pieces))]
+    rng.shuffle(owners)
+    sets = [[p for p, owner in zip(pieces, owners) if owner == i] for i in range(n)]
+    return [s for s in sets if s]
+
+
+@pytest.mark.parametrize("seed", [11, 22, 33, 44])
+def test_random_splits_and_fetch_sizes(kafka, proxy, topic_factory, seed):
+    """Random keys (null and hot keys included), a random split of the hash space into
+    2..16 sets, random fetch sizes: every record reaches exactly the set its hash names,
+    in log order, and every set's position reaches the end of the log."""
+    rng = random.Random(seed)
+    topic = topic_factory(kafka)
+    sent = _produce(kafka.bootstrap_servers, topic, 800, rng.choice(COMPRESSIONS), seed=seed)
+    sets = _random_split(rng, rng.randint(2, 16))
+    owner_of = {}
+    with RawClient.connect(proxy.bootstrap_servers) as raw:
+        topic_id = raw.topic_id(topic)
+        for index, ranges in enumerate(sets):
+            position, rounds = 0, 0
+            while position < len(sent):
+                rounds += 1
+                assert rounds < 5000, "no progress"
+                entry = raw.range_fetch(topic_id, 0, position, ranges, max_bytes=rng.choice([64, 700, 4096, 1 << 20]))
+                assert entry.error_code == 0
+                records, next_offset = records_of(entry.records)
+                fresh = [r for r in records if r.offset >= position]
+                assert [r.offset for r in fresh] == sorted(r.offset for r in fresh)
+                for record in fresh:
+                    assert contains(ranges, key_hash(record.key, record.offset))
+                    assert record.offset not in owner_of, "a record reached two sets"
+                    owner_of[record.offset] = index
+                assert next_offset is not None and next_offset > position
+                position = next_offset
+    assert sorted(owner_of) == list(range(len(sent)))

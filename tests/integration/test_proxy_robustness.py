@@ -68,8 +68,9 @@ def _producer_roundtrip(proxy, topic: str) -> None:
     producer.close()
     consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap_servers, auto_offset_reset="earliest",
                              consumer_timeout_ms=15000)
-    assert [m.value for m in consumer][:1] == [b"still-fine"]
+    first = next(iter(consumer), None)  # stops at the first record instead of idling out
     consumer.close()
+    assert first is not None and first.value == b"still-fine"
 
 
 @pytest.mark.parametrize(
@@ -208,3 +209,27 @@ def test_bad_configuration_fails_with_a_clear_message(kafka, tmp_path):
     )
     assert unreachable.returncode == 1
     assert "cannot reach any bootstrap server: 127.0.0.1:1" in unreachable.stderr
+
+
+def test_sigterm_answers_requests_in_flight_before_closing(kafka, proxy_factory, new_topic):
+    """A long-poll Fetch is waiting at the broker when SIGTERM arrives: its response still
+    reaches the client, then the connection closes and the proxy exits cleanly."""
+    from proxy.testing.raw_client import RawClient
+
+    draining = proxy_factory(kafka)
+    with RawClient.connect(draining.bootstrap_servers) as raw:
+        topic_id = raw.topic_id(new_topic)
+        cls = messages.body_class(ApiKey.FETCH, "request")
+        body = messages.new_body(
+            ApiKey.FETCH, 17, "request", max_wait_ms=3000, min_bytes=1, max_bytes=1024, session_id=0,
+            session_epoch=-1,
+            topics=[cls.FetchTopic(topic_id=topic_id, partitions=[
+                cls.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1024)])],
+        )
+        correlation = raw.send(ApiKey.FETCH, 17, body)  # empty topic: the broker holds it max_wait_ms
+        draining.process.send_signal(__import__("signal").SIGTERM)
+        header, response = messages.decode_response(ApiKey.FETCH, 17, raw.receive())
+        assert header.correlation_id == correlation
+        assert response.error_code == 0
+        wait_until(lambda: _is_closed(raw.sock), timeout=15, what="connection closed after the drain")
+    assert draining.process.wait(30) == 0
