@@ -1,0 +1,496 @@
+"""The individual-commit log (DESIGN.md section 4): ``__individual_commit_offsets``.
+
+One compacted record per (group, topic, partition) holds that key's whole state (S, R);
+the newest record wins and a tombstone deletes. The record partition is the group's
+partition of ``__consumer_offsets`` (``abs(java_string_hash(group)) % partitions``, with
+Kafka's ``Utils.abs``), so a group's individual commits live next to its offsets.
+
+Writes go through an idempotent producer (InitProducerId, then Produce with sequence
+numbers and acks=-1) to the partition leader; concurrent writes to one log partition are
+combined into one batch. Reads rebuild the state from the log: before any state of a
+group is served, the instance reads that group's log partition up to its current end
+(ListOffsets latest), so it never serves state older than the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import trio
+
+from proxy.commits.state import CommitState
+from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
+from proxy.protocol import messages
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.messages import ApiKey
+from proxy.records.batch import RecordBatch, iter_batches
+from proxy.records.builder import build_batch, encode_record
+
+log = logging.getLogger("proxy.commits.log")
+
+LOG_TOPIC = "__individual_commit_offsets"
+OFFSETS_TOPIC = "__consumer_offsets"
+
+PRODUCE_VERSION = 9
+FETCH_VERSION = 12
+LIST_OFFSETS_VERSION = 7
+METADATA_VERSION = 12
+CREATE_TOPICS_VERSION = 5
+INIT_PRODUCER_ID_VERSION = 4
+FIND_COORDINATOR_VERSION = 4
+OFFSET_FETCH_VERSION = 8
+
+# Errors after which the same batch is sent again (same sequence: the broker dedups).
+_RETRY_SAME = {3, 5, 6, 7, 13, 14, 15, 16, 19, 20, 56, 74, 75}
+_DUPLICATE_SEQUENCE = 46
+# Errors after which the producer id is renewed before sending again.
+_RENEW_PRODUCER = {45, 47, 59, 90}
+_TOPIC_ALREADY_EXISTS = 36
+_LATEST = -1
+
+
+class CommitLogError(Exception):
+    """The log could not be read or written before the deadline."""
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: over UTF-16 code units, 32-bit signed arithmetic."""
+    value = 0
+    data = text.encode("utf-16-be")
+    for index in range(0, len(data), 2):
+        value = (31 * value + ((data[index] << 8) | data[index + 1])) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def group_partition(group: str, partitions: int) -> int:
+    """``Utils.abs(group.hashCode()) % partitions``; Utils.abs(Integer.MIN_VALUE) is 0."""
+    value = java_string_hash(group)
+    value = 0 if value == -(1 << 31) else abs(value)
+    return value % partitions
+
+
+def encode_key(group: str, topic: str, partition: int) -> bytes:
+    return messages.encode_data(
+        "IndividualCommitKey", messages.new_data("IndividualCommitKey", group=group, topic=topic, partition=partition)
+    )
+
+
+def encode_value(state: CommitState) -> bytes:
+    value_class = messages.data_class("IndividualCommitValue")
+    return messages.encode_data(
+        "IndividualCommitValue",
+        value_class(stable_offset=state.stable,
+                    ranges=[value_class.OffsetRange(start=start, end=end) for start, end in state.ranges]),
+    )
+
+
+def decode_key(data) -> tuple[str, str, int]:
+    key = messages.decode_data("IndividualCommitKey", bytes(data))
+    return key.group, key.topic, key.partition
+
+
+def decode_value(data) -> CommitState:
+    value = messages.decode_data("IndividualCommitValue", bytes(data))
+    return CommitState(value.stable_offset, tuple((r.start, r.end) for r in value.ranges))
+
+
+Address = tuple[str, int]
+
+
+class Cluster:
+    """The proxy's own view of the cluster: node addresses, leaders, and a small pool of
+    connections per broker (each carries one request at a time)."""
+
+    def __init__(self, bootstrap: list[Address], *, ssl_context=None, timeout: float = 10.0) -> None:
+        self.bootstrap = list(bootstrap)
+        self.ssl_context = ssl_context
+        self.timeout = timeout
+        self.nodes: dict[int, Address] = {}
+        self._idle: dict[Address, list[BrokerConnection]] = {}
+
+    async def request(self, address: Address, api_key: int, version: int, body, *, timeout: float | None = None):
+        idle = self._idle.setdefault(address, [])
+        connection = idle.pop() if idle else None
+        if connection is None or connection.closed:
+            connection = await BrokerConnection.open(address[0], address[1], client_id="keyrange-proxy-commits",
+                                                     timeout=self.timeout, ssl_context=self.ssl_context)
+        try:
+            response = await connection.request(api_key, version, body, timeout=timeout or self.timeout)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await connection.aclose()
+            raise
+        if len(idle) < 16:
+            idle.append(connection)
+        else:
+            await connection.aclose()
+        return response
+
+    def addresses(self) -> list[Address]:
+        return [*self.nodes.values(), *[a for a in self.bootstrap if a not in self.nodes.values()]]
+
+    async def request_any(self, api_key: int, version: int, body, *, timeout: float | None = None):
+        failures = []
+        for address in self.addresses():
+            try:
+                return await self.request(address, api_key, version, body, timeout=timeout)
+            except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+                failures.append(f"{address[0]}:{address[1]} ({exc})")
+        raise CommitLogError("no broker answered: " + "; ".join(failures))
+
+    async def metadata(self, topics: list[str]):
+        cls = messages.body_class(ApiKey.METADATA, "request")
+        body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request",
+                                 topics=[cls.MetadataRequestTopic(name=t) for t in topics],
+                                 allow_auto_topic_creation=False)
+        response = await self.request_any(ApiKey.METADATA, METADATA_VERSION, body)
+        for broker in response.brokers:
+            self.nodes[broker.node_id] = (broker.host, broker.port)
+        return response
+
+    async def find_coordinator(self, group: str) -> Address:
+        body = messages.new_body(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_VERSION, "request", key_type=0,
+                                 coordinator_keys=[group])
+        response = await self.request_any(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_VERSION, body)
+        (entry,) = response.coordinators
+        if entry.error_code:
+            raise CommitLogError(f"FindCoordinator({group}) error {entry.error_code}")
+        return entry.host, entry.port
+
+    async def committed_offsets(self, group: str, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The real coordinator's committed offsets (-1 for none)."""
+        if not keys:
+            return {}
+        cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in keys:
+            by_topic.setdefault(topic, []).append(partition)
+        body = messages.new_body(
+            ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, "request",
+            groups=[cls.OffsetFetchRequestGroup(group_id=group, topics=[
+                cls.OffsetFetchRequestTopics(name=topic, partition_indexes=parts) for topic, parts in by_topic.items()
+            ])],
+        )
+        deadline = trio.current_time() + 30
+        while True:
+            try:
+                address = await self.find_coordinator(group)
+                response = await self.request(address, ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, body)
+                (entry,) = response.groups
+                if entry.error_code:
+                    raise CommitLogError(f"OffsetFetch({group}) error {entry.error_code}")
+                out = {}
+                for topic in entry.topics:
+                    for part in topic.partitions:
+                        out[(topic.name, part.partition_index)] = part.committed_offset if not part.error_code else -1
+                return out
+            except (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError) as exc:
+                if trio.current_time() > deadline:
+                    raise CommitLogError(f"cannot read the committed offsets of {group}: {exc}") from exc
+                await trio.sleep(0.1)
+
+
+@dataclass
+class _Pending:
+    records: list[tuple[bytes, bytes | None]]
+    done: bool = False
+    error: BaseException | None = None
+    offset: int = -1
+
+
+@dataclass
+class _Partition:
+    """What this instance has read of one log partition."""
+
+    position: int = 0
+    read_lock: trio.Lock = field(default_factory=trio.Lock)
+    write_lock: trio.Lock = field(default_factory=trio.Lock)
+    pending: list[_Pending] = field(default_factory=list)
+    sequence: int = 0
+    leader: int | None = None
+    loaded: bool = False
+
+
+class CommitLog:
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        segment_bytes: int,
+        timeout: float = 30.0,
+        on_rebuild: Callable[[], None] | None = None,
+        on_write: Callable[[float], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.segment_bytes = segment_bytes
+        self.timeout = timeout
+        self.partitions: int | None = None  # of the log topic, once it exists
+        self._parts: dict[int, _Partition] = {}
+        # group -> (topic, partition) -> (log offset of the record, state)
+        self.groups: dict[str, dict[tuple[str, int], tuple[int, CommitState]]] = {}
+        self._producer: tuple[int, int] | None = None
+        self._producer_lock = trio.Lock()
+        self._topic_lock = trio.Lock()
+        self._on_rebuild = on_rebuild or (lambda: None)
+        self._on_write = on_write or (lambda seconds: None)
+
+    # -- topic ------------------------------------------------------------------------------
+    async def _topic_partitions(self, create: bool) -> int | None:
+        if self.partitions is not None:
+            return self.partitions
+        async with self._topic_lock:
+            deadline = trio.current_time() + self.timeout
+            while self.partitions is None:
+                response = await self.cluster.metadata([LOG_TOPIC, OFFSETS_TOPIC])
+                topics = {t.name: t for t in response.topics}
+                ours = topics.get(LOG_TOPIC)
+                if ours is not None and not ours.error_code and ours.partitions and \
+                        all(p.leader_id >= 0 for p in ours.partitions):
+                    self.partitions = len(ours.partitions)
+                    for p in ours.partitions:
+                        self._part(p.partition_index).leader = p.leader_id
+                    break
+                if ours is not None and ours.error_code == 3 and not create:
+                    return None
+                offsets = topics.get(OFFSETS_TOPIC)
+                if offsets is None or offsets.error_code or not offsets.partitions:
+                    # __consumer_offsets is created with the first FindCoordinator.
+                    try:
+                        await self.cluster.find_coordinator("keyrange-proxy")
+                    except CommitLogError:
+                        pass
+                elif ours is None or ours.error_code == 3:
+                    await self._create(len(offsets.partitions), len(offsets.partitions[0].replica_nodes))
+                if trio.current_time() > deadline:
+                    raise CommitLogError(f"{LOG_TOPIC} has no leaders yet")
+                await trio.sleep(0.1)
+            return self.partitions
+
+    async def _create(self, partitions: int, replication: int) -> None:
+        cls = messages.body_class(ApiKey.CREATE_TOPICS, "request")
+        body = messages.new_body(
+            ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION, "request", timeout_ms=30000,
+            topics=[cls.CreatableTopic(name=LOG_TOPIC, num_partitions=partitions, replication_factor=replication,
+                                       configs=[cls.CreatableTopicConfig(name="cleanup.policy", value="compact"),
+                                                cls.CreatableTopicConfig(name="segment.bytes",
+                                                                         value=str(self.segment_bytes))])],
+        )
+        response = await self.cluster.request_any(ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION, body, timeout=40)
+        (result,) = response.topics
+        if result.error_code not in (0, _TOPIC_ALREADY_EXISTS):
+            raise CommitLogError(f"CreateTopics {LOG_TOPIC}: error {result.error_code} {result.error_message}")
+        log.info("individual-commit log topic=%s partitions=%s replication=%s result=%s", LOG_TOPIC, partitions,
+                 replication, result.error_code)
+
+    def _part(self, index: int) -> _Partition:
+        part = self._parts.get(index)
+        if part is None:
+            part = self._parts[index] = _Partition()
+        return part
+
+    async def _leader(self, index: int, refresh: bool = False) -> tuple[str, int]:
+        part = self._part(index)
+        if refresh or part.leader is None or part.leader not in self.cluster.nodes:
+            response = await self.cluster.metadata([LOG_TOPIC])
+            for topic in response.topics:
+                if topic.name == LOG_TOPIC:
+                    for p in topic.partitions:
+                        self._part(p.partition_index).leader = p.leader_id
+        if part.leader is None or part.leader not in self.cluster.nodes:
+            raise CommitLogError(f"{LOG_TOPIC}-{index} has no leader")
+        return self.cluster.nodes[part.leader]
+
+    # -- reading ---------------------------------------------------------------------------------
+    async def states(self, group: str) -> dict[tuple[str, int], CommitState]:
+        """The group's current state, read up to the log's end first."""
+        await self.catch_up(group)
+        return {key: state for key, (_, state) in self.groups.get(group, {}).items()}
+
+    async def catch_up(self, group: str) -> None:
+        partitions = await self._topic_partitions(create=False)
+        if partitions is None:
+            return
+        index = group_partition(group, partitions)
+        part = self._part(index)
+        async with part.read_lock:
+            await self._retrying(lambda refresh: self._read_to_end(index, part, refresh))
+
+    async def _retrying(self, attempt):
+        deadline = trio.current_time() + self.timeout
+        refresh = False
+        while True:
+            try:
+                return await attempt(refresh)
+            except (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+                if trio.current_time() > deadline:
+                    raise CommitLogError(str(exc)) from exc
+                log.debug("retrying log operation reason=%r", str(exc))
+                refresh = True
+                await trio.sleep(0.05)
+
+    async def _read_to_end(self, index: int, part: _Partition, refresh: bool) -> None:
+        address = await self._leader(index, refresh)
+        end = await self._end_offset(address, index)
+        if part.position >= end:
+            return
+        if not part.loaded:
+            self._on_rebuild()
+        fetch_class = messages.body_class(ApiKey.FETCH, "request")
+        while part.position < end:
+            body = messages.new_body(
+                ApiKey.FETCH, FETCH_VERSION, "request", max_wait_ms=0, min_bytes=0, max_bytes=8 << 20,
+                isolation_level=0, session_id=0, session_epoch=-1,
+                topics=[fetch_class.FetchTopic(topic=LOG_TOPIC, partitions=[
+                    fetch_class.FetchPartition(partition=index, fetch_offset=part.position,
+                                               partition_max_bytes=8 << 20)])],
+            )
+            response = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body)
+            data = response.responses[0].partitions[0]
+            if data.error_code == 1:  # OFFSET_OUT_OF_RANGE: compaction/retention moved the start
+                part.position = max(part.position, data.log_start_offset)
+                continue
+            if data.error_code:
+                raise CommitLogError(f"Fetch {LOG_TOPIC}-{index} error {data.error_code}")
+            advanced = False
+            for entry in iter_batches(data.records or b""):
+                if not isinstance(entry, RecordBatch):
+                    continue
+                if entry.header.next_offset <= part.position:
+                    continue
+                if not entry.header.is_control:
+                    for record in entry.records():
+                        if record.offset >= part.position and record.key is not None:
+                            self._apply(record.offset, record.key, record.value)
+                part.position = entry.header.next_offset
+                advanced = True
+            if not advanced:
+                # Nothing readable at this position yet (e.g. an open transaction's
+                # boundary): the end we were asked for is the high watermark; stop here.
+                if data.high_watermark <= part.position:
+                    break
+                raise CommitLogError(f"no progress reading {LOG_TOPIC}-{index} at {part.position}")
+        part.loaded = True
+
+    async def _end_offset(self, address, index: int) -> int:
+        cls = messages.body_class(ApiKey.LIST_OFFSETS, "request")
+        body = messages.new_body(
+            ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, "request", replica_id=-1, isolation_level=0,
+            topics=[cls.ListOffsetsTopic(name=LOG_TOPIC, partitions=[
+                cls.ListOffsetsPartition(partition_index=index, timestamp=_LATEST)])],
+        )
+        response = await self.cluster.request(address, ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, body)
+        entry = response.topics[0].partitions[0]
+        if entry.error_code:
+            raise CommitLogError(f"ListOffsets {LOG_TOPIC}-{index} error {entry.error_code}")
+        return entry.offset
+
+    def _apply(self, offset: int, key, value) -> None:
+        try:
+            group, topic, partition = decode_key(key)
+            state = None if value is None else decode_value(value)
+        except (ProtocolError, ValueError) as exc:
+            log.warning("skipping unreadable individual-commit record offset=%s reason=%r", offset, str(exc))
+            return
+        self._set(group, (topic, partition), offset, state)
+
+    def _set(self, group: str, key: tuple[str, int], offset: int, state: CommitState | None) -> None:
+        entries = self.groups.get(group)
+        current = entries.get(key) if entries else None
+        if current is not None and current[0] > offset:
+            return  # we already hold a newer record
+        if state is None:
+            if entries is not None:
+                entries.pop(key, None)
+                if not entries:
+                    del self.groups[group]
+            return
+        self.groups.setdefault(group, {})[key] = (offset, state)
+
+    # -- writing ---------------------------------------------------------------------------------
+    async def write(self, group: str, updates: dict[tuple[str, int], CommitState | None]) -> None:
+        """Write the new states (None: a tombstone) with acks=all; returns once they are in the log."""
+        if not updates:
+            return
+        partitions = await self._topic_partitions(create=True)
+        index = group_partition(group, partitions)
+        part = self._part(index)
+        keys = list(updates)
+        pending = _Pending([(encode_key(group, topic, partition),
+                             None if updates[(topic, partition)] is None else encode_value(updates[(topic, partition)]))
+                            for topic, partition in keys])
+        part.pending.append(pending)
+        started = time.perf_counter()
+        async with part.write_lock:
+            if not pending.done:
+                batch, part.pending = part.pending, []
+                with trio.CancelScope(shield=True):
+                    try:
+                        base = await self._retrying(lambda refresh: self._produce(index, part, batch, refresh))
+                    except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+                        for item in batch:
+                            item.done, item.error = True, exc
+                    else:
+                        offset = base
+                        for item in batch:
+                            item.done, item.offset = True, offset
+                            offset += len(item.records)
+                        if base >= 0 and part.position == base and part.loaded:
+                            # Nobody else wrote in between: our records are the log up to here.
+                            for item in batch:
+                                for number, (key, value) in enumerate(item.records):
+                                    self._apply(item.offset + number, key, value)
+                            part.position = base + sum(len(item.records) for item in batch)
+        self._on_write(time.perf_counter() - started)
+        if pending.error is not None:
+            raise CommitLogError(f"write to {LOG_TOPIC}-{index} failed: {pending.error}") from pending.error
+        if pending.offset < 0 or not part.loaded:
+            # Offsets unknown (a duplicate) or partition not read yet: the reader applies them.
+            return
+        for number, key in enumerate(keys):
+            self._set(group, key, pending.offset + number, updates[key])
+
+    async def _producer_id(self, renew: bool = False) -> tuple[int, int]:
+        async with self._producer_lock:
+            if self._producer is None or renew:
+                body = messages.new_body(ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION, "request",
+                                         transactional_id=None, transaction_timeout_ms=2147483647)
+                response = await self.cluster.request_any(ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION, body)
+                if response.error_code:
+                    raise CommitLogError(f"InitProducerId error {response.error_code}")
+                self._producer = (response.producer_id, response.producer_epoch)
+                for part in self._parts.values():
+                    part.sequence = 0
+            return self._producer
+
+    async def _produce(self, index: int, part: _Partition, batch: list[_Pending], refresh: bool) -> int:
+        producer_id, epoch = await self._producer_id()
+        address = await self._leader(index, refresh)
+        records = [record for item in batch for record in item.records]
+        now = int(time.time() * 1000)
+        raw = [encode_record(offset_delta=n, key=key, value=value) for n, (key, value) in enumerate(records)]
+        blob = build_batch(base_offset=0, last_offset_delta=len(raw) - 1, records=raw, record_count=len(raw),
+                           base_timestamp=now, max_timestamp=now, producer_id=producer_id, producer_epoch=epoch,
+                           base_sequence=part.sequence)
+        cls = messages.body_class(ApiKey.PRODUCE, "request")
+        body = messages.new_body(
+            ApiKey.PRODUCE, PRODUCE_VERSION, "request", transactional_id=None, acks=-1, timeout_ms=15000,
+            topic_data=[cls.TopicProduceData(name=LOG_TOPIC, partition_data=[
+                cls.PartitionProduceData(index=index, records=blob)])],
+        )
+        response = await self.cluster.request(address, ApiKey.PRODUCE, PRODUCE_VERSION, body, timeout=20)
+        result = response.responses[0].partition_responses[0]
+        if result.error_code in (0, _DUPLICATE_SEQUENCE):
+            part.sequence = (part.sequence + len(raw)) & 0x7FFFFFFF
+            return result.base_offset if result.error_code == 0 else -1
+        if result.error_code in _RENEW_PRODUCER:
+            await self._producer_id(renew=True)
+            raise CommitLogError(f"Produce {LOG_TOPIC}-{index} error {result.error_code}; new producer id")
+        if result.error_code in _RETRY_SAME:
+            raise CommitLogError(f"Produce {LOG_TOPIC}-{index} error {result.error_code}")
+        raise CommitLogError(f"Produce {LOG_TOPIC}-{index} failed with error {result.error_code}")
+
+    def ranges_held(self) -> int:
+        return sum(state.held() for entries in self.groups.values() for _, state in entries.values())

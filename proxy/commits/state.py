@@ -1,0 +1,103 @@
+"""Individual-commit state, sans I/O (DESIGN.md section 3, OffsetCommit).
+
+The state of one (group, topic, partition) is (S, R):
+
+* S, the stable offset: every offset below S is processed; it is the standard committed
+  offset the real group coordinator holds.
+* R: sorted, disjoint, non-adjacent inclusive ranges of processed offsets, each starting
+  above S (a range starting at S would have been folded into S).
+
+A range commit C gives R' = merge(R, C) with everything below S dropped; then, while R'
+has a range starting at S, S moves past its end and the range is dropped. A plain commit
+of offset O sets S = O and clears R (standard Kafka semantics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+INVALID_REQUEST = 42
+MAX_OFFSET = (1 << 63) - 1
+
+Range = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitState:
+    stable: int
+    ranges: tuple[Range, ...] = ()
+
+    def held(self) -> int:
+        return len(self.ranges)
+
+    def processed(self, offset: int) -> bool:
+        if offset < self.stable:
+            return True
+        return any(start <= offset <= end for start, end in self.ranges)
+
+
+EMPTY = CommitState(0, ())
+
+
+def normalise(ranges: Iterable[Range]) -> list[Range]:
+    """Sorted, disjoint, non-adjacent union of inclusive ranges."""
+    out: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1] + 1:
+            if end > out[-1][1]:
+                out[-1][1] = end
+        else:
+            out.append([start, end])
+    return [(start, end) for start, end in out]
+
+
+def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
+    """The merge rule: union, drop everything below S, then advance S over a range at S."""
+    stable = state.stable
+    merged = normalise([*state.ranges, *commit])
+    kept: list[Range] = []
+    for start, end in merged:
+        if end < stable:
+            continue
+        start = max(start, stable)
+        if start == stable:
+            stable = end + 1
+            continue
+        kept.append((start, end))
+    return CommitState(stable, tuple(kept))
+
+
+def apply_plain(offset: int) -> CommitState:
+    """A plain commit of ``offset``: S = offset, R cleared."""
+    return CommitState(offset, ())
+
+
+def rebase(state: CommitState, stable: int) -> CommitState:
+    """``state`` seen by a coordinator whose committed offset is ``stable``: S is the
+    larger of the two, and ranges below it are dropped (then S advances as usual)."""
+    if stable <= state.stable:
+        return state
+    return apply_ranges(CommitState(stable, ()), state.ranges)
+
+
+def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> str | None:
+    """Why a partition's range commit is invalid (INVALID_REQUEST), or None if it is valid."""
+    if not ranges:
+        return "no ranges"
+    if committed_offset != -1:
+        return f"CommittedOffset is {committed_offset}; it must be -1 with OffsetRanges"
+    if len(ranges) > max_ranges:
+        return f"{len(ranges)} ranges; at most {max_ranges} (max.individual.commit.ranges)"
+    for start, end in ranges:
+        if start < 0 or end < 0:
+            return f"negative offset in range [{start}, {end}]"
+        if start > end:
+            return f"range start {start} is above its end {end}"
+        if end >= MAX_OFFSET:
+            return f"range end {end} is beyond the largest offset"
+    ordered = sorted(ranges)
+    for (_, end), (start, _) in zip(ordered, ordered[1:]):
+        if start <= end:
+            return f"ranges overlap at offset {start}"
+    return None

@@ -1,0 +1,155 @@
+"""Individual-commit state: the merge rule of DESIGN.md section 3, validation, and the
+seed proposal's worked example (stable offset, ranges, gap amending)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings, strategies as st
+
+from proxy.commits.state import (
+    CommitState,
+    apply_plain,
+    apply_ranges,
+    normalise,
+    rebase,
+    validate,
+)
+from proxy.commits.log import java_string_hash, group_partition
+
+
+def _expand(state: CommitState, limit: int) -> set[int]:
+    return {o for o in range(limit) if state.processed(o)}
+
+
+def _well_formed(state: CommitState) -> None:
+    previous_end = None
+    for start, end in state.ranges:
+        assert start <= end
+        assert start > state.stable, "every range starts above S (one at S is folded in)"
+        if previous_end is not None:
+            assert start > previous_end + 1, "ranges are disjoint and non-adjacent"
+        previous_end = end
+
+
+_range = st.tuples(st.integers(0, 60), st.integers(0, 8)).map(lambda t: (t[0], t[0] + t[1]))
+_commits = st.lists(st.lists(_range, min_size=1, max_size=4), min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_commits, st.integers(0, 10), st.randoms(use_true_random=False))
+def test_merge_is_order_independent_and_s_is_lowest_unprocessed(commits, start, rng):
+    state = CommitState(start)
+    for commit in commits:
+        state = apply_ranges(state, commit)
+        _well_formed(state)
+    shuffled = list(commits)
+    rng.shuffle(shuffled)
+    other = CommitState(start)
+    for commit in shuffled:
+        other = apply_ranges(other, commit)
+    assert other == state
+    processed = set(range(start)) | {o for c in commits for a, b in c for o in range(a, b + 1)}
+    assert _expand(state, 100) == {o for o in processed if o < 100}
+    # S is the lowest unprocessed offset.
+    assert state.stable not in processed
+    assert all(o in processed for o in range(state.stable))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_commits)
+def test_merging_one_commit_at_a_time_equals_merging_their_union(commits):
+    one_by_one = CommitState(0)
+    for commit in commits:
+        one_by_one = apply_ranges(one_by_one, commit)
+    at_once = apply_ranges(CommitState(0), [r for c in commits for r in c])
+    assert one_by_one == at_once
+
+
+@settings(max_examples=200, deadline=None)
+@given(_commits, st.integers(0, 80))
+def test_plain_commit_sets_s_and_clears_r(commits, offset):
+    state = CommitState(0)
+    for commit in commits:
+        state = apply_ranges(state, commit)
+    assert apply_plain(offset) == CommitState(offset, ())
+
+
+@settings(max_examples=200, deadline=None)
+@given(_commits, st.integers(0, 80))
+def test_rebase_keeps_the_union_above_the_coordinators_offset(commits, coordinator):
+    state = CommitState(0)
+    for commit in commits:
+        state = apply_ranges(state, commit)
+    rebased = rebase(state, coordinator)
+    _well_formed(rebased)
+    assert rebased.stable >= max(state.stable, coordinator)
+    for offset in range(100):
+        assert rebased.processed(offset) == (offset < coordinator or state.processed(offset))
+
+
+def test_seed_worked_example_stable_offset_ranges_and_gap_amending():
+    # "Offset: stable: 40, IC: [43-45], [48-49]". Our S is the first unprocessed offset,
+    # so "stable 40 with 40 itself not yet processed" is S = 40.
+    state = apply_ranges(CommitState(40), [(43, 45), (48, 49)])
+    assert state == CommitState(40, ((43, 45), (48, 49)))
+    # A consumer fetched [40-50]; it skips what is committed and, having processed the
+    # rest, commits only the gaps: [41-42], [46-47], [50-50] ("gap amending").
+    fetched = range(40, 51)
+    gaps = normalise([(o, o) for o in fetched if not state.processed(o)])
+    assert gaps == [(40, 42), (46, 47), (50, 50)]
+    # The proposal's literal commit [41-42], [46-47], [50-50] leaves 40 open: S stays 40
+    # and the ranges coalesce into one: [41-50].
+    literal = apply_ranges(state, [(41, 42), (46, 47), (50, 50)])
+    assert literal == CommitState(40, ((41, 50),))
+    # Once 40 is processed too, everything through 50 is: S moves to 51, R is empty.
+    assert apply_ranges(literal, [(40, 40)]) == CommitState(51, ())
+    assert apply_ranges(state, gaps) == CommitState(51, ())
+    # The proposal's compaction examples: an IC [46-47] joins [43-45] and [48-49] into one
+    # range; an IC [41-42] after 40 is processed moves S past 45.
+    assert apply_ranges(state, [(46, 47)]) == CommitState(40, ((43, 49),))
+    assert apply_ranges(apply_ranges(state, [(40, 40)]), [(41, 42)]) == CommitState(46, ((48, 49),))
+
+
+def test_ranges_below_s_are_dropped_and_straddling_ranges_advance_s():
+    assert apply_ranges(CommitState(10), [(2, 5)]) == CommitState(10)
+    assert apply_ranges(CommitState(10), [(5, 12)]) == CommitState(13)
+    assert apply_ranges(CommitState(10), [(5, 9), (11, 11)]) == CommitState(10, ((11, 11),))
+
+
+def test_validation_errors():
+    assert validate(-1, [(0, 5)], 10) is None
+    assert "must be -1" in validate(7, [(0, 5)], 10)
+    assert "above its end" in validate(-1, [(6, 5)], 10)
+    assert "negative" in validate(-1, [(-3, 5)], 10)
+    assert "overlap" in validate(-1, [(0, 5), (5, 9)], 10)
+    assert "overlap" in validate(-1, [(8, 9), (0, 8)], 10)
+    assert validate(-1, [(0, 5), (6, 9)], 10) is None  # adjacent is fine
+    assert "at most 2" in validate(-1, [(0, 1), (3, 4), (6, 7)], 2)
+
+
+def test_random_interleavings_match_a_set_model():
+    rng = random.Random(7)
+    for _ in range(50):
+        state, model = CommitState(0), set()
+        for _ in range(40):
+            start = rng.randrange(0, 300)
+            commit = [(start, start + rng.randrange(0, 5))]
+            state = apply_ranges(state, commit)
+            model.update(range(commit[0][0], commit[0][1] + 1))
+            _well_formed(state)
+            assert _expand(state, 400) == model | set(range(state.stable))
+            assert state.stable == min(set(range(401)) - model)
+
+
+def test_java_string_hash_and_group_partition():
+    # Values of Java's String.hashCode.
+    assert java_string_hash("") == 0
+    assert java_string_hash("a") == 97
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("polygenelubricants") == -2147483648  # Integer.MIN_VALUE
+    assert java_string_hash("\U0001F600") == 0xD83D * 31 + 0xDE00  # two UTF-16 code units
+    # Kafka's Utils.abs maps Integer.MIN_VALUE to 0 (Math.abs would keep it negative).
+    assert group_partition("polygenelubricants", 50) == 0
+    assert group_partition("hello", 50) == 99162322 % 50
+    assert group_partition("Aa", 7) == group_partition("BB", 7)  # equal Java hashes
