@@ -539,7 +539,10 @@ class KafkaCluster:
         self.format_args = list(format_args)
         self.jvm_options = list(jvm_options)
         self.cache_dir = cache_dir
-        self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # As Kafka's Uuid.randomUuid: never an id starting with "-", which the storage
+        # tool's argument parser would take for an option (1 start in 64 failed so).
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        self.cluster_id = "A" + cluster_id[1:] if cluster_id.startswith("-") else cluster_id
         self.nodes: list[KafkaNode] = []
         for node_id in range(1, nodes + 1):
             node_dir = self.workdir / f"node-{node_id}"
