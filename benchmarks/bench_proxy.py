@@ -19,7 +19,6 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
@@ -132,22 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     def median(rows: list[dict], key: str) -> float:
         return statistics.median(row[key] for row in rows)
 
-    report["consume"] = {
-        "records": consume_records,
-        "runs": consume,
-        "direct_mb_per_s": median(consume["direct"], "mb_per_s"),
-        "proxy_mb_per_s": median(consume["proxy"], "mb_per_s"),
-    }
-    report["consume"]["ratio"] = report["consume"]["proxy_mb_per_s"] / report["consume"]["direct_mb_per_s"]
-    report["consume"]["goal"] = ">= 0.90"
-    report["produce"] = {
-        "records": produce_records,
-        "runs": produce,
-        "direct_mb_per_s": median(produce["direct"], "mb_per_s"),
-        "proxy_mb_per_s": median(produce["proxy"], "mb_per_s"),
-    }
-    report["produce"]["ratio"] = report["produce"]["proxy_mb_per_s"] / report["produce"]["direct_mb_per_s"]
-    report["produce"]["goal"] = ">= 0.95"
+    def throughput(runs: dict, records: int, goal: str) -> dict:
+        summary = {"records": records, "runs": runs,
+                   "direct_mb_per_s": median(runs["direct"], "mb_per_s"),
+                   "proxy_mb_per_s": median(runs["proxy"], "mb_per_s")}
+        summary["ratio"] = summary["proxy_mb_per_s"] / summary["direct_mb_per_s"]
+        summary["goal"] = goal
+        return summary
+
+    report["consume"] = throughput(consume, consume_records, ">= 0.90")
+    report["produce"] = throughput(produce, produce_records, ">= 0.95")
     report["latency"] = {
         "rate_mb_per_s": args.latency_rate_mb,
         "records": latency_records,

@@ -18,7 +18,7 @@ def wait_until(
     timeout: float = 30.0,
     *,
     interval: float = 0.1,
-    what: str = "condition",
+    what: str | Callable[[], str] = "condition",
 ) -> T:
     """Call ``condition`` until it returns something truthy and return that value.
 
@@ -37,5 +37,6 @@ def wait_until(
                 return value
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_error!r})" if last_error else ""
-            raise WaitTimeout(f"{what} did not hold within {timeout:g} s{detail}") from last_error
+            described = what() if callable(what) else what  # late: it may report progress
+            raise WaitTimeout(f"{described} did not hold within {timeout:g} s{detail}") from last_error
         time.sleep(interval)

@@ -3,7 +3,6 @@ response that carries a broker address."""
 
 from __future__ import annotations
 
-import socket
 import struct
 
 import pytest
@@ -11,51 +10,16 @@ import pytest
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 
+from proxy.testing.raw_client import RawClient
 from proxy.testing.wait import wait_until
 
 from .conftest import proxy_ports, real_ports
 
 
-class RawClient:
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=15)
-        self.correlation = 0
-
-    def send(self, api_key: int, version: int, body) -> int:
-        self.correlation += 1
-        header = messages.new_request_header(api_key, version, correlation_id=self.correlation, client_id="raw")
-        frame = messages.encode_request(header, body)
-        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
-        return self.correlation
-
-    def receive(self) -> bytes:
-        (size,) = struct.unpack(">i", self._exact(4))
-        return self._exact(size)
-
-    def call(self, api_key: int, version: int, **fields):
-        self.send(api_key, version, messages.new_body(api_key, version, "request", **fields))
-        header, body = messages.decode_response(api_key, version, self.receive())
-        assert header.correlation_id == self.correlation
-        return body
-
-    def _exact(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("closed")
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
 def raw(proxy):
-    client = RawClient(proxy.port)
-    yield client
-    client.close()
+    with RawClient.connect(proxy.bootstrap_servers) as client:
+        yield client
 
 
 def test_api_versions_clamped_to_what_the_proxy_decodes(raw):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.testing.clients import confluent_roundtrip
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.wait import wait_until
 
@@ -40,26 +41,9 @@ def _sasl_client_config(bootstrap: str, password: str) -> dict:
 
 
 def _produce_consume(config: dict, topic: str, count: int = 100, seen_ports: set | None = None) -> list[bytes]:
-    seen_ports = set() if seen_ports is None else seen_ports
-    from confluent_kafka import Consumer, Producer
-
-    producer = Producer({**config, "acks": "all"})
-    for i in range(count):
-        producer.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
-    assert producer.flush(60) == 0
-    seen_ports.update(broker.port for broker in producer.list_topics(timeout=10).brokers.values())
-    consumer = Consumer({**config, "group.id": f"g-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-
-    def drained():
-        message = consumer.poll(0.5)
-        if message is not None and not message.error():
-            values.append(message.value())
-        return len(values) >= count
-
-    wait_until(drained, timeout=60, interval=0, what="records consumed")
-    consumer.close()
+    ports, values = confluent_roundtrip(config, topic, count)
+    if seen_ports is not None:
+        seen_ports.update(ports)
     return values
 
 

@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-
-from proxy.testing.wait import wait_until
+from proxy.testing.clients import confluent_roundtrip
 
 from .conftest import free_ports, real_ports
 
 
 def _roundtrip(bootstrap: str, topic: str, count: int) -> tuple[set[int], list[bytes]]:
-    from confluent_kafka import Consumer, Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-    for i in range(count):
-        producer.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
-    assert producer.flush(60) == 0
-    ports = {broker.port for broker in producer.list_topics(timeout=10).brokers.values()}
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-
-    def drained():
-        message = consumer.poll(0.5)
-        if message is not None and not message.error():
-            values.append(message.value())
-        return len(values) >= count
-
-    wait_until(drained, timeout=60, interval=0, what="records consumed")
-    consumer.close()
-    return ports, values
+    return confluent_roundtrip({"bootstrap.servers": bootstrap}, topic, count)
 
 
 def test_port_per_broker_gives_each_node_its_port(kafka_cluster, cluster_proxy, topic_factory):
