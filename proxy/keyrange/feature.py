@@ -23,6 +23,8 @@ _FIRST_FLEXIBLE_FETCH = 12
 FEATURE = "keyrange.fetch"
 _COALESCE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for a shared read
 _MAX_INFLIGHT_READS = 10_000
+_LOOKUP_INTERVAL = 5.0  # seconds between lookups of unknown topic ids
+_LOOKUP_TIMEOUT = 5.0
 _STALE_READ_SECONDS = 60.0
 
 
@@ -43,8 +45,12 @@ class _Read:
 
 
 class KeyRangeFetchFeature:
-    def __init__(self, config, router, metrics) -> None:
+    def __init__(self, config, router, metrics, lookup_topic_names=None) -> None:
         self.router = router
+        # async () -> {topic id: name}; asked when a Fetch names a topic id the proxy has
+        # not seen in any Metadata response yet (e.g. a client reconnecting after a restart)
+        self._lookup_topic_names = lookup_topic_names
+        self._last_lookup = -float("inf")
         self.engine = KeyRangeEngine(
             cache_bytes=config.get("max.bytes.key.range.results"),
             topic_setting=config.topic_setting,
@@ -87,6 +93,7 @@ class KeyRangeFetchFeature:
         if _TAG_10000 not in frame and not state.sessions.sessions:
             return None  # no extension anywhere: the default route, no decoding
         header, body = messages.decode_request(frame)
+        await self._learn_topic_names(body)
         engine, book = self.engine, self.router.book
         plan = engine.plan(state, version, body, trio.current_time())
         if plan is None:
@@ -123,6 +130,20 @@ class KeyRangeFetchFeature:
                 self._settle(events)
 
         return Route(messages.encode_request(header, plan.upstream_body), transform=transform)
+
+    async def _learn_topic_names(self, body) -> None:
+        names = self.router.topic_names
+        unknown = [t.topic_id for t in body.topics if t.topic_id is not None and int(t.topic_id) != 0
+                   and t.topic_id not in names]
+        now = trio.current_time()
+        if not unknown or self._lookup_topic_names is None or now - self._last_lookup < _LOOKUP_INTERVAL:
+            return
+        self._last_lookup = now
+        with trio.move_on_after(_LOOKUP_TIMEOUT):
+            try:
+                names.update(await self._lookup_topic_names())
+            except Exception as exc:  # noqa: BLE001 - per-topic settings fall back to defaults
+                log.warning("topic name lookup failed reason=%r", str(exc))
 
     def _announce(self, reads) -> list:
         """Register this request's broker reads so consumers at the same position wait

@@ -71,7 +71,8 @@ class ProxyServer:
         self.router = Router(self.book)
         from proxy.keyrange.feature import KeyRangeFetchFeature
 
-        self.keyrange = KeyRangeFetchFeature(config, self.router, self.metrics)
+        self.keyrange = KeyRangeFetchFeature(config, self.router, self.metrics,
+                                             lookup_topic_names=self._topic_names)
         self.connections: set[ClientConnection] = set()
         self.node_ports: dict[int, int] = {}
         self.metrics_port: int | None = None
@@ -176,6 +177,23 @@ class ProxyServer:
             body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request", topics=[],
                                      allow_auto_topic_creation=False)
             return await connection.request(ApiKey.METADATA, METADATA_VERSION, body, timeout=timeout)
+
+    async def _topic_names(self) -> dict:
+        """Every topic id -> name the cluster knows, from one Metadata request to any
+        broker the proxy knows."""
+        candidates = list(self.book.known_nodes().values()) or list(self.config.get("bootstrap.servers"))
+        timeout = self.config.get("upstream.connect.timeout.ms") / 1000
+        for host, port in candidates:
+            try:
+                connection = await BrokerConnection.open(host, port, timeout=timeout, ssl_context=self._upstream_ssl)
+                async with connection:
+                    body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request", topics=None,
+                                             allow_auto_topic_creation=False)
+                    response = await connection.request(ApiKey.METADATA, METADATA_VERSION, body, timeout=timeout)
+            except (OSError, trio.TooSlowError, BrokerConnectionError, ssl.SSLError):
+                continue
+            return {t.topic_id: t.name for t in response.topics if t.name and int(t.topic_id) != 0}
+        return {}
 
     def _identify_sidecar_node(self, host: str, port: int, body) -> None:
         if self.config.get("sidecar.node.id") >= 0:
