@@ -223,3 +223,16 @@ def test_random_splits_and_fetch_sizes(kafka, proxy, topic_factory, seed):
                 assert next_offset is not None and next_offset > position
                 position = next_offset
     assert sorted(owner_of) == list(range(len(sent)))
+
+
+def test_topic_settings_apply_to_a_topic_id_never_seen_in_metadata(kafka, proxy_factory, topic_factory):
+    """A client that learned the topic id elsewhere (e.g. before a proxy restart) fetches by
+    id straight away: the proxy looks the name up, so the topic's settings still apply."""
+    topic = topic_factory(kafka)
+    _produce(kafka.bootstrap_servers, topic, 10)
+    with RawClient.connect(kafka.bootstrap_servers) as direct:
+        topic_id = direct.topic_id(topic)
+    fresh = proxy_factory(kafka, **{f"topic.{topic}.accept.range.fetch": "false"})
+    with RawClient.connect(fresh.bootstrap_servers) as raw:
+        entry = raw.range_fetch(topic_id, 0, 0, equal_shares(2)[:1])
+    assert entry.error_code == 42
