@@ -50,6 +50,7 @@ _DUPLICATE_SEQUENCE = 46
 _RENEW_PRODUCER = {45, 47, 59, 90}
 _TOPIC_ALREADY_EXISTS = 36
 _LATEST = -1
+_UNREACHABLE_BACKOFF = 30.0
 
 
 class CommitLogError(Exception):
@@ -234,6 +235,7 @@ class CommitLog:
         self._producer: tuple[int, int] | None = None
         self._producer_lock = trio.Lock()
         self._topic_lock = trio.Lock()
+        self._unreachable_until = -1.0
         self._on_rebuild = on_rebuild or (lambda: None)
         self._on_write = on_write or (lambda seconds: None)
 
@@ -241,6 +243,17 @@ class CommitLog:
     async def _topic_partitions(self, create: bool) -> int | None:
         if self.partitions is not None:
             return self.partitions
+        if trio.current_time() < self._unreachable_until:
+            raise CommitLogError("the brokers refused the proxy's own requests a moment ago")
+        try:
+            return await self._find_topic(create)
+        except CommitLogError:
+            # E.g. a SASL listener refuses the proxy's unauthenticated requests: do not
+            # try again on every request.
+            self._unreachable_until = trio.current_time() + _UNREACHABLE_BACKOFF
+            raise
+
+    async def _find_topic(self, create: bool) -> int | None:
         async with self._topic_lock:
             deadline = trio.current_time() + self.timeout
             while self.partitions is None:

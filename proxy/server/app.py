@@ -73,6 +73,9 @@ class ProxyServer:
 
         self.keyrange = KeyRangeFetchFeature(config, self.router, self.metrics,
                                              lookup_topic_names=self._topic_names)
+        from proxy.commits.feature import IndividualCommitFeature
+
+        self.commits = IndividualCommitFeature(config, self.router, self.metrics, ssl_context=self._upstream_ssl)
         self.connections: set[ClientConnection] = set()
         self.node_ports: dict[int, int] = {}
         self.metrics_port: int | None = None

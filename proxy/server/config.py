@@ -132,6 +132,11 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
     Setting("accept.individual.commit", _parse_bool, True, "Accept OffsetCommit requests carrying offset ranges."),
     Setting("individual.commit.log.segment.bytes", _parse_int, 10485760,
             "segment.bytes of __individual_commit_offsets.", _at_least(14)),
+    # 1000: a consumer commits what one poll processed, at most max.poll.records (500 by
+    # default) records, i.e. at most 500 disjoint ranges; 1000 leaves twice that while
+    # capping one partition's ranges at 16 KB and its merge at O(1000) per request.
+    Setting("max.individual.commit.ranges", _parse_int, 1000,
+            "Most offset ranges one partition of one OffsetCommit may carry.", _at_least(1)),
 )
 
 TOPIC_SETTINGS: tuple[Setting, ...] = (

@@ -1,0 +1,384 @@
+"""The I/O edge of individual commit: OffsetCommit, OffsetFetch, DeleteGroups and
+OffsetDelete hooks on the router, and their metrics (DESIGN.md sections 3 and 4).
+
+Write order of a range commit (docs/individual-commit.md explains why):
+
+1. In the request hook, under a per-(group, topic, partition) lock: read the group's log
+   partition to its end, compute (S', R') from the current state and the ranges, and
+   forward a standard OffsetCommit carrying S' for those partitions.
+2. The broker checks generation and membership and stores S'. A partition it rejects
+   changes nothing: no log write, no memory change.
+3. In the response transform, for partitions the broker accepted, (S', R') is written to
+   the log with acks=all; only then does the response (with StableOffset) leave. If the
+   log write fails the partition is answered COORDINATOR_NOT_AVAILABLE (retriable), so no
+   commit is acknowledged that is not in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from prometheus_client import Counter, Gauge, Histogram
+
+from proxy.commits.log import Cluster, CommitLog, CommitLogError
+from proxy.commits.state import CommitState, apply_plain, apply_ranges, rebase, validate
+from proxy.protocol import messages
+from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.messages import ApiKey
+from proxy.protocol.values import strip_extensions
+from proxy.server.exchange import LocalAnswer
+from proxy.server.routing import Route
+
+log = logging.getLogger("proxy.commits")
+
+FEATURE = "individual.commit"
+_TAG_10000 = bytes([0x90, 0x4E])
+_FIRST_RANGE_COMMIT = 8
+_FIRST_RANGE_FETCH = 6
+INVALID_REQUEST = 42
+COORDINATOR_NOT_AVAILABLE = 15
+
+Key = tuple[str, int]
+
+
+class _KeyLocks:
+    """Serialises commits to one (group, topic, partition) across connections. A holder
+    releases when its response transform has run, or when its connection ends."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple, list] = {}
+
+    async def acquire(self, keys: list[tuple]) -> None:
+        taken = []
+        try:
+            for key in sorted(keys):
+                entry = self._locks.setdefault(key, [trio.Semaphore(1), 0])
+                entry[1] += 1
+                try:
+                    await entry[0].acquire()
+                except BaseException:
+                    self._drop(key)
+                    raise
+                taken.append(key)
+        except BaseException:
+            self.release(taken)
+            raise
+
+    def _drop(self, key) -> None:
+        entry = self._locks[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._locks[key]
+
+    def release(self, keys) -> None:
+        for key in keys:
+            self._locks[key][0].release()
+            self._drop(key)
+
+
+class IndividualCommitFeature:
+    def __init__(self, config, router, metrics, *, ssl_context=None) -> None:
+        self.router = router
+        self.enabled = config.get("accept.individual.commit")
+        self.max_ranges = config.get("max.individual.commit.ranges")
+        registry = metrics.registry
+        self._commits = Counter("kafka_proxy_individual_commit_range_commits",
+                                "Partitions committed with offset ranges and acknowledged.", registry=registry)
+        self._refused = Counter("kafka_proxy_individual_commit_refused",
+                                "Partitions of range commits refused, by reason.", ["reason"], registry=registry)
+        self._held = Gauge("kafka_proxy_individual_commit_ranges_held",
+                           "Ranges above the stable offset held in the state this instance has read.",
+                           registry=registry)
+        self._write_latency = Histogram("kafka_proxy_individual_commit_log_write_seconds",
+                                        "Time to write states to __individual_commit_offsets (acks=all).",
+                                        buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
+                                        registry=registry)
+        self._rebuilds = Counter("kafka_proxy_individual_commit_state_rebuilds",
+                                 "Log partitions read from the start to rebuild state.", registry=registry)
+        timeout = config.get("upstream.connect.timeout.ms") / 1000
+        self.log = CommitLog(
+            Cluster(config.get("bootstrap.servers"), ssl_context=ssl_context, timeout=timeout),
+            segment_bytes=config.get("individual.commit.log.segment.bytes"),
+            on_rebuild=self._rebuilds.inc,
+            on_write=self._write_latency.observe,
+        )
+        self._locks = _KeyLocks()
+        router.register(ApiKey.OFFSET_COMMIT, self.on_offset_commit)
+        if self.enabled:
+            router.register(ApiKey.OFFSET_FETCH, self.on_offset_fetch)
+            router.register(ApiKey.DELETE_GROUPS, self.on_delete_groups)
+            router.register(ApiKey.OFFSET_DELETE, self.on_offset_delete)
+            router.advertise(FEATURE)
+
+    def _topic_name(self, topic) -> str:
+        name = getattr(topic, "name", "") or ""
+        if not name:
+            topic_id = getattr(topic, "topic_id", None)
+            if topic_id is not None:
+                name = self.router.topic_names.get(topic_id, "")
+        return name
+
+    def _export(self) -> None:
+        self._held.set(self.log.ranges_held())
+
+    # -- OffsetCommit ---------------------------------------------------------------------------
+    async def on_offset_commit(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+        version = peek.api_version
+        if version < _FIRST_RANGE_COMMIT:
+            return None
+        has_ranges = _TAG_10000 in frame
+        if not has_ranges and not self.enabled:
+            return None
+        header, body = messages.decode_request(frame)
+        group = body.group_id
+        refused: dict[Key, int] = {}
+        range_commits: dict[Key, list] = {}
+        plain: dict[Key, int] = {}
+        for topic in body.topics:
+            name = self._topic_name(topic)
+            for part in topic.partitions:
+                key = (name, part.partition_index)
+                ranges = [(r.start, r.end) for r in part.offset_ranges or ()]
+                if not ranges:
+                    plain[key] = part.committed_offset
+                    continue
+                if not self.enabled:
+                    refused[key] = INVALID_REQUEST
+                    self._refused.labels("disabled").inc()
+                    continue
+                reason = validate(part.committed_offset, ranges, self.max_ranges)
+                if reason is not None:
+                    log.info("refusing range commit group=%s topic=%s partition=%s reason=%r", group, name,
+                             part.partition_index, reason)
+                    refused[key] = INVALID_REQUEST
+                    self._refused.labels("invalid").inc()
+                    continue
+                range_commits.setdefault(key, []).append(ranges)
+        if not range_commits and not refused:
+            if not self.enabled or not await self._has_state(group, plain):
+                return None
+
+        # Plain commits of partitions that hold state reset it (S = O, R cleared).
+        known = self.log.groups.get(group, {}) if self.enabled else {}
+        locked = [(group, *key) for key in {*range_commits, *(key for key in plain if key in known)}]
+        done = trio.Event()
+        if locked:
+            await self._locks.acquire(locked)
+            conn.nursery.start_soon(self._hold, locked, done)
+        new: dict[Key, CommitState] = {}
+        try:
+            if locked:
+                states = await self.log.states(group)  # to the log's end, under the lock
+                missing = [key for key in range_commits if key not in states]
+                coordinator = await self.log.cluster.committed_offsets(group, missing) if missing else {}
+                for key, commits in range_commits.items():
+                    state = states.get(key) or CommitState(max(coordinator.get(key, -1), 0))
+                    for ranges in commits:
+                        state = apply_ranges(state, ranges)
+                    new[key] = state
+                for key, offset in plain.items():
+                    if key in states and key not in new:
+                        new[key] = apply_plain(offset)
+        except CommitLogError as exc:
+            log.warning("individual-commit state unavailable group=%s reason=%r", group, str(exc))
+            for key in range_commits:
+                refused[key] = COORDINATOR_NOT_AVAILABLE
+            new = {}
+        except BaseException:
+            done.set()
+            raise
+
+        kept_topics = []
+        for topic in body.topics:
+            name = self._topic_name(topic)
+            kept = [part for part in topic.partitions if (name, part.partition_index) not in refused]
+            for part in kept:
+                key = (name, part.partition_index)
+                if key in range_commits and key in new:
+                    part.committed_offset = new[key].stable
+            if kept:
+                topic.partitions = kept
+                kept_topics.append(topic)
+        body.topics = kept_topics
+        strip_extensions(body)
+        if not kept_topics:
+            done.set()
+            answer = LocalAnswer()
+            response = messages.new_body(ApiKey.OFFSET_COMMIT, version, "response")
+            self._add_refused(response, refused)
+            answer.set(messages.encode_response(ApiKey.OFFSET_COMMIT, version,
+                                                messages.new_response_header(peek.correlation_id), response))
+            return Route(None, local=answer)
+
+        async def transform(raw: bytes) -> bytes:
+            try:
+                response_header, response = messages.decode_response(ApiKey.OFFSET_COMMIT, version, raw)
+                accepted: dict[Key, CommitState] = {}
+                for topic in response.topics:
+                    name = self._topic_name(topic)
+                    for part in topic.partitions:
+                        key = (name, part.partition_index)
+                        if key in new and part.error_code == 0:
+                            accepted[key] = new[key]
+                written = True
+                if accepted:
+                    try:
+                        await self.log.write(group, accepted)
+                    except CommitLogError as exc:
+                        log.error("individual-commit log write failed group=%s reason=%r", group, str(exc))
+                        written = False
+                for topic in response.topics:
+                    name = self._topic_name(topic)
+                    for part in topic.partitions:
+                        key = (name, part.partition_index)
+                        if key not in accepted:
+                            continue
+                        if not written:
+                            part.error_code = COORDINATOR_NOT_AVAILABLE
+                        elif key in range_commits:
+                            part.stable_offset = accepted[key].stable
+                            self._commits.inc()
+                self._add_refused(response, refused)
+                self._export()
+                return messages.encode_response(ApiKey.OFFSET_COMMIT, version, response_header, response)
+            finally:
+                done.set()
+
+        return Route(messages.encode_request(header, body), transform=transform)
+
+    async def _hold(self, keys, done: trio.Event) -> None:
+        try:
+            await done.wait()
+        finally:
+            self._locks.release(keys)
+
+    async def _has_state(self, group: str, plain: dict[Key, int]) -> bool:
+        """Whether a plain commit may touch state. Reads the group's log partition when
+        this instance has never read it; afterwards what it read is trusted for plain
+        commits (range commits and fetches always read to the log's end)."""
+        if group in self.log.groups:
+            return any(key in self.log.groups[group] for key in plain)
+        if self.log.partitions is None:
+            try:
+                await self.log.catch_up(group)
+            except CommitLogError:
+                return False
+        return group in self.log.groups and any(key in self.log.groups[group] for key in plain)
+
+    def _add_refused(self, response, refused: dict[Key, int]) -> None:
+        if not refused:
+            return
+        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
+        by_topic: dict[str, list] = {}
+        for (name, partition), error in refused.items():
+            by_topic.setdefault(name, []).append(cls.OffsetCommitResponsePartition(partition_index=partition,
+                                                                                   error_code=error))
+        existing = {topic.name: topic for topic in response.topics}
+        for name, parts in by_topic.items():
+            if name in existing:
+                existing[name].partitions.extend(parts)
+            else:
+                response.topics.append(cls.OffsetCommitResponseTopic(name=name, partitions=parts))
+
+    # -- OffsetFetch ----------------------------------------------------------------------------
+    async def on_offset_fetch(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+        version = peek.api_version
+        if version < _FIRST_RANGE_FETCH:
+            return None
+        single_group = None
+        if version < 8:
+            _, request = messages.decode_request(frame)
+            single_group = request.group_id
+
+        async def transform(raw: bytes) -> bytes:
+            response_header, response = messages.decode_response(ApiKey.OFFSET_FETCH, version, raw)
+            if version >= 8:
+                groups = [(entry.group_id, entry.topics, entry) for entry in response.groups]
+            else:
+                groups = [(single_group, response.topics, response)]
+            changed = False
+            for group, topics, holder in groups:
+                if holder.error_code:
+                    continue
+                try:
+                    states = await self.log.states(group)
+                except CommitLogError as exc:
+                    if self.log.partitions is None:
+                        # This instance has never seen the log (and cannot reach it, e.g.
+                        # the brokers require authentication the proxy does not have): it
+                        # holds no state to add; the standard answer stands.
+                        log.debug("individual-commit log unavailable group=%s reason=%r", group, str(exc))
+                        continue
+                    # Never serve state older than the log: a retriable error instead.
+                    log.warning("individual-commit log unreadable group=%s reason=%r", group, str(exc))
+                    holder.error_code = COORDINATOR_NOT_AVAILABLE
+                    changed = True
+                    continue
+                if states and self._merge_fetched(topics, states, version):
+                    changed = True
+            if not changed:
+                return raw
+            self._export()
+            return messages.encode_response(ApiKey.OFFSET_FETCH, version, response_header, response)
+
+        return Route(frame, transform=transform)
+
+    def _merge_fetched(self, topics, states: dict[Key, CommitState], version: int) -> bool:
+        cls = messages.body_class(ApiKey.OFFSET_FETCH, "response")
+        changed = False
+        for topic in topics:
+            name = self._topic_name(topic)
+            for part in topic.partitions:
+                state = states.get((name, part.partition_index))
+                if state is None or part.error_code:
+                    continue
+                merged = rebase(state, part.committed_offset) if part.committed_offset >= 0 else state
+                part.committed_offset = merged.stable
+                part.committed_range_offsets = [cls.OffsetRange(start=start, end=end) for start, end in merged.ranges]
+                changed = True
+        return changed
+
+    # -- deletion ---------------------------------------------------------------------------------
+    async def on_delete_groups(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+        version = peek.api_version
+
+        async def transform(raw: bytes) -> bytes:
+            _, response = messages.decode_response(ApiKey.DELETE_GROUPS, version, raw)
+            for result in response.results:
+                if result.error_code == 0:
+                    await self._tombstone(result.group_id, None)
+            return raw
+
+        return Route(frame, transform=transform)
+
+    async def on_offset_delete(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+        version = peek.api_version
+        _, request = messages.decode_request(frame)
+        group = request.group_id
+
+        async def transform(raw: bytes) -> bytes:
+            _, response = messages.decode_response(ApiKey.OFFSET_DELETE, version, raw)
+            if response.error_code == 0:
+                deleted = {(topic.name, part.partition_index) for topic in response.topics
+                           for part in topic.partitions if part.error_code == 0}
+                await self._tombstone(group, deleted)
+            return raw
+
+        return Route(frame, transform=transform)
+
+    async def _tombstone(self, group: str, keys: set[Key] | None) -> None:
+        try:
+            states = await self.log.states(group)
+            doomed = [key for key in states if keys is None or key in keys]
+            if not doomed:
+                return
+            locks = [(group, *key) for key in doomed]
+            await self._locks.acquire(locks)
+            try:
+                await self.log.write(group, {key: None for key in doomed})
+            finally:
+                self._locks.release(locks)
+            self._export()
+        except CommitLogError as exc:
+            log.error("cannot delete individual-commit state group=%s reason=%r", group, str(exc))

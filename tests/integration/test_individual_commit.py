@@ -1,0 +1,304 @@
+"""Individual commit through the real proxy against real brokers (DESIGN.md sections 3, 4)."""
+
+from __future__ import annotations
+
+import uuid
+
+from proxy.commits.state import CommitState, apply_ranges
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
+from proxy.testing.commit_client import CommitClient
+from proxy.testing.java_tools import describe_group
+from proxy.testing.raw_client import RawClient
+
+INVALID_REQUEST = 42
+
+
+def _group() -> str:
+    return f"ic-{uuid.uuid4().hex[:10]}"
+
+
+def test_seed_example_through_the_proxy_and_s_reaches_the_coordinator(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka, partitions=2)
+    group = _group()
+    with CommitClient(proxy.bootstrap_servers, group) as client:
+        # A plain commit of 40 first: S = 40 (as a standard consumer left it).
+        assert client.commit(topic, {0: 40}) == {0: (0, -1)}
+        assert client.commit(topic, {0: [(43, 45), (48, 49)]}) == {0: (0, 40)}
+        assert client.fetch(topic, [0]) == {0: (40, [(43, 45), (48, 49)])}
+        # Gap amending over the fetched [40-50]: the consumer commits what it processed.
+        assert client.commit(topic, {0: [(40, 42), (46, 47), (50, 50)]}) == {0: (0, 51)}
+        assert client.fetch(topic, [0]) == {0: (51, [])}
+        # A second partition in the same request, out of order ranges.
+        assert client.commit(topic, {1: [(5, 6), (0, 2)]}) == {1: (0, 3)}
+        assert client.fetch(topic, [0, 1]) == {0: (51, []), 1: (3, [(5, 6)])}
+        # The v6-v7 topic form carries the same.
+        assert client.fetch(topic, [1], version=7) == {1: (3, [(5, 6)])}
+    # Directly at the broker: the standard committed offset is S.
+    with CommitClient(kafka.bootstrap_servers, group) as direct:
+        assert direct.fetch(topic, [0, 1]) == {0: (51, []), 1: (3, [])}
+    rows = {int(row["PARTITION"]): row["CURRENT-OFFSET"] for row in describe_group(kafka.bootstrap_servers, group)
+            if row.get("TOPIC") == topic}
+    assert rows == {0: "51", 1: "3"}
+
+
+def test_plain_commit_resets_state_and_invalid_range_commits_change_nothing(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka, partitions=3)
+    group = _group()
+    with CommitClient(proxy.bootstrap_servers, group) as client:
+        assert client.commit(topic, {0: [(3, 4)], 1: [(0, 0), (2, 2)]}) == {0: (0, 0), 1: (0, 1)}
+        before = client.fetch(topic, [0, 1])
+        assert before == {0: (0, [(3, 4)]), 1: (1, [(2, 2)])}
+        for bad in ([(5, 4)], [(-1, 3)], [(6, 8), (8, 9)], [(i * 3, i * 3) for i in range(1001)]):
+            # The invalid partition is refused; a valid one in the same request goes through.
+            result = client.commit(topic, {0: bad, 2: [(0, 1)]})
+            assert result[0] == (INVALID_REQUEST, -1)
+            assert result[2][0] == 0
+        body = messages.new_body(ApiKey.OFFSET_COMMIT, 9, "request", group_id=group, topics=[
+            messages.body_class(ApiKey.OFFSET_COMMIT, "request").OffsetCommitRequestTopic(name=topic, partitions=[
+                messages.body_class(ApiKey.OFFSET_COMMIT, "request").OffsetCommitRequestPartition(
+                    partition_index=0, committed_offset=7,
+                    offset_ranges=[messages.body_class(ApiKey.OFFSET_COMMIT, "request").OffsetRange(start=9, end=9)])
+            ])])
+        response = client.client.request(ApiKey.OFFSET_COMMIT, 9, body)
+        assert response.topics[0].partitions[0].error_code == INVALID_REQUEST
+        assert client.fetch(topic, [0, 1]) == before
+        # A plain commit sets S = O and clears R.
+        assert client.commit(topic, {1: 10}) == {1: (0, -1)}
+        assert client.fetch(topic, [0, 1]) == {0: (0, [(3, 4)]), 1: (10, [])}
+        # OffsetDelete through the proxy deletes the state with the offsets.
+        with RawClient(*client.client.sock.getpeername()[:2]) as raw:
+            cls = messages.body_class(ApiKey.OFFSET_DELETE, "request")
+            deleted = raw.call(ApiKey.OFFSET_DELETE, 0, group_id=group, topics=[
+                cls.OffsetDeleteRequestTopic(name=topic, partitions=[cls.OffsetDeleteRequestPartition(partition_index=0)])])
+            assert deleted.error_code == 0
+        assert client.fetch(topic, [0]) == {0: (-1, [])}
+        assert client.commit(topic, {0: [(1, 2)]}) == {0: (0, 0)}
+        assert client.fetch(topic, [0]) == {0: (0, [(1, 2)])}
+    # DeleteGroups through the proxy: the state goes with the group.
+    with RawClient.connect(proxy.bootstrap_servers) as raw:
+        result = raw.call(ApiKey.DELETE_GROUPS, 2, groups_names=[group])
+        assert [r.error_code for r in result.results] == [0]
+    with CommitClient(proxy.bootstrap_servers, group) as client:
+        assert client.fetch(topic, [0, 1]) == {0: (-1, []), 1: (-1, [])}
+
+
+def test_disabled_refuses_range_commits_and_does_not_advertise(kafka, proxy_factory, topic_factory):
+    disabled = proxy_factory(kafka, accept_individual_commit="false")
+    topic = topic_factory(kafka, partitions=2)
+    group = _group()
+    with RawClient.connect(disabled.bootstrap_servers) as raw:
+        versions = raw.call(ApiKey.API_VERSIONS, 3, client_software_name="t", client_software_version="1")
+        assert "individual.commit" not in {f.name for f in versions.supported_features}
+    with CommitClient(disabled.bootstrap_servers, group) as client:
+        assert client.commit(topic, {0: [(0, 3)], 1: 5}) == {0: (INVALID_REQUEST, -1), 1: (0, -1)}
+        assert client.fetch(topic, [0, 1]) == {0: (-1, []), 1: (5, [])}
+
+
+def test_stale_generation_is_rejected_and_leaves_no_trace(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka, partitions=1)
+    group = _group()
+    with CommitClient(proxy.bootstrap_servers, group) as client:
+        member, generation = _join(client.client, group, topic)
+        assert client.commit(topic, {0: [(0, 4), (8, 9)]}, generation=generation, member=member) == {0: (0, 5)}
+        stale = client.commit(topic, {0: [(5, 6), (12, 12)]}, generation=generation - 1, member=member)
+        assert stale[0][0] != 0 and stale[0][1] == -1
+        unknown = client.commit(topic, {0: [(5, 6)]}, generation=generation, member="someone-else")
+        assert unknown[0][0] != 0
+        assert client.fetch(topic, [0]) == {0: (5, [(8, 9)])}
+        # The same commit with the current generation is applied in full.
+        assert client.commit(topic, {0: [(5, 6), (12, 12)]}, generation=generation, member=member) == {0: (0, 7)}
+        assert client.fetch(topic, [0]) == {0: (7, [(8, 9), (12, 12)])}
+    assert apply_ranges(CommitState(0), [(0, 4), (8, 9), (5, 6), (12, 12)]) == CommitState(7, ((8, 9), (12, 12)))
+
+
+def _join(raw: RawClient, group: str, topic: str) -> tuple[str, int]:
+    """Join ``group`` as its only member (JoinGroup, then SyncGroup); (member id, generation)."""
+    join_class = messages.body_class(ApiKey.JOIN_GROUP, "request")
+    protocols = [join_class.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x00\x00\x00\x00\x00\x00\x00")]
+    member = ""
+    for _ in range(3):
+        joined = raw.call(ApiKey.JOIN_GROUP, 7, group_id=group, session_timeout_ms=30000,
+                          rebalance_timeout_ms=30000, member_id=member, protocol_type="consumer",
+                          protocols=protocols)
+        if joined.error_code == 79:  # MEMBER_ID_REQUIRED: join again with the id given
+            member = joined.member_id
+            continue
+        assert joined.error_code == 0, joined.error_code
+        break
+    sync_class = messages.body_class(ApiKey.SYNC_GROUP, "request")
+    synced = raw.call(ApiKey.SYNC_GROUP, 5, group_id=group, generation_id=joined.generation_id,
+                      member_id=joined.member_id, protocol_type="consumer", protocol_name="range",
+                      assignments=[sync_class.SyncGroupRequestAssignment(member_id=joined.member_id,
+                                                                         assignment=b"")])
+    assert synced.error_code == 0, synced.error_code
+    return joined.member_id, joined.generation_id
+
+
+# -- three nodes ---------------------------------------------------------------------------------
+
+def _model(commits) -> CommitState:
+    state = CommitState(0)
+    for ranges in commits:
+        state = apply_ranges(state, ranges)
+    return state
+
+
+def _random_commit(rng, span: int) -> list[tuple[int, int]]:
+    ranges, start = [], rng.randrange(0, 8)
+    while start < span and len(ranges) < rng.randrange(1, 5):
+        end = start + rng.randrange(0, 4)
+        ranges.append((start, end))
+        start = end + 2 + rng.randrange(0, 15)
+    return ranges
+
+
+def test_interleaved_range_commits_from_several_connections(kafka_cluster, cluster_proxy, topic_factory):
+    import random
+    import threading
+
+    topic = topic_factory(kafka_cluster, partitions=2, replication_factor=3)
+    group = _group()
+    rng = random.Random(20261122)
+    # Every offset of [0, 400) of both partitions is committed once, in shuffled chunks.
+    chunks = {}
+    for p in (0, 1):
+        bounds = [0, *sorted(rng.sample(range(1, 400), 79)), 400]
+        chunks[p] = [(a, b - 1) for a, b in zip(bounds, bounds[1:])]
+    work = [(p, chunk) for p, items in chunks.items() for chunk in items]
+    rng.shuffle(work)
+    clients = [CommitClient(cluster_proxy.bootstrap_servers, group) for _ in range(4)]
+    applied: dict[int, list] = {0: [], 1: []}
+    lock = threading.Lock()
+    errors: list = []
+
+    def worker(index: int) -> None:
+        try:
+            for number, (partition, chunk) in enumerate(work[index::4]):
+                pieces = [chunk]
+                result = clients[index].commit(topic, {partition: pieces})
+                assert result[partition][0] == 0, result
+                with lock:
+                    applied[partition].append(pieces)
+                    # S never runs ahead of what was acknowledged so far.
+                    assert result[partition][1] <= 400
+                if number % 10 == 0:
+                    state = clients[index].fetch(topic, [0, 1])
+                    for p, (stable, ranges) in state.items():
+                        # Everything the fetch reports as processed was committed by someone.
+                        committed = {o for pieces_ in chunks[p] for o in range(pieces_[0], pieces_[1] + 1)}
+                        assert all(o in committed for o in range(stable))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors[0]
+    with lock:
+        expected = {p: _model(applied[p]) for p in (0, 1)}
+    assert expected == {0: CommitState(400), 1: CommitState(400)}
+    for client in clients:
+        assert client.fetch(topic, [0, 1]) == {0: (400, []), 1: (400, [])}
+        client.close()
+    # Some random gaps on top, checked exactly against the model.
+    with CommitClient(cluster_proxy.bootstrap_servers, group) as client:
+        history = []
+        for _ in range(20):
+            ranges = [(400 + s, 400 + e) for s, e in _random_commit(rng, 200)]
+            history.append(ranges)
+            assert client.commit(topic, {1: ranges})[1][0] == 0
+            model = _model([[(0, 399)], *history])
+            assert client.fetch(topic, [1]) == {1: (model.stable, list(model.ranges))}
+    with CommitClient(kafka_cluster.bootstrap_servers, group) as direct:
+        assert direct.fetch(topic, [0, 1]) == {0: (400, []), 1: (model.stable, [])}
+
+
+def test_kill_proxy_mid_commits_keeps_every_acknowledged_range(kafka_cluster, proxy_factory, topic_factory):
+    import threading
+
+    from proxy.testing.wait import wait_until
+
+    topic = topic_factory(kafka_cluster, partitions=1, replication_factor=3)
+    group = _group()
+    first = proxy_factory(kafka_cluster)
+    acked: list[list] = []
+    unacked: list[list] = []
+    lock = threading.Lock()
+    clients = [CommitClient(first.bootstrap_servers, group, timeout=20) for _ in range(3)]
+
+    def worker(index: int) -> None:
+        for k in range(400):  # bounded: the proxy is killed long before
+            base = 10 * (3 * k + index)
+            ranges = [(base, base + 1), (base + 4, base + 5)]
+            try:
+                result = clients[index].commit(topic, {0: ranges})
+            except OSError:
+                with lock:
+                    unacked.append(ranges)
+                return
+            with lock:
+                (acked if result[0][0] == 0 else unacked).append(ranges)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(acked) >= 30, timeout=60, interval=0.01, what="30 acknowledged commits")
+    first.kill()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive()
+    for client in clients:
+        client.close()
+    second = proxy_factory(kafka_cluster)
+    with CommitClient(second.bootstrap_servers, group) as client:
+        ((stable, ranges),) = client.fetch(topic, [0]).values()
+    state = CommitState(stable, tuple(ranges))
+    for commit in acked:
+        assert all(state.processed(o) for s, e in commit for o in range(s, e + 1)), commit
+    for commit in unacked:
+        seen = [state.processed(o) for s, e in commit for o in range(s, e + 1) if o >= stable]
+        assert all(seen) or not any(seen), f"unacknowledged commit {commit} half-applied in {state}"
+    # Nothing that no one committed reads as processed.
+    attempted = {o for commit in acked + unacked for s, e in commit for o in range(s, e + 1)}
+    assert all(o in attempted for o in range(stable))
+    assert all(o in attempted for s, e in ranges for o in range(s, e + 1))
+
+
+def test_sidecar_commits_go_on_when_the_coordinator_stops(kafka_cluster, proxy_factory, topic_factory):
+    from proxy.testing.commit_client import coordinator_address
+    from proxy.testing.wait import wait_until
+
+    from .conftest import free_ports
+
+    nodes = sorted(kafka_cluster.nodes, key=lambda node: node.node_id)
+    ports = free_ports(len(nodes))
+    mapping = ",".join(f"{node.node_id}@127.0.0.1:{port}" for node, port in zip(nodes, ports))
+    sidecars = {
+        node.node_id: proxy_factory(kafka_cluster, bootstrap=f"127.0.0.1:{node.port}", listen_port=port,
+                                    topology="sidecar", sidecar_node_addresses=mapping)
+        for node, port in zip(nodes, ports)
+    }
+    topic = topic_factory(kafka_cluster, partitions=1, replication_factor=3)
+    group = _group()
+    _, real_port = coordinator_address(kafka_cluster.bootstrap_servers, group)
+    coordinator = next(node.node_id for node in nodes if node.port == real_port)
+    others = [node_id for node_id in sidecars if node_id != coordinator]
+    with CommitClient(sidecars[others[0]].bootstrap_servers, group) as client:
+        assert client.client.sock.getpeername()[1] == sidecars[coordinator].port
+        assert client.commit(topic, {0: [(0, 9), (20, 29)]}) == {0: (0, 10)}
+        assert client.commit(topic, {0: [(40, 49)]}) == {0: (0, 10)}
+    kafka_cluster.stop_node(coordinator)
+
+    def commit_elsewhere():
+        with CommitClient(sidecars[others[1]].bootstrap_servers, group, timeout=10) as client:
+            result = client.commit(topic, {0: [(10, 14), (60, 69)]})
+            assert result[0][0] == 0, result
+            return result[0][1]
+
+    assert wait_until(commit_elsewhere, timeout=60, interval=0.5, what="a commit after the coordinator stopped") == 15
+    with CommitClient(sidecars[others[0]].bootstrap_servers, group) as client:
+        assert client.client.sock.getpeername()[1] != sidecars[coordinator].port
+        assert client.fetch(topic, [0]) == {0: (15, [(20, 29), (40, 49), (60, 69)])}
