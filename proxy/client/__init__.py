@@ -1,0 +1,23 @@
+"""The key-range consumer: a trio Kafka consumer that shares partitions by key-hash range."""
+
+from proxy.client.config import ConsumerConfig
+from proxy.client.consumer import Consumer, ConsumerConnectionError
+from proxy.client.errors import (
+    ConfigError,
+    ConsumerError,
+    IllegalStateError,
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    RangeFetchNotSupportedError,
+    RetriableError,
+)
+from proxy.client.records import ConsumerRecord, ConsumerRecords, FetchMetadata, TopicPartition
+from proxy.ranges import KeyRange, equal_share, equal_shares
+
+__all__ = [
+    "ConfigError", "Consumer", "ConsumerConfig", "ConsumerConnectionError", "ConsumerError", "ConsumerRecord",
+    "ConsumerRecords", "FetchMetadata", "IllegalStateError", "KafkaError", "KeyRange",
+    "NoOffsetForPartitionError", "OffsetOutOfRangeError", "RangeFetchNotSupportedError", "RetriableError",
+    "TopicPartition", "equal_share", "equal_shares",
+]

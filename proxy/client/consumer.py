@@ -1,0 +1,632 @@
+"""A standalone (assign-mode) Kafka consumer on trio that speaks the key-range extension.
+
+    async with Consumer("127.0.0.1:9092", auto_offset_reset="earliest") as consumer:
+        consumer.assign({TopicPartition("orders", 0): [equal_shares(4)[i]]})
+        while True:
+            for record in await consumer.poll(1.0):
+                ...
+
+Each assigned partition may carry key ranges (DESIGN.md section 2); an empty list means
+the whole partition. Ranges go on the wire only where the proxy advertises
+``keyrange.fetch``; every record of a ranged partition is still checked against the
+assignment, and any record outside it is dropped and counted
+(``metrics()["records_outside_ranges"]``), so an unfiltering connection can never hand the
+application another consumer's keys.
+
+Fetching happens inside ``poll``: partitions with nothing buffered are fetched from their
+leaders (one sessionless Fetch per leader, concurrently); buffered records are handed out
+in a fair rotation (KIP-387); every fetch response refreshes the partition's cached
+metadata, from which ``current_lag`` answers without a network call (KIP-695).
+
+Offsets are not committed: the consumer keeps positions in memory only. Individual
+(range) commits will come with the individual-commit feature.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import trio
+
+from proxy.client.config import ConsumerConfig
+from proxy.client.errors import (
+    METADATA_REFRESH_CODES,
+    ConsumerError,
+    IllegalStateError,
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    RangeFetchNotSupportedError,
+    UnsupportedVersionError,
+)
+from proxy.client.records import (
+    ConsumerRecords,
+    FairBuffers,
+    FetchMetadata,
+    TopicPartition,
+    lag,
+    parse_partition,
+)
+from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
+from proxy.protocol import messages
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.messages import ApiKey
+from proxy.ranges import KeyRange, normalize, validate_ranges
+
+log = logging.getLogger(__name__)
+
+RANGE_FETCH_FEATURE = "keyrange.fetch"
+RANGE_FETCH_MIN_VERSION = 12  # the first flexible Fetch version: tag 10000 fields
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+# The oldest versions this client speaks, and the newest it asks for.
+_VERSION_FLOOR = {ApiKey.FETCH: 4, ApiKey.LIST_OFFSETS: 2, ApiKey.METADATA: 4}
+_VERSION_CEILING = {ApiKey.FETCH: 17, ApiKey.LIST_OFFSETS: 9, ApiKey.METADATA: 12}
+_NETWORK_ERRORS = (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError)
+
+
+class ConsumerConnectionError(ConsumerError):
+    """No bootstrap server answered within the request timeout."""
+
+
+@dataclass
+class _Connection:
+    conn: BrokerConnection
+    versions: dict[int, int]
+    features: frozenset[str]
+
+    @property
+    def filters_ranges(self) -> bool:
+        return RANGE_FETCH_FEATURE in self.features and self.versions[ApiKey.FETCH] >= RANGE_FETCH_MIN_VERSION
+
+
+@dataclass
+class _PartitionMeta:
+    leader: int
+    leader_epoch: int
+
+
+@dataclass
+class _TopicMeta:
+    topic_id: Any
+    partitions: dict[int, _PartitionMeta] = field(default_factory=dict)
+
+
+@dataclass
+class _EndOffsets:
+    received_time: float
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+
+
+class Consumer:
+    """See the module documentation. Settings are Kafka's consumer settings in snake case;
+    see ``ConsumerConfig`` for the defaults."""
+
+    def __init__(self, bootstrap_servers: str | Sequence[str], **settings: Any) -> None:
+        if not isinstance(bootstrap_servers, str) and isinstance(bootstrap_servers, Sequence):
+            bootstrap_servers = list(bootstrap_servers)
+        self.config = ConsumerConfig(bootstrap_servers, **settings)
+        self._read_committed = self.config.isolation_code == 1
+        self._bootstrap: _Connection | None = None
+        self._connections: dict[int, _Connection] = {}
+        self._nodes: dict[int, tuple[str, int]] = {}
+        self._topics: dict[str, _TopicMeta] = {}
+        self._metadata_stale = True
+        self._assignment: dict[TopicPartition, list[KeyRange]] = {}
+        self._positions: dict[TopicPartition, int | None] = {}
+        self._ends: dict[TopicPartition, _EndOffsets] = {}
+        self._buffers = FairBuffers()
+        self._metrics: Counter[str] = Counter()
+        self._request_order = itertools.count()
+        self._started = False
+        self._closed = False
+        self._polling = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> "Consumer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Connect to a bootstrap server and learn its versions and features."""
+        if self._closed:
+            raise IllegalStateError("the consumer is closed")
+        if self._started:
+            return
+        errors = []
+        for host, port in self.config.bootstrap_addresses:
+            try:
+                self._bootstrap = await self._open(host, port)
+                break
+            except (*_NETWORK_ERRORS, KafkaError) as exc:
+                errors.append(f"{host}:{port}: {exc!r}")
+        else:
+            raise ConsumerConnectionError("no bootstrap server answered: " + "; ".join(errors))
+        self._started = True
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        connections = [c.conn for c in self._connections.values()]
+        if self._bootstrap is not None:
+            connections.append(self._bootstrap.conn)
+        self._connections.clear()
+        self._bootstrap = None
+        for conn in connections:
+            with trio.CancelScope(shield=True):
+                await conn.aclose()
+
+    @property
+    def range_fetch_supported(self) -> bool:
+        """Whether the bootstrap connection advertises ``keyrange.fetch``."""
+        self._require_started()
+        return self._bootstrap.filters_ranges
+
+    # -- assignment and positions ---------------------------------------------------------
+    def assign(self, assignment: Mapping[TopicPartition, Sequence[KeyRange]] | Sequence[TopicPartition]) -> None:
+        """Replace the assignment. A mapping gives each partition its key ranges (an empty
+        list: the whole partition); a plain sequence of partitions assigns them whole.
+        Ranges must be sorted, disjoint and within [0, 2^63 - 1]."""
+        self._require_started()
+        if not isinstance(assignment, Mapping):
+            assignment = {tp: [] for tp in assignment}
+        new: dict[TopicPartition, list[KeyRange]] = {}
+        for tp, ranges in assignment.items():
+            if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[0], str) and isinstance(tp[1], int)
+                    and tp[0] and tp[1] >= 0):
+                raise ValueError(f"not a TopicPartition(topic, partition): {tp!r}")
+            tp = TopicPartition(*tp)
+            ranges = list(ranges or [])
+            for r in ranges:
+                if not isinstance(r, KeyRange):
+                    raise ValueError(f"{tp.topic}-{tp.partition}: ranges must be KeyRange values, got {r!r}")
+            reason = validate_ranges(ranges)
+            if reason:
+                raise ValueError(f"{tp.topic}-{tp.partition}: {reason}")
+            if ranges and not self._bootstrap.filters_ranges:
+                raise RangeFetchNotSupportedError(
+                    f"{tp.topic}-{tp.partition} is assigned key ranges, but the cluster at "
+                    f"{self.config.bootstrap_servers} does not advertise {RANGE_FETCH_FEATURE} "
+                    f"(connect through a keyrange-proxy)")
+            new[tp] = ranges
+        for tp in list(self._positions):
+            if tp not in new or new[tp] != self._assignment.get(tp):
+                # a partition whose ranges change starts over from a fresh buffer
+                self._buffers.clear(tp)
+            if tp not in new:
+                del self._positions[tp]
+                self._ends.pop(tp, None)
+        for tp in new:
+            self._positions.setdefault(tp, None)
+        self._assignment = new
+        self._buffers.set_partitions(list(new))
+        if any(tp.topic not in self._topics for tp in new):
+            self._metadata_stale = True
+
+    def assignment(self) -> dict[TopicPartition, list[KeyRange]]:
+        return {tp: list(ranges) for tp, ranges in self._assignment.items()}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Fetch ``tp`` from ``offset`` on the next poll (buffered records are dropped)."""
+        self._require_assigned(tp)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        self._positions[tp] = offset
+        self._buffers.clear(tp)
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        self._reset_later(partitions, EARLIEST_TIMESTAMP)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        self._reset_later(partitions, LATEST_TIMESTAMP)
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """The offset of the next record ``poll`` will return for ``tp``; None while it
+        waits for an offset reset."""
+        self._require_assigned(tp)
+        position = self._positions[tp]
+        return position if isinstance(position, int) else None
+
+    def current_lag(self, tp: TopicPartition) -> int | None:
+        """End offset (high watermark, or last stable offset under read_committed) from the
+        latest fetch response minus the position; None while either is unknown. Answers
+        from the local cache only, never the network (KIP-695)."""
+        self._require_assigned(tp)
+        ends = self._ends.get(tp)
+        return lag(self._end_of(ends) if ends else None, self.position(tp))
+
+    def metrics(self) -> dict[str, int]:
+        """Counters: ``records_outside_ranges`` (dropped: key hash outside the assignment),
+        ``unfiltered_range_responses`` (a ranged partition answered without
+        KeyRangesApplied), ``aborted_records_dropped``, ``records_returned``,
+        ``fetch_requests``, ``metadata_refreshes``, ``offset_resets``, ``reconnects``,
+        ``retriable_errors``."""
+        keys = ("records_outside_ranges", "unfiltered_range_responses", "aborted_records_dropped",
+                "records_returned", "fetch_requests", "metadata_refreshes", "offset_resets", "reconnects",
+                "retriable_errors")
+        return {key: self._metrics[key] for key in keys} | dict(self._metrics)
+
+    # -- poll ------------------------------------------------------------------------------
+    async def poll(self, timeout: float = 0.0) -> ConsumerRecords:
+        """Records of the assigned partitions, at most ``max_poll_records``, waiting up to
+        ``timeout`` seconds for some; with fetch metadata for every partition that returned
+        records or got a fetch response meanwhile."""
+        self._require_started()
+        if self._polling:
+            raise IllegalStateError("poll is already running in another task")
+        if not (isinstance(timeout, (int, float)) and timeout >= 0 and math.isfinite(timeout)):
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        self._polling = True
+        try:
+            return await self._poll(trio.current_time() + timeout)
+        finally:
+            self._polling = False
+
+    async def _poll(self, deadline: float) -> ConsumerRecords:
+        received: set[TopicPartition] = set()
+        while True:
+            retry = False
+            fetchable: list[TopicPartition] = []
+            try:
+                retry = await self._prepare()
+                fetchable = self._fetchable()
+                if fetchable:
+                    buffered = any(self._buffers.has_buffered(tp) for tp in self._assignment)
+                    remaining_ms = max(0, int((deadline - trio.current_time()) * 1000))
+                    wait_ms = 0 if buffered else min(self.config.fetch_max_wait_ms, remaining_ms)
+                    retry = await self._fetch(fetchable, wait_ms, received) or retry
+            except _NETWORK_ERRORS as exc:
+                log.info("consumer: metadata or offsets request failed (%r); retrying", exc)
+                self._metadata_stale = True
+                retry = True
+            result = self._drain(received)
+            now = trio.current_time()
+            if result or now >= deadline:
+                return result
+            if retry or not fetchable:
+                await trio.sleep(min(self.config.retry_backoff_ms / 1000, deadline - now))
+
+    def _drain(self, received: set[TopicPartition]) -> ConsumerRecords:
+        records, positions = self._buffers.drain(self.config.max_poll_records)
+        self._positions.update(positions)
+        count = sum(len(r) for r in records.values())
+        self._metrics["records_returned"] += count
+        metadata = {}
+        for tp in itertools.chain(records, received):
+            ends = self._ends.get(tp)
+            position = self._positions.get(tp)
+            if ends is None or not isinstance(position, int) or tp in metadata:
+                continue
+            end = self._end_of(ends)
+            metadata[tp] = FetchMetadata(ends.received_time, position, lag(end, position) or 0,
+                                         ends.log_start_offset, end)
+        return ConsumerRecords(records, metadata)
+
+    def _end_of(self, ends: _EndOffsets) -> int:
+        return ends.last_stable_offset if self._read_committed and ends.last_stable_offset >= 0 \
+            else ends.high_watermark
+
+    def _fetchable(self) -> list[TopicPartition]:
+        out = []
+        for tp in self._assignment:
+            if not isinstance(self._positions.get(tp), int) or self._buffers.has_buffered(tp):
+                continue
+            if self._leader(tp) is not None:
+                out.append(tp)
+        return out
+
+    def _leader(self, tp: TopicPartition) -> _PartitionMeta | None:
+        topic = self._topics.get(tp.topic)
+        meta = topic.partitions.get(tp.partition) if topic else None
+        return meta if meta is not None and meta.leader >= 0 and meta.leader in self._nodes else None
+
+    # -- metadata and offset resets -------------------------------------------------------
+    async def _prepare(self) -> bool:
+        """Refresh metadata when stale and resolve positions awaiting a reset. True when
+        something is still missing (the caller backs off)."""
+        retry = False
+        if self._metadata_stale or any(self._leader(tp) is None for tp in self._assignment):
+            retry = await self._refresh_metadata()
+        pending = [tp for tp in self._assignment if not isinstance(self._positions.get(tp), int)]
+        if pending:
+            retry = await self._reset_offsets(pending) or retry
+        return retry
+
+    async def _any_connection(self) -> _Connection:
+        if self._bootstrap is not None and not self._bootstrap.conn.closed:
+            return self._bootstrap
+        for node_id in list(self._connections):
+            if not self._connections[node_id].conn.closed:
+                return self._connections[node_id]
+        errors = []
+        for host, port in self.config.bootstrap_addresses:
+            try:
+                self._bootstrap = await self._open(host, port)
+                self._metrics["reconnects"] += 1
+                return self._bootstrap
+            except _NETWORK_ERRORS as exc:
+                errors.append(f"{host}:{port}: {exc!r}")
+        raise BrokerConnectionError("no bootstrap server answered: " + "; ".join(errors))
+
+    async def _refresh_metadata(self) -> bool:
+        topics = sorted({tp.topic for tp in self._assignment})
+        if not topics:
+            self._metadata_stale = False
+            return False
+        connection = await self._any_connection()
+        version = connection.versions[ApiKey.METADATA]
+        cls = messages.body_class(ApiKey.METADATA, "request")
+        body = messages.new_body(ApiKey.METADATA, version, "request",
+                                 topics=[cls.MetadataRequestTopic(name=name) for name in topics],
+                                 allow_auto_topic_creation=False)
+        try:
+            response = await connection.conn.request(ApiKey.METADATA, version, body, timeout=self._timeout())
+        except _NETWORK_ERRORS:
+            await self._drop(connection)
+            raise
+        self._metrics["metadata_refreshes"] += 1
+        self._nodes = {b.node_id: (b.host, b.port) for b in response.brokers}
+        for node_id in list(self._connections):
+            if self._connections[node_id].conn.closed or node_id not in self._nodes:
+                await self._drop(self._connections.pop(node_id))
+        missing = False
+        for entry in response.topics:
+            if entry.error_code:
+                if entry.error_code in METADATA_REFRESH_CODES:
+                    missing = True
+                    continue
+                raise KafkaError.for_code(entry.error_code, f"metadata for topic {entry.name!r}")
+            self._topics[entry.name] = _TopicMeta(
+                entry.topic_id,
+                {p.partition_index: _PartitionMeta(p.leader_id if p.error_code == 0 else -1, p.leader_epoch)
+                 for p in entry.partitions},
+            )
+        for tp in self._assignment:
+            topic = self._topics.get(tp.topic)
+            if topic is not None and tp.partition not in topic.partitions and not missing:
+                raise KafkaError.for_code(3, f"{tp.topic} has no partition {tp.partition}")
+        missing = missing or any(self._leader(tp) is None for tp in self._assignment)
+        self._metadata_stale = missing
+        return missing
+
+    def _reset_later(self, partitions: Sequence[TopicPartition], timestamp: int) -> None:
+        for tp in partitions or list(self._assignment):
+            self._require_assigned(tp)
+            self._positions[tp] = ("reset", timestamp)  # resolved by the next poll
+            self._buffers.clear(tp)
+
+    def _reset_timestamp(self, tp: TopicPartition) -> int:
+        pending = self._positions.get(tp)
+        if isinstance(pending, tuple):
+            return pending[1]
+        policy = self.config.auto_offset_reset
+        if policy == "none":
+            raise NoOffsetForPartitionError(
+                f"{tp.topic}-{tp.partition} has no position and auto_offset_reset is 'none': seek() first")
+        return EARLIEST_TIMESTAMP if policy == "earliest" else LATEST_TIMESTAMP
+
+    async def _reset_offsets(self, pending: list[TopicPartition]) -> bool:
+        by_leader: dict[int, list[TopicPartition]] = {}
+        for tp in pending:
+            timestamp = self._reset_timestamp(tp)  # raises first under "none"
+            meta = self._leader(tp)
+            if meta is None:
+                continue
+            by_leader.setdefault(meta.leader, []).append((tp, timestamp))
+        retry = len(by_leader) == 0
+        for node_id, entries in by_leader.items():
+            connection = await self._node(node_id)
+            version = connection.versions[ApiKey.LIST_OFFSETS]
+            cls = messages.body_class(ApiKey.LIST_OFFSETS, "request")
+            topics: dict[str, list] = {}
+            for tp, timestamp in entries:
+                topics.setdefault(tp.topic, []).append(cls.ListOffsetsPartition(
+                    partition_index=tp.partition, current_leader_epoch=self._leader(tp).leader_epoch,
+                    timestamp=timestamp))
+            body = messages.new_body(
+                ApiKey.LIST_OFFSETS, version, "request", replica_id=-1,
+                isolation_level=self.config.isolation_code, timeout_ms=self.config.request_timeout_ms,
+                topics=[cls.ListOffsetsTopic(name=name, partitions=parts) for name, parts in topics.items()])
+            try:
+                response = await connection.conn.request(ApiKey.LIST_OFFSETS, version, body,
+                                                         timeout=self._timeout())
+            except _NETWORK_ERRORS:
+                await self._drop(connection)
+                raise
+            for topic in response.topics:
+                for part in topic.partitions:
+                    tp = TopicPartition(topic.name, part.partition_index)
+                    if tp not in self._assignment or isinstance(self._positions.get(tp), int):
+                        continue
+                    if part.error_code in METADATA_REFRESH_CODES:
+                        self._metrics["retriable_errors"] += 1
+                        self._metadata_stale = retry = True
+                    elif part.error_code:
+                        raise KafkaError.for_code(part.error_code, f"ListOffsets {tp.topic}-{tp.partition}")
+                    else:
+                        self._positions[tp] = part.offset
+                        self._metrics["offset_resets"] += 1
+        return retry
+
+    # -- fetch -----------------------------------------------------------------------------
+    async def _fetch(self, partitions: list[TopicPartition], wait_ms: int, received: set[TopicPartition]) -> bool:
+        by_leader: dict[int, list[TopicPartition]] = {}
+        for tp in partitions:
+            by_leader.setdefault(self._leader(tp).leader, []).append(tp)
+        outcomes: list[bool | BaseException] = []
+
+        async def fetch_from(node_id: int, tps: list[TopicPartition]) -> None:
+            try:
+                outcomes.append(await self._fetch_from(node_id, tps, wait_ms, received))
+            except _NETWORK_ERRORS as exc:
+                log.info("consumer: fetch from node %s failed (%r); reconnecting", node_id, exc)
+                self._metadata_stale = True
+                outcomes.append(True)
+            except (ConsumerError, ProtocolError) as exc:
+                outcomes.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for node_id, tps in by_leader.items():
+                nursery.start_soon(fetch_from, node_id, tps)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return any(outcomes)
+
+    async def _fetch_from(self, node_id: int, tps: list[TopicPartition], wait_ms: int,
+                          received: set[TopicPartition]) -> bool:
+        connection = await self._node(node_id)
+        version = connection.versions[ApiKey.FETCH]
+        ranged = [tp for tp in tps if self._assignment[tp]]
+        if ranged and not connection.filters_ranges:
+            host, port = self._nodes[node_id]
+            raise RangeFetchNotSupportedError(
+                f"node {node_id} at {host}:{port} does not advertise {RANGE_FETCH_FEATURE} "
+                f"(Fetch v{version}); it cannot serve the key ranges of "
+                f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in ranged)}")
+        # rotate the partition order so that no partition is always last in the response
+        shift = next(self._request_order) % len(tps)
+        tps = tps[shift:] + tps[:shift]
+        cls = messages.body_class(ApiKey.FETCH, "request")
+        topics: dict[str, list] = {}
+        offsets: dict[TopicPartition, int] = {}
+        for tp in tps:
+            offsets[tp] = self._positions[tp]
+            ranges = self._assignment[tp]
+            topics.setdefault(tp.topic, []).append(cls.FetchPartition(
+                partition=tp.partition, current_leader_epoch=self._leader(tp).leader_epoch,
+                fetch_offset=offsets[tp], partition_max_bytes=self.config.max_partition_fetch_bytes,
+                key_ranges=[cls.KeyRange(start=r.start, end=r.end) for r in ranges] if ranges else None))
+        body = messages.new_body(
+            ApiKey.FETCH, version, "request", replica_id=-1, max_wait_ms=wait_ms, min_bytes=1,
+            max_bytes=self.config.fetch_max_bytes, isolation_level=self.config.isolation_code,
+            session_id=0, session_epoch=-1, rack_id="",
+            topics=[cls.FetchTopic(topic=name, topic_id=self._topics[name].topic_id, partitions=parts)
+                    for name, parts in topics.items()])
+        self._metrics["fetch_requests"] += 1
+        try:
+            response = await connection.conn.request(ApiKey.FETCH, version, body,
+                                                     timeout=self._timeout() + wait_ms / 1000)
+        except _NETWORK_ERRORS:
+            await self._drop(connection)
+            raise
+        received_time = time.time()
+        if response.error_code:
+            if response.error_code in METADATA_REFRESH_CODES:
+                self._metadata_stale = True
+                return True
+            raise KafkaError.for_code(response.error_code, f"Fetch from node {node_id}")
+        names = {meta.topic_id: name for name, meta in self._topics.items()}
+        retry = False
+        for topic in response.responses:
+            name = topic.topic if version < 13 else names.get(topic.topic_id)
+            for part in topic.partitions:
+                tp = TopicPartition(name, part.partition_index)
+                if tp not in offsets or self._positions.get(tp) != offsets[tp] or self._buffers.has_buffered(tp):
+                    continue  # reassigned or moved by seek meanwhile: the data is stale
+                retry = self._handle_partition(tp, part, offsets[tp], received_time, received) or retry
+        return retry
+
+    def _handle_partition(self, tp: TopicPartition, part, fetch_offset: int, received_time: float,
+                          received: set[TopicPartition]) -> bool:
+        code = part.error_code
+        if code in METADATA_REFRESH_CODES:
+            self._metrics["retriable_errors"] += 1
+            self._metadata_stale = True
+            return True
+        if code == OffsetOutOfRangeError.code:
+            if self.config.auto_offset_reset == "none":
+                raise OffsetOutOfRangeError(f"{tp.topic}-{tp.partition} offset {fetch_offset} is out of range "
+                                            f"and auto_offset_reset is 'none'")
+            log.info("consumer: %s-%s offset %s out of range; resetting to %s", tp.topic, tp.partition,
+                     fetch_offset, self.config.auto_offset_reset)
+            self._positions[tp] = None
+            return False
+        if code:
+            raise KafkaError.for_code(code, f"Fetch {tp.topic}-{tp.partition} at offset {fetch_offset}")
+        ranges = self._assignment[tp]
+        if ranges:
+            applied = part.key_ranges_applied
+            if applied is None or normalize(KeyRange(r.start, r.end) for r in applied) != normalize(ranges):
+                # not filtered (or filtered differently): the local check below decides
+                self._metrics["unfiltered_range_responses"] += 1
+        parsed = parse_partition(
+            tp, part.records, fetch_offset,
+            aborted_transactions=[(a.producer_id, a.first_offset) for a in part.aborted_transactions or ()],
+            read_committed=self._read_committed, ranges=ranges or None)
+        self._metrics["records_outside_ranges"] += parsed.outside_ranges
+        self._metrics["aborted_records_dropped"] += parsed.aborted
+        self._ends[tp] = _EndOffsets(received_time, part.high_watermark, part.last_stable_offset,
+                                     part.log_start_offset)
+        received.add(tp)
+        if parsed.records:
+            self._buffers.add(tp, parsed.records, parsed.next_offset)
+        else:
+            self._positions[tp] = parsed.next_offset
+        return False
+
+    # -- connections -----------------------------------------------------------------------
+    def _timeout(self) -> float:
+        return self.config.request_timeout_ms / 1000
+
+    async def _node(self, node_id: int) -> _Connection:
+        connection = self._connections.get(node_id)
+        if connection is not None and not connection.conn.closed:
+            return connection
+        host, port = self._nodes[node_id]
+        connection = await self._open(host, port)
+        if node_id in self._connections:
+            self._metrics["reconnects"] += 1
+        self._connections[node_id] = connection
+        return connection
+
+    async def _drop(self, connection: _Connection) -> None:
+        await connection.conn.aclose()
+
+    async def _open(self, host: str, port: int) -> _Connection:
+        conn = await BrokerConnection.open(host, port, client_id=self.config.client_id, timeout=self._timeout())
+        try:
+            body = messages.new_body(ApiKey.API_VERSIONS, 3, "request", client_software_name="keyrange-consumer",
+                                     client_software_version="1")
+            response = await conn.request(ApiKey.API_VERSIONS, 3, body, timeout=self._timeout())
+            if response.error_code:
+                raise KafkaError.for_code(response.error_code, f"ApiVersions from {host}:{port}")
+            theirs = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+            versions = {}
+            for api_key, floor in _VERSION_FLOOR.items():
+                ours = messages.supported_versions(api_key)
+                low, high = theirs.get(api_key, (0, -1))
+                version = min(_VERSION_CEILING[api_key], ours[1], high)
+                if version < max(floor, low, ours[0]):
+                    raise UnsupportedVersionError(
+                        f"{host}:{port} serves {ApiKey(api_key).name} v{low}-{high}; this consumer needs "
+                        f"v{max(floor, ours[0])}-{min(_VERSION_CEILING[api_key], ours[1])}")
+                versions[api_key] = version
+            features = frozenset(f.name for f in response.supported_features or ())
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await conn.aclose()
+            raise
+        return _Connection(conn, versions, features)
+
+    def _require_started(self) -> None:
+        if self._closed:
+            raise IllegalStateError("the consumer is closed")
+        if not self._started:
+            raise IllegalStateError("the consumer is not started: use `async with Consumer(...)` or await start()")
+
+    def _require_assigned(self, tp: TopicPartition) -> None:
+        if tp not in self._assignment:
+            raise IllegalStateError(f"{tp[0]}-{tp[1]} is not assigned to this consumer")

@@ -1,0 +1,241 @@
+"""The consumer's pure parts: what poll returns, turning a fetched partition into records
+(aborted transactions, control batches, key ranges), per-partition buffers with fair
+rotation (KIP-387), and lag from cached fetch metadata (KIP-695)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, NamedTuple, Sequence
+
+from proxy.client.errors import KafkaError
+from proxy.ranges import KeyRange, contains
+from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, RecordBatch, iter_batches
+from proxy.records.keyhash import key_hash
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchMetadata:
+    """What the latest fetch response said about a partition (KIP-695), with the position
+    after the records this poll returned. ``end_offset`` is the high watermark under
+    read_uncommitted and the last stable offset under read_committed."""
+
+    received_time: float  # time.time() when the response arrived
+    position: int
+    lag: int
+    log_start_offset: int
+    end_offset: int
+
+
+@dataclass
+class ConsumerRecords:
+    """What one ``poll`` returns: records in the order served, grouped per partition, and
+    fetch metadata for every partition that returned records or got a fetch response."""
+
+    by_partition: dict[TopicPartition, list[ConsumerRecord]] = field(default_factory=dict)
+    fetch_metadata: dict[TopicPartition, FetchMetadata] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        for records in self.by_partition.values():
+            yield from records
+
+    def __len__(self) -> int:
+        return sum(len(records) for records in self.by_partition.values())
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def partitions(self) -> list[TopicPartition]:
+        return list(self.by_partition)
+
+    def records(self, tp: TopicPartition) -> list[ConsumerRecord]:
+        return self.by_partition.get(tp, [])
+
+    def metadata(self) -> dict[TopicPartition, FetchMetadata]:
+        return dict(self.fetch_metadata)
+
+
+@dataclass
+class ParsedPartition:
+    records: list[ConsumerRecord]
+    next_offset: int  # where the next fetch starts
+    outside_ranges: int = 0  # records dropped because their key hash is not assigned
+    aborted: int = 0  # records dropped as part of aborted transactions
+    truncated: bool = False  # the blob ended with an incomplete entry
+
+
+def parse_partition(
+    tp: TopicPartition,
+    blob,
+    fetch_offset: int,
+    *,
+    aborted_transactions: Iterable[tuple[int, int]] = (),
+    read_committed: bool = False,
+    ranges: Sequence[KeyRange] | None = None,
+) -> ParsedPartition:
+    """The records of one fetched partition the application may see.
+
+    Records below ``fetch_offset`` (a compressed batch may start before it) are skipped.
+    Control batches are never returned. Under read_committed a transactional batch of a
+    producer with an open aborted transaction (``(producer_id, first_offset)`` from the
+    response, active from its first offset until that producer's ABORT marker) is dropped,
+    as Kafka consumers do. With ``ranges``, a record whose key hash is outside them is
+    dropped and counted.
+    """
+    out = ParsedPartition([], fetch_offset)
+    if not blob:
+        return out
+    pending = sorted((first, pid) for pid, first in aborted_transactions) if read_committed else []
+    next_pending = 0
+    aborting: set[int] = set()
+    for entry in iter_batches(blob):
+        if isinstance(entry, PartialBatch):
+            out.truncated = True
+            break
+        if isinstance(entry, LegacyBatch):
+            raise KafkaError(f"{tp.topic}-{tp.partition} holds a magic v{entry.magic} message set at offset "
+                             f"{entry.base_offset}; this consumer reads record batches (magic 2) only",
+                             code=43, name="UNSUPPORTED_FOR_MESSAGE_FORMAT")
+        header = entry.header
+        if header.next_offset <= fetch_offset:
+            continue
+        out.next_offset = max(out.next_offset, header.next_offset)
+        if read_committed:
+            while next_pending < len(pending) and pending[next_pending][0] <= header.last_offset:
+                aborting.add(pending[next_pending][1])
+                next_pending += 1
+        if header.is_control:
+            if read_committed and header.producer_id in aborting:
+                for control in entry.control_records():
+                    if control.type == ControlType.ABORT:
+                        aborting.discard(header.producer_id)
+            continue
+        if read_committed and header.is_transactional and header.producer_id in aborting:
+            out.aborted += header.record_count
+            continue
+        for record in entry.records():
+            _keep(out, tp, record, fetch_offset, ranges)
+    return out
+
+
+def _keep(out: ParsedPartition, tp: TopicPartition, record, fetch_offset: int, ranges) -> None:
+    if record.offset < fetch_offset:
+        return
+    if ranges and not contains(ranges, key_hash(record.key, record.offset)):
+        out.outside_ranges += 1
+        return
+    out.records.append(ConsumerRecord(
+        tp.topic, tp.partition, record.offset, record.timestamp,
+        None if record.key is None else bytes(record.key),
+        None if record.value is None else bytes(record.value),
+        tuple((bytes(h.key).decode("utf-8", "replace"), None if h.value is None else bytes(h.value))
+              for h in record.headers),
+    ))
+
+
+class PartitionBuffer:
+    """Fetched records not yet returned, and where the partition's next fetch starts."""
+
+    __slots__ = ("records", "next_fetch_offset")
+
+    def __init__(self, records: Iterable[ConsumerRecord], next_fetch_offset: int) -> None:
+        self.records = deque(records)
+        self.next_fetch_offset = next_fetch_offset
+
+
+class FairBuffers:
+    """Per-partition buffers drained in a rotation over the assigned partitions (KIP-387).
+
+    A drain serves partitions in assignment order starting at ``start``; each partition
+    gives what it has until ``max_records`` is reached. The next drain starts with the
+    partition after the last one served, so a partition with a deep buffer cannot keep
+    every poll to itself.
+    """
+
+    def __init__(self) -> None:
+        self.order: list[TopicPartition] = []
+        self.buffers: dict[TopicPartition, PartitionBuffer] = {}
+        self.start = 0
+
+    def set_partitions(self, partitions: Sequence[TopicPartition]) -> None:
+        previous = self.order[self.start] if self.order and self.start < len(self.order) else None
+        self.order = list(partitions)
+        for tp in list(self.buffers):
+            if tp not in self.order:
+                del self.buffers[tp]
+        self.start = self.order.index(previous) if previous in self.order else 0
+
+    def add(self, tp: TopicPartition, records: Iterable[ConsumerRecord], next_fetch_offset: int) -> None:
+        self.buffers[tp] = PartitionBuffer(records, next_fetch_offset)
+
+    def clear(self, tp: TopicPartition) -> None:
+        self.buffers.pop(tp, None)
+
+    def has_buffered(self, tp: TopicPartition) -> bool:
+        buffer = self.buffers.get(tp)
+        return buffer is not None and bool(buffer.records)
+
+    def buffered_count(self, tp: TopicPartition | None = None) -> int:
+        if tp is not None:
+            buffer = self.buffers.get(tp)
+            return len(buffer.records) if buffer else 0
+        return sum(len(b.records) for b in self.buffers.values())
+
+    def drain(self, max_records: int) -> tuple[dict[TopicPartition, list[ConsumerRecord]], dict[TopicPartition, int]]:
+        """Up to ``max_records`` records, per partition in rotation order, and the new
+        position of every partition that gave any (or whose emptied buffer moved it)."""
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        positions: dict[TopicPartition, int] = {}
+        n = len(self.order)
+        remaining = max_records
+        last_served = None
+        for step in range(n):
+            if remaining == 0:
+                break
+            index = (self.start + step) % n
+            tp = self.order[index]
+            buffer = self.buffers.get(tp)
+            if buffer is None:
+                continue
+            taken = []
+            while buffer.records and remaining:
+                taken.append(buffer.records.popleft())
+                remaining -= 1
+            if taken:
+                out[tp] = taken
+                last_served = index
+            if buffer.records:
+                positions[tp] = taken[-1].offset + 1 if taken else buffer.records[0].offset
+            else:
+                positions[tp] = buffer.next_fetch_offset
+                del self.buffers[tp]
+        if last_served is not None:
+            self.start = (last_served + 1) % n
+        return out, positions
+
+
+def lag(end_offset: int | None, position: int | None) -> int | None:
+    """Offsets between the position and the partition's end; None when either is unknown."""
+    if end_offset is None or position is None or end_offset < 0:
+        return None
+    return max(0, end_offset - position)
