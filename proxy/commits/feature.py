@@ -38,6 +38,7 @@ _FIRST_RANGE_COMMIT = 8
 _FIRST_RANGE_FETCH = 6
 INVALID_REQUEST = 42
 COORDINATOR_NOT_AVAILABLE = 15
+_LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet (plain commits)
 
 Key = tuple[str, int]
 
@@ -104,6 +105,7 @@ class IndividualCommitFeature:
             on_write=self._write_latency.observe,
         )
         self._locks = _KeyLocks()
+        self._log_looked_up_at = -_LOG_LOOKUP_INTERVAL
         router.register(ApiKey.OFFSET_COMMIT, self.on_offset_commit)
         if self.enabled:
             router.register(ApiKey.OFFSET_FETCH, self.on_offset_fetch)
@@ -260,6 +262,12 @@ class IndividualCommitFeature:
         if group in self.log.groups:
             return any(key in self.log.groups[group] for key in plain)
         if self.log.partitions is None:
+            # No log seen yet: look again at most every few seconds, so standard commits
+            # do not each pay a Metadata request while nobody uses individual commit.
+            now = trio.current_time()
+            if now - self._log_looked_up_at < _LOG_LOOKUP_INTERVAL:
+                return False
+            self._log_looked_up_at = now
             try:
                 await self.log.catch_up(group)
             except CommitLogError:

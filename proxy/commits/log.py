@@ -15,6 +15,7 @@ group is served, the instance reads that group's log partition up to its current
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,6 +26,7 @@ from proxy.commits.state import CommitState
 from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.primitives import uvarint_bytes
 from proxy.protocol.messages import ApiKey
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
@@ -79,13 +81,28 @@ def encode_key(group: str, topic: str, partition: int) -> bytes:
     )
 
 
-def encode_value(state: CommitState) -> bytes:
+def encode_value_generic(state: CommitState) -> bytes:
+    """IndividualCommitValue through the schema codec (the reference for ``encode_value``)."""
     value_class = messages.data_class("IndividualCommitValue")
     return messages.encode_data(
         "IndividualCommitValue",
         value_class(stable_offset=state.stable,
                     ranges=[value_class.OffsetRange(start=start, end=end) for start, end in state.ranges]),
     )
+
+
+_VALUE_HEAD = struct.Struct(">hq")
+_RANGE = struct.Struct(">qqB")
+
+
+def encode_value(state: CommitState) -> bytes:
+    """IndividualCommitValue v0, byte for byte what the schema codec writes (a unit test
+    checks it), without building message objects: commits write one per partition."""
+    ranges = state.ranges
+    parts = [_VALUE_HEAD.pack(0, state.stable), uvarint_bytes(len(ranges) + 1)]
+    parts.extend(_RANGE.pack(start, end, 0) for start, end in ranges)  # each: no tagged fields
+    parts.append(b"\x00")  # no tagged fields
+    return b"".join(parts)
 
 
 def decode_key(data) -> tuple[str, str, int]:
@@ -197,6 +214,7 @@ class Cluster:
 @dataclass
 class _Pending:
     records: list[tuple[bytes, bytes | None]]
+    updates: list[tuple[str, tuple[str, int], CommitState | None]]
     done: bool = False
     error: BaseException | None = None
     offset: int = -1
@@ -232,6 +250,7 @@ class CommitLog:
         self._parts: dict[int, _Partition] = {}
         # group -> (topic, partition) -> (log offset of the record, state)
         self.groups: dict[str, dict[tuple[str, int], tuple[int, CommitState]]] = {}
+        self.held = 0  # ranges above S over every state held
         self._producer: tuple[int, int] | None = None
         self._producer_lock = trio.Lock()
         self._topic_lock = trio.Lock()
@@ -414,6 +433,7 @@ class CommitLog:
         current = entries.get(key) if entries else None
         if current is not None and current[0] > offset:
             return  # we already hold a newer record
+        self.held += (state.held() if state is not None else 0) - (current[1].held() if current is not None else 0)
         if state is None:
             if entries is not None:
                 entries.pop(key, None)
@@ -433,7 +453,8 @@ class CommitLog:
         keys = list(updates)
         pending = _Pending([(encode_key(group, topic, partition),
                              None if updates[(topic, partition)] is None else encode_value(updates[(topic, partition)]))
-                            for topic, partition in keys])
+                            for topic, partition in keys],
+                           [(group, key, updates[key]) for key in keys])
         part.pending.append(pending)
         started = time.perf_counter()
         async with part.write_lock:
@@ -450,20 +471,18 @@ class CommitLog:
                         for item in batch:
                             item.done, item.offset = True, offset
                             offset += len(item.records)
-                        if base >= 0 and part.position == base and part.loaded:
-                            # Nobody else wrote in between: our records are the log up to here.
+                        if base >= 0 and part.loaded:
+                            # The written states are in memory at once (a reader that gets
+                            # there first keeps the newer record: offsets decide).
                             for item in batch:
-                                for number, (key, value) in enumerate(item.records):
-                                    self._apply(item.offset + number, key, value)
-                            part.position = base + sum(len(item.records) for item in batch)
+                                for number, (owner, key, state) in enumerate(item.updates):
+                                    self._set(owner, key, item.offset + number, state)
+                            if part.position == base:
+                                # Nobody else wrote in between: the log is read up to here.
+                                part.position = base + sum(len(item.records) for item in batch)
         self._on_write(time.perf_counter() - started)
         if pending.error is not None:
             raise CommitLogError(f"write to {LOG_TOPIC}-{index} failed: {pending.error}") from pending.error
-        if pending.offset < 0 or not part.loaded:
-            # Offsets unknown (a duplicate) or partition not read yet: the reader applies them.
-            return
-        for number, key in enumerate(keys):
-            self._set(group, key, pending.offset + number, updates[key])
 
     async def _producer_id(self, renew: bool = False) -> tuple[int, int]:
         async with self._producer_lock:
@@ -506,4 +525,4 @@ class CommitLog:
         raise CommitLogError(f"Produce {LOG_TOPIC}-{index} failed with error {result.error_code}")
 
     def ranges_held(self) -> int:
-        return sum(state.held() for entries in self.groups.values() for _, state in entries.values())
+        return self.held

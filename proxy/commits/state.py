@@ -55,16 +55,24 @@ def normalise(ranges: Iterable[Range]) -> list[Range]:
 def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
     """The merge rule: union, drop everything below S, then advance S over a range at S."""
     stable = state.stable
-    merged = normalise([*state.ranges, *commit])
     kept: list[Range] = []
-    for start, end in merged:
+    # One pass over the sorted union: S absorbs what touches it, the rest coalesces.
+    cur_start = cur_end = None
+    for start, end in sorted((*state.ranges, *commit)):
         if end < stable:
             continue
-        start = max(start, stable)
-        if start == stable:
-            stable = end + 1
+        if start <= stable:
+            stable = max(stable, end + 1)
             continue
-        kept.append((start, end))
+        if cur_end is not None and start <= cur_end + 1:
+            if end > cur_end:
+                cur_end = end
+            continue
+        if cur_end is not None:
+            kept.append((cur_start, cur_end))
+        cur_start, cur_end = start, end
+    if cur_end is not None:
+        kept.append((cur_start, cur_end))
     return CommitState(stable, tuple(kept))
 
 

@@ -1,0 +1,133 @@
+"""Individual commit: range commits against plain OffsetCommit, both through the proxy.
+
+One client connection to the group coordinator (through the proxy) commits all 100
+partitions of a topic per request, closed loop, and times every request:
+
+- plain: a standard OffsetCommit (v9) of 100 partitions, offsets increasing (run first,
+  before the log topic exists, and last; the last is the baseline);
+- ranges=k (k in --ranges): every partition carries k ranges. Commits alternate between
+  the even and the odd offsets of a 2k-offset window (gap amending): the first leaves k
+  ranges above S, the second fills the gaps and moves S past the window, so the state
+  stays bounded as in real use. Each request is a broker commit of S plus an acks=all
+  write of the 100 states to __individual_commit_offsets.
+
+Reports requests/s, partition commits/s and latency percentiles per configuration, and
+the p99 ratio against plain (goal: at most 2x). Writes benchmarks/results/commits.json.
+Run: ``.venv/bin/python -m benchmarks.bench_commits``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+from proxy.testing.commit_client import CommitClient, commit_body
+from proxy.testing.kafka_cluster import KafkaCluster
+from proxy.testing.proxy_process import ProxyProcess
+from proxy.protocol.messages import ApiKey
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTITIONS = 100
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[index]
+
+
+def _run(client: CommitClient, topic: str, requests: int, ranges: int | None, warmup: int) -> dict:
+    latencies = []
+    for number in range(warmup + requests):
+        if ranges is None:
+            partitions = {p: number + 1 for p in range(PARTITIONS)}
+        else:
+            window = (number // 2) * 2 * ranges
+            parity = number % 2
+            partitions = {p: [(window + 2 * i + parity, window + 2 * i + parity) for i in range(ranges)]
+                          for p in range(PARTITIONS)}
+        body = commit_body(client.group, topic, partitions)
+        started = time.perf_counter()
+        response = client.client.request(ApiKey.OFFSET_COMMIT, 9, body)
+        elapsed = time.perf_counter() - started
+        errors = {p.error_code for t in response.topics for p in t.partitions}
+        if errors != {0}:
+            raise RuntimeError(f"commit failed: errors {errors}")
+        if ranges is not None and number % 2 == 1:
+            stable = {p.stable_offset for t in response.topics for p in t.partitions}
+            assert stable == {(number // 2 + 1) * 2 * ranges}, stable
+        if number >= warmup:
+            latencies.append(elapsed)
+    total = sum(latencies)
+    return {
+        "requests": len(latencies),
+        "ranges_per_partition": ranges or 0,
+        "requests_per_s": round(len(latencies) / total, 1),
+        "partition_commits_per_s": round(len(latencies) * PARTITIONS / total, 1),
+        "p50_ms": round(_percentile(latencies, 50) * 1000, 3),
+        "p90_ms": round(_percentile(latencies, 90) * 1000, 3),
+        "p99_ms": round(_percentile(latencies, 99) * 1000, 3),
+        "max_ms": round(max(latencies) * 1000, 3),
+        "mean_ms": round(statistics.fmean(latencies) * 1000, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--ranges", type=int, nargs="+", default=[1, 10, 50])
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--output", type=Path, default=RESULTS / "commits.json")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-commits-"))
+    results: dict = {
+        "command": " ".join([".venv/bin/python -m benchmarks.bench_commits",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count(), "cpu": platform.machine(),
+                    "load_average_at_start": [round(x, 2) for x in os.getloadavg()]},
+        "partitions": PARTITIONS,
+        "nodes": args.nodes,
+        "method": "one connection, closed loop, every request commits all partitions; latency per request",
+        "runs": {},
+    }
+    with KafkaCluster.start(args.nodes, workdir=workdir / "kafka") as cluster:
+        from tests.conftest import create_topic
+
+        topic = "bench-commits"
+        create_topic(cluster, topic, partitions=PARTITIONS, replication_factor=min(3, args.nodes))
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy")
+        try:
+            # Plain before and after: the first runs before the log topic exists, the second
+            # (the baseline) once it does, as in steady state.
+            configurations: list[tuple[str, int | None]] = [
+                ("plain-first", None), *((f"ranges={k}", k) for k in args.ranges), ("plain", None)]
+            for label, ranges in configurations:
+                with CommitClient(proxy.bootstrap_servers, f"bench-{uuid.uuid4().hex[:8]}") as client:
+                    results["runs"][label] = _run(client, topic, args.requests, ranges, args.warmup)
+                print(label, results["runs"][label], flush=True)
+        finally:
+            proxy.stop()
+    plain_p99 = results["runs"]["plain"]["p99_ms"]
+    results["p99_ratio_to_plain"] = {label: round(run["p99_ms"] / plain_p99, 2)
+                                     for label, run in results["runs"].items() if label.startswith("ranges")}
+    results["goal"] = "p99 of range commits at most 2x the plain commit's"
+    results["goal_met"] = all(ratio <= 2.0 for ratio in results["p99_ratio_to_plain"].values())
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["p99_ratio_to_plain"]), "goal met" if results["goal_met"] else "goal NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
