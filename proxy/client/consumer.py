@@ -18,8 +18,9 @@ leaders (one sessionless Fetch per leader, concurrently); buffered records are h
 in a fair rotation (KIP-387); every fetch response refreshes the partition's cached
 metadata, from which ``current_lag`` answers without a network call (KIP-695).
 
-Offsets are not committed: the consumer keeps positions in memory only. Individual
-(range) commits will come with the individual-commit feature.
+With a ``group_id`` the consumer starts each partition at the group's committed offset
+(then ``auto_offset_reset``), and ``commit`` stores plain contiguous offsets for
+whole-partition assignments as a simple group (generation -1).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import trio
 
 from proxy.client.config import ConsumerConfig
 from proxy.client.errors import (
+    COORDINATOR_RETRY_CODES,
     METADATA_REFRESH_CODES,
     ConsumerError,
     IllegalStateError,
@@ -68,6 +70,8 @@ LATEST_TIMESTAMP = -1
 # The oldest versions this client speaks, and the newest it asks for.
 _VERSION_FLOOR = {ApiKey.FETCH: 4, ApiKey.LIST_OFFSETS: 2, ApiKey.METADATA: 4}
 _VERSION_CEILING = {ApiKey.FETCH: 17, ApiKey.LIST_OFFSETS: 9, ApiKey.METADATA: 12}
+# Group requests, needed only with a group_id: negotiated where the node serves them.
+_GROUP_VERSIONS = {ApiKey.FIND_COORDINATOR: (4, 4), ApiKey.OFFSET_COMMIT: (8, 9), ApiKey.OFFSET_FETCH: (8, 9)}
 _NETWORK_ERRORS = (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError)
 
 
@@ -116,7 +120,9 @@ class Consumer:
         self.config = ConsumerConfig(bootstrap_servers, **settings)
         self._read_committed = self.config.isolation_code == 1
         self._bootstrap: _Connection | None = None
+        self._coordinator_connection: _Connection | None = None
         self._connections: dict[int, _Connection] = {}
+        self._nodes_opened: set[int] = set()
         self._nodes: dict[int, tuple[str, int]] = {}
         self._topics: dict[str, _TopicMeta] = {}
         self._metadata_stale = True
@@ -160,8 +166,10 @@ class Consumer:
             return
         self._closed = True
         connections = [c.conn for c in self._connections.values()]
-        if self._bootstrap is not None:
-            connections.append(self._bootstrap.conn)
+        for extra in (self._bootstrap, self._coordinator_connection):
+            if extra is not None:
+                connections.append(extra.conn)
+        self._coordinator_connection = None
         self._connections.clear()
         self._bootstrap = None
         for conn in connections:
@@ -258,6 +266,137 @@ class Consumer:
                 "retriable_errors")
         return {key: self._metrics[key] for key in keys} | dict(self._metrics)
 
+    # -- committed offsets (plain, contiguous; a simple group: generation -1) --------------
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """Commit ``offsets`` (default: the position of every assigned partition) for
+        ``group_id`` with OffsetCommit v8+ as a simple group (generation -1, no member id).
+        A committed offset means every record below it is processed, so a partition
+        assigned key ranges is refused: its position says nothing about the other ranges."""
+        self._require_started()
+        group = self._require_group()
+        if offsets is None:
+            offsets = {tp: self.position(tp) for tp in self._assignment if self.position(tp) is not None}
+        offsets = dict(offsets)
+        for tp, offset in offsets.items():
+            self._require_assigned(tp)
+            if self._assignment[tp]:
+                raise IllegalStateError(
+                    f"{tp[0]}-{tp[1]} is assigned key ranges: a plain committed offset covers every key of the "
+                    f"partition, so a range member cannot commit its own position")
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"{tp[0]}-{tp[1]}: offset must be a non-negative int, got {offset!r}")
+        if not offsets:
+            return
+        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+
+        def body(version: int):
+            topics: dict[str, list] = {}
+            for tp, offset in offsets.items():
+                meta = self._leader(tp)
+                topics.setdefault(tp.topic, []).append(cls.OffsetCommitRequestPartition(
+                    partition_index=tp.partition, committed_offset=offset,
+                    committed_leader_epoch=meta.leader_epoch if meta else -1, committed_metadata=""))
+            return messages.new_body(
+                ApiKey.OFFSET_COMMIT, version, "request", group_id=group, generation_id_or_member_epoch=-1,
+                member_id="", group_instance_id=None,
+                topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()])
+
+        response = await self._coordinator_request(ApiKey.OFFSET_COMMIT, body)
+        for topic in response.topics:
+            for part in topic.partitions:
+                if part.error_code:
+                    raise KafkaError.for_code(part.error_code,
+                                              f"OffsetCommit {topic.name}-{part.partition_index} for group {group!r}")
+
+    async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """The group's committed offset of each partition (None where nothing is committed),
+        read with OffsetFetch v8+."""
+        self._require_started()
+        group = self._require_group()
+        partitions = [TopicPartition(*tp) for tp in partitions]
+        if not partitions:
+            return {}
+        cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+
+        def body(version: int):
+            topics: dict[str, list[int]] = {}
+            for tp in partitions:
+                topics.setdefault(tp.topic, []).append(tp.partition)
+            return messages.new_body(ApiKey.OFFSET_FETCH, version, "request", require_stable=True, groups=[
+                cls.OffsetFetchRequestGroup(group_id=group, topics=[
+                    cls.OffsetFetchRequestTopics(name=name, partition_indexes=indexes)
+                    for name, indexes in topics.items()])])
+
+        response = await self._coordinator_request(ApiKey.OFFSET_FETCH, body)
+        out: dict[TopicPartition, int | None] = {tp: None for tp in partitions}
+        for entry in response.groups:
+            if entry.error_code:
+                raise KafkaError.for_code(entry.error_code, f"OffsetFetch for group {group!r}")
+            for topic in entry.topics:
+                for part in topic.partitions:
+                    if part.error_code:
+                        raise KafkaError.for_code(part.error_code,
+                                                  f"OffsetFetch {topic.name}-{part.partition_index}")
+                    tp = TopicPartition(topic.name, part.partition_index)
+                    if tp in out:
+                        out[tp] = part.committed_offset if part.committed_offset >= 0 else None
+        return out
+
+    async def _coordinator_request(self, api_key: int, build) -> Any:
+        """Send a group request to the coordinator, finding it (again) while the cluster
+        answers that it is loading, moving or not available, within the request timeout."""
+        with trio.fail_after(self._timeout()):
+            while True:
+                try:
+                    connection = await self._coordinator()
+                    version = connection.versions.get(api_key)
+                    if version is None:
+                        raise UnsupportedVersionError(f"the coordinator serves no {ApiKey(api_key).name} v8+")
+                    response = await self._request(connection, api_key, version, build(version),
+                                                             timeout=self._timeout())
+                except _NETWORK_ERRORS as exc:
+                    log.info("consumer: coordinator request failed (%r); finding it again", exc)
+                    await self._drop_coordinator()
+                    await trio.sleep(self.config.retry_backoff_ms / 1000)
+                    continue
+                codes = {p.error_code for t in getattr(response, "topics", ()) for p in t.partitions}
+                codes |= {g.error_code for g in getattr(response, "groups", ())}
+                if codes & COORDINATOR_RETRY_CODES:
+                    self._metrics["retriable_errors"] += 1
+                    await self._drop_coordinator()
+                    await trio.sleep(self.config.retry_backoff_ms / 1000)
+                    continue
+                return response
+
+    async def _coordinator(self) -> _Connection:
+        if self._coordinator_connection is not None and not self._coordinator_connection.conn.closed:
+            return self._coordinator_connection
+        connection = await self._any_connection()
+        version = connection.versions.get(ApiKey.FIND_COORDINATOR)
+        if version is None:
+            raise UnsupportedVersionError("the cluster serves no FindCoordinator v4")
+        body = messages.new_body(ApiKey.FIND_COORDINATOR, version, "request", key_type=0,
+                                 coordinator_keys=[self.config.group_id])
+        response = await self._request(connection, ApiKey.FIND_COORDINATOR, version, body, timeout=self._timeout())
+        (entry,) = response.coordinators
+        if entry.error_code:
+            if entry.error_code in COORDINATOR_RETRY_CODES:
+                raise BrokerConnectionError(f"coordinator of {self.config.group_id!r} not available yet "
+                                            f"(error {entry.error_code})")
+            raise KafkaError.for_code(entry.error_code, f"FindCoordinator for group {self.config.group_id!r}")
+        self._coordinator_connection = await self._open(entry.host, entry.port)
+        return self._coordinator_connection
+
+    async def _drop_coordinator(self) -> None:
+        if self._coordinator_connection is not None:
+            await self._drop(self._coordinator_connection)
+            self._coordinator_connection = None
+
+    def _require_group(self) -> str:
+        if self.config.group_id is None:
+            raise IllegalStateError("committed offsets belong to a group: set group_id")
+        return self.config.group_id
+
     # -- poll ------------------------------------------------------------------------------
     async def poll(self, timeout: float = 0.0) -> ConsumerRecords:
         """Records of the assigned partitions, at most ``max_poll_records``, waiting up to
@@ -339,6 +478,11 @@ class Consumer:
         retry = False
         if self._metadata_stale or any(self._leader(tp) is None for tp in self._assignment):
             retry = await self._refresh_metadata()
+        initial = [tp for tp in self._assignment if self._positions.get(tp) is None]
+        if initial and self.config.group_id is not None:
+            for tp, offset in (await self.committed(initial)).items():
+                if self._positions.get(tp) is None:
+                    self._positions[tp] = offset if offset is not None else ("reset", self._policy_timestamp(tp))
         pending = [tp for tp in self._assignment if not isinstance(self._positions.get(tp), int)]
         if pending:
             retry = await self._reset_offsets(pending) or retry
@@ -371,11 +515,7 @@ class Consumer:
         body = messages.new_body(ApiKey.METADATA, version, "request",
                                  topics=[cls.MetadataRequestTopic(name=name) for name in topics],
                                  allow_auto_topic_creation=False)
-        try:
-            response = await connection.conn.request(ApiKey.METADATA, version, body, timeout=self._timeout())
-        except _NETWORK_ERRORS:
-            await self._drop(connection)
-            raise
+        response = await self._request(connection, ApiKey.METADATA, version, body, timeout=self._timeout())
         self._metrics["metadata_refreshes"] += 1
         self._nodes = {b.node_id: (b.host, b.port) for b in response.brokers}
         for node_id in list(self._connections):
@@ -411,6 +551,9 @@ class Consumer:
         pending = self._positions.get(tp)
         if isinstance(pending, tuple):
             return pending[1]
+        return self._policy_timestamp(tp)
+
+    def _policy_timestamp(self, tp: TopicPartition) -> int:
         policy = self.config.auto_offset_reset
         if policy == "none":
             raise NoOffsetForPartitionError(
@@ -439,12 +582,8 @@ class Consumer:
                 ApiKey.LIST_OFFSETS, version, "request", replica_id=-1,
                 isolation_level=self.config.isolation_code, timeout_ms=self.config.request_timeout_ms,
                 topics=[cls.ListOffsetsTopic(name=name, partitions=parts) for name, parts in topics.items()])
-            try:
-                response = await connection.conn.request(ApiKey.LIST_OFFSETS, version, body,
+            response = await self._request(connection, ApiKey.LIST_OFFSETS, version, body,
                                                          timeout=self._timeout())
-            except _NETWORK_ERRORS:
-                await self._drop(connection)
-                raise
             for topic in response.topics:
                 for part in topic.partitions:
                     tp = TopicPartition(topic.name, part.partition_index)
@@ -516,12 +655,8 @@ class Consumer:
             topics=[cls.FetchTopic(topic=name, topic_id=self._topics[name].topic_id, partitions=parts)
                     for name, parts in topics.items()])
         self._metrics["fetch_requests"] += 1
-        try:
-            response = await connection.conn.request(ApiKey.FETCH, version, body,
+        response = await self._request(connection, ApiKey.FETCH, version, body,
                                                      timeout=self._timeout() + wait_ms / 1000)
-        except _NETWORK_ERRORS:
-            await self._drop(connection)
-            raise
         received_time = time.time()
         if response.error_code:
             if response.error_code in METADATA_REFRESH_CODES:
@@ -552,7 +687,7 @@ class Consumer:
                                             f"and auto_offset_reset is 'none'")
             log.info("consumer: %s-%s offset %s out of range; resetting to %s", tp.topic, tp.partition,
                      fetch_offset, self.config.auto_offset_reset)
-            self._positions[tp] = None
+            self._positions[tp] = ("reset", self._policy_timestamp(tp))
             return False
         if code:
             raise KafkaError.for_code(code, f"Fetch {tp.topic}-{tp.partition} at offset {fetch_offset}")
@@ -587,13 +722,25 @@ class Consumer:
             return connection
         host, port = self._nodes[node_id]
         connection = await self._open(host, port)
-        if node_id in self._connections:
+        if node_id in self._nodes_opened:
             self._metrics["reconnects"] += 1
+        self._nodes_opened.add(node_id)
         self._connections[node_id] = connection
         return connection
 
     async def _drop(self, connection: _Connection) -> None:
-        await connection.conn.aclose()
+        with trio.CancelScope(shield=True):
+            await connection.conn.aclose()
+
+    async def _request(self, connection: _Connection, api_key: int, version: int, body: Any, *,
+                       timeout: float) -> Any:
+        """One request; a connection that failed or was cancelled mid-request is closed, so a
+        late response can never be read as the answer to the next request."""
+        try:
+            return await connection.conn.request(api_key, version, body, timeout=timeout)
+        except BaseException:
+            await self._drop(connection)
+            raise
 
     async def _open(self, host: str, port: int) -> _Connection:
         conn = await BrokerConnection.open(host, port, client_id=self.config.client_id, timeout=self._timeout())
@@ -614,6 +761,11 @@ class Consumer:
                         f"{host}:{port} serves {ApiKey(api_key).name} v{low}-{high}; this consumer needs "
                         f"v{max(floor, ours[0])}-{min(_VERSION_CEILING[api_key], ours[1])}")
                 versions[api_key] = version
+            for api_key, (floor, ceiling) in _GROUP_VERSIONS.items():
+                low, high = theirs.get(api_key, (0, -1))
+                version = min(ceiling, messages.supported_versions(api_key)[1], high)
+                if version >= max(floor, low):
+                    versions[api_key] = version
             features = frozenset(f.name for f in response.supported_features or ())
         except BaseException:
             with trio.CancelScope(shield=True):

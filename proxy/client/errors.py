@@ -87,6 +87,30 @@ class ReplicaNotAvailableError(RetriableError):
     code, name = 9, "REPLICA_NOT_AVAILABLE"
 
 
+class CoordinatorLoadInProgressError(RetriableError):
+    code, name = 14, "COORDINATOR_LOAD_IN_PROGRESS"
+
+
+class CoordinatorNotAvailableError(RetriableError):
+    code, name = 15, "COORDINATOR_NOT_AVAILABLE"
+
+
+class NotCoordinatorError(RetriableError):
+    code, name = 16, "NOT_COORDINATOR"
+
+
+class IllegalGenerationError(KafkaError):
+    code, name = 22, "ILLEGAL_GENERATION"
+
+
+class UnknownMemberIdError(KafkaError):
+    code, name = 25, "UNKNOWN_MEMBER_ID"
+
+
+class GroupAuthorizationFailedError(KafkaError):
+    code, name = 30, "GROUP_AUTHORIZATION_FAILED"
+
+
 class TopicAuthorizationFailedError(KafkaError):
     code, name = 29, "TOPIC_AUTHORIZATION_FAILED"
 
@@ -127,7 +151,9 @@ _BY_CODE: dict[int, type[KafkaError]] = {
     cls.code: cls
     for cls in (
         OffsetOutOfRangeError, CorruptRecordError, UnknownTopicOrPartitionError, LeaderNotAvailableError,
-        NotLeaderOrFollowerError, RequestTimedOutError, ReplicaNotAvailableError,
+        NotLeaderOrFollowerError, RequestTimedOutError, ReplicaNotAvailableError, CoordinatorLoadInProgressError,
+        CoordinatorNotAvailableError, NotCoordinatorError, IllegalGenerationError, UnknownMemberIdError,
+        GroupAuthorizationFailedError,
         TopicAuthorizationFailedError, UnsupportedVersionError, InvalidRequestError, KafkaStorageError,
         FencedLeaderEpochError, UnknownLeaderEpochError, OffsetNotAvailableError, UnknownTopicIdError,
         InconsistentTopicIdError,
@@ -150,3 +176,6 @@ ERROR_NAMES: dict[int, str] = {
 
 # Partition errors after which the consumer refreshes metadata and retries with back-off.
 METADATA_REFRESH_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100, 103})
+
+# Group-request errors after which the consumer finds the coordinator again and retries.
+COORDINATOR_RETRY_CODES = frozenset({14, 15, 16})

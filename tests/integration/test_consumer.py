@@ -9,6 +9,7 @@ import trio
 
 from proxy.client import (
     Consumer,
+    IllegalStateError,
     OffsetOutOfRangeError,
     RangeFetchNotSupportedError,
     TopicPartition,
@@ -180,3 +181,85 @@ async def test_ranges_refused_where_the_cluster_cannot_filter(kafka, topic_facto
         consumer.assign({tp: []})  # the whole partition needs no extension
         got = await _consume_until(consumer, lambda got: len(got) >= 10)
         assert [r.offset for r in got] == list(range(10))
+
+
+async def test_plain_commit_then_a_new_consumer_of_the_group_resumes(kafka, proxy, topic_factory):
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition as KafkaTopicPartition
+
+    topic = topic_factory(kafka)
+    _produce(kafka.bootstrap_servers, topic, {0: 30})
+    tp = TopicPartition(topic, 0)
+    group = f"{topic}-group"
+    async with Consumer(proxy.bootstrap_servers, group_id=group, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        assert await consumer.committed([tp]) == {tp: None}
+        got = await _consume_until(consumer, lambda got: len(got) >= 30)
+        assert [r.offset for r in got] == list(range(30))
+        await consumer.commit()
+        assert await consumer.committed([tp]) == {tp: 30}
+        consumer.assign({tp: [equal_shares(2)[0]]})
+        with pytest.raises(IllegalStateError, match="key ranges"):
+            await consumer.commit({tp: 10})
+    standard = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id=group, enable_auto_commit=False)
+    try:  # the broker itself holds the offset, as standard clients see it
+        assert standard.committed(KafkaTopicPartition(topic, 0)) == 30
+    finally:
+        standard.close()
+    _produce(kafka.bootstrap_servers, topic, {0: 5})
+    async with Consumer(proxy.bootstrap_servers, group_id=group, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        got = await _consume_until(consumer, lambda got: len(got) >= 5)
+        assert [r.offset for r in got] == list(range(30, 35))
+        assert consumer.metrics()["offset_resets"] == 0  # started from the committed offset
+
+
+async def test_a_dropped_connection_is_reopened(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka)
+    _produce(kafka.bootstrap_servers, topic, {0: 40})
+    tp = TopicPartition(topic, 0)
+    async with Consumer(proxy.bootstrap_servers, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        got = await _consume_until(consumer, lambda got: len(got) >= 40)
+        for connection in list(consumer._connections.values()):  # the broker side goes away
+            await connection.conn._frames.aclose()
+        _produce(kafka.bootstrap_servers, topic, {0: 10})
+        got += await _consume_until(consumer, lambda more: len(got) + len(more) >= 50)
+        assert [r.offset for r in got] == list(range(50))
+        assert consumer.metrics()["reconnects"] == 1
+
+
+async def test_read_committed_skips_aborted_transactions(kafka, proxy, topic_factory):
+    import uuid
+
+    from confluent_kafka import Producer
+
+    topic = topic_factory(kafka)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{uuid.uuid4().hex}",
+                         "linger.ms": 5})
+    producer.init_transactions(30)
+    committed = []
+    for round_number in range(4):
+        producer.begin_transaction()
+        for i in range(20):
+            value = f"r{round_number}-{i}".encode()
+            producer.produce(topic, key=f"k{i % 7}".encode(), value=value)
+            if round_number % 2 == 0:
+                committed.append(value)
+        assert producer.flush(30) == 0  # on the log before the abort (an abort purges unsent records)
+        if round_number % 2:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+    tp = TopicPartition(topic, 0)
+    async with Consumer(proxy.bootstrap_servers, auto_offset_reset="earliest",
+                        isolation_level="read_committed") as consumer:
+        consumer.assign({tp: []})
+        got = await _consume_until(consumer, lambda got: len(got) >= len(committed))
+        # everything up to the last marker (offset 83) has been read: nothing more is coming
+        with trio.fail_after(DEADLINE):
+            while consumer.position(tp) < 84:
+                got.extend(await consumer.poll(0.2))
+        assert [r.value for r in got] == committed
+        assert consumer.metrics()["aborted_records_dropped"] == 40
+        assert consumer.current_lag(tp) == 0
