@@ -52,6 +52,15 @@ class CommitClient:
         host, port = coordinator_address(bootstrap, group)
         self.group = group
         self.client = RawClient(host, port, timeout=timeout)
+        # A coordinator still loading its __consumer_offsets partition answers
+        # COORDINATOR_LOAD_IN_PROGRESS: wait until it answers this group.
+        wait_until(self._ready, timeout=60, what=f"coordinator of {group} loaded")
+
+    def _ready(self) -> bool:
+        body = messages.new_body(ApiKey.OFFSET_FETCH, FETCH_VERSION, "request",
+                                 groups=[_F.OffsetFetchRequestGroup(group_id=self.group, topics=[])])
+        response = self.client.request(ApiKey.OFFSET_FETCH, FETCH_VERSION, body)
+        return all(group.error_code == 0 for group in response.groups)
 
     def close(self) -> None:
         self.client.close()
