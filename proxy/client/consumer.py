@@ -45,6 +45,8 @@ from proxy.client.errors import (
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     RangeFetchNotSupportedError,
+    RequestTimedOutError,
+    RetriableError,
     UnsupportedVersionError,
 )
 from proxy.client.records import (
@@ -345,6 +347,13 @@ class Consumer:
     async def _coordinator_request(self, api_key: int, build) -> Any:
         """Send a group request to the coordinator, finding it (again) while the cluster
         answers that it is loading, moving or not available, within the request timeout."""
+        try:
+            return await self._coordinator_loop(api_key, build)
+        except trio.TooSlowError:
+            raise RequestTimedOutError(f"{ApiKey(api_key).name} for group {self.config.group_id!r} got no answer "
+                                       f"within request_timeout_ms={self.config.request_timeout_ms}") from None
+
+    async def _coordinator_loop(self, api_key: int, build) -> Any:
         with trio.fail_after(self._timeout()):
             while True:
                 try:
@@ -353,7 +362,7 @@ class Consumer:
                     if version is None:
                         raise UnsupportedVersionError(f"the coordinator serves no {ApiKey(api_key).name} v8+")
                     response = await self._request(connection, api_key, version, build(version),
-                                                             timeout=self._timeout())
+                                                   timeout=self._timeout())
                 except _NETWORK_ERRORS as exc:
                     log.info("consumer: coordinator request failed (%r); finding it again", exc)
                     await self._drop_coordinator()
@@ -426,7 +435,7 @@ class Consumer:
                     remaining_ms = max(0, int((deadline - trio.current_time()) * 1000))
                     wait_ms = 0 if buffered else min(self.config.fetch_max_wait_ms, remaining_ms)
                     retry = await self._fetch(fetchable, wait_ms, received) or retry
-            except _NETWORK_ERRORS as exc:
+            except (*_NETWORK_ERRORS, RetriableError) as exc:
                 log.info("consumer: metadata or offsets request failed (%r); retrying", exc)
                 self._metadata_stale = True
                 retry = True

@@ -170,6 +170,7 @@ ERROR_NAMES: dict[int, str] = {
     57: "LOG_DIR_NOT_FOUND",
     58: "SASL_AUTHENTICATION_FAILED",
     70: "FETCH_SESSION_ID_NOT_FOUND",
+    88: "UNSTABLE_OFFSET_COMMIT",
     71: "INVALID_FETCH_SESSION_EPOCH",
     **{code: cls.name for code, cls in _BY_CODE.items()},
 }
@@ -178,4 +179,5 @@ ERROR_NAMES: dict[int, str] = {
 METADATA_REFRESH_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100, 103})
 
 # Group-request errors after which the consumer finds the coordinator again and retries.
-COORDINATOR_RETRY_CODES = frozenset({14, 15, 16})
+# UNSTABLE_OFFSET_COMMIT (88): a transactional offset commit is pending; retry shortly.
+COORDINATOR_RETRY_CODES = frozenset({14, 15, 16, 88})

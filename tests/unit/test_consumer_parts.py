@@ -261,3 +261,17 @@ def test_assign_validates_ranges():
         consumer.assign({TP: [KeyRange(0, 1 << 63)]})
     consumer.assign({TP: equal_shares(4)[1:3]})
     assert consumer.assignment() == {TP: equal_shares(4)[1:3]}
+
+
+async def test_commit_needs_a_group_and_refuses_ranged_partitions():
+    from proxy.client import IllegalStateError
+
+    consumer = _consumer()
+    consumer.assign([TP])
+    with pytest.raises(IllegalStateError, match="group_id"):
+        await consumer.commit({TP: 1})
+    grouped = _consumer(group_id="g")
+    grouped.assign({TP: [equal_shares(2)[0]]})
+    with pytest.raises(IllegalStateError, match="key ranges"):
+        await grouped.commit({TP: 1})
+    assert KafkaError.for_code(88).name == "UNSTABLE_OFFSET_COMMIT"
