@@ -14,6 +14,7 @@ from proxy.ranges import KeyRange, contains, equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.keyhash import key_hash
 from proxy.testing.raw_client import RawClient, records_of
+from proxy.testing.wait import wait_until
 
 from .test_keyrange_fetch import _produce
 
@@ -87,6 +88,14 @@ def test_transactions_control_batches_and_aborted_list_unchanged(kafka, proxy, t
     share = equal_shares(2)[0]
     with RawClient.connect(proxy.bootstrap_servers) as raw:
         topic_id = raw.topic_id(topic)
+
+        def markers_written() -> bool:
+            # EndTxn returns before the coordinator has written every marker; until the
+            # last stable offset reaches the end, two fetches could see different data.
+            probe = raw.range_fetch(topic_id, 0, 0, None, isolation_level=1, max_bytes=1)
+            return probe.last_stable_offset == probe.high_watermark
+
+        wait_until(markers_written, timeout=30, what="transaction markers written")
         position, end = 0, None
         while end is None or position < end:
             whole = raw.range_fetch(topic_id, 0, position, None, isolation_level=isolation_level, max_bytes=3000)
