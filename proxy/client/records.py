@@ -10,7 +10,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from proxy.client.errors import KafkaError
 from proxy.ranges import KeyRange, contains
-from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, RecordBatch, iter_batches
+from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, iter_batches
 from proxy.records.keyhash import key_hash
 
 

@@ -115,10 +115,6 @@ class ShareCache:
         self.stats.misses += 1
         return None
 
-    def peek_offsets(self, partition: PartitionId, ranges: RangeSet, position: int) -> CachedShare | None:
-        """Like ``take`` but for offsets-only shares, which the caller consumes itself."""
-        return self.take(partition, ranges, position)
-
     def drop_partition(self, partition: PartitionId) -> None:
         for key in [k for k, share in self._lru.items() if share.partition == partition]:
             self._remove(key)

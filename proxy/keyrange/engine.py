@@ -53,6 +53,7 @@ class FilterStats:
     partitions_filtered: int = 0
     partitions_refused: int = 0
     broker_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
+    touched: set[tuple[str, int]] = field(default_factory=set)  # since the last export
 
 
 @dataclass(slots=True)
@@ -233,6 +234,7 @@ class KeyRangeEngine:
         partition_id = (name, partition.partition_index)
         read = self.stats.broker_bytes
         read[partition_id] = read.get(partition_id, 0) + len(blob)
+        self.stats.touched.add(partition_id)
         sets = self.active.active(partition_id, now) if fetch_offset is not None else []
         if chosen not in sets:
             sets = [chosen, *sets]

@@ -177,8 +177,10 @@ class KeyRangeFetchFeature:
                 counter.inc(new - old)
         self._last = now
         self._held.set(cache.bytes_held)
-        for partition, total in stats.broker_bytes.items():
+        for partition in stats.touched:  # not every partition ever read: this runs per fetch
+            total = stats.broker_bytes[partition]
             previous = self._last_bytes.get(partition, 0)
             if total > previous:
                 self._broker_bytes.labels(partition[0], str(partition[1])).inc(total - previous)
                 self._last_bytes[partition] = total
+        stats.touched.clear()

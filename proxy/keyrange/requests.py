@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
-from proxy.ranges import FULL_RANGE, KeyRange, validate_ranges
+from proxy.ranges import KeyRange, validate_ranges
 
 INVALID_REQUEST = 42
 
@@ -127,6 +127,3 @@ class FetchRangeSessions:
     def forget_session(self, session_id: int) -> None:
         self.sessions.pop(session_id, None)
 
-
-def is_whole(ranges: tuple[KeyRange, ...]) -> bool:
-    return ranges == (FULL_RANGE,)

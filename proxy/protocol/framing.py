@@ -86,6 +86,14 @@ def frame_bytes(body: bytes | bytearray | memoryview) -> bytes:
     return SIZE_PREFIX.pack(len(body)) + bytes(body)
 
 
+def check_frame_size(size: int, max_frame_bytes: int) -> None:
+    """Refuse a size prefix before a single byte of its body is buffered."""
+    if size < 0:
+        raise ProtocolError(f"negative frame size {size}", offset=0)
+    if size > max_frame_bytes:
+        raise ProtocolError(f"frame of {size} bytes exceeds the {max_frame_bytes}-byte limit", offset=0)
+
+
 class FrameSplitter:
     """Accumulates stream bytes and yields complete frames (without their size prefix).
 
@@ -118,13 +126,7 @@ class FrameSplitter:
             if len(buf) < 4:
                 return None
             size = SIZE_PREFIX.unpack_from(buf, 0)[0]
-            if size < 0:
-                raise ProtocolError(f"negative frame size {size}", offset=0)
-            if size > self._max_frame_bytes:
-                raise ProtocolError(
-                    f"frame of {size} bytes exceeds the {self._max_frame_bytes}-byte limit",
-                    offset=0,
-                )
+            check_frame_size(size, self._max_frame_bytes)
             self._need = size
         need = self._need
         if len(buf) < 4 + need:

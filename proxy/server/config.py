@@ -151,17 +151,10 @@ _TOPIC_BY_NAME = {setting.name: setting for setting in TOPIC_SETTINGS}
 
 @dataclass
 class ProxyConfig:
-    """Parsed, checked settings. Attribute names are the keys with dots as underscores."""
+    """Parsed, checked settings, read by their Kafka-style names with ``get``."""
 
     values: dict[str, Any]
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def __getattr__(self, attribute: str) -> Any:
-        key = attribute.replace("_", ".")
-        values = self.__dict__.get("values", {})
-        if key in values:
-            return values[key]
-        raise AttributeError(attribute)
 
     def get(self, key: str) -> Any:
         return self.values[key]

@@ -22,7 +22,6 @@ import trio
 
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import peek_correlation_id, peek_request_header
-from proxy.protocol.messages import api_name
 from proxy.server.exchange import Exchange
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.routing import Router
@@ -218,9 +217,3 @@ class ClientConnection:
                 return
             await trio.sleep(max(deadline - now, 1.0))
 
-
-def describe_api(api_key: int) -> str:
-    try:
-        return api_name(api_key)
-    except KeyError:
-        return f"api_key {api_key}"

@@ -6,8 +6,7 @@ import ssl
 
 import trio
 
-from proxy.protocol.errors import ProtocolError
-from proxy.protocol.framing import SIZE_PREFIX, FrameSplitter
+from proxy.protocol.framing import SIZE_PREFIX, FrameSplitter, check_frame_size
 
 _RECEIVE_CHUNK = 256 * 1024
 _HEADER_READ = 64 * 1024  # small frames arrive whole in one read; large ones are read in place
@@ -62,10 +61,7 @@ class FrameStream:
                 return None
             pending += chunk
         size = SIZE_PREFIX.unpack_from(pending, 0)[0]
-        if size < 0:
-            raise ProtocolError(f"negative frame size {size}", offset=0)
-        if size > self._max_frame_bytes:
-            raise ProtocolError(f"frame of {size} bytes exceeds the {self._max_frame_bytes}-byte limit", offset=0)
+        check_frame_size(size, self._max_frame_bytes)
         available = len(pending) - 4
         if available >= size:
             frame = pending[4 : 4 + size]
