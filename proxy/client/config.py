@@ -23,6 +23,12 @@ class ConsumerConfig:
     fetch_max_wait_ms: int = 500
     request_timeout_ms: int = 30_000
     retry_backoff_ms: int = 100
+    # Individual commit (DESIGN.md section 6): commit() sends the offsets marked processed,
+    # gaps and all, as OffsetRanges; needs group_id.
+    allow_individual_commit: bool = False
+    # Ranges per partition in one OffsetCommit; more go in further requests. The proxy
+    # refuses more than its max.individual.commit.ranges (default 1000).
+    individual_commit_max_ranges: int = 1000
 
     def __post_init__(self) -> None:
         validate(self)
@@ -59,6 +65,7 @@ _INT_MINIMUMS = {
     "fetch_max_wait_ms": 0,
     "request_timeout_ms": 1,
     "retry_backoff_ms": 0,
+    "individual_commit_max_ranges": 1,
 }
 _INT_MAXIMUM = (1 << 31) - 1
 
@@ -79,6 +86,11 @@ def validate(config: ConsumerConfig) -> None:
     if config.isolation_level not in ISOLATION_LEVELS:
         raise ConfigError(f"isolation_level must be one of {', '.join(ISOLATION_LEVELS)}; "
                           f"got {config.isolation_level!r}")
+    if not isinstance(config.allow_individual_commit, bool):
+        raise ConfigError(f"allow_individual_commit must be a bool, got "
+                          f"{type(config.allow_individual_commit).__name__} {config.allow_individual_commit!r}")
+    if config.allow_individual_commit and config.group_id is None:
+        raise ConfigError("allow_individual_commit=True needs a group_id: committed offsets belong to a group")
     for field in fields(config):
         minimum = _INT_MINIMUMS.get(field.name)
         if minimum is None:

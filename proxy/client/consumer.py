@@ -21,6 +21,14 @@ metadata, from which ``current_lag`` answers without a network call (KIP-695).
 With a ``group_id`` the consumer starts each partition at the group's committed offset
 (then ``auto_offset_reset``), and ``commit`` stores plain contiguous offsets for
 whole-partition assignments as a simple group (generation -1).
+
+With ``allow_individual_commit`` the application marks records processed in any order
+(``mark_processed``) and ``commit`` sends exactly those offsets as OffsetRanges (DESIGN.md
+section 3), together with the offsets nobody will process (control batches, aborted
+transactions, and for a whole partition the offsets compaction removed: gap amending). On
+start the consumer reads the group's stable offset S and ranges R and never hands out a
+record they already cover. Where the proxy does not advertise ``individual.commit`` it
+falls back to plain commits of the contiguous processed prefix.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import Any, Mapping, Sequence
 import trio
 
 from proxy.client.config import ConsumerConfig
+from proxy.client.progress import PartitionProgress
 from proxy.client.errors import (
     COORDINATOR_RETRY_CODES,
     METADATA_REFRESH_CODES,
@@ -50,6 +59,7 @@ from proxy.client.errors import (
     UnsupportedVersionError,
 )
 from proxy.client.records import (
+    ConsumerRecord,
     ConsumerRecords,
     FairBuffers,
     FetchMetadata,
@@ -66,6 +76,7 @@ from proxy.ranges import KeyRange, normalize, validate_ranges
 log = logging.getLogger(__name__)
 
 RANGE_FETCH_FEATURE = "keyrange.fetch"
+INDIVIDUAL_COMMIT_FEATURE = "individual.commit"
 RANGE_FETCH_MIN_VERSION = 12  # the first flexible Fetch version: tag 10000 fields
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
@@ -132,6 +143,9 @@ class Consumer:
         self._positions: dict[TopicPartition, int | None] = {}
         self._ends: dict[TopicPartition, _EndOffsets] = {}
         self._buffers = FairBuffers()
+        self._tracking = self.config.allow_individual_commit
+        self._progress: dict[TopicPartition, PartitionProgress] = {}
+        self._commit_lock = trio.Lock()
         self._metrics: Counter[str] = Counter()
         self._request_order = itertools.count()
         self._started = False
@@ -184,6 +198,12 @@ class Consumer:
         self._require_started()
         return self._bootstrap.filters_ranges
 
+    @property
+    def individual_commit_supported(self) -> bool:
+        """Whether the bootstrap connection advertises ``individual.commit``."""
+        self._require_started()
+        return INDIVIDUAL_COMMIT_FEATURE in self._bootstrap.features
+
     # -- assignment and positions ---------------------------------------------------------
     def assign(self, assignment: Mapping[TopicPartition, Sequence[KeyRange]] | Sequence[TopicPartition]) -> None:
         """Replace the assignment. A mapping gives each partition its key ranges (an empty
@@ -218,6 +238,7 @@ class Consumer:
             if tp not in new:
                 del self._positions[tp]
                 self._ends.pop(tp, None)
+                self._progress.pop(tp, None)  # marks not committed yet are given up with it
         for tp in new:
             self._positions.setdefault(tp, None)
         self._assignment = new
@@ -262,10 +283,11 @@ class Consumer:
         ``unfiltered_range_responses`` (a ranged partition answered without
         KeyRangesApplied), ``aborted_records_dropped``, ``records_returned``,
         ``fetch_requests``, ``metadata_refreshes``, ``offset_resets``, ``reconnects``,
-        ``retriable_errors``."""
+        ``retriable_errors``, ``records_already_committed`` (skipped: the group's S or R
+        covers them), ``range_commits`` and ``plain_commits`` (acknowledged partitions)."""
         keys = ("records_outside_ranges", "unfiltered_range_responses", "aborted_records_dropped",
                 "records_returned", "fetch_requests", "metadata_refreshes", "offset_resets", "reconnects",
-                "retriable_errors")
+                "retriable_errors", "records_already_committed", "range_commits", "plain_commits")
         return {key: self._metrics[key] for key in keys} | dict(self._metrics)
 
     # -- committed offsets (plain, contiguous; a simple group: generation -1) --------------
@@ -273,9 +295,15 @@ class Consumer:
         """Commit ``offsets`` (default: the position of every assigned partition) for
         ``group_id`` with OffsetCommit v8+ as a simple group (generation -1, no member id).
         A committed offset means every record below it is processed, so a partition
-        assigned key ranges is refused: its position says nothing about the other ranges."""
+        assigned key ranges is refused: its position says nothing about the other ranges.
+
+        With ``allow_individual_commit`` and no ``offsets``, commits what ``mark_processed``
+        marked instead (see ``commit_processed``)."""
         self._require_started()
         group = self._require_group()
+        if offsets is None and self._tracking:
+            await self.commit_processed()
+            return
         if offsets is None:
             offsets = {tp: self.position(tp) for tp in self._assignment if self.position(tp) is not None}
         offsets = dict(offsets)
@@ -303,16 +331,140 @@ class Consumer:
                 member_id="", group_instance_id=None,
                 topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()])
 
+        async with self._commit_lock:
+            response = await self._coordinator_request(ApiKey.OFFSET_COMMIT, body)
+            failed = _first_error(response, group)
+            for topic in response.topics:
+                for part in topic.partitions:
+                    tp = TopicPartition(topic.name, part.partition_index)
+                    if part.error_code == 0 and tp in offsets and tp in self._progress:
+                        self._progress[tp].acknowledged_plain(offsets[tp])
+        if failed is not None:
+            raise failed
+
+    # -- individual commit -----------------------------------------------------------------
+    def mark_processed(self, *records: ConsumerRecord) -> None:
+        """Mark records processed, in any order; the next ``commit`` carries them. Needs
+        ``allow_individual_commit``."""
+        self._require_started()
+        if not self._tracking:
+            raise IllegalStateError("mark_processed needs allow_individual_commit=True (and a group_id)")
+        for record in records:
+            tp = TopicPartition(record.topic, record.partition)
+            self._require_assigned(tp)
+            progress = self._progress.get(tp)
+            if progress is None:
+                raise IllegalStateError(f"{tp.topic}-{tp.partition} offset {record.offset} was not handed out by "
+                                        f"this consumer's poll")
+            progress.mark(record.offset)
+
+    def pending_commit(self, tp: TopicPartition) -> list[tuple[int, int]]:
+        """Offset ranges of ``tp`` marked processed (or amended gaps) that no acknowledged
+        commit has carried yet."""
+        self._require_assigned(tp)
+        progress = self._progress.get(tp)
+        return list(progress.pending) if progress else []
+
+    async def commit_processed(self) -> None:
+        """Send every marked range with OffsetCommit v8+ (``individual.commit``), as many
+        requests as ``individual_commit_max_ranges`` needs; a range leaves the pending set
+        only once acknowledged, so a failed commit loses nothing and may simply be retried.
+        Without the feature, whole partitions fall back to a plain commit of the contiguous
+        processed prefix; a partition assigned key ranges cannot and raises."""
+        self._require_started()
+        group = self._require_group()
+        if not self._tracking:
+            raise IllegalStateError("commit_processed needs allow_individual_commit=True")
+        async with self._commit_lock:
+            if INDIVIDUAL_COMMIT_FEATURE in (await self._any_connection()).features:
+                await self._commit_ranges(group)
+            else:
+                await self._commit_contiguous(group)
+
+    async def _commit_ranges(self, group: str) -> None:
+        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+        limit = self.config.individual_commit_max_ranges
+        # each round sends the lowest `limit` pending ranges of every partition; bounded by
+        # the largest pending set (an acknowledged round always removes what it sent)
+        rounds = max((len(p.pending) for p in self._progress.values()), default=0) // limit + 1
+        for _ in range(rounds):
+            sent = {tp: progress.to_commit(limit) for tp, progress in self._progress.items()
+                    if tp in self._assignment and progress.pending}
+            if not sent:
+                return
+
+            def body(version: int, sent=sent):
+                topics: dict[str, list] = {}
+                for tp, ranges in sent.items():
+                    topics.setdefault(tp.topic, []).append(cls.OffsetCommitRequestPartition(
+                        partition_index=tp.partition, committed_offset=-1, committed_leader_epoch=-1,
+                        committed_metadata="", offset_ranges=[cls.OffsetRange(start=a, end=b) for a, b in ranges]))
+                return messages.new_body(
+                    ApiKey.OFFSET_COMMIT, version, "request", group_id=group, generation_id_or_member_epoch=-1,
+                    member_id="", group_instance_id=None,
+                    topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts)
+                            for name, parts in topics.items()])
+
+            response = await self._coordinator_request(ApiKey.OFFSET_COMMIT, body)
+            failed = _first_error(response, group)
+            for topic in response.topics:
+                for part in topic.partitions:
+                    tp = TopicPartition(topic.name, part.partition_index)
+                    if part.error_code == 0 and tp in sent and tp in self._progress:
+                        self._progress[tp].acknowledged(sent[tp], part.stable_offset)
+                        self._metrics["range_commits"] += 1
+            if failed is not None:
+                raise failed
+
+    async def _commit_contiguous(self, group: str) -> None:
+        ranged = [tp for tp, progress in self._progress.items()
+                  if self._assignment.get(tp) and progress.pending]
+        if ranged:
+            raise IllegalStateError(
+                f"the cluster does not advertise {INDIVIDUAL_COMMIT_FEATURE}, and "
+                f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in ranged)} is assigned key ranges: a plain "
+                f"committed offset would cover the other ranges' records too")
+        offsets = {}
+        for tp, progress in self._progress.items():
+            offset = progress.contiguous() if tp in self._assignment else None
+            if offset is not None:
+                offsets[tp] = offset
+        if not offsets:
+            return
+        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+
+        def body(version: int):
+            topics: dict[str, list] = {}
+            for tp, offset in offsets.items():
+                topics.setdefault(tp.topic, []).append(cls.OffsetCommitRequestPartition(
+                    partition_index=tp.partition, committed_offset=offset, committed_leader_epoch=-1,
+                    committed_metadata=""))
+            return messages.new_body(
+                ApiKey.OFFSET_COMMIT, version, "request", group_id=group, generation_id_or_member_epoch=-1,
+                member_id="", group_instance_id=None,
+                topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()])
+
         response = await self._coordinator_request(ApiKey.OFFSET_COMMIT, body)
+        failed = _first_error(response, group)
         for topic in response.topics:
             for part in topic.partitions:
-                if part.error_code:
-                    raise KafkaError.for_code(part.error_code,
-                                              f"OffsetCommit {topic.name}-{part.partition_index} for group {group!r}")
+                tp = TopicPartition(topic.name, part.partition_index)
+                if part.error_code == 0 and tp in offsets:
+                    self._progress[tp].acknowledged_plain(offsets[tp])
+                    self._metrics["plain_commits"] += 1
+        if failed is not None:
+            raise failed
 
     async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The group's committed offset of each partition (None where nothing is committed),
         read with OffsetFetch v8+."""
+        return {tp: stable for tp, (stable, _) in (await self.committed_ranges(partitions)).items()}
+
+    async def committed_ranges(self, partitions: Sequence[TopicPartition]
+                               ) -> dict[TopicPartition, tuple[int | None, list[tuple[int, int]]]]:
+        """The group's state of each partition: (S, R), the committed (stable) offset (None
+        where nothing is committed) and the ranges processed above it (empty unless the
+        proxy holds individual commits), read with OffsetFetch v8+."""
         self._require_started()
         group = self._require_group()
         partitions = [TopicPartition(*tp) for tp in partitions]
@@ -330,7 +482,7 @@ class Consumer:
                     for name, indexes in topics.items()])])
 
         response = await self._coordinator_request(ApiKey.OFFSET_FETCH, body)
-        out: dict[TopicPartition, int | None] = {tp: None for tp in partitions}
+        out: dict[TopicPartition, tuple[int | None, list]] = {tp: (None, []) for tp in partitions}
         for entry in response.groups:
             if entry.error_code:
                 raise KafkaError.for_code(entry.error_code, f"OffsetFetch for group {group!r}")
@@ -341,7 +493,8 @@ class Consumer:
                                                   f"OffsetFetch {topic.name}-{part.partition_index}")
                     tp = TopicPartition(topic.name, part.partition_index)
                     if tp in out:
-                        out[tp] = part.committed_offset if part.committed_offset >= 0 else None
+                        ranges = [(r.start, r.end) for r in part.committed_range_offsets or ()]
+                        out[tp] = (part.committed_offset if part.committed_offset >= 0 else None, ranges)
         return out
 
     async def _coordinator_request(self, api_key: int, build) -> Any:
@@ -487,11 +640,15 @@ class Consumer:
         retry = False
         if self._metadata_stale or any(self._leader(tp) is None for tp in self._assignment):
             retry = await self._refresh_metadata()
-        initial = [tp for tp in self._assignment if self._positions.get(tp) is None]
-        if initial and self.config.group_id is not None:
-            for tp, offset in (await self.committed(initial)).items():
+        # the group's offsets: where to start, and with individual commit what is done
+        wanted = [tp for tp in self._assignment
+                  if self._positions.get(tp) is None or (self._tracking and tp not in self._progress)]
+        if wanted and self.config.group_id is not None:
+            for tp, (offset, ranges) in (await self.committed_ranges(wanted)).items():
                 if self._positions.get(tp) is None:
                     self._positions[tp] = offset if offset is not None else ("reset", self._policy_timestamp(tp))
+                if self._tracking and tp not in self._progress:
+                    self._progress[tp] = PartitionProgress(offset, ranges)
         pending = [tp for tp in self._assignment if not isinstance(self._positions.get(tp), int)]
         if pending:
             retry = await self._reset_offsets(pending) or retry
@@ -569,6 +726,18 @@ class Consumer:
                 f"{tp.topic}-{tp.partition} has no position and auto_offset_reset is 'none': seek() first")
         return EARLIEST_TIMESTAMP if policy == "earliest" else LATEST_TIMESTAMP
 
+    def _reset_progress(self, tp: TopicPartition, offset: int) -> None:
+        """A reset skips the offsets between the group's S and the new position, as a
+        standard consumer does when it commits its position after a reset: they are amended
+        as gaps. With nothing committed S counts as 0 (the proxy's starting S too)."""
+        if not self._tracking:
+            return
+        progress = self._progress.setdefault(tp, PartitionProgress(None))
+        if progress.stable is None:
+            progress.stable = 0
+        if offset > progress.stable:
+            progress.mark(progress.stable, offset - 1)
+
     async def _reset_offsets(self, pending: list[TopicPartition]) -> bool:
         by_leader: dict[int, list[TopicPartition]] = {}
         for tp in pending:
@@ -606,6 +775,7 @@ class Consumer:
                     else:
                         self._positions[tp] = part.offset
                         self._metrics["offset_resets"] += 1
+                        self._reset_progress(tp, part.offset)
         return retry
 
     # -- fetch -----------------------------------------------------------------------------
@@ -712,6 +882,13 @@ class Consumer:
             read_committed=self._read_committed, ranges=ranges or None)
         self._metrics["records_outside_ranges"] += parsed.outside_ranges
         self._metrics["aborted_records_dropped"] += parsed.aborted
+        progress = self._progress.get(tp)
+        if progress is not None:
+            for start, end in parsed.gaps:
+                progress.mark(start, end)
+            fresh = [r for r in parsed.records if not progress.already_committed(r.offset)]
+            self._metrics["records_already_committed"] += len(parsed.records) - len(fresh)
+            parsed.records = fresh
         self._ends[tp] = _EndOffsets(received_time, part.high_watermark, part.last_stable_offset,
                                      part.log_start_offset)
         received.add(tp)
@@ -791,3 +968,13 @@ class Consumer:
     def _require_assigned(self, tp: TopicPartition) -> None:
         if tp not in self._assignment:
             raise IllegalStateError(f"{tp[0]}-{tp[1]} is not assigned to this consumer")
+
+
+def _first_error(response, group: str) -> KafkaError | None:
+    """The first partition error of an OffsetCommit response, as a typed error."""
+    for topic in response.topics:
+        for part in topic.partitions:
+            if part.error_code:
+                return KafkaError.for_code(part.error_code,
+                                           f"OffsetCommit {topic.name}-{part.partition_index} for group {group!r}")
+    return None

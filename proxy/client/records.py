@@ -82,6 +82,10 @@ class ParsedPartition:
     outside_ranges: int = 0  # records dropped because their key hash is not assigned
     aborted: int = 0  # records dropped as part of aborted transactions
     truncated: bool = False  # the blob ended with an incomplete entry
+    # Offsets at or above the fetch offset that nobody will ever process (gap amending):
+    # control batches, aborted transactions, and for a whole partition every offset
+    # between the records returned (removed by compaction, say).
+    gaps: list[tuple[int, int]] = field(default_factory=list)
 
 
 def parse_partition(
@@ -100,11 +104,27 @@ def parse_partition(
     producer with an open aborted transaction (``(producer_id, first_offset)`` from the
     response, active from its first offset until that producer's ABORT marker) is dropped,
     as Kafka consumers do. With ``ranges``, a record whose key hash is outside them is
-    dropped and counted.
+    dropped and counted. ``gaps`` lists the offsets no consumer will process.
     """
     out = ParsedPartition([], fetch_offset)
     if not blob:
         return out
+    _read_batches(out, tp, blob, fetch_offset, aborted_transactions, read_committed, ranges)
+    if not ranges:
+        # A whole partition: every offset the fetch passed over without a record is a gap.
+        gaps, cursor = [], fetch_offset
+        for record in out.records:
+            if record.offset > cursor:
+                gaps.append((cursor, record.offset - 1))
+            cursor = record.offset + 1
+        if out.next_offset > cursor:
+            gaps.append((cursor, out.next_offset - 1))
+        out.gaps = gaps
+    return out
+
+
+def _read_batches(out: ParsedPartition, tp: TopicPartition, blob, fetch_offset: int,
+                  aborted_transactions, read_committed: bool, ranges) -> None:
     pending = sorted((first, pid) for pid, first in aborted_transactions) if read_committed else []
     next_pending = 0
     aborting: set[int] = set()
@@ -129,13 +149,14 @@ def parse_partition(
                 for control in entry.control_records():
                     if control.type == ControlType.ABORT:
                         aborting.discard(header.producer_id)
+            out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
             continue
         if read_committed and header.is_transactional and header.producer_id in aborting:
             out.aborted += header.record_count
+            out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
             continue
         for record in entry.records():
             _keep(out, tp, record, fetch_offset, ranges)
-    return out
 
 
 def _keep(out: ParsedPartition, tp: TopicPartition, record, fetch_offset: int, ranges) -> None:

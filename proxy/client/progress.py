@@ -1,0 +1,157 @@
+"""Processed offsets of one partition, for individual commit, sans I/O.
+
+The group's state (DESIGN.md section 3) is (S, R): every offset below S is processed, and R
+holds processed ranges above S. The consumer keeps its own view of it:
+
+* ``stable`` and ``committed``: S and R as the group last told us (OffsetFetch on start,
+  StableOffset on every acknowledged commit). A record in them is never handed out again.
+* ``pending``: offsets the application marked processed (and gaps nobody will process) that
+  no commit has carried to the group yet. A commit sends them as OffsetRanges; they leave
+  ``pending`` only when the commit is acknowledged, so a failed commit loses nothing.
+
+Marks arrive one record at a time, mostly in ascending order, so the set is two parallel
+sorted lists with a bisect per operation: appending the next offset extends the last range.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from typing import Iterable, Iterator
+
+Range = tuple[int, int]
+
+
+class OffsetSet:
+    """A set of offsets as sorted, disjoint, non-adjacent inclusive ranges."""
+
+    __slots__ = ("_starts", "_ends")
+
+    def __init__(self, ranges: Iterable[Range] = ()) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for start, end in ranges:
+            self.add(start, end)
+
+    def __len__(self) -> int:
+        """The number of ranges (what a commit carries), not of offsets."""
+        return len(self._starts)
+
+    def __bool__(self) -> bool:
+        return bool(self._starts)
+
+    def __iter__(self) -> Iterator[Range]:
+        return zip(self._starts, self._ends)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OffsetSet) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"OffsetSet({list(self)!r})"
+
+    def __contains__(self, offset: int) -> bool:
+        i = bisect_right(self._starts, offset) - 1
+        return i >= 0 and self._ends[i] >= offset
+
+    def add(self, start: int, end: int | None = None) -> None:
+        """Add [start, end] (inclusive), merging with every range it touches or abuts."""
+        end = start if end is None else end
+        if start > end:
+            raise ValueError(f"range start {start} is above its end {end}")
+        starts, ends = self._starts, self._ends
+        first = bisect_left(ends, start - 1)  # first range ending at or after start - 1
+        last = bisect_right(starts, end + 1)  # ranges before this start at or before end + 1
+        if first < last:
+            start = min(start, starts[first])
+            end = max(end, ends[last - 1])
+        starts[first:last] = [start]
+        ends[first:last] = [end]
+
+    def remove(self, start: int, end: int) -> None:
+        """Remove [start, end] (inclusive); the parts of ranges outside it stay."""
+        starts, ends = self._starts, self._ends
+        first = bisect_left(ends, start)
+        last = bisect_right(starts, end)
+        if first >= last:
+            return
+        new_starts, new_ends = [], []
+        if starts[first] < start:
+            new_starts.append(starts[first])
+            new_ends.append(start - 1)
+        if ends[last - 1] > end:
+            new_starts.append(end + 1)
+            new_ends.append(ends[last - 1])
+        starts[first:last] = new_starts
+        ends[first:last] = new_ends
+
+    def discard_below(self, offset: int) -> None:
+        """Drop every offset below ``offset``."""
+        if self._starts and self._starts[0] < offset:
+            self.remove(self._starts[0], offset - 1)
+
+    def first(self, count: int) -> list[Range]:
+        """The lowest ``count`` ranges."""
+        return list(zip(self._starts[:count], self._ends[:count]))
+
+
+class PartitionProgress:
+    """The consumer's view of one partition's (S, R) and what it has yet to commit."""
+
+    __slots__ = ("stable", "committed", "pending")
+
+    def __init__(self, stable: int | None = None, committed: Iterable[Range] = ()) -> None:
+        self.stable = stable
+        self.committed = OffsetSet(committed)
+        self.pending = OffsetSet()
+        if stable is not None:
+            self.committed.discard_below(stable)
+
+    def already_committed(self, offset: int) -> bool:
+        """Whether the group holds ``offset`` as processed (so it must not be handed out)."""
+        if self.stable is not None and offset < self.stable:
+            return True
+        return offset in self.committed
+
+    def mark(self, start: int, end: int | None = None) -> None:
+        """``[start, end]`` is processed (or is a gap nobody will process)."""
+        end = start if end is None else end
+        if self.stable is not None:
+            if end < self.stable:
+                return
+            start = max(start, self.stable)
+        self.pending.add(start, end)
+
+    def to_commit(self, limit: int) -> list[Range]:
+        """The ranges a range commit carries now: the lowest ``limit`` pending ones."""
+        return self.pending.first(limit)
+
+    def acknowledged(self, sent: Iterable[Range], stable: int) -> None:
+        """A range commit of ``sent`` was acknowledged; the group's S is now ``stable``."""
+        for start, end in sent:
+            self.pending.remove(start, end)
+            self.committed.add(start, end)
+        self._advance(stable)
+
+    def contiguous(self) -> int | None:
+        """For a plain commit (the proxy offers no individual commit): the offset below
+        which everything is processed, if that moves S; else None."""
+        if self.stable is None:
+            return None
+        reached = self.stable
+        for start, end in sorted((*self.committed, *self.pending)):
+            if start > reached:
+                break
+            reached = max(reached, end + 1)
+        return reached if reached > self.stable else None
+
+    def acknowledged_plain(self, offset: int) -> None:
+        """A plain commit of ``offset`` was acknowledged: S = offset, R cleared."""
+        self.stable = offset
+        self.committed = OffsetSet()
+        self.pending.discard_below(offset)
+
+    def _advance(self, stable: int) -> None:
+        if stable >= 0 and (self.stable is None or stable > self.stable):
+            self.stable = stable
+        if self.stable is not None:
+            self.committed.discard_below(self.stable)
+            self.pending.discard_below(self.stable)
