@@ -23,10 +23,10 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from proxy.commits.log import Cluster, CommitLog, CommitLogError
 from proxy.commits.state import CommitState, apply_plain, apply_ranges, rebase, validate
+from proxy.commits.wire import forward_frame, parse_request
 from proxy.protocol import messages
 from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.messages import ApiKey
-from proxy.protocol.values import strip_extensions
 from proxy.server.exchange import LocalAnswer
 from proxy.server.routing import Route
 
@@ -78,6 +78,14 @@ class _KeyLocks:
             self._drop(key)
 
 
+class _EndCheck:
+    """The log-end read that runs concurrently with the broker's OffsetCommit."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: CommitLogError | None = None
+
+
 class IndividualCommitFeature:
     def __init__(self, config, router, metrics, *, ssl_context=None) -> None:
         self.router = router
@@ -95,6 +103,9 @@ class IndividualCommitFeature:
                                         "Time to write states to __individual_commit_offsets (acks=all).",
                                         buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
                                         registry=registry)
+        self._foreign = Counter("kafka_proxy_individual_commit_foreign_writes",
+                                "Committed partitions whose state another instance wrote since this one read it.",
+                                registry=registry)
         self._rebuilds = Counter("kafka_proxy_individual_commit_state_rebuilds",
                                  "Log partitions read from the start to rebuild state.", registry=registry)
         timeout = config.get("upstream.connect.timeout.ms") / 1000
@@ -132,16 +143,16 @@ class IndividualCommitFeature:
         has_ranges = _TAG_10000 in frame
         if not has_ranges and not self.enabled:
             return None
-        header, body = messages.decode_request(frame)
-        group = body.group_id
+        request = parse_request(frame)
+        group = request.group
+        names = [self._topic_name(topic) for topic in request.topics]
         refused: dict[Key, int] = {}
         range_commits: dict[Key, list] = {}
         plain: dict[Key, int] = {}
-        for topic in body.topics:
-            name = self._topic_name(topic)
+        for name, topic in zip(names, request.topics):
             for part in topic.partitions:
-                key = (name, part.partition_index)
-                ranges = [(r.start, r.end) for r in part.offset_ranges or ()]
+                key = (name, part.index)
+                ranges = part.ranges
                 if not ranges:
                     plain[key] = part.committed_offset
                     continue
@@ -152,7 +163,7 @@ class IndividualCommitFeature:
                 reason = validate(part.committed_offset, ranges, self.max_ranges)
                 if reason is not None:
                     log.info("refusing range commit group=%s topic=%s partition=%s reason=%r", group, name,
-                             part.partition_index, reason)
+                             part.index, reason)
                     refused[key] = INVALID_REQUEST
                     self._refused.labels("invalid").inc()
                     continue
@@ -169,18 +180,30 @@ class IndividualCommitFeature:
             await self._locks.acquire(locked)
             conn.nursery.start_soon(self._hold, locked, done)
         new: dict[Key, CommitState] = {}
+        basis: dict[Key, int] = {}  # log offset of the record each new state was computed from
+        check: _EndCheck | None = None
         try:
             if locked:
-                states = await self.log.states(group)  # to the log's end, under the lock
-                missing = [key for key in range_commits if key not in states]
+                if self.log.current(group):
+                    # Optimistic: compute from what this instance has read, and check the
+                    # log's end concurrently with the broker's commit (verified before any
+                    # log write or acknowledgement; see docs/individual-commit.md).
+                    check = _EndCheck()
+                    conn.nursery.start_soon(self._check_end, group, check)
+                else:
+                    await self.log.catch_up(group)  # first use: read to the log's end first
+                records = self.log.records(group)
+                missing = [key for key in range_commits if key not in records]
                 coordinator = await self.log.cluster.committed_offsets(group, missing) if missing else {}
                 for key, commits in range_commits.items():
-                    state = states.get(key) or CommitState(max(coordinator.get(key, -1), 0))
+                    record = records.get(key)
+                    basis[key] = record[0] if record is not None else -1
+                    state = record[1] if record is not None else CommitState(max(coordinator.get(key, -1), 0))
                     for ranges in commits:
                         state = apply_ranges(state, ranges)
                     new[key] = state
                 for key, offset in plain.items():
-                    if key in states and key not in new:
+                    if key in records and key not in new:
                         new[key] = apply_plain(offset)
         except CommitLogError as exc:
             log.warning("individual-commit state unavailable group=%s reason=%r", group, str(exc))
@@ -191,20 +214,15 @@ class IndividualCommitFeature:
             done.set()
             raise
 
-        kept_topics = []
-        for topic in body.topics:
-            name = self._topic_name(topic)
-            kept = [part for part in topic.partitions if (name, part.partition_index) not in refused]
-            for part in kept:
-                key = (name, part.partition_index)
+        offsets = {}
+        for number, (name, topic) in enumerate(zip(names, request.topics)):
+            for part in topic.partitions:
+                key = (name, part.index)
                 if key in range_commits and key in new:
-                    part.committed_offset = new[key].stable
-            if kept:
-                topic.partitions = kept
-                kept_topics.append(topic)
-        body.topics = kept_topics
-        strip_extensions(body)
-        if not kept_topics:
+                    offsets[(number, part.index)] = new[key].stable
+        upstream = forward_frame(request, lambda number, part: (names[number], part.index) not in refused, offsets)
+        if not any((names[number], part.index) not in refused
+                   for number, topic in enumerate(request.topics) for part in topic.partitions):
             done.set()
             answer = LocalAnswer()
             response = messages.new_body(ApiKey.OFFSET_COMMIT, version, "response")
@@ -223,6 +241,9 @@ class IndividualCommitFeature:
                         key = (name, part.partition_index)
                         if key in new and part.error_code == 0:
                             accepted[key] = new[key]
+                failed: dict[Key, int] = {}
+                if accepted and check is not None:
+                    await self._verify(request, check, range_commits, basis, accepted, failed)
                 written = True
                 if accepted:
                     try:
@@ -234,6 +255,8 @@ class IndividualCommitFeature:
                     name = self._topic_name(topic)
                     for part in topic.partitions:
                         key = (name, part.partition_index)
+                        if key in failed:
+                            part.error_code = failed[key]
                         if key not in accepted:
                             continue
                         if not written:
@@ -247,7 +270,76 @@ class IndividualCommitFeature:
             finally:
                 done.set()
 
-        return Route(messages.encode_request(header, body), transform=transform)
+        return Route(upstream, transform=transform)
+
+    async def _check_end(self, group: str, check: "_EndCheck") -> None:
+        try:
+            await self.log.catch_up(group)
+        except CommitLogError as exc:
+            check.error = exc
+        finally:
+            check.done.set()
+
+    async def _verify(self, request, check: "_EndCheck", range_commits: dict[Key, list], basis: dict[Key, int],
+                      accepted: dict[Key, CommitState], failed: dict[Key, int]) -> None:
+        """Make ``accepted`` exactly what the log's end says, before anything is written.
+
+        The states were computed from memory while the log's end was being read. If the
+        record of a key is still the one they were computed from, they are current as of
+        that read (taken after the client's request arrived) and stand. Otherwise another
+        instance wrote the key since this one last read it: the state is computed again
+        from that record; if S changed, the broker (which stored the optimistic S) gets the
+        corrected S through the proxy's own connection, with the client's generation and
+        member. A key that cannot be brought up to date is removed from ``accepted`` (not
+        written, not acknowledged) and answered with a retriable error in ``failed``."""
+        group = request.group
+        await check.done.wait()
+        if check.error is not None:
+            log.warning("individual-commit log end unknown group=%s reason=%r", group, str(check.error))
+            for key in list(accepted):
+                failed[key] = COORDINATOR_NOT_AVAILABLE
+                del accepted[key]
+            return
+        records = self.log.records(group)
+        corrections: dict[Key, CommitState] = {}
+        for key in list(accepted):
+            record = records.get(key)
+            if (record[0] if record is not None else -1) == basis.get(key, -1):
+                continue
+            self._foreign.inc()
+            if key not in range_commits:
+                # A plain commit (S = O, R cleared) does not depend on the previous state.
+                continue
+            if record is None:
+                # Deleted by another instance meanwhile: the base S would be the coordinator's,
+                # which now holds the optimistic S. Not acknowledged; the client's retry
+                # computes from the current state.
+                failed[key] = COORDINATOR_NOT_AVAILABLE
+                del accepted[key]
+                continue
+            state = record[1]
+            for ranges in range_commits[key]:
+                state = apply_ranges(state, ranges)
+            if state.stable == accepted[key].stable:
+                accepted[key] = state
+            else:
+                corrections[key] = state
+        if not corrections:
+            return
+        try:
+            errors = await self.log.cluster.commit_offsets(
+                group, request.generation, request.member, request.instance_id,
+                {key: state.stable for key, state in corrections.items()})
+        except CommitLogError as exc:
+            log.warning("individual-commit correction failed group=%s reason=%r", group, str(exc))
+            errors = {}
+        for key, state in corrections.items():
+            error = errors.get(key, COORDINATOR_NOT_AVAILABLE)
+            if error == 0:
+                accepted[key] = state
+            else:
+                failed[key] = error if error else COORDINATOR_NOT_AVAILABLE
+                del accepted[key]
 
     async def _hold(self, keys, done: trio.Event) -> None:
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from itertools import repeat
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,6 +45,7 @@ CREATE_TOPICS_VERSION = 5
 INIT_PRODUCER_ID_VERSION = 4
 FIND_COORDINATOR_VERSION = 4
 OFFSET_FETCH_VERSION = 8
+OFFSET_COMMIT_VERSION = 9
 
 # Errors after which the same batch is sent again (same sequence: the broker dedups).
 _RETRY_SAME = {3, 5, 6, 7, 13, 14, 15, 16, 19, 20, 56, 74, 75}
@@ -99,10 +101,12 @@ def encode_value(state: CommitState) -> bytes:
     """IndividualCommitValue v0, byte for byte what the schema codec writes (a unit test
     checks it), without building message objects: commits write one per partition."""
     ranges = state.ranges
-    parts = [_VALUE_HEAD.pack(0, state.stable), uvarint_bytes(len(ranges) + 1)]
-    parts.extend(_RANGE.pack(start, end, 0) for start, end in ranges)  # each: no tagged fields
-    parts.append(b"\x00")  # no tagged fields
-    return b"".join(parts)
+    head = _VALUE_HEAD.pack(0, state.stable) + uvarint_bytes(len(ranges) + 1)
+    if not ranges:
+        return head + b"\x00"
+    starts, ends = zip(*ranges)
+    # Each range: Start, End, no tagged fields; then no tagged fields for the value.
+    return b"".join((head, *map(_RANGE.pack, starts, ends, repeat(0, len(ranges))), b"\x00"))
 
 
 def decode_key(data) -> tuple[str, str, int]:
@@ -210,6 +214,29 @@ class Cluster:
                     raise CommitLogError(f"cannot read the committed offsets of {group}: {exc}") from exc
                 await trio.sleep(0.1)
 
+
+    async def commit_offsets(self, group: str, generation: int, member: str, instance_id: str | None,
+                             offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """A standard OffsetCommit from the proxy's own connection to the coordinator, with
+        the generation and member of the client's commit (the broker checks them as for the
+        client); the error code per key. Raises CommitLogError when no coordinator answers."""
+        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+        by_topic: dict[str, list] = {}
+        for (topic, partition), offset in offsets.items():
+            by_topic.setdefault(topic, []).append(
+                cls.OffsetCommitRequestPartition(partition_index=partition, committed_offset=offset))
+        body = messages.new_body(ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION, "request", group_id=group,
+                                 generation_id_or_member_epoch=generation, member_id=member,
+                                 group_instance_id=instance_id,
+                                 topics=[cls.OffsetCommitRequestTopic(name=topic, partitions=parts)
+                                         for topic, parts in by_topic.items()])
+        try:
+            address = await self.find_coordinator(group)
+            response = await self.request(address, ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION, body)
+        except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+            raise CommitLogError(f"OffsetCommit({group}) from the proxy failed: {exc}") from exc
+        return {(topic.name, part.partition_index): part.error_code
+                for topic in response.topics for part in topic.partitions}
 
 @dataclass
 class _Pending:
@@ -341,6 +368,18 @@ class CommitLog:
         await self.catch_up(group)
         return {key: state for key, (_, state) in self.groups.get(group, {}).items()}
 
+    def current(self, group: str) -> bool:
+        """Whether this instance has read the group's log partition at least once (its
+        memory then holds every record up to the position it read; newer ones may exist)."""
+        if self.partitions is None:
+            return False
+        part = self._parts.get(group_partition(group, self.partitions))
+        return part is not None and part.loaded
+
+    def records(self, group: str) -> dict[tuple[str, int], tuple[int, CommitState]]:
+        """What this instance holds of the group: key -> (log offset of the record, state)."""
+        return self.groups.get(group, {})
+
     async def catch_up(self, group: str) -> None:
         partitions = await self._topic_partitions(create=False)
         if partitions is None:
@@ -367,6 +406,7 @@ class CommitLog:
         address = await self._leader(index, refresh)
         end = await self._end_offset(address, index)
         if part.position >= end:
+            part.loaded = True  # every record below the end is in memory
             return
         if not part.loaded:
             self._on_rebuild()

@@ -55,24 +55,29 @@ def normalise(ranges: Iterable[Range]) -> list[Range]:
 def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
     """The merge rule: union, drop everything below S, then advance S over a range at S."""
     stable = state.stable
+    merged = sorted((*state.ranges, *commit))
+    # Starts ascend: S absorbs a prefix of the union (what starts at or below it) ...
+    count = len(merged)
+    index = 0
+    while index < count:
+        start, end = merged[index]
+        if start > stable:
+            break
+        if end >= stable:
+            stable = end + 1
+        index += 1
+    if index == count:
+        return CommitState(stable, ())
+    # ... and the rest, all above S, coalesces in one pass.
     kept: list[Range] = []
-    # One pass over the sorted union: S absorbs what touches it, the rest coalesces.
-    cur_start = cur_end = None
-    for start, end in sorted((*state.ranges, *commit)):
-        if end < stable:
-            continue
-        if start <= stable:
-            stable = max(stable, end + 1)
-            continue
-        if cur_end is not None and start <= cur_end + 1:
-            if end > cur_end:
-                cur_end = end
-            continue
-        if cur_end is not None:
+    cur_start, cur_end = merged[index]
+    for start, end in merged[index + 1:]:
+        if start > cur_end + 1:
             kept.append((cur_start, cur_end))
-        cur_start, cur_end = start, end
-    if cur_end is not None:
-        kept.append((cur_start, cur_end))
+            cur_start, cur_end = start, end
+        elif end > cur_end:
+            cur_end = end
+    kept.append((cur_start, cur_end))
     return CommitState(stable, tuple(kept))
 
 
@@ -97,15 +102,19 @@ def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) ->
         return f"CommittedOffset is {committed_offset}; it must be -1 with OffsetRanges"
     if len(ranges) > max_ranges:
         return f"{len(ranges)} ranges; at most {max_ranges} (max.individual.commit.ranges)"
-    for start, end in ranges:
-        if start < 0 or end < 0:
+    ordered = sorted(ranges)
+    if ordered[0][0] < 0:
+        start, end = ordered[0]
+        return f"negative offset in range [{start}, {end}]"
+    previous = -1
+    for start, end in ordered:  # one pass: starts ascend, so every end is checked too
+        if end < 0:
             return f"negative offset in range [{start}, {end}]"
         if start > end:
             return f"range start {start} is above its end {end}"
-        if end >= MAX_OFFSET:
-            return f"range end {end} is beyond the largest offset"
-    ordered = sorted(ranges)
-    for (_, end), (start, _) in zip(ordered, ordered[1:]):
-        if start <= end:
+        if start <= previous:
             return f"ranges overlap at offset {start}"
+        previous = end
+    if previous >= MAX_OFFSET:
+        return f"range end {previous} is beyond the largest offset"
     return None
