@@ -218,3 +218,86 @@ async def test_control_records_are_amended_so_s_passes_transaction_markers(kafka
             nursery.start_soon(member, share)
     async with Consumer(proxy.bootstrap_servers, group_id=group) as reader:
         assert await reader.committed_ranges([tp]) == {tp: (end, [])}
+
+
+async def _process_all(consumer: Consumer, partitions: list[TopicPartition], total: int, *,
+                       midway=None, timeout: float = 120) -> list:
+    """Poll, mark and commit until every partition's position reaches its end and nothing
+    is pending; ``midway`` (awaited once, after a third of ``total`` records) disrupts."""
+    seen = []
+    disrupted = midway is None
+    with trio.fail_after(timeout):
+        while True:
+            batch = list(await consumer.poll(0.5))
+            seen.extend(batch)
+            consumer.mark_processed(*batch)
+            await consumer.commit()
+            if not disrupted and len(seen) >= total // 3:
+                disrupted = True
+                await midway()
+            if (len({r.offset for r in seen if r.partition == 0}) and not batch
+                    and all(consumer.current_lag(tp) == 0 and not consumer.pending_commit(tp) for tp in partitions)):
+                return seen
+
+
+async def test_a_proxy_restart_mid_stream_loses_nothing(kafka, proxy_factory, topic_factory):
+    from .conftest import free_ports
+
+    topic = topic_factory(kafka, partitions=3)
+    sent = _produce(kafka.bootstrap_servers, topic, {0: 300, 1: 300, 2: 300})
+    partitions = [TopicPartition(topic, p) for p in range(3)]
+    group = f"{topic}-group"
+    listen, node_base = free_ports(2)
+    ports = {"listen_port": listen, "node_port_base": str(node_base - kafka.nodes[0].node_id)}
+    proxies = [proxy_factory(kafka, **ports)]
+
+    async def restart() -> None:
+        await trio.to_thread.run_sync(proxies[-1].stop)
+        proxies.append(await trio.to_thread.run_sync(lambda: proxy_factory(kafka, **ports)))
+
+    async with Consumer(proxies[0].bootstrap_servers, group_id=group, allow_individual_commit=True,
+                        auto_offset_reset="earliest", max_poll_records=50, retry_backoff_ms=50) as consumer:
+        consumer.assign(partitions)
+        seen = await _process_all(consumer, partitions, 900, midway=restart)
+        assert len(proxies) == 2
+        assert consumer.metrics()["reconnects"] >= 1
+    by_partition = defaultdict(set)
+    for record in seen:
+        by_partition[record.partition].add(record.offset)
+        assert (record.key, record.value) == sent[record.partition][record.offset]
+    assert {p: len(o) for p, o in by_partition.items()} == {0: 300, 1: 300, 2: 300}
+    async with Consumer(proxies[-1].bootstrap_servers, group_id=group) as reader:
+        assert await reader.committed_ranges(partitions) == {tp: (300, []) for tp in partitions}
+
+
+async def test_leader_stops_mid_stream_and_the_members_carry_on(kafka_cluster, cluster_proxy, topic_factory):
+    from .test_proxy_failover import _leader
+
+    topic = topic_factory(kafka_cluster, replication_factor=3, configs={"min.insync.replicas": "2"})
+    sent = _produce(kafka_cluster.bootstrap_servers, topic, {0: 600})[0]
+    tp = TopicPartition(topic, 0)
+    group = f"{topic}-group"
+    stopped = []
+
+    async def stop_leader() -> None:
+        if not stopped:
+            stopped.append(_leader(kafka_cluster, topic))
+            await trio.to_thread.run_sync(kafka_cluster.stop_node, stopped[0])
+
+    seen: dict[int, list] = {}
+
+    async def member(i: int, share) -> None:
+        async with Consumer(cluster_proxy.bootstrap_servers, group_id=group, allow_individual_commit=True,
+                            auto_offset_reset="earliest", max_poll_records=40, retry_backoff_ms=50) as consumer:
+            consumer.assign({tp: [share]})
+            seen[i] = await _process_all(consumer, [tp], 300, midway=stop_leader)
+
+    async with trio.open_nursery() as nursery:
+        for i, share in enumerate(equal_shares(2)):
+            nursery.start_soon(member, i, share)
+    assert _leader(kafka_cluster, topic) != stopped[0]
+    offsets = sorted(r.offset for records in seen.values() for r in records)
+    assert offsets == list(range(600))  # each record once: nothing lost, nothing doubled
+    assert all((r.key, r.value) == sent[r.offset] for records in seen.values() for r in records)
+    async with Consumer(cluster_proxy.bootstrap_servers, group_id=group) as reader:
+        assert await reader.committed_ranges([tp]) == {tp: (600, [])}
