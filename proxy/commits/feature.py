@@ -57,10 +57,14 @@ class _KeyLocks:
                 entry = self._locks.setdefault(key, [trio.Semaphore(1), 0])
                 entry[1] += 1
                 try:
-                    await entry[0].acquire()
-                except BaseException:
-                    self._drop(key)
-                    raise
+                    # Uncontended (the usual case): no trip through the scheduler per key.
+                    entry[0].acquire_nowait()
+                except trio.WouldBlock:
+                    try:
+                        await entry[0].acquire()
+                    except BaseException:
+                        self._drop(key)
+                        raise
                 taken.append(key)
         except BaseException:
             self.release(taken)

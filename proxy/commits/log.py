@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from itertools import repeat
+from functools import lru_cache
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -31,6 +32,7 @@ from proxy.protocol.primitives import uvarint_bytes
 from proxy.protocol.messages import ApiKey
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
+from proxy.records.varint import encode_varint
 
 log = logging.getLogger("proxy.commits.log")
 
@@ -77,10 +79,58 @@ def group_partition(group: str, partitions: int) -> int:
     return value % partitions
 
 
-def encode_key(group: str, topic: str, partition: int) -> bytes:
+def encode_key_generic(group: str, topic: str, partition: int) -> bytes:
+    """IndividualCommitKey through the schema codec (the reference for ``encode_key``)."""
     return messages.encode_data(
         "IndividualCommitKey", messages.new_data("IndividualCommitKey", group=group, topic=topic, partition=partition)
     )
+
+
+_KEY_STRING = struct.Struct(">h")
+_KEY_TAIL = struct.Struct(">i")
+
+
+def encode_key(group: str, topic: str, partition: int) -> bytes:
+    """IndividualCommitKey v0 (int16 version, then non-flexible strings and the partition),
+    byte for byte what the schema codec writes (a unit test checks it)."""
+    group_bytes = group.encode()
+    topic_bytes = topic.encode()
+    if len(group_bytes) > 0x7FFF or len(topic_bytes) > 0x7FFF:
+        return encode_key_generic(group, topic, partition)  # let the codec refuse it
+    return b"".join((b"\x00\x00", _KEY_STRING.pack(len(group_bytes)), group_bytes, _KEY_STRING.pack(len(topic_bytes)),
+                     topic_bytes, _KEY_TAIL.pack(partition)))
+
+
+# Zigzag varints of small non-negative numbers, the lengths and offset deltas of log records.
+_SMALL_VARINTS = []
+for _number in range(1 << 13):
+    _value, _out = _number << 1, bytearray()
+    while _value >= 0x80:
+        _out.append((_value & 0x7F) | 0x80)
+        _value >>= 7
+    _out.append(_value)
+    _SMALL_VARINTS.append(bytes(_out))
+del _number, _value, _out
+_NULL_VARINT = b"\x01"  # zigzag(-1)
+
+
+def encode_records(records: list[tuple[bytes, bytes | None]]) -> list[bytes]:
+    """v2 records (attributes 0, timestamp delta 0, offset delta = position, no headers),
+    byte for byte what ``encode_record`` writes (a unit test checks it), for the small keys
+    and values of this log; anything larger goes through ``encode_record``."""
+    small = _SMALL_VARINTS
+    limit = len(small)
+    out = []
+    for delta, (key, value) in enumerate(records):
+        value_size = -1 if value is None else len(value)
+        if delta >= limit or len(key) >= limit or value_size >= limit:
+            out.append(encode_record(offset_delta=delta, key=key, value=value))
+            continue
+        body = b"".join((b"\x00\x00", small[delta], small[len(key)], key,
+                         _NULL_VARINT if value is None else small[value_size], value or b"", b"\x00"))
+        size = len(body)
+        out.append((small[size] if size < limit else encode_varint(size)) + body)
+    return out
 
 
 def encode_value_generic(state: CommitState) -> bytes:
@@ -94,7 +144,6 @@ def encode_value_generic(state: CommitState) -> bytes:
 
 
 _VALUE_HEAD = struct.Struct(">hq")
-_RANGE = struct.Struct(">qqB")
 
 
 def encode_value(state: CommitState) -> bytes:
@@ -104,9 +153,13 @@ def encode_value(state: CommitState) -> bytes:
     head = _VALUE_HEAD.pack(0, state.stable) + uvarint_bytes(len(ranges) + 1)
     if not ranges:
         return head + b"\x00"
-    starts, ends = zip(*ranges)
-    # Each range: Start, End, no tagged fields; then no tagged fields for the value.
-    return b"".join((head, *map(_RANGE.pack, starts, ends, repeat(0, len(ranges))), b"\x00"))
+    # Each range: Start, End, no tagged fields (a zero pad byte); then none for the value.
+    return head + _ranges_struct(len(ranges)).pack(*chain.from_iterable(ranges)) + b"\x00"
+
+
+@lru_cache(maxsize=256)
+def _ranges_struct(count: int) -> struct.Struct:
+    return struct.Struct(">" + "qqx" * count)
 
 
 def decode_key(data) -> tuple[str, str, int]:
@@ -542,7 +595,7 @@ class CommitLog:
         address = await self._leader(index, refresh)
         records = [record for item in batch for record in item.records]
         now = int(time.time() * 1000)
-        raw = [encode_record(offset_delta=n, key=key, value=value) for n, (key, value) in enumerate(records)]
+        raw = encode_records(records)
         blob = build_batch(base_offset=0, last_offset_delta=len(raw) - 1, records=raw, record_count=len(raw),
                            base_timestamp=now, max_timestamp=now, producer_id=producer_id, producer_epoch=epoch,
                            base_sequence=part.sequence)

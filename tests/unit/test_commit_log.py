@@ -51,3 +51,28 @@ def test_fast_value_encoder_writes_exactly_what_the_schema_codec_writes():
         assert decode_value(encode_value(state)) == state
 
     check()
+
+
+def test_fast_key_and_record_encoders_write_exactly_what_the_generic_ones_write():
+    from hypothesis import given, settings, strategies as st
+
+    from proxy.commits.log import encode_key_generic, encode_records
+    from proxy.records.builder import encode_record
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.text(max_size=300), st.text(max_size=300), st.integers(-(1 << 31), (1 << 31) - 1))
+    def keys(group, topic, partition):
+        assert encode_key(group, topic, partition) == encode_key_generic(group, topic, partition)
+        assert decode_key(encode_key(group, topic, partition)) == (group, topic, partition)
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(st.tuples(st.binary(max_size=200), st.one_of(st.none(), st.binary(max_size=20000))),
+                    max_size=40))
+    def records(items):
+        assert encode_records(items) == [encode_record(offset_delta=n, key=k, value=v)
+                                         for n, (k, v) in enumerate(items)]
+
+    keys()
+    records()
+    many = [(b"k", b"v" * 70)] * 9000  # offset deltas beyond the small-number table
+    assert encode_records(many) == [encode_record(offset_delta=n, key=k, value=v) for n, (k, v) in enumerate(many)]
