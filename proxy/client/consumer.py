@@ -151,14 +151,40 @@ class Consumer:
         self._started = False
         self._closed = False
         self._polling = False
+        # the background fetch exists only under `async with`, which owns its nursery
+        self._nursery_manager = None
+        self._nursery: trio.Nursery | None = None
+        self._prefetch: trio.Event | None = None
+        self._prefetch_received: set[TopicPartition] = set()
+        self._prefetch_error: BaseException | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> "Consumer":
-        await self.start()
+        manager = trio.open_nursery()
+        self._nursery = await manager.__aenter__()
+        self._nursery_manager = manager
+        try:
+            await self.start()
+        except BaseException:
+            await self._close_nursery()
+            raise
         return self
 
     async def __aexit__(self, *exc_info) -> None:
-        await self.close()
+        try:
+            await self._close_nursery()
+        finally:
+            await self.close()
+
+    async def _close_nursery(self) -> None:
+        """Cancel the background fetch and wait for it. The block's own exception is not
+        passed in: it propagates from ``async with`` as it was raised, not grouped."""
+        manager, self._nursery_manager = self._nursery_manager, None
+        if manager is None:
+            return
+        self._nursery.cancel_scope.cancel()
+        self._nursery = None
+        await manager.__aexit__(None, None, None)
 
     async def start(self) -> None:
         """Connect to a bootstrap server and learn its versions and features."""
@@ -580,24 +606,70 @@ class Consumer:
         while True:
             retry = False
             fetchable: list[TopicPartition] = []
-            try:
-                retry = await self._prepare()
-                fetchable = self._fetchable()
-                if fetchable:
-                    buffered = any(self._buffers.has_buffered(tp) for tp in self._assignment)
-                    remaining_ms = max(0, int((deadline - trio.current_time()) * 1000))
-                    wait_ms = 0 if buffered else min(self.config.fetch_max_wait_ms, remaining_ms)
-                    retry = await self._fetch(fetchable, wait_ms, received) or retry
-            except (*_NETWORK_ERRORS, RetriableError) as exc:
-                log.info("consumer: metadata or offsets request failed (%r); retrying", exc)
-                self._metadata_stale = True
-                retry = True
+            if self._prefetch is not None:
+                # A fetch runs in the background: serve what is buffered, or wait for it.
+                # Nothing else touches the connections meanwhile.
+                if not any(self._buffers.has_buffered(tp) for tp in self._assignment):
+                    with trio.move_on_at(deadline):
+                        await self._prefetch.wait()
+                if self._prefetch.is_set():
+                    self._finish_prefetch(received)
+            if self._prefetch is None:
+                try:
+                    retry = await self._prepare()
+                    fetchable = self._fetchable()
+                    if fetchable:
+                        buffered = any(self._buffers.has_buffered(tp) for tp in self._assignment)
+                        remaining_ms = max(0, int((deadline - trio.current_time()) * 1000))
+                        wait_ms = 0 if buffered else min(self.config.fetch_max_wait_ms, remaining_ms)
+                        retry = await self._fetch(fetchable, wait_ms, received) or retry
+                except (*_NETWORK_ERRORS, RetriableError) as exc:
+                    log.info("consumer: metadata or offsets request failed (%r); retrying", exc)
+                    self._metadata_stale = True
+                    retry = True
             result = self._drain(received)
             now = trio.current_time()
             if result or now >= deadline:
+                self._start_prefetch()
                 return result
-            if retry or not fetchable:
+            if self._prefetch is None and (retry or not fetchable):
                 await trio.sleep(min(self.config.retry_backoff_ms / 1000, deadline - now))
+
+    # -- background fetch ------------------------------------------------------------------
+    def _start_prefetch(self) -> None:
+        """Fetch the partitions ``poll`` just emptied while the application processes what
+        it returned, so the next poll finds records waiting (one fetch in flight at most,
+        only for partitions with nothing buffered: memory stays one fetch deep)."""
+        if self._nursery is None or self._prefetch is not None or self._closed or self._metadata_stale:
+            return
+        if not self._fetchable():
+            return
+        done = trio.Event()
+        self._prefetch = done
+        self._nursery.start_soon(self._run_prefetch, done)
+
+    async def _run_prefetch(self, done: trio.Event) -> None:
+        received: set[TopicPartition] = set()
+        try:
+            fetchable = self._fetchable()  # again: assign or seek may have run since
+            if fetchable:
+                await self._fetch(fetchable, self.config.fetch_max_wait_ms, received)
+        except (*_NETWORK_ERRORS, RetriableError) as exc:
+            log.info("consumer: background fetch failed (%r); retrying", exc)
+            self._metadata_stale = True
+        except (ConsumerError, ProtocolError) as exc:
+            self._prefetch_error = exc  # raised by the next poll
+        finally:
+            self._prefetch_received |= received
+            done.set()
+
+    def _finish_prefetch(self, received: set[TopicPartition]) -> None:
+        self._prefetch = None
+        received |= self._prefetch_received
+        self._prefetch_received = set()
+        error, self._prefetch_error = self._prefetch_error, None
+        if error is not None:
+            raise error
 
     def _drain(self, received: set[TopicPartition]) -> ConsumerRecords:
         records, positions = self._buffers.drain(self.config.max_poll_records)

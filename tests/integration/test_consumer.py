@@ -263,3 +263,30 @@ async def test_read_committed_skips_aborted_transactions(kafka, proxy, topic_fac
         assert [r.value for r in got] == committed
         assert consumer.metrics()["aborted_records_dropped"] == 40
         assert consumer.current_lag(tp) == 0
+
+
+async def test_the_next_records_are_fetched_while_the_application_works(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka)
+    for _ in range(10):  # ten batches of 20 records; a fetch of 1 KB returns about one
+        _produce(kafka.bootstrap_servers, topic, {0: 20})
+    tp = TopicPartition(topic, 0)
+    # at the end of the log the background fetch long-polls for 20 s; leaving the block
+    # cancels it at once, well inside this deadline
+    with trio.fail_after(DEADLINE):
+        async with Consumer(proxy.bootstrap_servers, auto_offset_reset="earliest", max_poll_records=1000,
+                            max_partition_fetch_bytes=1024, fetch_max_wait_ms=20_000) as consumer:
+            consumer.assign([tp])
+            first = await _consume_until(consumer, lambda got: len(got) > 0)
+            # the poll emptied the buffer: the next slice is fetched in the background
+            while not consumer._buffers.has_buffered(tp):
+                await trio.sleep(0.01)
+            assert consumer.metrics()["fetch_requests"] == 2
+            rest = await _consume_until(consumer, lambda got: len(first) + len(got) >= 200)
+            assert [r.offset for r in first + rest] == list(range(200))
+            while consumer._prefetch is None:
+                assert not await consumer.poll(0)
+    with pytest.raises(KeyError):  # an error in the block propagates as itself, not grouped
+        async with Consumer(proxy.bootstrap_servers, auto_offset_reset="earliest") as consumer:
+            consumer.assign([tp])
+            await _consume_until(consumer, lambda got: len(got) > 0)
+            raise KeyError("the application's own error")
