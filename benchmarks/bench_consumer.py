@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count(), "cpu": platform.machine(),
                     "load_average_at_start": [round(x, 2) for x in os.getloadavg()]},
         "method": (f"one partition of {records} records (100-byte values, {args.keys} keys); each record costs "
-                   f"{args.work_ms} ms of awaited work, sequential per consumer; individual commit after every "
+                   f"{args.work_ms} ms of awaited work, sequential per consumer, deadlines chained within a poll's "
+                   f"records (timer granularity not counted, time in poll counted); individual commit after every "
                    f"poll; aggregate rate over {args.window} s after {args.warmup} s of warm-up"),
         "runs": [],
     }
