@@ -17,13 +17,14 @@ Write order of a range commit (docs/individual-commit.md explains why):
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import trio
 from prometheus_client import Counter, Gauge, Histogram
 
-from proxy.commits.log import Cluster, CommitLog, CommitLogError
-from proxy.commits.state import CommitState, apply_plain, apply_ranges, rebase, validate
-from proxy.commits.wire import forward_frame, parse_request
+from proxy.commits.log import Cluster, CommitLog, CommitLogError, encode_value
+from proxy.commits.state import CommitState, apply_plain, apply_ranges, check as check_ranges, rebase, stable_after
+from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
 from proxy.protocol import messages
 from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.messages import ApiKey
@@ -45,41 +46,44 @@ Key = tuple[str, int]
 
 class _KeyLocks:
     """Serialises commits to one (group, topic, partition) across connections. A holder
-    releases when its response transform has run, or when its connection ends."""
+    releases when its response transform has run, or when its connection ends.
+
+    A held key maps to the queue of its waiters (empty when none); ownership passes to the
+    first waiter on release. Taking a free key costs a dict insertion, no scheduling."""
 
     def __init__(self) -> None:
-        self._locks: dict[tuple, list] = {}
+        self._held: dict[tuple, deque[trio.Event]] = {}
 
     async def acquire(self, keys: list[tuple]) -> None:
         taken = []
         try:
             for key in sorted(keys):
-                entry = self._locks.setdefault(key, [trio.Semaphore(1), 0])
-                entry[1] += 1
-                try:
-                    # Uncontended (the usual case): no trip through the scheduler per key.
-                    entry[0].acquire_nowait()
-                except trio.WouldBlock:
+                waiters = self._held.get(key)
+                if waiters is None:
+                    self._held[key] = deque()
+                else:
+                    handed = trio.Event()
+                    waiters.append(handed)
                     try:
-                        await entry[0].acquire()
+                        await handed.wait()
                     except BaseException:
-                        self._drop(key)
+                        if handed.is_set():
+                            taken.append(key)  # handed over as we were cancelled: ours to release
+                        else:
+                            waiters.remove(handed)
                         raise
                 taken.append(key)
         except BaseException:
             self.release(taken)
             raise
 
-    def _drop(self, key) -> None:
-        entry = self._locks[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self._locks[key]
-
     def release(self, keys) -> None:
         for key in keys:
-            self._locks[key][0].release()
-            self._drop(key)
+            waiters = self._held[key]
+            if waiters:
+                waiters.popleft().set()
+            else:
+                del self._held[key]
 
 
 class _EndCheck:
@@ -164,14 +168,14 @@ class IndividualCommitFeature:
                     refused[key] = INVALID_REQUEST
                     self._refused.labels("disabled").inc()
                     continue
-                reason = validate(part.committed_offset, ranges, self.max_ranges)
+                reason, ordered = check_ranges(part.committed_offset, ranges, self.max_ranges)
                 if reason is not None:
                     log.info("refusing range commit group=%s topic=%s partition=%s reason=%r", group, name,
                              part.index, reason)
                     refused[key] = INVALID_REQUEST
                     self._refused.labels("invalid").inc()
                     continue
-                range_commits.setdefault(key, []).append(ranges)
+                range_commits.setdefault(key, []).append(ordered)
         if not range_commits and not refused:
             if not self.enabled or not await self._has_state(group, plain):
                 return None
@@ -184,6 +188,8 @@ class IndividualCommitFeature:
             await self._locks.acquire(locked)
             conn.nursery.start_soon(self._hold, locked, done)
         new: dict[Key, CommitState] = {}
+        stable: dict[Key, int] = {}  # S' of each range commit, what the broker gets
+        later: dict[Key, tuple[CommitState, list]] = {}  # R' computed once the request is on its way
         basis: dict[Key, int] = {}  # log offset of the record each new state was computed from
         check: _EndCheck | None = None
         try:
@@ -203,9 +209,16 @@ class IndividualCommitFeature:
                     record = records.get(key)
                     basis[key] = record[0] if record is not None else -1
                     state = record[1] if record is not None else CommitState(max(coordinator.get(key, -1), 0))
+                    if len(commits) == 1:
+                        # The broker needs only S'; R' (and the log value) is computed while
+                        # the broker works.
+                        stable[key] = stable_after(state, commits[0])
+                        later[key] = (state, commits[0])
+                        continue
                     for ranges in commits:
                         state = apply_ranges(state, ranges)
                     new[key] = state
+                    stable[key] = state.stable
                 for key, offset in plain.items():
                     if key in records and key not in new:
                         new[key] = apply_plain(offset)
@@ -213,7 +226,7 @@ class IndividualCommitFeature:
             log.warning("individual-commit state unavailable group=%s reason=%r", group, str(exc))
             for key in range_commits:
                 refused[key] = COORDINATOR_NOT_AVAILABLE
-            new = {}
+            new, stable, later = {}, {}, {}
         except BaseException:
             done.set()
             raise
@@ -222,8 +235,8 @@ class IndividualCommitFeature:
         for number, (name, topic) in enumerate(zip(names, request.topics)):
             for part in topic.partitions:
                 key = (name, part.index)
-                if key in range_commits and key in new:
-                    offsets[(number, part.index)] = new[key].stable
+                if key in stable:
+                    offsets[(number, part.index)] = stable[key]
         upstream = forward_frame(request, lambda number, part: (names[number], part.index) not in refused, offsets)
         if not any((names[number], part.index) not in refused
                    for number, topic in enumerate(request.topics) for part in topic.partitions):
@@ -234,47 +247,77 @@ class IndividualCommitFeature:
             answer.set(messages.encode_response(ApiKey.OFFSET_COMMIT, version,
                                                 messages.new_response_header(peek.correlation_id), response))
             return Route(None, local=answer)
+        encoded: dict[Key, tuple[CommitState, bytes]] = {}
+        prepared = None
+        if later:
+            prepared = trio.Event()
+            conn.nursery.start_soon(self._prepare, later, new, encoded, prepared)
 
         async def transform(raw: bytes) -> bytes:
             try:
-                response_header, response = messages.decode_response(ApiKey.OFFSET_COMMIT, version, raw)
-                accepted: dict[Key, CommitState] = {}
-                for topic in response.topics:
-                    name = self._topic_name(topic)
-                    for part in topic.partitions:
-                        key = (name, part.partition_index)
-                        if key in new and part.error_code == 0:
-                            accepted[key] = new[key]
-                failed: dict[Key, int] = {}
+                if prepared is not None:
+                    await prepared.wait()
+                # The broker's answer as brokers send it is rewritten from slices; anything
+                # else (and a response that must list refused partitions) through the codec.
+                parsed = parse_response(raw, version) if not refused else None
+                if parsed is not None:
+                    response_names = [self._topic_name(topic) for topic in parsed.topics]
+                    results = [((name, part.index), part.error_code)
+                               for name, topic in zip(response_names, parsed.topics) for part in topic.partitions]
+                else:
+                    response_header, response = messages.decode_response(ApiKey.OFFSET_COMMIT, version, raw)
+                    results = [((self._topic_name(topic), part.partition_index), part.error_code)
+                               for topic in response.topics for part in topic.partitions]
+                accepted: dict[Key, CommitState] = {key: new[key] for key, error in results
+                                                    if error == 0 and key in new}
+                errors: dict[Key, int] = {}
                 if accepted and check is not None:
-                    await self._verify(request, check, range_commits, basis, accepted, failed)
+                    await self._verify(request, check, range_commits, basis, accepted, errors)
                 written = True
                 if accepted:
                     try:
-                        await self.log.write(group, accepted)
+                        await self.log.write(group, accepted, encoded)
                     except CommitLogError as exc:
                         log.error("individual-commit log write failed group=%s reason=%r", group, str(exc))
                         written = False
+                answered: dict[Key, int] = {}
+                for key, state in accepted.items():
+                    if not written:
+                        errors[key] = COORDINATOR_NOT_AVAILABLE
+                    elif key in range_commits:
+                        answered[key] = state.stable
+                        self._commits.inc()
+                self._export()
+                if parsed is not None:
+                    return rewrite_response(parsed, response_names, errors, answered)
                 for topic in response.topics:
                     name = self._topic_name(topic)
                     for part in topic.partitions:
                         key = (name, part.partition_index)
-                        if key in failed:
-                            part.error_code = failed[key]
-                        if key not in accepted:
-                            continue
-                        if not written:
-                            part.error_code = COORDINATOR_NOT_AVAILABLE
-                        elif key in range_commits:
-                            part.stable_offset = accepted[key].stable
-                            self._commits.inc()
+                        if key in errors:
+                            part.error_code = errors[key]
+                        if key in answered:
+                            part.stable_offset = answered[key]
                 self._add_refused(response, refused)
-                self._export()
                 return messages.encode_response(ApiKey.OFFSET_COMMIT, version, response_header, response)
             finally:
                 done.set()
 
         return Route(upstream, transform=transform)
+
+    async def _prepare(self, later: dict[Key, tuple[CommitState, list]], new: dict[Key, CommitState],
+                       encoded: dict[Key, tuple[CommitState, bytes]], ready: trio.Event) -> None:
+        """R' and the log values of the commit, computed while the broker handles it."""
+        try:
+            # Let the connection's reader send the request to the broker first (not needed
+            # for correctness: the transform waits for ``ready`` whatever the order).
+            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()
+            for key, (state, ranges) in later.items():
+                merged = new[key] = apply_ranges(state, ranges)
+                encoded[key] = (merged, encode_value(merged))
+        finally:
+            ready.set()
 
     async def _check_end(self, group: str, check: "_EndCheck") -> None:
         try:

@@ -536,17 +536,25 @@ class CommitLog:
         self.groups.setdefault(group, {})[key] = (offset, state)
 
     # -- writing ---------------------------------------------------------------------------------
-    async def write(self, group: str, updates: dict[tuple[str, int], CommitState | None]) -> None:
-        """Write the new states (None: a tombstone) with acks=all; returns once they are in the log."""
+    async def write(self, group: str, updates: dict[tuple[str, int], CommitState | None],
+                    encoded: dict[tuple[str, int], tuple[CommitState, bytes]] | None = None) -> None:
+        """Write the new states (None: a tombstone) with acks=all; returns once they are in the log.
+        ``encoded``: values already encoded, used for a key whose state is the very one given."""
         if not updates:
             return
         partitions = await self._topic_partitions(create=True)
         index = group_partition(group, partitions)
         part = self._part(index)
         keys = list(updates)
-        pending = _Pending([(encode_key(group, topic, partition),
-                             None if updates[(topic, partition)] is None else encode_value(updates[(topic, partition)]))
-                            for topic, partition in keys],
+        encoded = encoded or {}
+        values = []
+        for key in keys:
+            state = updates[key]
+            ready = encoded.get(key)
+            values.append(None if state is None else ready[1] if ready is not None and ready[0] is state
+                          else encode_value(state))
+        pending = _Pending([(encode_key(group, topic, partition), value)
+                            for (topic, partition), value in zip(keys, values)],
                            [(group, key, updates[key]) for key in keys])
         part.pending.append(pending)
         started = time.perf_counter()

@@ -81,6 +81,21 @@ def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
     return CommitState(stable, tuple(kept))
 
 
+def stable_after(state: CommitState, commit: Sequence[Range]) -> int:
+    """``apply_ranges(state, commit).stable`` without building R'. ``commit`` must be sorted
+    (as ``check`` returns it); when its first range starts above S, S stays (the held
+    ranges all start above S), with no pass over the ranges at all."""
+    stable = state.stable
+    if not commit or commit[0][0] > stable:
+        return stable
+    for start, end in sorted((*state.ranges, *commit)):
+        if start > stable:
+            break
+        if end >= stable:
+            stable = end + 1
+    return stable
+
+
 def apply_plain(offset: int) -> CommitState:
     """A plain commit of ``offset``: S = offset, R cleared."""
     return CommitState(offset, ())
@@ -96,25 +111,30 @@ def rebase(state: CommitState, stable: int) -> CommitState:
 
 def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> str | None:
     """Why a partition's range commit is invalid (INVALID_REQUEST), or None if it is valid."""
+    return check(committed_offset, ranges, max_ranges)[0]
+
+
+def check(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> tuple[str | None, list[Range]]:
+    """``validate``, and the ranges sorted (valid ones are then disjoint and ascending)."""
     if not ranges:
-        return "no ranges"
+        return "no ranges", []
     if committed_offset != -1:
-        return f"CommittedOffset is {committed_offset}; it must be -1 with OffsetRanges"
+        return f"CommittedOffset is {committed_offset}; it must be -1 with OffsetRanges", []
     if len(ranges) > max_ranges:
-        return f"{len(ranges)} ranges; at most {max_ranges} (max.individual.commit.ranges)"
+        return f"{len(ranges)} ranges; at most {max_ranges} (max.individual.commit.ranges)", []
     ordered = sorted(ranges)
     if ordered[0][0] < 0:
         start, end = ordered[0]
-        return f"negative offset in range [{start}, {end}]"
+        return f"negative offset in range [{start}, {end}]", ordered
     previous = -1
     for start, end in ordered:  # one pass: starts ascend, so every end is checked too
         if end < 0:
-            return f"negative offset in range [{start}, {end}]"
+            return f"negative offset in range [{start}, {end}]", ordered
         if start > end:
-            return f"range start {start} is above its end {end}"
+            return f"range start {start} is above its end {end}", ordered
         if start <= previous:
-            return f"ranges overlap at offset {start}"
+            return f"ranges overlap at offset {start}", ordered
         previous = end
     if previous >= MAX_OFFSET:
-        return f"range end {previous} is beyond the largest offset"
-    return None
+        return f"range end {previous} is beyond the largest offset", ordered
+    return None, ordered

@@ -31,7 +31,7 @@ _RANGE_SIZE = 17  # Start, End, an empty tagged-field section
 
 @lru_cache(maxsize=256)
 def _ranges_struct(count: int) -> struct.Struct:
-    return struct.Struct(">" + "qqB" * count)
+    return struct.Struct(">" + "qqx" * count)
 
 
 @dataclass(slots=True)
@@ -81,11 +81,10 @@ def _read_ranges(buf, pos: int, end: int) -> list[tuple[int, int]] | None:
     if length == 0:
         return None
     count = length - 1
-    if end - pos == count * _RANGE_SIZE:
+    if end - pos == count * _RANGE_SIZE and not any(buf[pos + 16:end:_RANGE_SIZE]):
         # Every range without tagged fields (what clients send): one unpack.
-        values = _ranges_struct(count).unpack_from(buf, pos) if count else ()
-        if not any(values[2::3]):
-            return list(zip(values[0::3], values[1::3]))
+        values = iter(_ranges_struct(count).unpack_from(buf, pos))
+        return list(zip(values, values))
     ranges = []
     for _ in range(count):
         if end - pos < 17:
@@ -211,4 +210,102 @@ def forward_frame(request: CommitRequest, keep, offsets: dict[tuple[int, int], i
     out.append(uvarint_bytes(len(topics) + 1))
     out.extend(topics)
     out.append(frame[request.body_tail:])
+    return b"".join(out)
+
+
+# -- OffsetCommit responses v8+ ---------------------------------------------------------------
+
+_STABLE_TAG = b"\x01" + uvarint_bytes(_TAG) + b"\x08"  # one tagged field: 10000, 8 bytes
+_PARTITION_HEAD = struct.Struct(">ih")
+
+
+@dataclass(slots=True)
+class ResponsePartition:
+    index: int
+    error_code: int
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class ResponseTopic:
+    name: str | None
+    topic_id: uuid.UUID | None
+    head: tuple[int, int]
+    partitions: list[ResponsePartition]
+    tail: tuple[int, int]
+
+
+@dataclass(slots=True)
+class CommitResponse:
+    topics: list[ResponseTopic]
+    frame: bytes
+    body_head: int  # where the topic array starts
+    body_tail: int  # the body's tagged-field section
+
+
+def parse_response(frame: bytes, version: int) -> CommitResponse | None:
+    """An OffsetCommit response v8+ as brokers send it, or None when it has anything this
+    reader does not rewrite (tagged fields in a partition): the caller then uses the codec."""
+    buf = memoryview(frame)
+    end = len(buf)
+    try:
+        pos = _skip_tags(buf, 4, end)  # header v1: correlation id, tagged fields
+        pos += 4  # ThrottleTimeMs
+        body_head = pos
+        count, pos = read_uvarint(buf, pos, end)
+        if count == 0:
+            return None
+        topics = []
+        for _ in range(count - 1):
+            head_start = pos
+            name = topic_id = None
+            if version >= 10:
+                topic_id = uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
+                pos += 16
+            else:
+                name, pos = read_compact_string(buf, pos, end)
+            head = (head_start, pos)
+            parts_count, pos = read_uvarint(buf, pos, end)
+            if parts_count == 0:
+                return None
+            partitions = []
+            for _ in range(parts_count - 1):
+                index, error = _PARTITION_HEAD.unpack_from(buf, pos)
+                if buf[pos + 6] != 0:
+                    return None
+                partitions.append(ResponsePartition(index, error, pos, pos + 7))
+                pos += 7
+            tail_start = pos
+            pos = _skip_tags(buf, pos, end)
+            topics.append(ResponseTopic(name, topic_id, head, partitions, (tail_start, pos)))
+        body_tail = pos
+        if _skip_tags(buf, pos, end) != end:
+            return None
+    except (struct.error, ProtocolError, IndexError):
+        return None
+    return CommitResponse(topics, frame, body_head, body_tail)
+
+
+def rewrite_response(response: CommitResponse, names: list[str], errors: dict[tuple[str, int], int],
+                     stable: dict[tuple[str, int], int]) -> bytes:
+    """The response with ``errors`` set and ``StableOffset`` (tag 10000) added, by (topic
+    name, partition); ``names`` holds each topic's name in order."""
+    frame = response.frame
+    # Up to the first topic (or the body's tagged fields): header, throttle time, topic count.
+    out = [frame[:response.topics[0].head[0] if response.topics else response.body_tail]]
+    for name, topic in zip(names, response.topics):
+        out.append(frame[topic.head[0]:topic.partitions[0].start] if topic.partitions
+                   else frame[topic.head[0]:topic.tail[0]])
+        for part in topic.partitions:
+            key = (name, part.index)
+            error = errors.get(key)
+            offset = stable.get(key)
+            if error is None and offset is None:
+                out.append(frame[part.start:part.end])
+                continue
+            out.append(_PARTITION_HEAD.pack(part.index, part.error_code if error is None else error))
+            out.append(b"\x00" if offset is None else _STABLE_TAG + _INT64.pack(offset))
+        out.append(frame[topic.tail[0]:topic.tail[1]])
+    out.append(frame[response.body_tail:])
     return b"".join(out)

@@ -153,3 +153,25 @@ def test_java_string_hash_and_group_partition():
     assert group_partition("polygenelubricants", 50) == 0
     assert group_partition("hello", 50) == 99162322 % 50
     assert group_partition("Aa", 7) == group_partition("BB", 7)  # equal Java hashes
+
+
+def test_stable_after_is_the_stable_offset_of_the_merge():
+    from hypothesis import given, settings, strategies as st
+
+    from proxy.commits.state import check, normalise, stable_after
+
+    ranges = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)).map(lambda r: (r[0], r[0] + r[1])),
+                      max_size=12)
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.integers(0, 40), ranges, ranges)
+    def run(stable, held, commit):
+        state = apply_ranges(CommitState(stable), held)  # a reachable state
+        commit = normalise(commit)
+        if not commit:
+            return
+        reason, ordered = check(-1, commit, 1000)
+        assert reason is None and ordered == commit
+        assert stable_after(state, ordered) == apply_ranges(state, commit).stable
+
+    run()

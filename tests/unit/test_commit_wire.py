@@ -7,7 +7,7 @@ import uuid
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from proxy.commits.wire import forward_frame, parse_request
+from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.messages import ApiKey
@@ -92,3 +92,59 @@ def test_ranges_and_metadata_are_read_and_truncated_or_trailing_bytes_refused():
         parse_request(frame[:-3])
     with pytest.raises(ProtocolError):
         parse_request(frame + b"\x00")
+
+
+_R = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([8, 9, 10]), st.integers(0, 1000),
+       st.lists(st.tuples(st.text(min_size=1, max_size=10), st.lists(st.tuples(st.integers(0, 1 << 20),
+                                                                             st.integers(0, 120)), max_size=6)),
+                max_size=4, unique_by=lambda t: t[0]),
+       st.data())
+def test_response_rewrite_matches_the_schema_codec(version, throttle, topics, data):
+    ids = {name: uuid.UUID(int=abs(hash(name)) + 1) for name, _ in topics}
+    body = messages.new_body(ApiKey.OFFSET_COMMIT, version, "response", throttle_time_ms=throttle, topics=[
+        _R.OffsetCommitResponseTopic(name=name if version < 10 else "",
+                                     topic_id=ids[name] if version >= 10 else uuid.UUID(int=0),
+                                     partitions=[_R.OffsetCommitResponsePartition(partition_index=i, error_code=e)
+                                                 for i, e in parts])
+        for name, parts in topics])
+    frame = messages.encode_response(ApiKey.OFFSET_COMMIT, version, messages.new_response_header(11), body)
+    parsed = parse_response(frame, version)
+    assert parsed is not None
+    assert [[(p.index, p.error_code) for p in t.partitions] for t in parsed.topics] == [parts for _, parts in topics]
+    keys = [(name, i) for name, parts in topics for i, _ in parts]
+    errors = data.draw(st.dictionaries(st.sampled_from(keys), st.integers(0, 120))) if keys else {}
+    stable = data.draw(st.dictionaries(st.sampled_from(keys), _offsets)) if keys else {}
+    for (name, _), topic in zip(topics, body.topics):
+        for part in topic.partitions:
+            key = (name, part.partition_index)
+            if key in errors:
+                part.error_code = errors[key]
+            if key in stable:
+                part.stable_offset = stable[key]
+    expected = messages.encode_response(ApiKey.OFFSET_COMMIT, version, messages.new_response_header(11), body)
+    assert rewrite_response(parsed, [name for name, _ in topics], errors, stable) == expected
+
+
+def test_a_response_with_partition_tagged_fields_is_left_to_the_codec():
+    body = messages.new_body(ApiKey.OFFSET_COMMIT, 9, "response", topics=[_R.OffsetCommitResponseTopic(
+        name="t", partitions=[_R.OffsetCommitResponsePartition(partition_index=0, error_code=0, stable_offset=5)])])
+    frame = messages.encode_response(ApiKey.OFFSET_COMMIT, 9, messages.new_response_header(1), body)
+    assert parse_response(frame, 9) is None
+    assert parse_response(frame[:-2], 9) is None
+
+
+def test_a_range_with_its_own_tagged_fields_is_read_on_the_slow_path():
+    import struct
+
+    frame = _frame(9, "g", 3, "m", None, [("t", [(0, -1, -1, None, [(1, 2), (4, 4)])])])
+    element = lambda s, e: struct.pack(">qq", s, e)  # noqa: E731
+    plain = b"\x90\x4e" + bytes([1 + 2 * 17]) + b"\x03" + element(1, 2) + b"\x00" + element(4, 4) + b"\x00"
+    assert plain in frame
+    tagged = b"\x90\x4e" + bytes([1 + 2 * 17 + 3]) + b"\x03" + element(1, 2) + b"\x01\x05\x01\x07" + element(4, 4) \
+        + b"\x00"
+    request = parse_request(frame.replace(plain, tagged))
+    assert request.topics[0].partitions[0].ranges == [(1, 2), (4, 4)]
