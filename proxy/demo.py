@@ -4,9 +4,11 @@
 2. A standard producer (kafka-python) writes keyed orders through the proxy; a standard
    consumer group reads them back through the proxy: it cannot tell the proxy from the
    broker, and sees only proxy addresses.
-3. Four key-range consumers share ONE partition, each fetching a quarter of the key-hash
-   space: every order reaches exactly one of them, each customer's orders stay in order,
-   and the broker is read about once thanks to the proxy's result cache.
+3. Four key-range consumers (``proxy.client.Consumer``) share ONE partition, each fetching
+   a quarter of the key-hash space: every order reaches exactly one of them, each
+   customer's orders stay in order, the broker is read about once thanks to the proxy's
+   result cache, and each consumer commits just the orders it processed (individual
+   commit), so the group's committed offset reaches the end as standard tools see it.
 4. Stops everything it started.
 
     python -m proxy.demo
@@ -17,23 +19,24 @@ from __future__ import annotations
 import re
 import sys
 import tempfile
-import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
+import trio
 
+from proxy.client import Consumer, TopicPartition
 from proxy.ranges import equal_shares
 from proxy.testing.kafka_cluster import KafkaCluster, KafkaHarnessError, kafka_version
 from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
-from proxy.testing.raw_client import RawClient, records_of
 
 TOPIC = "demo-orders"
 CUSTOMERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 RECORDS = 40
 SHARES = 4
+GROUP = "demo-order-workers"
 
 
 def step(text: str) -> None:
@@ -46,6 +49,41 @@ def _metric(url: str, name: str) -> float:
     for match in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
         total += float(match.group(1))
     return total
+
+
+async def _range_members(bootstrap: str) -> list[list[tuple[str, str]]]:
+    """Four trio consumers, one share each: process every order (a slow call of a few
+    milliseconds), mark it processed, commit the processed offsets after each poll."""
+    per_consumer: list[list[tuple[str, str]]] = [[] for _ in range(SHARES)]
+    tp = TopicPartition(TOPIC, 0)
+
+    async def member(i: int) -> None:
+        async with Consumer(bootstrap, group_id=GROUP, client_id=f"range-{i}", auto_offset_reset="earliest",
+                            allow_individual_commit=True, max_poll_records=3,
+                            max_partition_fetch_bytes=128) as consumer:  # small reads: the cache works
+            consumer.assign({tp: [equal_shares(SHARES)[i]]})
+            with trio.fail_after(60):
+                while consumer.position(tp) != RECORDS or consumer.pending_commit(tp):
+                    for record in await consumer.poll(0.5):
+                        await trio.sleep(0.005)  # the slow service call
+                        per_consumer[i].append((record.key.decode(), record.value.decode()))
+                        consumer.mark_processed(record)
+                    await consumer.commit()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(SHARES):
+            nursery.start_soon(member, i)
+    return per_consumer
+
+
+def _standard_committed(bootstrap: str) -> int | None:
+    from kafka.structs import TopicPartition as KafkaTopicPartition
+
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False)
+    try:
+        return reader.committed(KafkaTopicPartition(TOPIC, 0))
+    finally:
+        reader.close()
 
 
 def run() -> None:
@@ -91,31 +129,13 @@ def run() -> None:
                 consumer.close()
             print(f"consumed {len(standard)} orders, unfiltered, as from the broker itself")
 
-            step(f"{SHARES} key-range consumers share that one partition, a quarter of the key space each")
+            step(f"{SHARES} key-range consumers share that one partition, a quarter of the key space each, "
+                 f"and commit individually")
+            per_consumer = trio.run(_range_members, proxy.bootstrap_servers)
             owners: dict[str, set[int]] = defaultdict(set)
-            per_consumer: list[list[tuple[str, str]]] = [[] for _ in range(SHARES)]
-            clients = [RawClient.connect(proxy.bootstrap_servers, client_id=f"range-{i}") for i in range(SHARES)]
-            try:
-                topic_id = clients[0].topic_id(TOPIC)
-                for client in clients[1:]:
-                    client.topic_id(TOPIC)
-                positions = [0] * SHARES
-                deadline = time.monotonic() + 60
-                while min(positions) < RECORDS and time.monotonic() < deadline:
-                    for i, (client, share) in enumerate(zip(clients, equal_shares(SHARES))):
-                        if positions[i] >= RECORDS:
-                            continue
-                        entry = client.range_fetch(topic_id, 0, positions[i], [share], max_bytes=128)
-                        records, next_offset = records_of(entry.records)
-                        for record in records:
-                            if record.offset >= positions[i]:
-                                per_consumer[i].append((record.key.decode(), record.value.decode()))
-                                owners[record.key.decode()].add(i)
-                        positions[i] = next_offset if next_offset is not None else positions[i]
-            finally:
-                for client in clients:
-                    client.close()
             for i, got in enumerate(per_consumer):
+                for key, _ in got:
+                    owners[key].add(i)
                 customers = sorted({key for key, _ in got})
                 print(f"  consumer {i}: {len(got):2d} orders, customers {', '.join(customers) or '-'}")
             total = sum(len(got) for got in per_consumer)
@@ -124,12 +144,17 @@ def run() -> None:
             for customer in CUSTOMERS[:3]:
                 mine = [value for got in per_consumer for key, value in got if key == customer]
                 print(f"  {customer:>5}'s orders, in produce order: {' '.join(mine)}")
+            committed = _standard_committed(kafka.bootstrap_servers)
+            print(f"group {GROUP!r} as standard tools see it at the broker: committed offset {committed} "
+                  f"of {RECORDS} (every order processed, though out of order across consumers)")
             hits = _metric(proxy.metrics_url, "kafka_proxy_keyrange_cache_hits_total")
             read = _metric(proxy.metrics_url, "kafka_proxy_keyrange_broker_bytes_total")
             print(f"proxy result cache: {hits:.0f} shares served without reading the broker; "
                   f"{read / 1024:.1f} KiB read from the broker for the range consumers")
             if total != RECORDS or sorted(standard) != sorted(v for got in per_consumer for v in got):
                 raise SystemExit("demo failed: the range consumers did not receive exactly the topic's records")
+            if committed != RECORDS:
+                raise SystemExit(f"demo failed: the group's committed offset is {committed}, not {RECORDS}")
         finally:
             step("Stopping the proxy and the broker")
             proxy.stop()
