@@ -3,8 +3,9 @@
 The group's state (DESIGN.md section 3) is (S, R): every offset below S is processed, and R
 holds processed ranges above S. The consumer keeps its own view of it:
 
-* ``stable`` and ``committed``: S and R as the group last told us (OffsetFetch on start,
-  StableOffset on every acknowledged commit). A record in them is never handed out again.
+* ``stable`` and ``committed``: S as the group last told us (OffsetFetch on start,
+  StableOffset on every acknowledged commit) and R as OffsetFetch gave it when the
+  partition was assigned. A record in them is never handed out again.
 * ``pending``: offsets the application marked processed (and gaps nobody will process) that
   no commit has carried to the group yet. A commit sends them as OffsetRanges; they leave
   ``pending`` only when the commit is acknowledged, so a failed commit loses nothing.
@@ -128,7 +129,8 @@ class PartitionProgress:
         """A range commit of ``sent`` was acknowledged; the group's S is now ``stable``."""
         for start, end in sent:
             self.pending.remove(start, end)
-            self.committed.add(start, end)
+        # What this consumer committed lies below its position, where it fetches no more;
+        # remembering it would only grow while S waits for a slower member.
         self._advance(stable)
 
     def contiguous(self) -> int | None:
