@@ -15,6 +15,7 @@ of offset O sets S = O and clears R (standard Kafka semantics).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import le, lt
 from typing import Iterable, Sequence
 
 INVALID_REQUEST = 42
@@ -123,6 +124,9 @@ def check(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> tu
     if len(ranges) > max_ranges:
         return f"{len(ranges)} ranges; at most {max_ranges} (max.individual.commit.ranges)", []
     ordered = sorted(ranges)
+    starts, ends = zip(*ordered)
+    if starts[0] >= 0 and all(map(le, starts, ends)) and all(map(lt, ends, starts[1:])) and ends[-1] < MAX_OFFSET:
+        return None, ordered  # the usual case, checked without a Python loop; otherwise, why:
     if ordered[0][0] < 0:
         start, end = ordered[0]
         return f"negative offset in range [{start}, {end}]", ordered

@@ -175,3 +175,20 @@ def test_stable_after_is_the_stable_offset_of_the_merge():
         assert stable_after(state, ordered) == apply_ranges(state, commit).stable
 
     run()
+
+
+def test_validation_accepts_exactly_the_sorted_disjoint_non_negative_ranges():
+    from hypothesis import given, settings, strategies as st
+
+    from proxy.commits.state import MAX_OFFSET
+
+    offsets = st.one_of(st.integers(-3, 40), st.sampled_from([MAX_OFFSET - 1, MAX_OFFSET, MAX_OFFSET + 1]))
+
+    @settings(max_examples=1000, deadline=None)
+    @given(st.lists(st.tuples(offsets, offsets), min_size=1, max_size=8))
+    def run(ranges):
+        valid = all(0 <= s <= e < MAX_OFFSET for s, e in ranges) and all(
+            a[1] < b[0] or b[1] < a[0] for i, a in enumerate(ranges) for b in ranges[i + 1:])
+        assert (validate(-1, ranges, 100) is None) == valid, validate(-1, ranges, 100)
+
+    run()
