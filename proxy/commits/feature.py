@@ -3,15 +3,19 @@ OffsetDelete hooks on the router, and their metrics (DESIGN.md sections 3 and 4)
 
 Write order of a range commit (docs/individual-commit.md explains why):
 
-1. In the request hook, under a per-(group, topic, partition) lock: read the group's log
-   partition to its end, compute (S', R') from the current state and the ranges, and
-   forward a standard OffsetCommit carrying S' for those partitions.
+1. In the request hook, under a per-(group, topic, partition) lock: compute S' from the
+   state this instance holds and forward a standard OffsetCommit carrying S' for those
+   partitions; the group's log partition is read to its end alongside (first use: before).
+   R' and the log values are computed while the broker works.
 2. The broker checks generation and membership and stores S'. A partition it rejects
    changes nothing: no log write, no memory change.
-3. In the response transform, for partitions the broker accepted, (S', R') is written to
-   the log with acks=all; only then does the response (with StableOffset) leave. If the
-   log write fails the partition is answered COORDINATOR_NOT_AVAILABLE (retriable), so no
-   commit is acknowledged that is not in the log.
+3. In the response transform, for partitions the broker accepted: once the log's end is
+   read, a key another instance wrote meanwhile is merged again from that record (and the
+   coordinator given the corrected S if it differs); then the states are written to the
+   log with acks=all, and only then does the response (with StableOffset) leave. If the
+   end cannot be read or the write fails, the partition is answered
+   COORDINATOR_NOT_AVAILABLE (retriable), so no commit is acknowledged that is not in the
+   log, and none is written from stale state.
 """
 
 from __future__ import annotations
@@ -286,7 +290,8 @@ class IndividualCommitFeature:
                         errors[key] = COORDINATOR_NOT_AVAILABLE
                     elif key in range_commits:
                         answered[key] = state.stable
-                        self._commits.inc()
+                if answered:
+                    self._commits.inc(len(answered))
                 self._export()
                 if parsed is not None:
                     return rewrite_response(parsed, response_names, errors, answered)
@@ -338,7 +343,8 @@ class IndividualCommitFeature:
         from that record; if S changed, the broker (which stored the optimistic S) gets the
         corrected S through the proxy's own connection, with the client's generation and
         member. A key that cannot be brought up to date is removed from ``accepted`` (not
-        written, not acknowledged) and answered with a retriable error in ``failed``."""
+        written, not acknowledged) and answered in ``failed`` with the broker's refusal of
+        the correction, or COORDINATOR_NOT_AVAILABLE (retriable)."""
         group = request.group
         await check.done.wait()
         if check.error is not None:
@@ -357,14 +363,10 @@ class IndividualCommitFeature:
             if key not in range_commits:
                 # A plain commit (S = O, R cleared) does not depend on the previous state.
                 continue
-            if record is None:
-                # Deleted by another instance meanwhile: the base S would be the coordinator's,
-                # which now holds the optimistic S. Not acknowledged; the client's retry
-                # computes from the current state.
-                failed[key] = COORDINATOR_NOT_AVAILABLE
-                del accepted[key]
-                continue
-            state = record[1]
+            # Deleted by another instance meanwhile (its offsets went with it): the commit
+            # starts from nothing, S = 0; the coordinator holds the optimistic S and is
+            # corrected below if that differs.
+            state = record[1] if record is not None else CommitState(0)
             for ranges in range_commits[key]:
                 state = apply_ranges(state, ranges)
             if state.stable == accepted[key].stable:
@@ -385,7 +387,7 @@ class IndividualCommitFeature:
             if error == 0:
                 accepted[key] = state
             else:
-                failed[key] = error if error else COORDINATOR_NOT_AVAILABLE
+                failed[key] = error
                 del accepted[key]
 
     async def _hold(self, keys, done: trio.Event) -> None:

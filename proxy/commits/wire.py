@@ -200,8 +200,8 @@ def forward_frame(request: CommitRequest, keep, offsets: dict[tuple[int, int], i
                 pieces.append(frame[part.start:part.offset_at])
                 pieces.append(_INT64.pack(offset))
                 pieces.append(frame[part.offset_at + 8:part.tags_at])
-            if part.ranges is None and not part.other_tags and part.end - part.tags_at == 1:
-                pieces.append(b"\x00")
+            if not part.other_tags:
+                pieces.append(b"\x00")  # no tagged fields left
             else:
                 pieces.append(uvarint_bytes(len(part.other_tags)))
                 pieces.extend(frame[a:b] for a, b in part.other_tags)

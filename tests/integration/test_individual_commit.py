@@ -323,7 +323,7 @@ def test_a_second_instance_writing_between_two_commits_is_detected_and_merged(ka
     from proxy.testing.wait import wait_until
 
     other = proxy_factory(kafka)
-    topic = topic_factory(kafka, partitions=3)
+    topic = topic_factory(kafka, partitions=4)
     group = _group()
 
     def foreign_writes() -> float:
@@ -332,28 +332,35 @@ def test_a_second_instance_writing_between_two_commits_is_detected_and_merged(ka
                    if line.startswith("kafka_proxy_individual_commit_foreign_writes_total"))
 
     with CommitClient(proxy.bootstrap_servers, group) as a, CommitClient(other.bootstrap_servers, group) as b:
-        assert a.commit(topic, {0: [(0, 4)], 1: [(0, 0)], 2: [(0, 4), (8, 9)]}) == {0: (0, 5), 1: (0, 1), 2: (0, 5)}
+        assert a.commit(topic, {0: [(0, 4)], 1: [(0, 0)], 2: [(0, 4), (8, 9)], 3: [(0, 4)]}) == \
+            {0: (0, 5), 1: (0, 1), 2: (0, 5), 3: (0, 5)}
         # The same state through A again: A's memory is current, no foreign write seen.
         assert a.fetch(topic, [0, 1, 2]) == {0: (5, []), 1: (1, []), 2: (5, [(8, 9)])}
         seen = foreign_writes()
-        # B writes all three: S moves on (0), a range is added above S (1), a plain commit
-        # resets S below what A holds (2).
+        # B writes all four: S moves on (0), a range is added above S (1), a plain commit
+        # resets S below what A holds (2), the offsets are deleted (3).
         assert b.commit(topic, {0: [(5, 9)], 1: [(10, 10)]}) == {0: (0, 10), 1: (0, 1)}
         assert b.commit(topic, {2: 2}) == {2: (0, -1)}
-        assert b.fetch(topic, [0, 1, 2]) == {0: (10, []), 1: (1, [(10, 10)]), 2: (2, [])}
-        # A's stale memory would give S 5 (0), lose [10-10] (1) and claim S 10 (2).
-        assert a.commit(topic, {0: [(20, 29)], 1: [(20, 20)], 2: [(5, 7)]}) == {0: (0, 10), 1: (0, 1), 2: (0, 2)}
-        expected = {0: (10, [(20, 29)]), 1: (1, [(10, 10), (20, 20)]), 2: (2, [(5, 7)])}
-        assert a.fetch(topic, [0, 1, 2]) == expected
-        assert b.fetch(topic, [0, 1, 2]) == expected
-        assert foreign_writes() - seen == 3
+        with RawClient(*b.client.sock.getpeername()[:2]) as raw:
+            cls = messages.body_class(ApiKey.OFFSET_DELETE, "request")
+            deleted = raw.call(ApiKey.OFFSET_DELETE, 0, group_id=group, topics=[
+                cls.OffsetDeleteRequestTopic(name=topic, partitions=[cls.OffsetDeleteRequestPartition(partition_index=3)])])
+            assert deleted.error_code == 0
+        assert b.fetch(topic, [0, 1, 2, 3]) == {0: (10, []), 1: (1, [(10, 10)]), 2: (2, []), 3: (-1, [])}
+        # A's stale memory would give S 5 (0), lose [10-10] (1), claim S 10 (2) and S 5 (3).
+        assert a.commit(topic, {0: [(20, 29)], 1: [(20, 20)], 2: [(5, 7)], 3: [(10, 12)]}) == \
+            {0: (0, 10), 1: (0, 1), 2: (0, 2), 3: (0, 0)}
+        expected = {0: (10, [(20, 29)]), 1: (1, [(10, 10), (20, 20)]), 2: (2, [(5, 7)]), 3: (0, [(10, 12)])}
+        assert a.fetch(topic, [0, 1, 2, 3]) == expected
+        assert b.fetch(topic, [0, 1, 2, 3]) == expected
+        assert foreign_writes() - seen == 4
         # Back to normal: A's memory is current again.
         assert a.commit(topic, {0: [(10, 19)]}) == {0: (0, 30)}
-        assert foreign_writes() - seen == 3
+        assert foreign_writes() - seen == 4
     with CommitClient(kafka.bootstrap_servers, group) as direct:
-        assert direct.fetch(topic, [0, 1, 2]) == {0: (30, []), 1: (1, []), 2: (2, [])}
+        assert direct.fetch(topic, [0, 1, 2, 3]) == {0: (30, []), 1: (1, []), 2: (2, []), 3: (0, [])}
     # A third instance that starts now rebuilds exactly the same from the log.
     third = proxy_factory(kafka)
     with CommitClient(third.bootstrap_servers, group) as c:
-        assert wait_until(lambda: c.fetch(topic, [0, 1, 2]), timeout=30, what="state from a fresh instance") == \
-            {0: (30, []), 1: (1, [(10, 10), (20, 20)]), 2: (2, [(5, 7)])}
+        assert wait_until(lambda: c.fetch(topic, [0, 1, 2, 3]), timeout=30, what="state from a fresh instance") == \
+            {0: (30, []), 1: (1, [(10, 10), (20, 20)]), 2: (2, [(5, 7)]), 3: (0, [(10, 12)])}
