@@ -61,3 +61,106 @@ def produce_acks(frame, peek: RequestHeaderPeek) -> int:
         raise ProtocolError(exc.reason, api_key=PRODUCE_API_KEY, version=version, offset=exc.offset) from None
     except struct.error:
         raise ProtocolError("Produce request truncated", api_key=0, version=version, offset=pos) from None
+
+
+# -- Fetch responses -------------------------------------------------------------------------
+#
+# A Fetch response is almost all record bytes. The only part the proxy may rewrite is the
+# top-level tagged fields at its very end (NodeEndpoints, tag 0, v16+), so instead of
+# decoding the response the proxy walks its structure, stepping over record sets by their
+# length, to where those tagged fields begin. The walk is a generator so that it can follow
+# a frame that is still arriving: it yields ``(need, safe)`` when it needs the frame filled
+# up to ``need``, where every byte before ``safe`` is known to lie before the tagged fields;
+# resume it with ``send(filled)``. It returns the offset of the top-level tagged fields.
+
+FETCH_FIRST_FLEXIBLE_VERSION = 12
+FETCH_NODE_ENDPOINTS_VERSION = 16
+FETCH_FIRST_TOPIC_ID_VERSION = 13
+NODE_ENDPOINTS_TAG = 0
+_PARTITION_FIXED = 4 + 2 + 8 + 8 + 8  # index, error code, high watermark, last stable, log start
+_ABORTED_TRANSACTION_FIXED = 8 + 8  # producer id, first offset
+
+
+def _fill(state: list, size: int, need: int, safe: int):
+    if need > size:
+        raise ProtocolError("Fetch response ends inside a field", api_key=1, offset=size)
+    while state[0] < need:
+        state[0] = yield (need, safe)
+
+
+def _walk_uvarint(buf, state: list, size: int, pos: int):
+    yield from _fill(state, size, min(pos + 5, size), pos)
+    return read_uvarint(buf, pos)
+
+
+def _walk_tagged_fields(buf, state: list, size: int, pos: int):
+    count, pos = yield from _walk_uvarint(buf, state, size, pos)
+    for _ in range(count):
+        _tag, pos = yield from _walk_uvarint(buf, state, size, pos)
+        length, pos = yield from _walk_uvarint(buf, state, size, pos)
+        pos += length
+        yield from _fill(state, size, pos, pos - length)
+    return pos
+
+
+def walk_fetch_response(buf, size: int, version: int, filled: int):
+    """Generator: the offset of the top-level tagged fields of a Fetch response frame
+    (response header included) of ``size`` bytes, of which ``filled`` are in ``buf``."""
+    if version < FETCH_FIRST_FLEXIBLE_VERSION:
+        raise ValueError("only flexible Fetch responses (v12+) end with tagged fields")
+    state = [filled]
+    pos = 4  # correlation id
+    yield from _fill(state, size, pos, 0)
+    pos = yield from _walk_tagged_fields(buf, state, size, pos)  # response header v1
+    pos += 4 + 2 + 4  # throttle time, error code, session id
+    yield from _fill(state, size, pos, pos)
+    topics, pos = yield from _walk_uvarint(buf, state, size, pos)
+    for _ in range(topics - 1):
+        if version >= FETCH_FIRST_TOPIC_ID_VERSION:
+            pos += 16
+        else:
+            length, pos = yield from _walk_uvarint(buf, state, size, pos)
+            pos += max(length - 1, 0)
+        yield from _fill(state, size, pos, pos)
+        partitions, pos = yield from _walk_uvarint(buf, state, size, pos)
+        for _ in range(partitions - 1):
+            pos += _PARTITION_FIXED
+            yield from _fill(state, size, pos, pos)
+            aborted, pos = yield from _walk_uvarint(buf, state, size, pos)
+            for _ in range(aborted - 1):
+                pos += _ABORTED_TRANSACTION_FIXED
+                yield from _fill(state, size, pos, pos)
+                pos = yield from _walk_tagged_fields(buf, state, size, pos)
+            pos += 4  # preferred read replica
+            yield from _fill(state, size, pos, pos)
+            length, pos = yield from _walk_uvarint(buf, state, size, pos)
+            pos += max(length - 1, 0)  # the record set: stepped over, all of it safe
+            yield from _fill(state, size, pos, pos)
+            pos = yield from _walk_tagged_fields(buf, state, size, pos)
+        pos = yield from _walk_tagged_fields(buf, state, size, pos)
+    return pos
+
+
+def fetch_response_tail(frame, version: int) -> int:
+    """Offset of the top-level tagged fields of a complete Fetch response frame (v12+)."""
+    walk = walk_fetch_response(frame, len(frame), version, len(frame))
+    try:
+        next(walk)
+    except StopIteration as done:
+        return done.value
+    raise ProtocolError("Fetch response ends inside a field", api_key=1, version=version, offset=len(frame))
+
+
+def has_tag(frame, pos: int, tag: int) -> bool:
+    """Whether the tagged fields at ``pos`` (which end the frame) carry ``tag``; checks that
+    they end exactly at the end of the frame."""
+    count, pos = read_uvarint(frame, pos)
+    found = False
+    for _ in range(count):
+        this_tag, pos = read_uvarint(frame, pos)
+        length, pos = read_uvarint(frame, pos)
+        pos += length
+        found |= this_tag == tag
+    if pos != len(frame):
+        raise ProtocolError(f"Fetch response has {len(frame) - pos} bytes after its last field", offset=pos)
+    return found

@@ -31,7 +31,7 @@ from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
 from proxy.server.metrics import ProxyMetrics, serve_metrics
 from proxy.server.routing import Router
-from proxy.server.upstream import connect, listener_ssl_context, upstream_ssl_context
+from proxy.server.upstream import connect, listener_ssl_context, tune_socket, upstream_ssl_context
 
 log = logging.getLogger("proxy.server")
 
@@ -254,6 +254,7 @@ class ProxyServer:
                 self.metrics.errors.labels("tls_handshake").inc()
                 await trio.aclose_forcefully(stream)
                 return
+        tune_socket(stream, self.config.get("socket.send.buffer.bytes"))
         idle_ms = self.config.get("connections.max.idle.ms")
         connection = ClientConnection(
             stream,
@@ -296,6 +297,7 @@ class ProxyServer:
                 failures.append(f"{host}:{port} ({exc})")
                 continue
             self.metrics.upstream_connects.inc()
+            tune_socket(stream, self.config.get("socket.send.buffer.bytes"))
             return stream
         raise UpstreamUnavailable("; ".join(failures) or "no broker address known")
 

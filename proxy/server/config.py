@@ -107,6 +107,11 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
     Setting("max.inflight.requests.per.connection", _parse_int, 64,
             "Requests awaiting a response per connection before the proxy stops reading from the client.",
             _at_least(1)),
+    Setting("socket.send.buffer.bytes", _parse_int, 1048576,
+            "SO_SNDBUF of the proxy's sockets (to clients and to brokers); -1 keeps the operating system's "
+            "default. Large enough for a whole Fetch response, the proxy hands it to the kernel in one write.",
+            lambda value: None if value == -1 or value >= 4096
+            else "must be -1 (the operating system's default) or at least 4096"),
     Setting("connections.max.idle.ms", _parse_int, 540000, "Close a connection idle this long.", _at_least(1000)),
     Setting("upstream.connect.timeout.ms", _parse_int, 10000, "Deadline to connect to a broker.", _at_least(1)),
     Setting("shutdown.drain.timeout.ms", _parse_int, 30000,

@@ -34,6 +34,16 @@ _connection_ids = itertools.count(1)
 UpstreamOpener = Callable[[], Awaitable[trio.abc.Stream]]
 
 
+def check_correlation_id(response, exchange: Exchange) -> None:
+    correlation_id = peek_correlation_id(response)
+    if correlation_id != exchange.correlation_id:
+        raise ProtocolError(
+            f"broker answered correlation id {correlation_id}, expected {exchange.correlation_id}",
+            api_key=exchange.api_key,
+            version=exchange.api_version,
+        )
+
+
 class UpstreamUnavailable(Exception):
     """No broker could be reached for this connection."""
 
@@ -162,9 +172,13 @@ class ClientConnection:
                             request_bytes=len(frame) + 4,
                             transform=route.transform,
                             local=route.local,
+                            relay=route.relay,
                         )
-                        # Blocks while max_inflight exchanges wait: backpressure on the client.
-                        await exchanges.send(exchange)
+                        try:  # no trip through the scheduler while there is room
+                            exchanges.send_nowait(exchange)
+                        except trio.WouldBlock:
+                            # max_inflight exchanges wait: stop reading, backpressure on the client.
+                            await exchanges.send(exchange)
                         self._inflight += 1
                         metrics.inflight.inc()
                     if route.upstream_frame is not None:
@@ -179,28 +193,30 @@ class ClientConnection:
             async for exchange in exchanges:
                 if exchange.local is not None:
                     response = await exchange.local.wait()
+                    await self.client.send_frame(response)
+                    size = len(response)
+                elif exchange.relay is not None:
+                    # Passed on while it arrives, rewritten (if at all) in place.
+                    size = await upstream.relay_frame(self.client, exchange.correlation_id, exchange.relay)
                 else:
                     response = await upstream.receive_frame()
-                    if response is None:
-                        log.info("upstream closed conn=%s peer=%s target=%s", self.id, self.peer, self.target)
-                        scope.cancel()
-                        return
-                    correlation_id = peek_correlation_id(response)
-                    if correlation_id != exchange.correlation_id:
-                        raise ProtocolError(
-                            f"broker answered correlation id {correlation_id}, expected {exchange.correlation_id}",
-                            api_key=exchange.api_key,
-                            version=exchange.api_version,
-                        )
-                    if exchange.transform is not None:
-                        response = await exchange.transform(response)
-                await self.client.send_frame(response)
+                    size = None
+                    if response is not None:
+                        check_correlation_id(response, exchange)
+                        if exchange.transform is not None:
+                            response = await exchange.transform(response)
+                        await self.client.send_frame(response)
+                        size = len(response)
+                if size is None:
+                    log.info("upstream closed conn=%s peer=%s target=%s", self.id, self.peer, self.target)
+                    scope.cancel()
+                    return
                 now = trio.current_time()
                 self._last_activity = now
                 self._inflight -= 1
                 metrics.inflight.dec()
                 _, _, response_bytes, latency = metrics.for_api(exchange.api_key)
-                response_bytes.inc(len(response) + 4)
+                response_bytes.inc(size + 4)
                 latency.observe(now - exchange.received_at)
         # The reader is done and every exchange is answered: close in order.
         scope.cancel()

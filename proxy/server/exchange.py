@@ -9,7 +9,7 @@ order, so responses leave in request order whatever their source, as Kafka requi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -51,4 +51,5 @@ class Exchange:
     request_bytes: int
     transform: ResponseTransform | None = None
     local: LocalAnswer | None = None
+    relay: Any = None  # a streams.Relay: the response goes on while it arrives
     notes: dict = field(default_factory=dict)

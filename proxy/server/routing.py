@@ -15,9 +15,15 @@ from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.messages import ApiKey
-from proxy.protocol.peek import produce_acks
+from proxy.protocol.peek import FETCH_FIRST_FLEXIBLE_VERSION, FETCH_NODE_ENDPOINTS_VERSION, produce_acks, walk_fetch_response
 from proxy.server.exchange import LocalAnswer, ResponseTransform
-from proxy.server.rewrite import ADDRESS_REWRITERS, clamp_api_versions
+from proxy.server.rewrite import (
+    ADDRESS_REWRITERS,
+    FIRST_VERSION_WITH_ADDRESSES,
+    clamp_api_versions,
+    rewrite_fetch_tail,
+)
+from proxy.server.streams import OPAQUE, Relay
 
 log = logging.getLogger("proxy.routing")
 
@@ -32,12 +38,15 @@ class Route:
     ``expect_response``: whether the broker will answer (False only for acks=0 Produce).
     ``transform``: rewrites the broker's response frame on its way back.
     ``local``: the proxy answers by itself; nothing is expected from the broker.
+    ``relay``: instead of a transform, the response may go on to the client while it
+    arrives (see ``FrameStream.relay_frame``).
     """
 
     upstream_frame: bytes | None
     expect_response: bool = True
     transform: ResponseTransform | None = None
     local: LocalAnswer | None = None
+    relay: Relay | None = None
 
 
 # A hook gets the client connection (``id``, ``peer``, ``nursery``, ``state``), the header
@@ -90,11 +99,27 @@ class Router:
         if api_key == ApiKey.API_VERSIONS:
             return Route(frame, transform=self._api_versions_transform(peek))
         rewriter = ADDRESS_REWRITERS.get(api_key)
-        if rewriter is not None:
-            return Route(frame, transform=self._address_transform(peek, rewriter))
-        return Route(frame)
+        if rewriter is None or peek.api_version < FIRST_VERSION_WITH_ADDRESSES.get(api_key, 0):
+            return Route(frame, relay=OPAQUE)
+        if api_key == ApiKey.FETCH:
+            return Route(frame, relay=self._fetch_relay(peek.api_version))
+        return Route(frame, transform=self._address_transform(peek, rewriter))
 
     # -- response transforms --------------------------------------------------------------
+    def _fetch_relay(self, version: int) -> Relay:
+        """A Fetch response streams through; only its top-level tagged fields, where the
+        leader hints (NodeEndpoints) live, are held back and rewritten in place."""
+        assert version >= FETCH_NODE_ENDPOINTS_VERSION >= FETCH_FIRST_FLEXIBLE_VERSION
+        book = self.book
+
+        def walk(frame, size, filled):
+            return walk_fetch_response(frame, size, version, filled)
+
+        def finish(frame, tail):
+            return rewrite_fetch_tail(frame, tail, version, book)
+
+        return Relay(walk, finish)
+
     def _address_transform(self, peek: RequestHeaderPeek, rewriter) -> ResponseTransform:
         api_key, version, book = peek.api_key, peek.api_version, self.book
 

@@ -50,11 +50,21 @@ def test_properties_file_with_comments_continuations_and_overrides(tmp_path):
         ({"bootstrap.servers": "h:1", "ssl.listener.enabled": "true"}, "needs ssl.listener.certfile"),
         ({"bootstrap.servers": "h:1", "ssl.upstream.cafile": "/no/such.pem"}, "no such file"),
         ({"bootstrap.servers": "h:1", "sidecar.node.addresses": "1=h:2"}, "not node_id@host:port"),
+        ({"bootstrap.servers": "h:1", "socket.send.buffer.bytes": "0"},
+         "socket.send.buffer.bytes: must be -1 (the operating system's default) or at least 4096 (got '0')"),
+        ({"bootstrap.servers": "h:1", "socket.send.buffer.bytes": "1MB"}, "socket.send.buffer.bytes: invalid value '1MB'"),
     ],
 )
 def test_mistakes_name_the_key_and_the_problem(entries, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_config(entries)
+
+
+def test_send_buffer_accepts_the_os_default_and_sizes():
+    assert build_config({"bootstrap.servers": "h:1"}).get("socket.send.buffer.bytes") == 1048576
+    assert build_config({"bootstrap.servers": "h:1", "socket.send.buffer.bytes": "-1"}).get("socket.send.buffer.bytes") == -1
+    assert build_config({"bootstrap.servers": "h:1", "socket.send.buffer.bytes": "4096"}).get(
+        "socket.send.buffer.bytes") == 4096
 
 
 def test_properties_syntax_errors_name_the_line():

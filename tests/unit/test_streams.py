@@ -1,0 +1,257 @@
+"""FrameStream over real loopback TCP: whole frames in, whole frames out, and relaying a
+response while it arrives (opaque, or a Fetch response whose leader hints are rewritten
+in place)."""
+
+from __future__ import annotations
+
+import random
+import socket
+import struct
+import uuid
+
+import pytest
+import trio
+
+from proxy.protocol import messages
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.messages import ApiKey
+from proxy.protocol.peek import fetch_response_tail, has_tag, walk_fetch_response
+from proxy.server.rewrite import PADDING_TAG, rewrite_fetch_tail
+from proxy.server.streams import OPAQUE, FrameStream, Relay
+
+FETCH = messages.body_class(ApiKey.FETCH, "response")
+
+
+async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    server = await listeners[0].accept()
+    await listeners[0].aclose()
+    return client, server
+
+
+def framed(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+async def dribble(stream: trio.SocketStream, data: bytes, seed: int = 1) -> None:
+    """Send ``data`` in uneven pieces, yielding between them, so frames arrive split."""
+    rng = random.Random(seed)
+    pos = 0
+    while pos < len(data):
+        step = rng.choice((1, 3, 700, 65536, 300_000))
+        await stream.send_all(data[pos : pos + step])
+        pos += step
+        await trio.sleep(0)
+
+
+class Book:
+    """Advertises every node at a proxy address of a given length."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.learned: dict[int, tuple[str, int]] = {}
+
+    def learn(self, node_id: int, host: str, port: int) -> None:
+        self.learned[node_id] = (host, port)
+
+    def advertised(self, node_id: int) -> tuple[str, int]:
+        return self.host, 19000 + node_id
+
+
+def fetch_response(version: int, *, hints: list[tuple[int, str, int]] | None, partitions: int = 3,
+                   record_bytes: int = 200_000, correlation_id: int = 7) -> bytes:
+    parts = [
+        FETCH.PartitionData(
+            partition_index=i, error_code=0, high_watermark=100, last_stable_offset=100, log_start_offset=0,
+            aborted_transactions=[FETCH.AbortedTransaction(producer_id=5, first_offset=9)] if i % 2 else None,
+            preferred_read_replica=-1, records=bytes(random.Random(i).randbytes(record_bytes)))
+        for i in range(partitions)
+    ]
+    extra = {}
+    if hints is not None:
+        extra["node_endpoints"] = [FETCH.NodeEndpoint(node_id=n, host=h, port=p, rack=None) for n, h, p in hints]
+    body = messages.new_body(ApiKey.FETCH, version, "response", throttle_time_ms=0, error_code=0, session_id=1,
+                             responses=[FETCH.FetchableTopicResponse(topic="t", topic_id=uuid.uuid4(), partitions=parts)],
+                             **extra)
+    return bytes(messages.encode_response(ApiKey.FETCH, version, messages.new_response_header(correlation_id), body))
+
+
+# -- whole frames ------------------------------------------------------------------------------
+
+async def test_frames_of_every_size_survive_arbitrary_splits():
+    a, b = await tcp_pair()
+    bodies = [b"", b"x", bytes(100), random.Random(3).randbytes(70_000), random.Random(4).randbytes(3_000_000), b"end"]
+    reader = FrameStream(b, 10 * 1024 * 1024)
+    received = []
+    async with trio.open_nursery() as nursery:
+        async def send() -> None:
+            await dribble(a, b"".join(framed(body) for body in bodies))
+            await a.aclose()
+
+        nursery.start_soon(send)
+        with trio.fail_after(30):
+            while (frame := await reader.receive_frame()) is not None:
+                received.append(bytes(frame))
+    assert received == bodies
+    await b.aclose()
+
+
+async def test_oversized_frame_is_refused_before_its_body():
+    a, b = await tcp_pair()
+    await a.send_all(struct.pack(">i", 2048))  # only the prefix: nothing to buffer
+    with trio.fail_after(10), pytest.raises(ProtocolError, match="exceeds the 1024-byte limit"):
+        await FrameStream(b, 1024).receive_frame()
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_stream_ending_inside_a_frame_is_an_error():
+    a, b = await tcp_pair()
+    await a.send_all(struct.pack(">i", 100_000) + bytes(500))
+    await a.aclose()
+    with trio.fail_after(10), pytest.raises(trio.BrokenResourceError, match="inside a frame"):
+        await FrameStream(b, 1024 * 1024).receive_frame()
+    await b.aclose()
+
+
+async def test_send_frame_completes_through_a_small_send_buffer():
+    a, b = await tcp_pair()
+    a.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    body = random.Random(5).randbytes(2_000_000)
+    writer, reader = FrameStream(a, 4 * 1024 * 1024), FrameStream(b, 4 * 1024 * 1024)
+    got = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.send_frame, body)
+        with trio.fail_after(30):
+            got.append(await reader.receive_frame())
+    assert bytes(got[0]) == body
+    await a.aclose()
+    await b.aclose()
+
+
+# -- relaying ----------------------------------------------------------------------------------
+
+async def relay_once(frame: bytes, correlation_id: int, relay: Relay, *, seed: int = 1) -> tuple[int | None, bytes]:
+    """Broker -> (upstream FrameStream) -> relay -> (client FrameStream) -> client; what the
+    client received, raw."""
+    broker, upstream = await tcp_pair()
+    proxy_side, client = await tcp_pair()
+    source, destination = FrameStream(upstream, 10 * 1024 * 1024), FrameStream(proxy_side, 10 * 1024 * 1024)
+    received = bytearray()
+    result: list = []
+    try:
+        async with trio.open_nursery() as nursery:
+            feeding = trio.CancelScope()
+
+            async def feed() -> None:
+                with feeding:  # a refused frame is never read to its end
+                    await dribble(broker, framed(frame), seed)
+
+            nursery.start_soon(feed)
+
+            async def collect() -> None:
+                while chunk := await client.receive_some(1 << 20):
+                    received.extend(chunk)
+
+            nursery.start_soon(collect)
+            with trio.fail_after(30):
+                try:
+                    result.append(await source.relay_frame(destination, correlation_id, relay))
+                except ProtocolError as exc:
+                    result.append(exc)
+                finally:
+                    feeding.cancel()
+                    await proxy_side.aclose()
+    finally:
+        for stream in (broker, upstream, client):
+            await stream.aclose()
+    if isinstance(result[0], ProtocolError):
+        assert received == b"", "nothing may be forwarded before the frame is known to be good"
+        raise result[0]
+    return result[0], bytes(received)
+
+
+async def test_opaque_relay_forwards_the_frame_unchanged():
+    frame = struct.pack(">i", 42) + random.Random(6).randbytes(1_500_000)
+    size, received = await relay_once(frame, 42, OPAQUE)
+    assert size == len(frame)
+    assert received == framed(frame)
+
+
+async def test_relay_checks_the_correlation_id_before_forwarding_anything():
+    frame = struct.pack(">i", 41) + bytes(500_000)
+    with pytest.raises(ProtocolError, match="correlation id 41, expected 42"):
+        await relay_once(frame, 42, OPAQUE)
+
+
+def fetch_relay(version: int, book: Book) -> Relay:
+    return Relay(lambda frame, size, filled: walk_fetch_response(frame, size, version, filled),
+                 lambda frame, tail: rewrite_fetch_tail(frame, tail, version, book))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_fetch_relay_without_hints_is_byte_for_byte(seed):
+    frame = fetch_response(17, hints=None)
+    size, received = await relay_once(frame, 7, fetch_relay(17, Book("proxy")), seed=seed)
+    assert size == len(frame) and received == framed(frame)
+
+
+@pytest.mark.parametrize("proxy_host", ["p", "broker-9", "a-much-longer-proxy-host.example.internal"])
+async def test_fetch_relay_rewrites_leader_hints_in_place(proxy_host):
+    frame = fetch_response(17, hints=[(1, "broker-1", 9092), (2, "broker-2", 9092)])
+    book = Book(proxy_host)
+    size, received = await relay_once(frame, 7, fetch_relay(17, book))
+    assert size == len(frame)
+    assert received[:4] == struct.pack(">i", len(frame)) and len(received) == 4 + len(frame)
+    assert b"broker-1" not in received and b"broker-2" not in received
+    assert book.learned == {1: ("broker-1", 9092), 2: ("broker-2", 9092)}
+    _, original = messages.decode_response(ApiKey.FETCH, 17, frame)
+    _, body = messages.decode_response(ApiKey.FETCH, 17, received[4:])
+    assert [bytes(p.records) for t in body.responses for p in t.partitions] == \
+        [bytes(p.records) for t in original.responses for p in t.partitions]
+    hints = [(e.node_id, e.host, e.port) for e in body.node_endpoints or ()]
+    if len(proxy_host) <= len("broker-1"):
+        assert hints == [(1, proxy_host, 19001), (2, proxy_host, 19002)]
+    else:  # the proxy's addresses do not fit where the broker's were: no hints at all
+        assert hints == []
+
+
+@pytest.mark.parametrize("version", [12, 13, 15, 16, 17, 18])
+def test_walk_finds_the_tagged_fields_at_any_arrival_pattern(version):
+    hints = [(1, "h", 1)] if version >= 16 else None
+    frame = fetch_response(version, hints=hints, partitions=5, record_bytes=3000)
+    tail = fetch_response_tail(frame, version)
+    assert has_tag(frame, tail, 0) == (hints is not None)
+    for step in (1, 7, 1000, len(frame)):
+        walk = walk_fetch_response(frame, len(frame), version, 0)
+        filled = 0
+        need, safe = next(walk)
+        while True:
+            assert safe <= tail  # nothing of the rewritable tail is ever declared safe
+            filled = min(len(frame), filled + step)
+            if filled < need:
+                continue
+            try:
+                need, safe = walk.send(filled)
+            except StopIteration as done:
+                assert done.value == tail
+                break
+
+
+def test_walk_refuses_a_truncated_response():
+    frame = fetch_response(17, hints=None)
+    with pytest.raises(ProtocolError):
+        fetch_response_tail(frame[:-300], 17)
+
+
+def test_rewritten_tail_keeps_its_length_and_pads_with_an_unknown_tag():
+    frame = fetch_response(16, hints=[(3, "broker-three", 9092)], partitions=1, record_bytes=10)
+    tail = fetch_response_tail(frame, 16)
+    end = rewrite_fetch_tail(frame, tail, 16, Book("px"))
+    assert len(end) == len(frame) - tail
+    rebuilt = frame[:tail] + end
+    assert has_tag(rebuilt, tail, PADDING_TAG)
+    _, body = messages.decode_response(ApiKey.FETCH, 16, rebuilt)
+    assert [(e.node_id, e.host, e.port) for e in body.node_endpoints] == [(3, "px", 19003)]
