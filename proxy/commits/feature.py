@@ -400,8 +400,8 @@ class IndividualCommitFeature:
         """Whether a plain commit may touch state. Reads the group's log partition when
         this instance has never read it; afterwards what it read is trusted for plain
         commits (range commits and fetches always read to the log's end)."""
-        if group in self.log.groups:
-            return any(key in self.log.groups[group] for key in plain)
+        if self.log.current(group):
+            return group in self.log.groups and any(key in self.log.groups[group] for key in plain)
         if self.log.partitions is None:
             # No log seen yet: look again at most every few seconds, so standard commits
             # do not each pay a Metadata request while nobody uses individual commit.
@@ -409,10 +409,13 @@ class IndividualCommitFeature:
             if now - self._log_looked_up_at < _LOG_LOOKUP_INTERVAL:
                 return False
             self._log_looked_up_at = now
-            try:
-                await self.log.catch_up(group)
-            except CommitLogError:
-                return False
+        try:
+            # The log exists but this instance has not read the group's log partition yet
+            # (another instance wrote it): read it once, so the plain commit resets any
+            # state there. Later plain commits of groups on that partition trust memory.
+            await self.log.catch_up(group)
+        except CommitLogError:
+            return False
         return group in self.log.groups and any(key in self.log.groups[group] for key in plain)
 
     def _add_refused(self, response, refused: dict[Key, int]) -> None:

@@ -415,3 +415,28 @@ def test_two_instances_committing_one_partition_at_once_lose_no_acknowledged_ran
     missing = [o for o in acked[0] + acked[1] if not state.processed(o)]
     assert not missing, f"acknowledged but lost: {missing[:20]} ({len(missing)})"
     assert stable == 0 and all(1 <= start and end <= 2 * per_client for start, end in ranges)
+
+
+def test_a_plain_commit_through_another_instance_resets_the_state(kafka, proxy, proxy_factory, topic_factory):
+    """The second instance already uses the log (for another group on another log
+    partition) but has never read this group's: its plain commit still resets the state
+    the first instance wrote."""
+    from proxy.commits.log import group_partition
+    from proxy.testing.commit_client import commit_body, coordinator_address
+
+    topic = topic_factory(kafka)
+    group = _group()
+    other = next(g for g in (_group() for _ in range(1000)) if group_partition(g, 4) != group_partition(group, 4))  # the test brokers have 4
+    second = proxy_factory(kafka)
+    with CommitClient(proxy.bootstrap_servers, group) as first_client:
+        assert first_client.commit(topic, {0: [(0, 4), (8, 9)]}) == {0: (0, 5)}
+    with CommitClient(second.bootstrap_servers, other) as other_client:
+        assert other_client.commit(topic, {0: [(0, 0)]}) == {0: (0, 1)}
+    # a bare commit, with no OffsetFetch before it (which would read the log partition)
+    with RawClient(*coordinator_address(second.bootstrap_servers, group)) as raw:
+        response = raw.request(ApiKey.OFFSET_COMMIT, 9, commit_body(group, topic, {0: 2}))  # a rewind
+        assert [p.error_code for t in response.topics for p in t.partitions] == [0]
+    with CommitClient(second.bootstrap_servers, group) as second_client:
+        assert second_client.fetch(topic, [0]) == {0: (2, [])}
+    with CommitClient(proxy.bootstrap_servers, group) as first_client:
+        assert first_client.fetch(topic, [0]) == {0: (2, [])}
