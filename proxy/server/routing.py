@@ -15,7 +15,12 @@ from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.messages import ApiKey
-from proxy.protocol.peek import FETCH_FIRST_FLEXIBLE_VERSION, FETCH_NODE_ENDPOINTS_VERSION, produce_acks, walk_fetch_response
+from proxy.protocol.peek import (
+    FETCH_FIRST_FLEXIBLE_VERSION,
+    FETCH_NODE_ENDPOINTS_VERSION,
+    produce_acks,
+    walk_fetch_response,
+)
 from proxy.server.exchange import LocalAnswer, ResponseTransform
 from proxy.server.rewrite import (
     ADDRESS_REWRITERS,

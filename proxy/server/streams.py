@@ -39,6 +39,7 @@ _COALESCE_LIMIT = 64 * 1024  # TLS path: below this, prefix and body are joined 
 _LOWAT_MIN = 64 * 1024  # bodies with less than this left are read as they come
 _LOWAT_CAP = 1024 * 1024  # never ask the kernel to hold back more than this before waking us
 _RELAY_CHUNK = 256 * 1024  # a relayed frame moves on in pieces of about this size
+_REUSE_MAX = 2 * 1024 * 1024  # relayed frames up to this size share one buffer per stream
 _SO_RCVLOWAT = getattr(socket, "SO_RCVLOWAT", None)
 
 
@@ -69,7 +70,7 @@ class FrameStream:
     and one writer per stream.
     """
 
-    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_pending", "_lowat", "_waits")
+    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_pending", "_lowat", "_waits", "_relay_buffer")
 
     def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int) -> None:
         self.stream = stream
@@ -79,6 +80,7 @@ class FrameStream:
         self._pending = bytearray()  # bytes read past the last frame (plain TCP path)
         self._lowat = 1  # the socket's SO_RCVLOWAT as we last set it
         self._waits = 0  # times a receive waited for the socket (each wait is a checkpoint)
+        self._relay_buffer = bytearray()  # see _receive_head
 
     async def receive_frame(self) -> bytes | bytearray | None:
         """The next frame body, or None at a clean end of stream between frames.
@@ -146,12 +148,12 @@ class FrameStream:
                     frame = bytes(frame[:tail]) + relay.finish(frame, tail)
             await destination.send_frame(frame)
             return len(frame)
-        size, frame, filled = await self._receive_head()
-        if frame is None:
+        size, buffer, filled = await self._receive_head(reuse=True)
+        if buffer is None:
             return None
         if size < 4:
             raise ProtocolError(f"response header truncated: {size} bytes", offset=size)
-        view = memoryview(frame)
+        frame = view = memoryview(buffer)[:size]
         prefix = SIZE_PREFIX.pack(size)
         sent = 0  # bytes of the body forwarded so far
         tail = size  # where the tail that ``relay.finish`` may rewrite begins
@@ -191,8 +193,13 @@ class FrameStream:
             await destination._send_buffers((prefix, view[sent:size]))
         return size
 
-    async def _receive_head(self):
-        """(size, frame buffer, bytes of it filled), or (None, None, 0) at a clean end."""
+    async def _receive_head(self, reuse: bool = False):
+        """(size, frame buffer, bytes of it filled), or (None, None, 0) at a clean end.
+
+        With ``reuse`` the buffer is this stream's relay buffer (frames up to
+        ``_REUSE_MAX``), which holds a frame only until it has been passed on: no
+        allocation and no zeroing of a megabyte per frame.
+        """
         pending = self._pending
         sock = self._socket
         while len(pending) < 4:
@@ -210,7 +217,12 @@ class FrameStream:
         size = SIZE_PREFIX.unpack_from(pending, 0)[0]
         check_frame_size(size, self._max_frame_bytes)
         available = min(len(pending) - 4, size)
-        frame = bytearray(size)
+        if reuse and size <= _REUSE_MAX:
+            frame = self._relay_buffer
+            if len(frame) < size:
+                frame = self._relay_buffer = bytearray(size)
+        else:
+            frame = bytearray(size)
         frame[:available] = memoryview(pending)[4 : 4 + available]
         del pending[: 4 + available]
         return size, frame, available

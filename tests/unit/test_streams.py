@@ -73,7 +73,8 @@ def fetch_response(version: int, *, hints: list[tuple[int, str, int]] | None, pa
     if hints is not None:
         extra["node_endpoints"] = [FETCH.NodeEndpoint(node_id=n, host=h, port=p, rack=None) for n, h, p in hints]
     body = messages.new_body(ApiKey.FETCH, version, "response", throttle_time_ms=0, error_code=0, session_id=1,
-                             responses=[FETCH.FetchableTopicResponse(topic="t", topic_id=uuid.uuid4(), partitions=parts)],
+                             responses=[FETCH.FetchableTopicResponse(topic="t", topic_id=uuid.uuid4(),
+                                                                     partitions=parts)],
                              **extra)
     return bytes(messages.encode_response(ApiKey.FETCH, version, messages.new_response_header(correlation_id), body))
 
