@@ -343,28 +343,11 @@ class Consumer:
                 raise ValueError(f"{tp[0]}-{tp[1]}: offset must be a non-negative int, got {offset!r}")
         if not offsets:
             return
-        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
-
-        def body(version: int):
-            topics: dict[str, list] = {}
-            for tp, offset in offsets.items():
-                meta = self._leader(tp)
-                topics.setdefault(tp.topic, []).append(cls.OffsetCommitRequestPartition(
-                    partition_index=tp.partition, committed_offset=offset,
-                    committed_leader_epoch=meta.leader_epoch if meta else -1, committed_metadata=""))
-            return messages.new_body(
-                ApiKey.OFFSET_COMMIT, version, "request", group_id=group, generation_id_or_member_epoch=-1,
-                member_id="", group_instance_id=None,
-                topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()])
-
         async with self._commit_lock:
-            response = await self._coordinator_request(ApiKey.OFFSET_COMMIT, body)
-            failed = _first_error(response, group)
-            for topic in response.topics:
-                for part in topic.partitions:
-                    tp = TopicPartition(topic.name, part.partition_index)
-                    if part.error_code == 0 and tp in offsets and tp in self._progress:
-                        self._progress[tp].acknowledged_plain(offsets[tp])
+            accepted, failed = await self._send_commit(group, offsets)
+            for tp in accepted:
+                if tp in self._progress:
+                    self._progress[tp].acknowledged_plain(offsets[tp])
         if failed is not None:
             raise failed
 
@@ -408,7 +391,6 @@ class Consumer:
                 await self._commit_contiguous(group)
 
     async def _commit_ranges(self, group: str) -> None:
-        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
         limit = self.config.individual_commit_max_ranges
         # each round sends the lowest `limit` pending ranges of every partition; bounded by
         # the largest pending set (an acknowledged round always removes what it sent)
@@ -418,27 +400,11 @@ class Consumer:
                     if tp in self._assignment and progress.pending}
             if not sent:
                 return
-
-            def body(version: int, sent=sent):
-                topics: dict[str, list] = {}
-                for tp, ranges in sent.items():
-                    topics.setdefault(tp.topic, []).append(cls.OffsetCommitRequestPartition(
-                        partition_index=tp.partition, committed_offset=-1, committed_leader_epoch=-1,
-                        committed_metadata="", offset_ranges=[cls.OffsetRange(start=a, end=b) for a, b in ranges]))
-                return messages.new_body(
-                    ApiKey.OFFSET_COMMIT, version, "request", group_id=group, generation_id_or_member_epoch=-1,
-                    member_id="", group_instance_id=None,
-                    topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts)
-                            for name, parts in topics.items()])
-
-            response = await self._coordinator_request(ApiKey.OFFSET_COMMIT, body)
-            failed = _first_error(response, group)
-            for topic in response.topics:
-                for part in topic.partitions:
-                    tp = TopicPartition(topic.name, part.partition_index)
-                    if part.error_code == 0 and tp in sent and tp in self._progress:
-                        self._progress[tp].acknowledged(sent[tp], part.stable_offset)
-                        self._metrics["range_commits"] += 1
+            accepted, failed = await self._send_commit(group, sent)
+            for tp, part in accepted.items():
+                if tp in self._progress:
+                    self._progress[tp].acknowledged(sent[tp], part.stable_offset)
+                    self._metrics["range_commits"] += 1
             if failed is not None:
                 raise failed
 
@@ -457,29 +423,47 @@ class Consumer:
                 offsets[tp] = offset
         if not offsets:
             return
+        accepted, failed = await self._send_commit(group, offsets)
+        for tp in accepted:
+            self._progress[tp].acknowledged_plain(offsets[tp])
+            self._metrics["plain_commits"] += 1
+        if failed is not None:
+            raise failed
+
+    async def _send_commit(self, group: str, entries: Mapping[TopicPartition, int | list[tuple[int, int]]]
+                           ) -> tuple[dict[TopicPartition, Any], KafkaError | None]:
+        """One OffsetCommit v8+ as a simple group (generation -1, no member id): a partition
+        given an int commits that offset, one given ranges commits them as OffsetRanges
+        (CommittedOffset -1). Returns the accepted partitions' responses and the first
+        partition error, if any."""
         cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
 
         def body(version: int):
             topics: dict[str, list] = {}
-            for tp, offset in offsets.items():
-                topics.setdefault(tp.topic, []).append(cls.OffsetCommitRequestPartition(
-                    partition_index=tp.partition, committed_offset=offset, committed_leader_epoch=-1,
-                    committed_metadata=""))
+            for tp, what in entries.items():
+                if isinstance(what, int):
+                    meta = self._leader(tp)
+                    part = cls.OffsetCommitRequestPartition(
+                        partition_index=tp.partition, committed_offset=what,
+                        committed_leader_epoch=meta.leader_epoch if meta else -1, committed_metadata="")
+                else:
+                    part = cls.OffsetCommitRequestPartition(
+                        partition_index=tp.partition, committed_offset=-1, committed_leader_epoch=-1,
+                        committed_metadata="", offset_ranges=[cls.OffsetRange(start=a, end=b) for a, b in what])
+                topics.setdefault(tp.topic, []).append(part)
             return messages.new_body(
                 ApiKey.OFFSET_COMMIT, version, "request", group_id=group, generation_id_or_member_epoch=-1,
                 member_id="", group_instance_id=None,
                 topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()])
 
         response = await self._coordinator_request(ApiKey.OFFSET_COMMIT, body)
-        failed = _first_error(response, group)
+        accepted = {}
         for topic in response.topics:
             for part in topic.partitions:
                 tp = TopicPartition(topic.name, part.partition_index)
-                if part.error_code == 0 and tp in offsets:
-                    self._progress[tp].acknowledged_plain(offsets[tp])
-                    self._metrics["plain_commits"] += 1
-        if failed is not None:
-            raise failed
+                if part.error_code == 0 and tp in entries:
+                    accepted[tp] = part
+        return accepted, _first_error(response, group)
 
     async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The group's committed offset of each partition (None where nothing is committed),

@@ -19,7 +19,8 @@ from proxy.ranges import contains
 from proxy.records.batch import iter_batches
 from proxy.records.builder import rebuild_batch
 from proxy.records.keyhash import key_hash
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch
+from proxy.testing.batches import Rec, kafka_python_batch
+from tests.unit.test_consumer_parts import _txn_log
 
 TP = TopicPartition("t", 0)
 
@@ -149,26 +150,14 @@ def test_members_committing_their_shares_in_any_order_move_s_to_the_end(seed, me
 
 
 # -- gap amending while parsing -----------------------------------------------------------
-def _txn_log():
-    recs = lambda n, tag: [Rec(i, f"{tag}{i}".encode(), f"{tag}{i}".encode()) for i in range(n)]  # noqa: E731
-    return b"".join([
-        kafka_python_batch(recs(2, "a"), base_offset=0, transactional=True, producer_id=1, producer_epoch=0,
-                           base_sequence=0),
-        control_batch(base_offset=2, commit=True, producer_id=1),
-        kafka_python_batch(recs(2, "b"), base_offset=3, transactional=True, producer_id=2, producer_epoch=0,
-                           base_sequence=0),
-        kafka_python_batch(recs(2, "c"), base_offset=5),
-        control_batch(base_offset=7, commit=False, producer_id=2),
-    ])
-
-
 def test_control_batches_and_aborted_transactions_are_gaps():
+    # the log of test_consumer_parts: markers at 2, 7 and 9; 3-4 aborted
     parsed = parse_partition(TP, _txn_log(), 0, aborted_transactions=[(2, 3)], read_committed=True)
-    assert [r.offset for r in parsed.records] == [0, 1, 5, 6]
-    assert parsed.gaps == [(2, 4), (7, 7)]  # a whole partition: everything between its records
+    assert [r.offset for r in parsed.records] == [0, 1, 5, 6, 8]
+    assert parsed.gaps == [(2, 4), (7, 7), (9, 9)]  # a whole partition: everything between its records
     ranged = parse_partition(TP, _txn_log(), 0, aborted_transactions=[(2, 3)], read_committed=True,
                              ranges=equal_shares(1))
-    assert ranged.gaps == [(2, 2), (3, 4), (7, 7)]
+    assert ranged.gaps == [(2, 2), (3, 4), (7, 7), (9, 9)]
 
 
 def test_a_whole_partition_amends_every_offset_between_its_records():
