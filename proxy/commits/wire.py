@@ -102,6 +102,19 @@ def _read_ranges(buf, pos: int, end: int) -> list[tuple[int, int]] | None:
     return ranges
 
 
+def _topic_head(buf, pos: int, end: int, version: int):
+    """A topic entry's name (v8-9) or id (v10+): (name, topic_id, (start, end) of the
+    head in the frame, position after it)."""
+    start = pos
+    name = topic_id = None
+    if version >= 10:
+        topic_id = uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
+        pos += 16
+    else:
+        name, pos = read_compact_string(buf, pos, end)
+    return name, topic_id, (start, pos), pos
+
+
 def _skip_tags(buf, pos: int, end: int) -> int:
     count, pos = read_uvarint(buf, pos, end)
     for _ in range(count):
@@ -134,14 +147,7 @@ def parse_request(frame: bytes) -> CommitRequest:
             _fail("null Topics", pos)
         topics = []
         for _ in range(count - 1):
-            head_start = pos
-            name = topic_id = None
-            if version >= 10:
-                topic_id = uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
-                pos += 16
-            else:
-                name, pos = read_compact_string(buf, pos, end)
-            head = (head_start, pos)
+            name, topic_id, head, pos = _topic_head(buf, pos, end, version)
             parts_count, pos = read_uvarint(buf, pos, end)
             if parts_count == 0:
                 _fail("null Partitions", pos)
@@ -258,14 +264,7 @@ def parse_response(frame: bytes, version: int) -> CommitResponse | None:
             return None
         topics = []
         for _ in range(count - 1):
-            head_start = pos
-            name = topic_id = None
-            if version >= 10:
-                topic_id = uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
-                pos += 16
-            else:
-                name, pos = read_compact_string(buf, pos, end)
-            head = (head_start, pos)
+            name, topic_id, head, pos = _topic_head(buf, pos, end, version)
             parts_count, pos = read_uvarint(buf, pos, end)
             if parts_count == 0:
                 return None
