@@ -72,6 +72,9 @@ def produce_acks(frame, peek: RequestHeaderPeek) -> int:
 # a frame that is still arriving: it yields ``(need, safe)`` when it needs the frame filled
 # up to ``need``, where every byte before ``safe`` is known to lie before the tagged fields;
 # resume it with ``send(filled)``. It returns the offset of the top-level tagged fields.
+# Once it has yielded, it never reads a byte before ``min(need, safe)`` again: the relay
+# may pass such bytes (a record set it steps over) from socket to socket without ever
+# putting them in ``buf``.
 
 FETCH_FIRST_FLEXIBLE_VERSION = 12
 FETCH_NODE_ENDPOINTS_VERSION = 16

@@ -14,6 +14,12 @@ talks to the socket's file descriptor itself:
   little more than one piece's worth of latency to a 1 MB Fetch;
 - the size prefix and the body leave in one ``writev``: one system call, no copy, no
   four-byte segment of its own;
+- the large parts of a relayed frame that the proxy never looks at (the record sets of
+  a Fetch response, the body of a response relayed opaquely) do not pass through user
+  space at all: where the walk of the frame (see ``Relay``) is about to step over at least
+  ``_SPLICE_MIN`` bytes it will never read, they are ``splice``d from the upstream socket
+  into a pipe and from the pipe into the client's socket (Linux; ``_splice_through``);
+  the bytes before them have gone out first, so the order on the wire is unchanged;
 - the event loop is entered only when the socket would block: ``receive_frame`` is
   always a checkpoint (one explicit checkpoint when nothing had to wait), ``send_frame``
   and ``relay_frame`` only when they wait. Every loop of the proxy receives a frame per
@@ -28,6 +34,11 @@ import os
 import socket
 import ssl
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
+
 import trio
 
 from proxy.protocol.errors import ProtocolError
@@ -41,6 +52,12 @@ _LOWAT_CAP = 1024 * 1024  # never ask the kernel to hold back more than this bef
 _RELAY_CHUNK = 256 * 1024  # a relayed frame moves on in pieces of about this size
 _REUSE_MAX = 2 * 1024 * 1024  # relayed frames up to this size share one buffer per stream
 _SO_RCVLOWAT = getattr(socket, "SO_RCVLOWAT", None)
+_SPLICE = getattr(os, "splice", None) if fcntl is not None and hasattr(os, "pipe2") else None
+_SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
+_SPLICE_MIN = 64 * 1024  # regions the proxy never reads are spliced from this size on
+_PIPE_SIZE = 1024 * 1024  # asked of the kernel for the splice pipe (it may give less)
+_SPLICE_CHUNK = 1024 * 1024  # while splicing, the kernel wakes the proxy for no less than this
+_SPLICE_LOOKAHEAD = 4096  # when splicing, a relay reads no further than this past what the walk needs
 
 
 class Relay:
@@ -48,9 +65,11 @@ class Relay:
 
     ``walk(frame, size, filled)``: a generator as ``proxy.protocol.peek.walk_fetch_response``,
     yielding ``(need, safe)`` and returning where the frame's rewritable tail begins; None
-    means no part of the frame is ever rewritten. ``finish(frame, tail)`` returns the tail
-    to send instead of ``frame[tail:]``, of exactly the same length (the size prefix is
-    gone by then).
+    means no part of the frame is ever rewritten. A walk must never read a byte of the
+    frame before ``min(need, safe)`` of its latest yield: such bytes may have been
+    forwarded without ever entering the frame's buffer. ``finish(frame, tail)`` returns
+    the tail to send instead of ``frame[tail:]``, of exactly the same length (the size
+    prefix is gone by then); it may read the frame's first four bytes and its tail only.
     """
 
     __slots__ = ("walk", "finish")
@@ -148,7 +167,9 @@ class FrameStream:
                     frame = bytes(frame[:tail]) + relay.finish(frame, tail)
             await destination.send_frame(frame)
             return len(frame)
-        size, buffer, filled = await self._receive_head(reuse=True)
+        splicing = _SPLICE is not None
+        head = _SPLICE_LOOKAHEAD if splicing else _HEADER_READ  # splicing: leave the body in the socket
+        size, buffer, filled = await self._receive_head(reuse=True, head=head)
         if buffer is None:
             return None
         if size < 4:
@@ -175,12 +196,23 @@ class FrameStream:
                         walk, tail = None, need
                 if walk is None and filled == size:
                     break  # the rest goes below, in one write with the tail
+                unread = min(need, safe, tail)  # nothing from filled to here is ever read
+                if splicing and unread - filled >= _SPLICE_MIN:
+                    if sent < filled:  # what came before goes first
+                        await destination._send_buffers((prefix, view[sent:filled]))
+                        prefix = b""
+                    await self._splice_through(destination, unread - filled)
+                    filled = sent = unread
+                    continue
                 ready = min(filled, safe, tail)
                 if ready > sent:
                     await destination._send_buffers((prefix, view[sent:ready]))
                     prefix = b""
                     sent = ready
-                filled += await self._read_some(view, filled, size, _RELAY_CHUNK)
+                # While splicing, read little past what the walk needs, so that what it
+                # will step over is still in the socket to be spliced.
+                limit = min(size, max(need, filled) + _SPLICE_LOOKAHEAD) if splicing and walk is not None else size
+                filled += await self._read_some(view, filled, limit, _RELAY_CHUNK)
         finally:
             if self._lowat != 1:
                 self._set_lowat(1)
@@ -193,7 +225,60 @@ class FrameStream:
             await destination._send_buffers((prefix, view[sent:size]))
         return size
 
-    async def _receive_head(self, reuse: bool = False):
+    async def _splice_through(self, destination: "FrameStream", count: int) -> None:
+        """Move the next ``count`` bytes of this socket to ``destination``'s socket through a
+        pipe, without copying them into user space. Waits (and so checkpoints) only when a
+        socket would block; raises trio.BrokenResourceError when the stream ends first.
+
+        The pipe lives for one call: a relay that fails or is cancelled half way leaves
+        nothing behind (the connection is closed then anyway)."""
+        source, target = self._socket, destination._socket
+        read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            try:
+                capacity = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            except OSError:  # over the user's pipe quota: take what the pipe has
+                capacity = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+            remaining = count  # bytes still to take from the source
+            held = 0  # bytes in the pipe
+            while remaining or held:
+                moved = False
+                if remaining and held < capacity:
+                    try:
+                        taken = _SPLICE(source.fileno(), write_end, min(remaining, capacity - held),
+                                        flags=_SPLICE_FLAGS)
+                    except BlockingIOError:
+                        taken = -1
+                    if taken == 0:
+                        raise trio.BrokenResourceError(
+                            f"stream ended inside a frame ({count - remaining} of {count} relayed bytes)")
+                    if taken > 0:
+                        remaining -= taken
+                        held += taken
+                        moved = True
+                if held:
+                    try:
+                        given = _SPLICE(read_end, target.fileno(), held, flags=_SPLICE_FLAGS)
+                    except BlockingIOError:
+                        given = 0
+                    if given:
+                        held -= given
+                        moved = True
+                if moved:
+                    continue
+                if held:  # neither side moved: the client's socket is full
+                    await trio.lowlevel.wait_writable(target)
+                else:  # the pipe is empty and nothing more has arrived
+                    lowat = min(remaining, _SPLICE_CHUNK, capacity) if remaining >= _LOWAT_MIN else 1
+                    if lowat != self._lowat:
+                        self._set_lowat(lowat)
+                    self._waits += 1
+                    await trio.lowlevel.wait_readable(source)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+
+    async def _receive_head(self, reuse: bool = False, head: int = _HEADER_READ):
         """(size, frame buffer, bytes of it filled), or (None, None, 0) at a clean end.
 
         With ``reuse`` the buffer is this stream's relay buffer (frames up to
@@ -204,7 +289,7 @@ class FrameStream:
         sock = self._socket
         while len(pending) < 4:
             try:
-                chunk = os.read(sock.fileno(), _HEADER_READ)
+                chunk = os.read(sock.fileno(), head)
             except BlockingIOError:
                 self._waits += 1
                 await trio.lowlevel.wait_readable(sock)

@@ -256,3 +256,113 @@ def test_rewritten_tail_keeps_its_length_and_pads_with_an_unknown_tag():
     assert has_tag(rebuilt, tail, PADDING_TAG)
     _, body = messages.decode_response(ApiKey.FETCH, 16, rebuilt)
     assert [(e.node_id, e.host, e.port) for e in body.node_endpoints] == [(3, "px", 19003)]
+
+
+# -- splicing ------------------------------------------------------------------------------------
+#
+# On Linux the parts of a relayed frame the proxy never reads go from socket to socket
+# through a pipe; these check that the bytes still arrive exactly, in order, whatever the
+# pieces they come in, and that a stream ending half way is still an error.
+
+from proxy.server import streams as streams_module  # noqa: E402
+
+needs_splice = pytest.mark.skipif(streams_module._SPLICE is None, reason="no os.splice on this platform")
+
+
+@needs_splice
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+async def test_spliced_opaque_relay_is_exact_for_a_frame_larger_than_the_pipe(seed):
+    frame = struct.pack(">i", 9) + random.Random(seed).randbytes(3 * streams_module._PIPE_SIZE + 12345)
+    size, received = await relay_once(frame, 9, OPAQUE, seed=seed)
+    assert size == len(frame) and received == framed(frame)
+
+
+@needs_splice
+async def test_spliced_relay_through_a_small_client_send_buffer():
+    broker, upstream = await tcp_pair()
+    proxy_side, client = await tcp_pair()
+    proxy_side.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    frames = [struct.pack(">i", n) + random.Random(n).randbytes(n * 300_001) for n in (1, 2, 3)]
+    source, destination = FrameStream(upstream, 10 * 1024 * 1024), FrameStream(proxy_side, 10 * 1024 * 1024)
+    received = bytearray()
+    expected = b"".join(framed(f) for f in frames)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dribble, broker, expected, 5)
+
+        async def collect() -> None:
+            while len(received) < len(expected):
+                received.extend(await client.receive_some(5000))
+
+        nursery.start_soon(collect)
+        with trio.fail_after(60):
+            for n, frame in enumerate(frames, 1):
+                assert await source.relay_frame(destination, n, OPAQUE) == len(frame)
+    assert received == expected
+    for stream in (broker, upstream, proxy_side, client):
+        await stream.aclose()
+
+
+@needs_splice
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_spliced_fetch_relay_rewrites_hints_after_record_sets_it_never_read(seed):
+    frame = fetch_response(17, hints=[(1, "broker-1", 9092)], partitions=4, record_bytes=700_000)
+    book = Book("p")
+    size, received = await relay_once(frame, 7, fetch_relay(17, book), seed=seed)
+    assert size == len(frame) and len(received) == 4 + len(frame)
+    _, original = messages.decode_response(ApiKey.FETCH, 17, frame)
+    _, body = messages.decode_response(ApiKey.FETCH, 17, received[4:])
+    assert [bytes(p.records) for t in body.responses for p in t.partitions] == \
+        [bytes(p.records) for t in original.responses for p in t.partitions]
+    assert [(e.node_id, e.host, e.port) for e in body.node_endpoints] == [(1, "p", 19001)]
+
+
+@needs_splice
+async def test_spliced_relay_of_a_stream_ending_mid_frame_is_an_error():
+    broker, upstream = await tcp_pair()
+    proxy_side, client = await tcp_pair()
+    source, destination = FrameStream(upstream, 10 * 1024 * 1024), FrameStream(proxy_side, 10 * 1024 * 1024)
+    body = struct.pack(">i", 3) + random.Random(8).randbytes(2_000_000)
+    cut = 1_500_000
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+        async def feed() -> None:
+            await dribble(broker, framed(body)[:cut], 6)
+            await broker.aclose()
+
+        nursery.start_soon(feed)
+
+        async def collect() -> None:
+            while chunk := await client.receive_some(1 << 20):
+                received.extend(chunk)
+
+        nursery.start_soon(collect)
+        with trio.fail_after(30), pytest.raises(trio.BrokenResourceError, match="inside a frame"):
+            await source.relay_frame(destination, 3, OPAQUE)
+        await proxy_side.aclose()
+    assert bytes(received) == framed(body)[:cut]  # what came, in order, and nothing more
+    for stream in (upstream, client):
+        await stream.aclose()
+
+
+def test_walk_never_reads_what_it_declared_unread():
+    """What a walk steps over (before ``min(need, safe)``) may never enter the buffer: the
+    walk must find the same tail when those bytes are garbage."""
+    frame = fetch_response(17, hints=[(1, "h", 1)], partitions=5, record_bytes=3000)
+    tail = fetch_response_tail(frame, 17)
+    buffer = bytearray(len(frame))
+    walk = walk_fetch_response(buffer, len(frame), 17, 0)
+    filled = 0
+    need, safe = next(walk)
+    while True:
+        unread = min(need, safe)
+        if unread > filled:
+            buffer[filled:unread] = b"\xff" * (unread - filled)  # never arrives in the buffer
+            filled = unread
+        take = min(len(frame), max(need, filled + 1))
+        buffer[filled:take] = frame[filled:take]
+        filled = take
+        try:
+            need, safe = walk.send(filled)
+        except StopIteration as done:
+            assert done.value == tail
+            break
