@@ -17,6 +17,7 @@ from proxy.client import (
 )
 from proxy.ranges import contains
 from proxy.records.keyhash import key_hash
+from proxy.testing.transactions import produce_transactions
 
 DEADLINE = 30  # seconds any one test may spend consuming
 
@@ -230,27 +231,11 @@ async def test_a_dropped_connection_is_reopened(kafka, proxy, topic_factory):
 
 
 async def test_read_committed_skips_aborted_transactions(kafka, proxy, topic_factory):
-    import uuid
-
-    from confluent_kafka import Producer
-
     topic = topic_factory(kafka)
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{uuid.uuid4().hex}",
-                         "linger.ms": 5})
-    producer.init_transactions(30)
-    committed = []
-    for round_number in range(4):
-        producer.begin_transaction()
-        for i in range(20):
-            value = f"r{round_number}-{i}".encode()
-            producer.produce(topic, key=f"k{i % 7}".encode(), value=value)
-            if round_number % 2 == 0:
-                committed.append(value)
-        assert producer.flush(30) == 0  # on the log before the abort (an abort purges unsent records)
-        if round_number % 2:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
+    rounds = [([(f"k{i % 7}".encode(), f"r{round_number}-{i}".encode()) for i in range(20)], round_number % 2 == 0)
+              for round_number in range(4)]
+    produce_transactions(kafka.bootstrap_servers, topic, rounds)
+    committed = [value for records, commit in rounds if commit for _, value in records]
     tp = TopicPartition(topic, 0)
     async with Consumer(proxy.bootstrap_servers, auto_offset_reset="earliest",
                         isolation_level="read_committed") as consumer:

@@ -15,6 +15,7 @@ from proxy.client import Consumer, IllegalStateError, TopicPartition, equal_shar
 from proxy.ranges import contains
 from proxy.records.keyhash import key_hash
 from proxy.testing.commit_client import CommitClient
+from proxy.testing.transactions import produce_transactions
 from tests.integration.test_consumer import DEADLINE, _produce
 
 
@@ -183,23 +184,9 @@ async def test_without_the_feature_whole_partitions_commit_the_contiguous_prefix
 async def test_control_records_are_amended_so_s_passes_transaction_markers(kafka, proxy, topic_factory):
     """A transactional topic: every commit marker takes an offset no member processes;
     the members amend them, so S still reaches the end."""
-    import uuid
-
-    from confluent_kafka import Producer
-
     topic = topic_factory(kafka)
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{uuid.uuid4().hex}",
-                         "linger.ms": 5})
-    producer.init_transactions(30)
-    for round_number in range(4):
-        producer.begin_transaction()
-        for i in range(25):
-            producer.produce(topic, key=f"k{i}".encode(), value=b"v")
-        assert producer.flush(30) == 0
-        if round_number == 1:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
+    records = [(f"k{i}".encode(), b"v") for i in range(25)]
+    produce_transactions(kafka.bootstrap_servers, topic, [(records, round_number != 1) for round_number in range(4)])
     end = 104  # 100 records and 4 markers
     tp = TopicPartition(topic, 0)
     group = f"{topic}-group"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import urllib.request
-import uuid
 
 import pytest
 
@@ -14,6 +13,7 @@ from proxy.ranges import KeyRange, contains, equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.keyhash import key_hash
 from proxy.testing.raw_client import RawClient, records_of
+from proxy.testing.transactions import produce_transactions
 from proxy.testing.wait import wait_until
 
 from .test_keyrange_fetch import _produce
@@ -71,20 +71,10 @@ def test_incremental_fetch_session_keeps_ranges(kafka, proxy, topic_factory):
 
 @pytest.mark.parametrize("isolation_level", [0, 1])
 def test_transactions_control_batches_and_aborted_list_unchanged(kafka, proxy, topic_factory, isolation_level):
-    from confluent_kafka import Producer
-
     topic = topic_factory(kafka)
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{uuid.uuid4().hex}",
-                         "linger.ms": 5})
-    producer.init_transactions(30)
-    for round_number in range(4):
-        producer.begin_transaction()
-        for i in range(40):
-            producer.produce(topic, key=f"k{i % 9}".encode(), value=f"r{round_number}-{i}".encode())
-        if round_number % 2:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
+    produce_transactions(kafka.bootstrap_servers, topic, [
+        ([(f"k{i % 9}".encode(), f"r{round_number}-{i}".encode()) for i in range(40)], round_number % 2 == 0)
+        for round_number in range(4)])
     share = equal_shares(2)[0]
     with RawClient.connect(proxy.bootstrap_servers) as raw:
         topic_id = raw.topic_id(topic)
