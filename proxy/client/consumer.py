@@ -788,7 +788,9 @@ class Consumer:
         as gaps. With nothing committed S counts as 0 (the proxy's starting S too)."""
         if not self._tracking:
             return
-        progress = self._progress.setdefault(tp, PartitionProgress(None))
+        progress = self._progress.get(tp)
+        if progress is None:
+            progress = self._progress[tp] = PartitionProgress(None)
         if progress.stable is None:
             progress.stable = 0
         if offset > progress.stable:
@@ -935,16 +937,17 @@ class Consumer:
         parsed = parse_partition(
             tp, part.records, fetch_offset,
             aborted_transactions=[(a.producer_id, a.first_offset) for a in part.aborted_transactions or ()],
-            read_committed=self._read_committed, ranges=ranges or None)
+            read_committed=self._read_committed, ranges=ranges or None, amend_gaps=tp in self._progress)
         self._metrics["records_outside_ranges"] += parsed.outside_ranges
         self._metrics["aborted_records_dropped"] += parsed.aborted
         progress = self._progress.get(tp)
         if progress is not None:
             for start, end in parsed.gaps:
                 progress.mark(start, end)
-            fresh = [r for r in parsed.records if not progress.already_committed(r.offset)]
-            self._metrics["records_already_committed"] += len(parsed.records) - len(fresh)
-            parsed.records = fresh
+            if progress.covers_from(fetch_offset):  # else no record can be committed already
+                fresh = [r for r in parsed.records if not progress.already_committed(r.offset)]
+                self._metrics["records_already_committed"] += len(parsed.records) - len(fresh)
+                parsed.records = fresh
         self._ends[tp] = _EndOffsets(received_time, part.high_watermark, part.last_stable_offset,
                                      part.log_start_offset)
         received.add(tp)

@@ -43,9 +43,6 @@ class OffsetSet:
     def __iter__(self) -> Iterator[Range]:
         return zip(self._starts, self._ends)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, OffsetSet) and list(self) == list(other)
-
     def __repr__(self) -> str:
         return f"OffsetSet({list(self)!r})"
 
@@ -89,6 +86,10 @@ class OffsetSet:
         if self._starts and self._starts[0] < offset:
             self.remove(self._starts[0], offset - 1)
 
+    def last_end(self) -> int:
+        """The highest offset in the set (the set must not be empty)."""
+        return self._ends[-1]
+
     def first(self, count: int) -> list[Range]:
         """The lowest ``count`` ranges."""
         return list(zip(self._starts[:count], self._ends[:count]))
@@ -111,6 +112,13 @@ class PartitionProgress:
         if self.stable is not None and offset < self.stable:
             return True
         return offset in self.committed
+
+    def covers_from(self, offset: int) -> bool:
+        """Whether anything at or above ``offset`` may already be committed (S above it, or
+        a range of R ending at or above it)."""
+        if self.stable is not None and offset < self.stable:
+            return True
+        return bool(self.committed) and self.committed.last_end() >= offset
 
     def mark(self, start: int, end: int | None = None) -> None:
         """``[start, end]`` is processed (or is a gap nobody will process)."""

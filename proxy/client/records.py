@@ -96,6 +96,7 @@ def parse_partition(
     aborted_transactions: Iterable[tuple[int, int]] = (),
     read_committed: bool = False,
     ranges: Sequence[KeyRange] | None = None,
+    amend_gaps: bool = True,
 ) -> ParsedPartition:
     """The records of one fetched partition the application may see.
 
@@ -104,27 +105,29 @@ def parse_partition(
     producer with an open aborted transaction (``(producer_id, first_offset)`` from the
     response, active from its first offset until that producer's ABORT marker) is dropped,
     as Kafka consumers do. With ``ranges``, a record whose key hash is outside them is
-    dropped and counted. ``gaps`` lists the offsets no consumer will process.
+    dropped and counted. With ``amend_gaps``, ``gaps`` lists the offsets no consumer will
+    process (only individual commit needs them).
     """
     out = ParsedPartition([], fetch_offset)
     if not blob:
         return out
-    _read_batches(out, tp, blob, fetch_offset, aborted_transactions, read_committed, ranges)
-    if not ranges:
-        # A whole partition: every offset the fetch passed over without a record is a gap.
-        gaps, cursor = [], fetch_offset
+    # A ranged partition's gaps are its control and aborted batches, seen while reading; a
+    # whole partition's are every offset the fetch passed over without a record.
+    _read_batches(out, tp, blob, fetch_offset, aborted_transactions, read_committed, ranges,
+                  batch_gaps=amend_gaps and bool(ranges))
+    if amend_gaps and not ranges:
+        cursor = fetch_offset
         for record in out.records:
             if record.offset > cursor:
-                gaps.append((cursor, record.offset - 1))
+                out.gaps.append((cursor, record.offset - 1))
             cursor = record.offset + 1
         if out.next_offset > cursor:
-            gaps.append((cursor, out.next_offset - 1))
-        out.gaps = gaps
+            out.gaps.append((cursor, out.next_offset - 1))
     return out
 
 
 def _read_batches(out: ParsedPartition, tp: TopicPartition, blob, fetch_offset: int,
-                  aborted_transactions, read_committed: bool, ranges) -> None:
+                  aborted_transactions, read_committed: bool, ranges, batch_gaps: bool) -> None:
     pending = sorted((first, pid) for pid, first in aborted_transactions) if read_committed else []
     next_pending = 0
     aborting: set[int] = set()
@@ -149,11 +152,13 @@ def _read_batches(out: ParsedPartition, tp: TopicPartition, blob, fetch_offset: 
                 for control in entry.control_records():
                     if control.type == ControlType.ABORT:
                         aborting.discard(header.producer_id)
-            out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
+            if batch_gaps:
+                out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
             continue
         if read_committed and header.is_transactional and header.producer_id in aborting:
             out.aborted += header.record_count
-            out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
+            if batch_gaps:
+                out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
             continue
         for record in entry.records():
             _keep(out, tp, record, fetch_offset, ranges)
