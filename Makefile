@@ -11,7 +11,7 @@ PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py proxy/records/_ckernels.c
+$(STAMP): pyproject.toml setup.py proxy/records/_ckernels.c proxy/commits/_cpacked.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]'

@@ -1,8 +1,10 @@
-"""Build the optional C accelerator; everything else is declared in pyproject.toml.
+"""Build the optional C accelerators; everything else is declared in pyproject.toml.
 
-The extension needs the xxHash header (Debian/Ubuntu: ``apt-get install libxxhash-dev``).
-It is optional: if it cannot be built, the pure-Python kernels are used with identical
-results, only slower. Build in place with ``python setup.py build_ext --inplace``.
+``proxy.records._ckernels`` (record walking) needs the xxHash header (Debian/Ubuntu:
+``apt-get install libxxhash-dev``); ``proxy.commits._cpacked`` (range commits) needs
+nothing but a C compiler. Both are optional: one that cannot be built is replaced by its
+pure-Python kernels with identical results, only slower. ``make venv`` builds them in
+place (through ``pip install -e``).
 """
 
 from setuptools import Extension, setup
@@ -14,6 +16,12 @@ setup(
             sources=["proxy/records/_ckernels.c"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
-        )
+        ),
+        Extension(
+            "proxy.commits._cpacked",
+            sources=["proxy/commits/_cpacked.c"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
     ]
 )

@@ -27,7 +27,7 @@ import trio
 from prometheus_client import Counter, Gauge, Histogram
 
 from proxy.commits.log import Cluster, CommitLog, CommitLogError, encode_value
-from proxy.commits.state import CommitState, apply_plain, apply_ranges, check as check_ranges, rebase, stable_after
+from proxy.commits.state import CommitState, apply_packed, apply_plain, check_packed, rebase, stable_after
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
 from proxy.protocol import messages
 from proxy.protocol.framing import RequestHeaderPeek
@@ -164,7 +164,7 @@ class IndividualCommitFeature:
         for name, topic in zip(names, request.topics):
             for part in topic.partitions:
                 key = (name, part.index)
-                ranges = part.ranges
+                ranges = part.packed
                 if not ranges:
                     plain[key] = part.committed_offset
                     continue
@@ -172,7 +172,7 @@ class IndividualCommitFeature:
                     refused[key] = INVALID_REQUEST
                     self._refused.labels("disabled").inc()
                     continue
-                reason, ordered = check_ranges(part.committed_offset, ranges, self.max_ranges)
+                reason, ordered = check_packed(part.committed_offset, ranges, self.max_ranges)
                 if reason is not None:
                     log.info("refusing range commit group=%s topic=%s partition=%s reason=%r", group, name,
                              part.index, reason)
@@ -220,7 +220,7 @@ class IndividualCommitFeature:
                         later[key] = (state, commits[0])
                         continue
                     for ranges in commits:
-                        state = apply_ranges(state, ranges)
+                        state = apply_packed(state, ranges)
                     new[key] = state
                     stable[key] = state.stable
                 for key, offset in plain.items():
@@ -319,7 +319,7 @@ class IndividualCommitFeature:
             await trio.lowlevel.checkpoint()
             await trio.lowlevel.checkpoint()
             for key, (state, ranges) in later.items():
-                merged = new[key] = apply_ranges(state, ranges)
+                merged = new[key] = apply_packed(state, ranges)
                 encoded[key] = (merged, encode_value(merged))
         finally:
             ready.set()
@@ -368,7 +368,7 @@ class IndividualCommitFeature:
             # corrected below if that differs.
             state = record[1] if record is not None else CommitState(0)
             for ranges in range_commits[key]:
-                state = apply_ranges(state, ranges)
+                state = apply_packed(state, ranges)
             if state.stable == accepted[key].stable:
                 accepted[key] = state
             else:

@@ -17,18 +17,17 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from functools import lru_cache
-from itertools import chain
 from dataclasses import dataclass, field
 from typing import Callable
 
 import trio
 
+from proxy.commits.packed import RANGE_SIZE
 from proxy.commits.state import CommitState
 from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
-from proxy.protocol.primitives import uvarint_bytes
+from proxy.protocol.primitives import read_uvarint, uvarint_bytes
 from proxy.protocol.messages import ApiKey
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
@@ -148,18 +147,9 @@ _VALUE_HEAD = struct.Struct(">hq")
 
 def encode_value(state: CommitState) -> bytes:
     """IndividualCommitValue v0, byte for byte what the schema codec writes (a unit test
-    checks it), without building message objects: commits write one per partition."""
-    ranges = state.ranges
-    head = _VALUE_HEAD.pack(0, state.stable) + uvarint_bytes(len(ranges) + 1)
-    if not ranges:
-        return head + b"\x00"
-    # Each range: Start, End, no tagged fields (a zero pad byte); then none for the value.
-    return head + _ranges_struct(len(ranges)).pack(*chain.from_iterable(ranges)) + b"\x00"
-
-
-@lru_cache(maxsize=256)
-def _ranges_struct(count: int) -> struct.Struct:
-    return struct.Struct(">" + "qqx" * count)
+    checks it), without building message objects: commits write one per partition. The
+    state's packed ranges are the array's elements as they are."""
+    return b"".join((_VALUE_HEAD.pack(0, state.stable), uvarint_bytes(state.held() + 1), state.packed, b"\x00"))
 
 
 def decode_key(data) -> tuple[str, str, int]:
@@ -168,7 +158,20 @@ def decode_key(data) -> tuple[str, str, int]:
 
 
 def decode_value(data) -> CommitState:
-    value = messages.decode_data("IndividualCommitValue", bytes(data))
+    """A value as this proxy writes it is read from slices; anything else (tagged fields
+    a newer writer added) through the schema codec."""
+    data = bytes(data)
+    if len(data) >= 12 and data[-1] == 0:
+        version, stable = _VALUE_HEAD.unpack_from(data, 0)
+        try:
+            length, pos = read_uvarint(data, 10, len(data))
+        except ProtocolError:
+            length, pos = 0, 0
+        if version == 0 and length and pos + (length - 1) * RANGE_SIZE + 1 == len(data):
+            ranges = data[pos:-1]
+            if ranges[16::RANGE_SIZE].count(0) == length - 1:
+                return CommitState.from_packed(stable, ranges)
+    value = messages.decode_data("IndividualCommitValue", data)
     return CommitState(value.stable_offset, tuple((r.start, r.end) for r in value.ranges))
 
 

@@ -10,35 +10,68 @@ The state of one (group, topic, partition) is (S, R):
 A range commit C gives R' = merge(R, C) with everything below S dropped; then, while R'
 has a range starting at S, S moves past its end and the range is dropped. A plain commit
 of offset O sets S = O and clears R (standard Kafka semantics).
+
+R is held packed (``proxy.commits.packed``): the bytes a commit's ranges arrive in and the
+log's value stores, so the hot path never builds a Python object per range. ``ranges``
+gives the tuples for everything else.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from operator import le, lt
 from typing import Iterable, Sequence
 
+from proxy.commits import packed as kernels
+from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
+
 INVALID_REQUEST = 42
-MAX_OFFSET = (1 << 63) - 1
 
-Range = tuple[int, int]
+__all__ = ["MAX_OFFSET", "CommitState", "apply_packed", "apply_plain", "apply_ranges", "check", "check_packed",
+           "normalise", "rebase", "stable_after", "validate"]
 
 
-@dataclass(frozen=True, slots=True)
 class CommitState:
-    stable: int
-    ranges: tuple[Range, ...] = ()
+    """(S, R) of one key; immutable. ``CommitState(40, [(43, 45)])`` from tuples,
+    ``CommitState.from_packed(40, data)`` from packed ranges (kept as given)."""
+
+    __slots__ = ("stable", "packed")
+
+    def __init__(self, stable: int, ranges: Iterable[Range] = ()) -> None:
+        object.__setattr__(self, "stable", stable)
+        object.__setattr__(self, "packed", pack(ranges))
+
+    @classmethod
+    def from_packed(cls, stable: int, packed: bytes) -> "CommitState":
+        state = object.__new__(cls)
+        object.__setattr__(state, "stable", stable)
+        object.__setattr__(state, "packed", packed)
+        return state
+
+    def __setattr__(self, name, value):
+        raise AttributeError("CommitState is immutable")
+
+    @property
+    def ranges(self) -> tuple[Range, ...]:
+        return tuple(unpack(self.packed))
 
     def held(self) -> int:
-        return len(self.ranges)
+        return len(self.packed) // RANGE_SIZE
 
     def processed(self, offset: int) -> bool:
         if offset < self.stable:
             return True
         return any(start <= offset <= end for start, end in self.ranges)
 
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, CommitState):
+            return NotImplemented
+        return self.stable == other.stable and self.packed == other.packed
 
-EMPTY = CommitState(0, ())
+    def __hash__(self) -> int:
+        return hash((self.stable, self.packed))
+
+    def __repr__(self) -> str:
+        return f"CommitState(stable={self.stable}, ranges={self.ranges})"
+
 
 
 def normalise(ranges: Iterable[Range]) -> list[Range]:
@@ -53,48 +86,19 @@ def normalise(ranges: Iterable[Range]) -> list[Range]:
     return [(start, end) for start, end in out]
 
 
-def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
+def apply_packed(state: CommitState, commit: bytes) -> CommitState:
     """The merge rule: union, drop everything below S, then advance S over a range at S."""
-    stable = state.stable
-    merged = sorted((*state.ranges, *commit))
-    # Starts ascend: S absorbs a prefix of the union (what starts at or below it) ...
-    count = len(merged)
-    index = 0
-    while index < count:
-        start, end = merged[index]
-        if start > stable:
-            break
-        if end >= stable:
-            stable = end + 1
-        index += 1
-    if index == count:
-        return CommitState(stable, ())
-    # ... and the rest, all above S, coalesces in one pass.
-    kept: list[Range] = []
-    cur_start, cur_end = merged[index]
-    for start, end in merged[index + 1:]:
-        if start > cur_end + 1:
-            kept.append((cur_start, cur_end))
-            cur_start, cur_end = start, end
-        elif end > cur_end:
-            cur_end = end
-    kept.append((cur_start, cur_end))
-    return CommitState(stable, tuple(kept))
+    return CommitState.from_packed(*kernels.merge(state.stable, state.packed, commit))
 
 
-def stable_after(state: CommitState, commit: Sequence[Range]) -> int:
-    """``apply_ranges(state, commit).stable`` without building R'. ``commit`` must be sorted
-    (as ``check`` returns it); when its first range starts above S, S stays (the held
-    ranges all start above S), with no pass over the ranges at all."""
-    stable = state.stable
-    if not commit or commit[0][0] > stable:
-        return stable
-    for start, end in sorted((*state.ranges, *commit)):
-        if start > stable:
-            break
-        if end >= stable:
-            stable = end + 1
-    return stable
+def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
+    """``apply_packed`` with the commit as tuples (in any order, overlaps allowed)."""
+    return apply_packed(state, pack(commit))
+
+
+def stable_after(state: CommitState, commit: bytes) -> int:
+    """``apply_packed(state, commit).stable`` without building R'."""
+    return kernels.stable_after(state.stable, state.packed, commit)
 
 
 def apply_plain(offset: int) -> CommitState:
@@ -107,7 +111,7 @@ def rebase(state: CommitState, stable: int) -> CommitState:
     larger of the two, and ranges below it are dropped (then S advances as usual)."""
     if stable <= state.stable:
         return state
-    return apply_ranges(CommitState(stable, ()), state.ranges)
+    return CommitState.from_packed(*kernels.merge(stable, b"", state.packed))
 
 
 def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> str | None:
@@ -115,30 +119,29 @@ def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) ->
     return check(committed_offset, ranges, max_ranges)[0]
 
 
-def check(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> tuple[str | None, list[Range]]:
-    """``validate``, and the ranges sorted (valid ones are then disjoint and ascending)."""
-    if not ranges:
-        return "no ranges", []
+def _refused(committed_offset: int, count: int, max_ranges: int) -> str | None:
+    if not count:
+        return "no ranges"
     if committed_offset != -1:
-        return f"CommittedOffset is {committed_offset}; it must be -1 with OffsetRanges", []
-    if len(ranges) > max_ranges:
-        return f"{len(ranges)} ranges; at most {max_ranges} (max.individual.commit.ranges)", []
+        return f"CommittedOffset is {committed_offset}; it must be -1 with OffsetRanges"
+    if count > max_ranges:
+        return f"{count} ranges; at most {max_ranges} (max.individual.commit.ranges)"
+    return None
+
+
+def check(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> tuple[str | None, list[Range]]:
+    """``validate``, and the ranges sorted (valid ones are then disjoint and ascending).
+    Ranges as tuples: the reference for ``check_packed``, and for offsets beyond int64."""
+    reason = _refused(committed_offset, len(ranges), max_ranges)
+    if reason is not None:
+        return reason, []
     ordered = sorted(ranges)
-    starts, ends = zip(*ordered)
-    if starts[0] >= 0 and all(map(le, starts, ends)) and all(map(lt, ends, starts[1:])) and ends[-1] < MAX_OFFSET:
-        return None, ordered  # the usual case, checked without a Python loop; otherwise, why:
-    if ordered[0][0] < 0:
-        start, end = ordered[0]
-        return f"negative offset in range [{start}, {end}]", ordered
-    previous = -1
-    for start, end in ordered:  # one pass: starts ascend, so every end is checked too
-        if end < 0:
-            return f"negative offset in range [{start}, {end}]", ordered
-        if start > end:
-            return f"range start {start} is above its end {end}", ordered
-        if start <= previous:
-            return f"ranges overlap at offset {start}", ordered
-        previous = end
-    if previous >= MAX_OFFSET:
-        return f"range end {previous} is beyond the largest offset", ordered
-    return None, ordered
+    return invalid(ordered), ordered
+
+
+def check_packed(committed_offset: int, commit: bytes, max_ranges: int) -> tuple[str | None, bytes]:
+    """``check`` of a commit's packed ranges: (reason or None, the ranges sorted, packed)."""
+    reason = _refused(committed_offset, len(commit) // RANGE_SIZE, max_ranges)
+    if reason is not None:
+        return reason, b""
+    return kernels.sort_checked(commit)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import struct
 import uuid
 from dataclasses import dataclass
-from functools import lru_cache
 
+from proxy.commits.packed import RANGE_SIZE, pack, unpack
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.primitives import read_compact_nullable_string, read_compact_string, read_uvarint, uvarint_bytes
 
@@ -26,24 +26,22 @@ _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 _PARTITION_FIXED = struct.Struct(">iqi")  # PartitionIndex, CommittedOffset, CommittedLeaderEpoch
-_RANGE_SIZE = 17  # Start, End, an empty tagged-field section
-
-
-@lru_cache(maxsize=256)
-def _ranges_struct(count: int) -> struct.Struct:
-    return struct.Struct(">" + "qqx" * count)
 
 
 @dataclass(slots=True)
 class CommitPartition:
     index: int
     committed_offset: int
-    ranges: list[tuple[int, int]] | None  # None: no OffsetRanges (or null)
+    packed: bytes | None  # the OffsetRanges packed (proxy.commits.packed); None: absent or null
     start: int  # first byte of the partition
     offset_at: int  # where CommittedOffset lies
     tags_at: int  # the partition's tagged-field section
     end: int  # one past its last byte
     other_tags: list[tuple[int, int]]  # (start, end) of each tagged field other than 10000
+
+    @property
+    def ranges(self) -> list[tuple[int, int]] | None:
+        return None if self.packed is None else unpack(self.packed)
 
 
 @dataclass(slots=True)
@@ -69,22 +67,22 @@ class CommitRequest:
     body_tail: int  # the body's tagged-field section
 
     def has_ranges(self) -> bool:
-        return any(part.ranges for topic in self.topics for part in topic.partitions)
+        return any(part.packed for topic in self.topics for part in topic.partitions)
 
 
 def _fail(reason: str, pos: int) -> None:
     raise ProtocolError(f"OffsetCommit: {reason}", api_key=8, offset=pos)
 
 
-def _read_ranges(buf, pos: int, end: int) -> list[tuple[int, int]] | None:
+def _read_ranges(buf, pos: int, end: int) -> bytes | None:
+    """An OffsetRanges array, packed. Clients send ranges without tagged fields: then the
+    array's elements are the packed layout already, taken as one slice."""
     length, pos = read_uvarint(buf, pos, end)
     if length == 0:
         return None
     count = length - 1
-    if end - pos == count * _RANGE_SIZE and not any(buf[pos + 16:end:_RANGE_SIZE]):
-        # Every range without tagged fields (what clients send): one unpack.
-        values = iter(_ranges_struct(count).unpack_from(buf, pos))
-        return list(zip(values, values))
+    if end - pos == count * RANGE_SIZE and buf[pos + 16:end:RANGE_SIZE].tobytes().count(0) == count:
+        return buf[pos:end].tobytes()
     ranges = []
     for _ in range(count):
         if end - pos < 17:
@@ -99,7 +97,7 @@ def _read_ranges(buf, pos: int, end: int) -> list[tuple[int, int]] | None:
         ranges.append((start, stop))
     if pos != end:
         _fail("OffsetRanges longer than its elements", pos)
-    return ranges
+    return pack(ranges)
 
 
 def _topic_head(buf, pos: int, end: int, version: int):

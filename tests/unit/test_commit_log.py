@@ -53,6 +53,18 @@ def test_fast_value_encoder_writes_exactly_what_the_schema_codec_writes():
     check()
 
 
+def test_values_with_tagged_fields_are_read_through_the_codec():
+    from proxy.commits.log import encode_value_generic
+
+    state = CommitState(7, ((9, 9), (12, 20)))
+    plain = encode_value_generic(state)
+    # A newer writer's tagged field (tag 3, one byte) on the first range, then one on the value.
+    ranged = plain[:11 + 16] + b"\x01\x03\x01x" + plain[11 + 17:]
+    assert decode_value(ranged) == state
+    assert decode_value(plain[:-1] + b"\x01\x05\x02ab") == state
+    assert decode_value(memoryview(plain)) == state
+
+
 def test_fast_key_and_record_encoders_write_exactly_what_the_generic_ones_write():
     from hypothesis import given, settings, strategies as st
 

@@ -158,7 +158,8 @@ def test_java_string_hash_and_group_partition():
 def test_stable_after_is_the_stable_offset_of_the_merge():
     from hypothesis import given, settings, strategies as st
 
-    from proxy.commits.state import check, normalise, stable_after
+    from proxy.commits.packed import pack
+    from proxy.commits.state import check, check_packed, normalise, stable_after
 
     ranges = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)).map(lambda r: (r[0], r[0] + r[1])),
                       max_size=12)
@@ -172,7 +173,8 @@ def test_stable_after_is_the_stable_offset_of_the_merge():
             return
         reason, ordered = check(-1, commit, 1000)
         assert reason is None and ordered == commit
-        assert stable_after(state, ordered) == apply_ranges(state, commit).stable
+        assert check_packed(-1, pack(commit), 1000) == (None, pack(commit))
+        assert stable_after(state, pack(ordered)) == apply_ranges(state, commit).stable
 
     run()
 

@@ -1,0 +1,37 @@
+"""Offset ranges packed as they travel: 17 bytes each, an int64 Start and End (big-endian)
+and an empty tagged-field section.
+
+That is the element layout of OffsetCommit's ``OffsetRanges`` (tag 10000) and of the
+log's ``IndividualCommitValue.Ranges`` alike, so a range commit's ranges go from the
+client's frame through validation and the merge rule into the log record as bytes, never
+as a Python object per range. The kernels come from the C accelerator when it is built,
+else from the pure-Python reference with identical results (tests check this); set
+``KEYRANGE_PURE_PYTHON=1`` to force the latter.
+"""
+
+from __future__ import annotations
+
+import os
+
+from proxy.commits import _packed_py
+from proxy.commits._packed_py import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
+
+try:
+    if os.environ.get("KEYRANGE_PURE_PYTHON"):
+        raise ImportError("pure Python kernels requested")
+    from proxy.commits import _cpacked as _impl  # type: ignore[attr-defined]
+
+    ACCELERATED = True
+except ImportError:
+    _impl = _packed_py
+    ACCELERATED = False
+
+# (reason or None, ranges sorted): a commit's ranges checked (bytes in, bytes out).
+sort_checked = _impl.sort_checked
+# (S', R'): the merge rule of DESIGN.md section 3 over packed R and commit.
+merge = _impl.merge
+# S' alone.
+stable_after = _impl.stable_after
+
+__all__ = ["ACCELERATED", "MAX_OFFSET", "RANGE_SIZE", "Range", "invalid", "merge", "pack", "sort_checked",
+           "stable_after", "unpack"]
