@@ -11,11 +11,13 @@ Write order of a range commit (docs/individual-commit.md explains why):
    changes nothing: no log write, no memory change.
 3. In the response transform, for partitions the broker accepted: once the log's end is
    read, a key another instance wrote meanwhile is merged again from that record (and the
-   coordinator given the corrected S if it differs); then the states are written to the
-   log with acks=all, and only then does the response (with StableOffset) leave. If the
-   end cannot be read or the write fails, the partition is answered
+   coordinator given the corrected S if it differs) (``_verify``); then the states are
+   written to the log with acks=all. If that write did not land right where the read
+   ended, another instance wrote in between: a key it wrote there is merged again and
+   written again (``_reconcile``). Only then does the response (with StableOffset) leave.
+   If the end cannot be read or a write fails, the partition is answered
    COORDINATOR_NOT_AVAILABLE (retriable), so no commit is acknowledged that is not in the
-   log, and none is written from stale state.
+   log's newest record of its key.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import trio
 from prometheus_client import Counter, Gauge, Histogram
 
 from proxy.commits.log import Cluster, CommitLog, CommitLogError, encode_value
+from proxy.commits.packed import merge as packed_merge
 from proxy.commits.state import CommitState, apply_packed, apply_plain, check_packed, rebase, stable_after
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
 from proxy.protocol import messages
@@ -43,6 +46,7 @@ _FIRST_RANGE_COMMIT = 8
 _FIRST_RANGE_FETCH = 6
 INVALID_REQUEST = 42
 COORDINATOR_NOT_AVAILABLE = 15
+_RECONCILE_ROUNDS = 8  # rounds of merging another instance's concurrent writes
 _LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet (plain commits)
 
 Key = tuple[str, int]
@@ -96,6 +100,7 @@ class _EndCheck:
     def __init__(self) -> None:
         self.done = trio.Event()
         self.error: CommitLogError | None = None
+        self.position = -1  # where the read ended: every record below it was in memory
 
 
 class IndividualCommitFeature:
@@ -196,16 +201,21 @@ class IndividualCommitFeature:
         later: dict[Key, tuple[CommitState, list]] = {}  # R' computed once the request is on its way
         basis: dict[Key, int] = {}  # log offset of the record each new state was computed from
         check: _EndCheck | None = None
+        seen = 0
         try:
             if locked:
                 if self.log.current(group):
-                    # Optimistic: compute from what this instance has read, and check the
-                    # log's end concurrently with the broker's commit (verified before any
-                    # log write or acknowledgement; see docs/individual-commit.md).
+                    # Optimistic: compute from what this instance has read, and read the
+                    # log's end concurrently with the broker's commit (merged before any
+                    # log write; see docs/individual-commit.md).
                     check = _EndCheck()
                     conn.nursery.start_soon(self._check_end, group, check)
                 else:
                     await self.log.catch_up(group)  # first use: read to the log's end first
+                # Every record below ``seen`` is in memory now: the states computed next
+                # (and brought up to the end read by ``_verify``) include them. A write
+                # landing anywhere else is checked by ``_reconcile``.
+                seen = self.log.position(group)
                 records = self.log.records(group)
                 missing = [key for key in range_commits if key not in records]
                 coordinator = await self.log.cluster.committed_offsets(group, missing) if missing else {}
@@ -276,11 +286,19 @@ class IndividualCommitFeature:
                                                     if error == 0 and key in new}
                 errors: dict[Key, int] = {}
                 if accepted and check is not None:
-                    await self._verify(request, check, range_commits, basis, accepted, errors)
+                    await self._verify(request, check, range_commits, stable, basis, accepted, errors)
                 written = True
+                # The states hold every record below ``read``: where the log was read to
+                # when they were computed, or by the end read they were brought up to.
+                read = max(seen, check.position) if check is not None else seen
                 if accepted:
                     try:
-                        await self.log.write(group, accepted, encoded)
+                        at = await self.log.write(group, accepted, encoded)
+                        if at != read:
+                            # The log moved between the read and this write: merge again
+                            # what another instance wrote meanwhile, and write that.
+                            merged = {key: offset for key, offset in basis.items() if offset >= read}
+                            await self._reconcile(request, range_commits, stable, accepted, merged, read, at, errors)
                     except CommitLogError as exc:
                         log.error("individual-commit log write failed group=%s reason=%r", group, str(exc))
                         written = False
@@ -288,7 +306,7 @@ class IndividualCommitFeature:
                 for key, state in accepted.items():
                     if not written:
                         errors[key] = COORDINATOR_NOT_AVAILABLE
-                    elif key in range_commits:
+                    elif key in range_commits and key not in errors:
                         answered[key] = state.stable
                 if answered:
                     self._commits.inc(len(answered))
@@ -327,68 +345,113 @@ class IndividualCommitFeature:
     async def _check_end(self, group: str, check: "_EndCheck") -> None:
         try:
             await self.log.catch_up(group)
+            check.position = self.log.position(group)
         except CommitLogError as exc:
             check.error = exc
         finally:
             check.done.set()
 
-    async def _verify(self, request, check: "_EndCheck", range_commits: dict[Key, list], basis: dict[Key, int],
-                      accepted: dict[Key, CommitState], failed: dict[Key, int]) -> None:
-        """Make ``accepted`` exactly what the log's end says, before anything is written.
-
-        The states were computed from memory while the log's end was being read. If the
-        record of a key is still the one they were computed from, they are current as of
-        that read (taken after the client's request arrived) and stand. Otherwise another
-        instance wrote the key since this one last read it: the state is computed again
-        from that record; if S changed, the broker (which stored the optimistic S) gets the
-        corrected S through the proxy's own connection, with the client's generation and
-        member. A key that cannot be brought up to date is removed from ``accepted`` (not
-        written, not acknowledged) and answered in ``failed`` with the broker's refusal of
-        the correction, or COORDINATOR_NOT_AVAILABLE (retriable)."""
-        group = request.group
+    async def _verify(self, request, check: "_EndCheck", range_commits: dict[Key, list], coordinator: dict[Key, int],
+                      basis: dict[Key, int], accepted: dict[Key, CommitState], failed: dict[Key, int]) -> None:
+        """Bring ``accepted`` up to the log's end read alongside the broker's commit, before
+        anything is written: a key whose newest record is no longer the one its state was
+        computed from (another instance wrote it) is merged again from that record. That
+        read started after the client's request arrived, so every commit acknowledged
+        before it is merged. If the end cannot be read, nothing is written and every key
+        is answered COORDINATOR_NOT_AVAILABLE."""
         await check.done.wait()
         if check.error is not None:
-            log.warning("individual-commit log end unknown group=%s reason=%r", group, str(check.error))
+            log.warning("individual-commit log end unknown group=%s reason=%r", request.group, str(check.error))
             for key in list(accepted):
                 failed[key] = COORDINATOR_NOT_AVAILABLE
                 del accepted[key]
             return
-        records = self.log.records(group)
-        corrections: dict[Key, CommitState] = {}
-        for key in list(accepted):
+        records = self.log.records(request.group)
+        found = {}
+        for key in accepted:
             record = records.get(key)
-            if (record[0] if record is not None else -1) == basis.get(key, -1):
-                continue
+            offset = record[0] if record is not None else -1
+            if offset != basis.get(key, -1):
+                found[key] = record[1] if record is not None else None
+                basis[key] = offset  # merged: ``_reconcile`` need not merge it again
+        if found:
+            await self._merge_again(request, range_commits, coordinator, accepted, found, {}, failed, written=False)
+
+    async def _reconcile(self, request, range_commits: dict[Key, list], coordinator: dict[Key, int],
+                         accepted: dict[Key, CommitState], merged: dict[Key, int], seen: int, at: int,
+                         failed: dict[Key, int]) -> None:
+        """Make the log's newest record of every accepted key hold its commit, once the log
+        is known to have moved between the read the states were brought up to (``seen``)
+        and their write (at ``at``; -1 unknown): another instance wrote in between.
+
+        A record of one of these keys in that window is shadowed by this write. The commit
+        is merged again into it (and into what earlier rounds found) and written, until a
+        round finds nothing new: then this instance's newest record holds the commit and
+        everything acknowledged before. Rounds are bounded: past the last, the keys are
+        answered COORDINATOR_NOT_AVAILABLE (their records hold the commit whole). ``merged``:
+        the record of a key at or above ``seen`` that the state already holds."""
+        group = request.group
+        floor: dict[Key, CommitState] = {}
+        start, written = seen, len(accepted)
+        for _ in range(_RECONCILE_ROUNDS):
+            window, read_to = await self.log.window(group, start, at if at >= 0 else None, accepted)
+            found = {key: state for key, (offset, state) in window.items() if offset != merged.get(key)}
+            redo = await self._merge_again(request, range_commits, coordinator, accepted, found, floor, failed,
+                                           written=True)
+            if not redo:
+                return
+            start = at + written if at >= 0 else read_to
+            written = len(redo)
+            at = await self.log.write(group, redo)
+            if at == start:
+                return
+        for key in accepted:
+            failed.setdefault(key, COORDINATOR_NOT_AVAILABLE)
+
+    async def _merge_again(self, request, range_commits: dict[Key, list], coordinator: dict[Key, int],
+                           accepted: dict[Key, CommitState], found: dict[Key, CommitState | None],
+                           floor: dict[Key, CommitState], failed: dict[Key, int], *, written: bool) -> dict:
+        """Merge each range commit again into the newer record ``found`` of its key (None: a
+        tombstone, S = 0), united with the records found before (``floor``). The states
+        that change replace ``accepted`` and are returned. When S changes, the coordinator
+        (which holds S computed from the older state) gets the new S through the proxy's
+        own connection, with the client's generation and member; a key whose correction it
+        refuses is answered with that error, and, if nothing is ``written`` yet, dropped
+        (a retry is idempotent)."""
+        redo: dict[Key, CommitState] = {}
+        for key, state in found.items():
             self._foreign.inc()
             if key not in range_commits:
-                # A plain commit (S = O, R cleared) does not depend on the previous state.
-                continue
-            # Deleted by another instance meanwhile (its offsets went with it): the commit
-            # starts from nothing, S = 0; the coordinator holds the optimistic S and is
-            # corrected below if that differs.
-            state = record[1] if record is not None else CommitState(0)
+                continue  # a plain commit (S = O, R cleared) does not depend on the state
+            state = state if state is not None else CommitState(0)
+            before = floor.get(key)
+            if before is not None:
+                state = CommitState.from_packed(*packed_merge(max(state.stable, before.stable), state.packed,
+                                                              before.packed))
+            floor[key] = state
             for ranges in range_commits[key]:
                 state = apply_packed(state, ranges)
-            if state.stable == accepted[key].stable:
-                accepted[key] = state
-            else:
-                corrections[key] = state
-        if not corrections:
-            return
-        try:
-            errors = await self.log.cluster.commit_offsets(
-                group, request.generation, request.member, request.instance_id,
-                {key: state.stable for key, state in corrections.items()})
-        except CommitLogError as exc:
-            log.warning("individual-commit correction failed group=%s reason=%r", group, str(exc))
-            errors = {}
-        for key, state in corrections.items():
-            error = errors.get(key, COORDINATOR_NOT_AVAILABLE)
-            if error == 0:
-                accepted[key] = state
-            else:
+            if state != accepted[key]:
+                redo[key] = state
+        corrections = {key: state.stable for key, state in redo.items() if state.stable != coordinator.get(key)}
+        errors = {}
+        if corrections:
+            try:
+                errors = await self.log.cluster.commit_offsets(request.group, request.generation, request.member,
+                                                               request.instance_id, corrections)
+            except CommitLogError as exc:
+                log.warning("individual-commit correction failed group=%s reason=%r", request.group, str(exc))
+        for key, state in redo.items():
+            error = errors.get(key, COORDINATOR_NOT_AVAILABLE) if key in corrections else 0
+            if error:
                 failed[key] = error
-                del accepted[key]
+                if not written:
+                    del accepted[key]
+                    continue
+            elif key in corrections:
+                coordinator[key] = state.stable
+            accepted[key] = state
+        return redo
 
     async def _hold(self, keys, done: trio.Event) -> None:
         try:

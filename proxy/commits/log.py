@@ -432,6 +432,13 @@ class CommitLog:
         part = self._parts.get(group_partition(group, self.partitions))
         return part is not None and part.loaded
 
+    def position(self, group: str) -> int:
+        """How far this instance has read the group's log partition (after ``catch_up``):
+        every record below it is in memory. 0 while the log topic does not exist."""
+        if self.partitions is None:
+            return 0
+        return self._part(group_partition(group, self.partitions)).position
+
     def records(self, group: str) -> dict[tuple[str, int], tuple[int, CommitState]]:
         """What this instance holds of the group: key -> (log offset of the record, state)."""
         return self.groups.get(group, {})
@@ -466,41 +473,90 @@ class CommitLog:
             return
         if not part.loaded:
             self._on_rebuild()
-        fetch_class = messages.body_class(ApiKey.FETCH, "request")
         while part.position < end:
-            body = messages.new_body(
-                ApiKey.FETCH, FETCH_VERSION, "request", max_wait_ms=0, min_bytes=0, max_bytes=8 << 20,
-                isolation_level=0, session_id=0, session_epoch=-1,
-                topics=[fetch_class.FetchTopic(topic=LOG_TOPIC, partitions=[
-                    fetch_class.FetchPartition(partition=index, fetch_offset=part.position,
-                                               partition_max_bytes=8 << 20)])],
-            )
-            response = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body)
-            data = response.responses[0].partitions[0]
-            if data.error_code == 1:  # OFFSET_OUT_OF_RANGE: compaction/retention moved the start
-                part.position = max(part.position, data.log_start_offset)
+            records, after, high_watermark, log_start = await self._fetch(address, index, part.position)
+            if log_start is not None:  # compaction/retention moved the start
+                part.position = max(part.position, log_start)
                 continue
-            if data.error_code:
-                raise CommitLogError(f"Fetch {LOG_TOPIC}-{index} error {data.error_code}")
-            advanced = False
-            for entry in iter_batches(data.records or b""):
-                if not isinstance(entry, RecordBatch):
-                    continue
-                if entry.header.next_offset <= part.position:
-                    continue
-                if not entry.header.is_control:
-                    for record in entry.records():
-                        if record.offset >= part.position and record.key is not None:
-                            self._apply(record.offset, record.key, record.value)
-                part.position = entry.header.next_offset
-                advanced = True
-            if not advanced:
+            for offset, key, value in records:
+                self._apply(offset, key, value)
+            if after is None:
                 # Nothing readable at this position yet (e.g. an open transaction's
                 # boundary): the end we were asked for is the high watermark; stop here.
-                if data.high_watermark <= part.position:
+                if high_watermark <= part.position:
                     break
                 raise CommitLogError(f"no progress reading {LOG_TOPIC}-{index} at {part.position}")
+            part.position = after
         part.loaded = True
+
+    async def window(self, group: str, start: int, stop: int | None,
+                     keys) -> tuple[dict[tuple[str, int], tuple[int, CommitState | None]], int]:
+        """The newest record of each of ``keys`` (of ``group``) at an offset in [start, stop)
+        (``stop`` None: up to the log's end), read from the log itself: memory keeps only the
+        newest record of a key, so one shadowed by a later write is seen only there. Returns
+        them with the offset read up to (at least ``stop``). Everything read is applied to
+        memory as well."""
+        index = group_partition(group, self.partitions)
+        part = self._part(index)
+        found: dict[tuple[str, int], tuple[int, CommitState | None]] = {}
+
+        async def attempt(refresh: bool) -> int:
+            found.clear()
+            address = await self._leader(index, refresh)
+            position = start
+            while True:
+                records, after, high_watermark, log_start = await self._fetch(address, index, position)
+                if log_start is not None:  # compacted away: nothing newest there
+                    position = max(position, log_start)
+                    continue
+                for offset, key, value in records:
+                    applied = self._apply(offset, key, value)
+                    if applied is not None and applied[0] == group and applied[1] in keys and \
+                            (stop is None or offset < stop):
+                        found[applied[1]] = (offset, applied[2])
+                if after is None:
+                    if high_watermark <= position and (stop is None or position >= stop):
+                        return position
+                    raise CommitLogError(f"no progress reading {LOG_TOPIC}-{index} at {position}")
+                if position <= part.position:  # memory now holds every record below ``after``
+                    part.position = max(part.position, after)
+                position = after
+                if position >= high_watermark and (stop is None or position >= stop):
+                    return position
+
+        async with part.read_lock:
+            end = await self._retrying(attempt)
+        return found, end
+
+    async def _fetch(self, address, index: int, offset: int):
+        """One Fetch of log partition ``index`` from ``offset``: (records [(offset, key, value)]
+        at or above it, the position after the last batch read or None when none was,
+        the high watermark, the log start offset when ``offset`` is below it, else None)."""
+        fetch_class = messages.body_class(ApiKey.FETCH, "request")
+        body = messages.new_body(
+            ApiKey.FETCH, FETCH_VERSION, "request", max_wait_ms=0, min_bytes=0, max_bytes=8 << 20,
+            isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[fetch_class.FetchTopic(topic=LOG_TOPIC, partitions=[
+                fetch_class.FetchPartition(partition=index, fetch_offset=offset, partition_max_bytes=8 << 20)])],
+        )
+        response = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body)
+        data = response.responses[0].partitions[0]
+        if data.error_code == 1:  # OFFSET_OUT_OF_RANGE
+            if data.log_start_offset <= offset:
+                raise CommitLogError(f"Fetch {LOG_TOPIC}-{index} at {offset}: out of range")
+            return [], None, data.high_watermark, data.log_start_offset
+        if data.error_code:
+            raise CommitLogError(f"Fetch {LOG_TOPIC}-{index} error {data.error_code}")
+        records = []
+        after = None
+        for entry in iter_batches(data.records or b""):
+            if not isinstance(entry, RecordBatch) or entry.header.next_offset <= offset:
+                continue
+            if not entry.header.is_control:
+                records.extend((record.offset, record.key, record.value) for record in entry.records()
+                               if record.offset >= offset and record.key is not None)
+            after = entry.header.next_offset
+        return records, after, data.high_watermark, None
 
     async def _end_offset(self, address, index: int) -> int:
         cls = messages.body_class(ApiKey.LIST_OFFSETS, "request")
@@ -515,14 +571,16 @@ class CommitLog:
             raise CommitLogError(f"ListOffsets {LOG_TOPIC}-{index} error {entry.error_code}")
         return entry.offset
 
-    def _apply(self, offset: int, key, value) -> None:
+    def _apply(self, offset: int, key, value) -> tuple[str, tuple[str, int], CommitState | None] | None:
+        """A record read from the log into memory: (group, key, state), or None if unreadable."""
         try:
             group, topic, partition = decode_key(key)
             state = None if value is None else decode_value(value)
         except (ProtocolError, ValueError) as exc:
             log.warning("skipping unreadable individual-commit record offset=%s reason=%r", offset, str(exc))
-            return
+            return None
         self._set(group, (topic, partition), offset, state)
+        return group, (topic, partition), state
 
     def _set(self, group: str, key: tuple[str, int], offset: int, state: CommitState | None) -> None:
         entries = self.groups.get(group)
@@ -540,11 +598,13 @@ class CommitLog:
 
     # -- writing ---------------------------------------------------------------------------------
     async def write(self, group: str, updates: dict[tuple[str, int], CommitState | None],
-                    encoded: dict[tuple[str, int], tuple[CommitState, bytes]] | None = None) -> None:
-        """Write the new states (None: a tombstone) with acks=all; returns once they are in the log.
-        ``encoded``: values already encoded, used for a key whose state is the very one given."""
+                    encoded: dict[tuple[str, int], tuple[CommitState, bytes]] | None = None) -> int:
+        """Write the new states (None: a tombstone) with acks=all; returns once they are in the
+        log, with the log offset of the first of them (-1: unknown, the broker had them from an
+        earlier attempt). ``encoded``: values already encoded, used for a key whose state is
+        the very one given."""
         if not updates:
-            return
+            return -1
         partitions = await self._topic_partitions(create=True)
         index = group_partition(group, partitions)
         part = self._part(index)
@@ -573,7 +633,9 @@ class CommitLog:
                     else:
                         offset = base
                         for item in batch:
-                            item.done, item.offset = True, offset
+                            # base -1: the broker had the batch already (a retry); where
+                            # it lies is unknown.
+                            item.done, item.offset = True, offset if base >= 0 else -1
                             offset += len(item.records)
                         if base >= 0 and part.loaded:
                             # The written states are in memory at once (a reader that gets
@@ -587,6 +649,7 @@ class CommitLog:
         self._on_write(time.perf_counter() - started)
         if pending.error is not None:
             raise CommitLogError(f"write to {LOG_TOPIC}-{index} failed: {pending.error}") from pending.error
+        return pending.offset
 
     async def _producer_id(self, renew: bool = False) -> tuple[int, int]:
         async with self._producer_lock:

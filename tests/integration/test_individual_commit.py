@@ -368,16 +368,14 @@ def test_a_second_instance_writing_between_two_commits_is_detected_and_merged(ka
             {0: (30, []), 1: (1, [(10, 10), (20, 20)]), 2: (2, [(5, 7)]), 3: (0, [(10, 12)])}
 
 
-@pytest.mark.xfail(reason="known limitation (docs/individual-commit.md): two instances committing one partition at "
-                          "the same moment can overwrite each other's acknowledged ranges", strict=False)
 def test_two_instances_committing_one_partition_at_once_lose_no_acknowledged_range(kafka, proxy, proxy_factory,
                                                                                     topic_factory):
     """Commits to the same partition through two instances at the same time: whatever the
     interleaving of their log writes, every acknowledged commit is in the final state and
-    nothing that no one committed is. The per-key lock serialises one instance only; a
-    write by the other between one's log-end read and its Produce is overwritten (about a
-    third of 300 such commits were lost, before and after the log-end read moved
-    alongside the broker's commit)."""
+    nothing that no one committed is. The per-key lock serialises one instance only: a
+    write by the other between one's read of the log and its own write is shadowed by it,
+    and must be merged again before the commit is acknowledged (before that was done,
+    about a third of these 300 commits were lost)."""
     import threading
 
     other = proxy_factory(kafka)
