@@ -82,7 +82,7 @@ class ClientConnection:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def run(self) -> None:
-        upstream_stream = None
+        upstream: FrameStream | None = None
         try:
             # The upstream connection opens on the first request, so idle or port-scanning
             # clients cost the brokers nothing.
@@ -98,13 +98,12 @@ class ClientConnection:
             if first is None:
                 return
             try:
-                upstream_stream = await self.open_upstream()
+                upstream = FrameStream(await self.open_upstream(), self.max_frame_bytes)
             except (OSError, trio.TooSlowError, ssl.SSLError, UpstreamUnavailable) as exc:
                 log.warning("upstream unavailable conn=%s peer=%s target=%s reason=%r",
                             self.id, self.peer, self.target, str(exc))
                 self.metrics.errors.labels("upstream_unavailable").inc()
                 return
-            upstream = FrameStream(upstream_stream, self.max_frame_bytes)
             send_exchanges, receive_exchanges = trio.open_memory_channel[Exchange](self.max_inflight)
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -115,8 +114,8 @@ class ClientConnection:
         finally:
             self.metrics.inflight.dec(self._inflight)
             self._inflight = 0
-            if upstream_stream is not None:
-                await FrameStream(upstream_stream, 1).aclose()
+            if upstream is not None:
+                await upstream.aclose()
             await self.client.aclose()
             self.closed.set()
 

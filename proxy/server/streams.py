@@ -18,8 +18,15 @@ talks to the socket's file descriptor itself:
   a Fetch response, the body of a response relayed opaquely) do not pass through user
   space at all: where the walk of the frame (see ``Relay``) is about to step over at least
   ``_SPLICE_MIN`` bytes it will never read, they are ``splice``d from the upstream socket
-  into a pipe and from the pipe into the client's socket (Linux; ``_splice_through``);
-  the bytes before them have gone out first, so the order on the wire is unchanged;
+  into a pipe and from the pipe into the client's socket (Linux; ``_splice_into``). A
+  spliced region moves on in pieces of about ``_SPLICE_CHUNK`` as it arrives, so the
+  client is receiving the start of a record set while its end is still on its way from
+  the broker. The pipe belongs to the upstream stream and is reused: it is empty between
+  frames, and dropped with its contents on any error;
+- a relayed frame reaches the client in as few writes as its arrival allows (see
+  ``_Outbox``): the bytes read into user space (the size prefix, a Fetch response's head
+  and tail) join the spliced ones in the pipe, so a 1 MB Fetch response whose bytes are
+  all there leaves in one write, not three;
 - the event loop is entered only when the socket would block: ``receive_frame`` is
   always a checkpoint (one explicit checkpoint when nothing had to wait), ``send_frame``
   and ``relay_frame`` only when they wait. Every loop of the proxy receives a frame per
@@ -56,7 +63,7 @@ _SPLICE = getattr(os, "splice", None) if fcntl is not None and hasattr(os, "pipe
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _SPLICE_MIN = 64 * 1024  # regions the proxy never reads are spliced from this size on
 _PIPE_SIZE = 1024 * 1024  # asked of the kernel for the splice pipe (it may give less)
-_SPLICE_CHUNK = 1024 * 1024  # while splicing, the kernel wakes the proxy for no less than this
+_SPLICE_CHUNK = 256 * 1024  # while splicing, the kernel wakes the proxy for no less than this
 _SPLICE_LOOKAHEAD = 4096  # when splicing, a relay reads no further than this past what the walk needs
 
 
@@ -89,7 +96,8 @@ class FrameStream:
     and one writer per stream.
     """
 
-    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_pending", "_lowat", "_waits", "_relay_buffer")
+    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_pending", "_lowat", "_waits", "_relay_buffer",
+                 "_pipe")
 
     def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int) -> None:
         self.stream = stream
@@ -100,6 +108,7 @@ class FrameStream:
         self._lowat = 1  # the socket's SO_RCVLOWAT as we last set it
         self._waits = 0  # times a receive waited for the socket (each wait is a checkpoint)
         self._relay_buffer = bytearray()  # see _receive_head
+        self._pipe: tuple[int, int, int] | None = None  # (read end, write end, capacity), see _splice_into
 
     async def receive_frame(self) -> bytes | bytearray | None:
         """The next frame body, or None at a clean end of stream between frames.
@@ -175,13 +184,14 @@ class FrameStream:
         if size < 4:
             raise ProtocolError(f"response header truncated: {size} bytes", offset=size)
         frame = view = memoryview(buffer)[:size]
-        prefix = SIZE_PREFIX.pack(size)
-        sent = 0  # bytes of the body forwarded so far
+        out = _Outbox(self, destination)
+        passed = 0  # bytes of the body handed to ``out`` so far
         tail = size  # where the tail that ``relay.finish`` may rewrite begins
         try:
             while filled < 4:
                 filled += await self._read_some(view, filled, size, _RELAY_CHUNK)
             _check_correlation(frame, correlation_id)
+            out.add(SIZE_PREFIX.pack(size))
             walk = None
             need = safe = size
             if relay.walk is not None:
@@ -195,86 +205,77 @@ class FrameStream:
                     if finished:
                         walk, tail = None, need
                 if walk is None and filled == size:
-                    break  # the rest goes below, in one write with the tail
+                    break  # the rest goes below, with the tail
+                ready = min(filled, safe, tail)
+                if ready > passed:
+                    out.add(view[passed:ready])
+                    passed = ready
                 unread = min(need, safe, tail)  # nothing from filled to here is ever read
                 if splicing and unread - filled >= _SPLICE_MIN:
-                    if sent < filled:  # what came before goes first
-                        await destination._send_buffers((prefix, view[sent:filled]))
-                        prefix = b""
-                    await self._splice_through(destination, unread - filled)
-                    filled = sent = unread
+                    await self._splice_into(out, unread - filled)
+                    filled = passed = unread
                     continue
-                ready = min(filled, safe, tail)
-                if ready > sent:
-                    await destination._send_buffers((prefix, view[sent:ready]))
-                    prefix = b""
-                    sent = ready
+                if out.buffered >= _RELAY_CHUNK:
+                    await out.flush()
                 # While splicing, read little past what the walk needs, so that what it
                 # will step over is still in the socket to be spliced.
                 limit = min(size, max(need, filled) + _SPLICE_LOOKAHEAD) if splicing and walk is not None else size
-                filled += await self._read_some(view, filled, limit, _RELAY_CHUNK)
+                filled += await self._read_some(view, filled, limit, _RELAY_CHUNK, out)
+            if tail < size:
+                end = relay.finish(frame, tail)
+                if len(end) != size - tail:
+                    raise AssertionError("a relayed tail must keep its length")
+                out.add(view[passed:tail])
+                out.add(end)
+            else:
+                out.add(view[passed:size])
+            await out.flush()
+        except BaseException:
+            out.abandon()
+            raise
         finally:
             if self._lowat != 1:
                 self._set_lowat(1)
-        if tail < size:
-            end = relay.finish(frame, tail)
-            if len(end) != size - tail:
-                raise AssertionError("a relayed tail must keep its length")
-            await destination._send_buffers((prefix, view[sent:tail], end))
-        else:
-            await destination._send_buffers((prefix, view[sent:size]))
         return size
 
-    async def _splice_through(self, destination: "FrameStream", count: int) -> None:
-        """Move the next ``count`` bytes of this socket to ``destination``'s socket through a
-        pipe, without copying them into user space. Waits (and so checkpoints) only when a
-        socket would block; raises trio.BrokenResourceError when the stream ends first.
+    async def _splice_into(self, out: "_Outbox", count: int) -> None:
+        """Move the next ``count`` bytes of this socket into ``out`` through this stream's
+        pipe, without copying them into user space. The pipe is passed on to the client
+        whenever a good piece (``_SPLICE_CHUNK``) has gathered and before waiting for more;
+        what is left of it at the end goes out later, with the bytes that follow. Waits
+        (and so checkpoints) only when a socket would block; raises
+        trio.BrokenResourceError when the stream ends first."""
+        await out.stash()
+        remaining = count  # bytes still to take from this socket
+        while remaining:
+            taken = out.take(remaining)
+            remaining -= taken
+            if out.held >= _SPLICE_CHUNK or (out.held and not taken):
+                if out.give() or taken:
+                    continue
+                await trio.lowlevel.wait_writable(out.target)  # the pipe and the client's socket are full
+            elif not taken:  # the pipe is empty and nothing more has arrived
+                lowat = min(remaining, _SPLICE_CHUNK, out.capacity) if remaining >= _LOWAT_MIN else 1
+                if lowat != self._lowat:
+                    self._set_lowat(lowat)
+                self._waits += 1
+                await trio.lowlevel.wait_readable(self._socket)
 
-        The pipe lives for one call: a relay that fails or is cancelled half way leaves
-        nothing behind (the connection is closed then anyway)."""
-        source, target = self._socket, destination._socket
-        read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
+    def _open_pipe(self) -> tuple[int, int, int]:
+        """This stream's splice pipe, opened on first use: (read end, write end, capacity)."""
+        if self._pipe is None:
+            read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             try:
                 capacity = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
             except OSError:  # over the user's pipe quota: take what the pipe has
                 capacity = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
-            remaining = count  # bytes still to take from the source
-            held = 0  # bytes in the pipe
-            while remaining or held:
-                moved = False
-                if remaining and held < capacity:
-                    try:
-                        taken = _SPLICE(source.fileno(), write_end, min(remaining, capacity - held),
-                                        flags=_SPLICE_FLAGS)
-                    except BlockingIOError:
-                        taken = -1
-                    if taken == 0:
-                        raise trio.BrokenResourceError(
-                            f"stream ended inside a frame ({count - remaining} of {count} relayed bytes)")
-                    if taken > 0:
-                        remaining -= taken
-                        held += taken
-                        moved = True
-                if held:
-                    try:
-                        given = _SPLICE(read_end, target.fileno(), held, flags=_SPLICE_FLAGS)
-                    except BlockingIOError:
-                        given = 0
-                    if given:
-                        held -= given
-                        moved = True
-                if moved:
-                    continue
-                if held:  # neither side moved: the client's socket is full
-                    await trio.lowlevel.wait_writable(target)
-                else:  # the pipe is empty and nothing more has arrived
-                    lowat = min(remaining, _SPLICE_CHUNK, capacity) if remaining >= _LOWAT_MIN else 1
-                    if lowat != self._lowat:
-                        self._set_lowat(lowat)
-                    self._waits += 1
-                    await trio.lowlevel.wait_readable(source)
-        finally:
+            self._pipe = (read_end, write_end, capacity)
+        return self._pipe
+
+    def _close_pipe(self) -> None:
+        if self._pipe is not None:
+            read_end, write_end, _ = self._pipe
+            self._pipe = None
             os.close(read_end)
             os.close(write_end)
 
@@ -312,15 +313,19 @@ class FrameStream:
         del pending[: 4 + available]
         return size, frame, available
 
-    async def _read_some(self, view: memoryview, filled: int, size: int, chunk: int) -> int:
-        """Read at least one byte into ``view[filled:size]``. When it has to wait, it asks the
-        kernel (SO_RCVLOWAT) not to wake it before ``chunk`` bytes, or the rest of the
-        frame, are there."""
+    async def _read_some(self, view: memoryview, filled: int, size: int, chunk: int, out: "_Outbox | None" = None) -> int:
+        """Read at least one byte into ``view[filled:size]``. When it has to wait, it first
+        flushes ``out`` (a relay never holds bytes back while it waits), and asks the kernel
+        (SO_RCVLOWAT) not to wake it before ``chunk`` bytes, or the rest of the frame, are
+        there."""
         sock = self._socket
         while True:
             try:
                 received = os.readv(sock.fileno(), (view[filled:size],))
             except BlockingIOError:
+                if out is not None and out.pending:
+                    await out.flush()
+                    continue  # flushing may have waited: look again before asking for a wake-up
                 remaining = size - filled
                 lowat = min(remaining, chunk) if remaining >= _LOWAT_MIN else 1
                 if lowat != self._lowat:
@@ -367,11 +372,119 @@ class FrameStream:
         await self._send_buffers((prefix, body))
 
     async def aclose(self) -> None:
+        self._close_pipe()
         with trio.CancelScope(shield=True):
             try:
                 await self.stream.aclose()
             except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
                 pass
+
+
+class _Outbox:
+    """The bytes of one relayed frame that are on their way to the client, in order: first
+    those in the source stream's pipe (``held``, spliced from the source socket or stashed
+    there), then those in user space (``buffers``, added with ``add``).
+
+    A relay hands bytes over as the walk clears them and flushes only when it is about to
+    wait for the source, when a good piece has gathered, and at the end of the frame. So
+    the head of a Fetch response leaves with the first piece of its record set, and its
+    tail with the last piece, in one write each: every write to the client is a wake-up
+    of the client and a trip through its TCP stack. A frame that is never spliced leaves
+    in one ``writev`` with its size prefix, as ``send_frame`` would send it.
+    """
+
+    __slots__ = ("source", "target", "destination", "buffers", "buffered", "held", "read_end", "write_end",
+                 "capacity")
+
+    def __init__(self, source: FrameStream, destination: FrameStream) -> None:
+        self.source = source
+        self.destination = destination
+        self.target = destination._socket
+        self.buffers: list = []
+        self.buffered = 0  # bytes in ``buffers``
+        self.held = 0  # bytes in the pipe
+        self.read_end = self.write_end = -1
+        self.capacity = 0
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.held or self.buffered)
+
+    def add(self, data) -> None:
+        if len(data):
+            self.buffers.append(data)
+            self.buffered += len(data)
+
+    def _pipe(self) -> None:
+        if self.capacity == 0:
+            self.read_end, self.write_end, self.capacity = self.source._open_pipe()
+
+    async def stash(self) -> None:
+        """Move ``buffers`` into the pipe, so that spliced bytes can follow them."""
+        if not self.buffered:
+            return
+        self._pipe()
+        for data in self.buffers:
+            data = memoryview(data)
+            while data:
+                try:
+                    written = os.write(self.write_end, data)
+                except BlockingIOError:
+                    written = 0
+                self.held += written
+                data = data[written:]
+                if data and not self.give():
+                    await trio.lowlevel.wait_writable(self.target)
+        self.buffers.clear()
+        self.buffered = 0
+
+    def take(self, count: int) -> int:
+        """Splice up to ``count`` bytes from the source socket into the pipe; 0 when none
+        are there (or the pipe is full). ``stash`` must have run since the last ``add``."""
+        self._pipe()
+        room = self.capacity - self.held
+        if room <= 0:
+            return 0
+        try:
+            taken = _SPLICE(self.source._socket.fileno(), self.write_end, min(count, room), flags=_SPLICE_FLAGS)
+        except BlockingIOError:
+            return 0
+        if taken == 0:
+            raise trio.BrokenResourceError(f"stream ended inside a frame ({count} relayed bytes missing)")
+        self.held += taken
+        return taken
+
+    def give(self) -> int:
+        """Splice what the client's socket takes now from the pipe; how much."""
+        if not self.held:
+            return 0
+        try:
+            given = _SPLICE(self.read_end, self.target.fileno(), self.held, flags=_SPLICE_FLAGS)
+        except BlockingIOError:
+            return 0
+        self.held -= given
+        return given
+
+    async def flush(self) -> None:
+        """Everything to the client's socket (waiting for room when it is full)."""
+        if self.held:
+            if self.buffered and self.buffered <= _SPLICE_LOOKAHEAD:
+                await self.stash()  # a few bytes after the spliced ones: one write for both
+            while self.held:
+                if not self.give():
+                    await trio.lowlevel.wait_writable(self.target)
+        if self.buffered:
+            buffers, self.buffers, self.buffered = self.buffers, [], 0
+            await self.destination._send_buffers(buffers)
+
+    def abandon(self) -> None:
+        """After a failure: a pipe that still holds bytes is dropped with them, so that
+        none can reach a later frame."""
+        self.buffers.clear()
+        self.buffered = 0
+        if self.held:
+            self.held = 0
+            self.source._close_pipe()
 
 
 def _check_correlation(frame, expected: int) -> None:
