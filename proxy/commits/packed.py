@@ -11,20 +11,11 @@ else from the pure-Python reference with identical results (tests check this); s
 
 from __future__ import annotations
 
-import os
-
+from proxy.accelerators import choose
 from proxy.commits import _packed_py
 from proxy.commits._packed_py import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
 
-try:
-    if os.environ.get("KEYRANGE_PURE_PYTHON"):
-        raise ImportError("pure Python kernels requested")
-    from proxy.commits import _cpacked as _impl  # type: ignore[attr-defined]
-
-    ACCELERATED = True
-except ImportError:
-    _impl = _packed_py
-    ACCELERATED = False
+_impl, ACCELERATED = choose("proxy.commits._cpacked", _packed_py)
 
 # (reason or None, ranges sorted): a commit's ranges checked (bytes in, bytes out).
 sort_checked = _impl.sort_checked

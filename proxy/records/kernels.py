@@ -6,19 +6,10 @@ the Python kernels, for example to compare them.
 
 from __future__ import annotations
 
-import os
-
+from proxy.accelerators import choose
 from proxy.records import _kernels_py
 
-try:
-    if os.environ.get("KEYRANGE_PURE_PYTHON"):
-        raise ImportError("pure Python kernels requested")
-    from proxy.records import _ckernels as _impl  # type: ignore[attr-defined]
-
-    ACCELERATED = True
-except ImportError:
-    _impl = _kernels_py
-    ACCELERATED = False
+_impl, ACCELERATED = choose("proxy.records._ckernels", _kernels_py)
 
 split = _impl.split
 match = _impl.match
