@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="unrecorded rounds of every configuration first, so that the broker's JIT has "
                              "compiled the paths each one uses (OffsetCommit, Produce, ListOffsets)")
     parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a proxy setting for the run (repeatable), e.g. individual.commit.log.segment.bytes=104857600")
     parser.add_argument("--output", type=Path, default=RESULTS / "commits.json")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-commits-"))
@@ -160,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
 
         topic = "bench-commits"
         create_topic(cluster, topic, partitions=PARTITIONS, replication_factor=min(3, args.nodes))
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy")
+        overrides = dict(item.split("=", 1) for item in args.override)
+        results["proxy_overrides"] = overrides
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides=overrides)
         try:
             # Plain before and after: the first runs before the log topic exists (and before
             # any warm-up), the second (the baseline) once it does, as in steady state.

@@ -255,7 +255,118 @@ static PyObject *kern_stable_after(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* R as varints, two per range (Start - cursor, End - Start; the cursor starts at S and
+ * moves to End + 1), as _packed_py.to_deltas writes them. */
+static PyObject *kern_to_deltas(PyObject *self, PyObject *args) {
+    long long stable_in;
+    Py_buffer view;
+    PyObject *out = NULL;
+    if (!PyArg_ParseTuple(args, "Ly*", &stable_in, &view)) return NULL;
+    if (view.len % RANGE_SIZE) {
+        PyErr_Format(PyExc_ValueError, "packed ranges of %zd bytes: not a multiple of %d", view.len, RANGE_SIZE);
+        goto done;
+    }
+    Py_ssize_t n = view.len / RANGE_SIZE;
+    out = PyBytes_FromStringAndSize(NULL, n * 20);
+    if (!out) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *p = view.buf;
+    int64_t cursor = stable_in;
+    for (Py_ssize_t i = 0; i < n; i++, p += RANGE_SIZE) {
+        int64_t start = load_be64(p), end = load_be64(p + 8);
+        if (start <= cursor || end < start) {
+            PyErr_Format(PyExc_ValueError, "range [%lld, %lld] does not follow %lld in a state above S=%lld",
+                         (long long)start, (long long)end, (long long)cursor - 1, stable_in);
+            Py_CLEAR(out);
+            goto done;
+        }
+        uint64_t values[2] = {(uint64_t)start - (uint64_t)cursor, (uint64_t)end - (uint64_t)start};
+        for (int k = 0; k < 2; k++) {
+            uint64_t v = values[k];
+            while (v >= 0x80) {
+                *w++ = (unsigned char)((v & 0x7F) | 0x80);
+                v >>= 7;
+            }
+            *w++ = (unsigned char)v;
+        }
+        if (end == INT64_MAX) {
+            if (i + 1 < n) {
+                PyErr_SetString(PyExc_ValueError, "a range follows one ending at the largest offset");
+                Py_CLEAR(out);
+                goto done;
+            }
+        } else {
+            cursor = end + 1;
+        }
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(w - (unsigned char *)PyBytes_AS_STRING(out))) < 0) out = NULL;
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static int read_uvarint64(const unsigned char *p, Py_ssize_t len, Py_ssize_t *pos, uint64_t *value) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (*pos >= len) {
+            PyErr_SetString(PyExc_ValueError, "range deltas end inside a varint");
+            return -1;
+        }
+        unsigned char byte = p[(*pos)++];
+        if (shift == 63 && (byte & 0x7F) > 1) {
+            PyErr_SetString(PyExc_ValueError, "range delta beyond 64 bits");
+            return -1;
+        }
+        v |= (uint64_t)(byte & 0x7F) << shift;
+        if (byte < 0x80) {
+            *value = v;
+            return 0;
+        }
+    }
+    PyErr_SetString(PyExc_ValueError, "range delta varint longer than 10 bytes");
+    return -1;
+}
+
+static PyObject *kern_from_deltas(PyObject *self, PyObject *args) {
+    long long stable_in;
+    Py_buffer view;
+    PyObject *out = NULL;
+    if (!PyArg_ParseTuple(args, "Ly*", &stable_in, &view)) return NULL;
+    const unsigned char *p = view.buf;
+    Py_ssize_t len = view.len, pos = 0, n = 0;
+    out = PyBytes_FromStringAndSize(NULL, (len / 2) * RANGE_SIZE);
+    if (!out) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    uint64_t cursor = (uint64_t)stable_in;
+    while (pos < len) {
+        uint64_t gap, length;
+        if (read_uvarint64(p, len, &pos, &gap) < 0 || read_uvarint64(p, len, &pos, &length) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        /* start = cursor + gap and end = start + length, both below the largest offset */
+        if (stable_in < 0 || gap == 0 || gap >= (uint64_t)MAX_OFFSET - cursor ||
+            length >= (uint64_t)MAX_OFFSET - (cursor + gap)) {
+            PyErr_Format(PyExc_ValueError, "range deltas (%llu, %llu) after %llu are not a state's",
+                         (unsigned long long)gap, (unsigned long long)length, (unsigned long long)cursor);
+            Py_CLEAR(out);
+            goto done;
+        }
+        range_t r = {(int64_t)(cursor + gap), (int64_t)(cursor + gap + length)};
+        store_range(w, r);
+        w += RANGE_SIZE;
+        n++;
+        cursor = (uint64_t)r.end + 1;
+    }
+    if (_PyBytes_Resize(&out, n * RANGE_SIZE) < 0) out = NULL;
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"to_deltas", kern_to_deltas, METH_VARARGS, "R of a state as varint deltas from S."},
+    {"from_deltas", kern_from_deltas, METH_VARARGS, "The packed ranges of varint deltas from S."},
     {"sort_checked", kern_sort_checked, METH_VARARGS, "Packed ranges sorted, and why they are invalid (or None)."},
     {"merge", kern_merge, METH_VARARGS, "(S', R') of merging a commit into (S, R), all packed."},
     {"stable_after", kern_stable_after, METH_VARARGS, "S' of merging a commit into (S, R), without R'."},

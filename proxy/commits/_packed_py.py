@@ -106,3 +106,59 @@ def stable_after(stable: int, held, commit) -> int:
         if end >= stable:
             stable = _after(end)
     return stable
+
+
+def _put_uvarint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _get_uvarint(data, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("range deltas end inside a varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if value >= 1 << 64:
+                raise ValueError("range delta beyond 64 bits")
+            return value, pos
+        shift += 7
+        if shift >= 70:
+            raise ValueError("range delta varint longer than 10 bytes")
+
+
+def to_deltas(stable: int, packed) -> bytes:
+    """R as varints, two per range: Start minus the cursor, then End minus Start; the
+    cursor starts at S and moves to End + 1. R must be a state's: sorted, disjoint,
+    non-adjacent, each range starting above S (every first delta is then at least 1)."""
+    out = bytearray()
+    cursor = stable
+    for start, end in unpack(packed):
+        if start <= cursor or end < start:
+            raise ValueError(f"range [{start}, {end}] does not follow {cursor - 1} in a state above S={stable}")
+        _put_uvarint(out, start - cursor)
+        _put_uvarint(out, end - start)
+        cursor = end + 1
+    return bytes(out)
+
+
+def from_deltas(stable: int, data) -> bytes:
+    """The packed ranges ``to_deltas`` wrote; ValueError for anything it cannot have."""
+    ranges = []
+    cursor = stable
+    pos = 0
+    while pos < len(data):
+        gap, pos = _get_uvarint(data, pos)
+        length, pos = _get_uvarint(data, pos)
+        start = cursor + gap
+        end = start + length
+        if stable < 0 or gap == 0 or end >= MAX_OFFSET:
+            raise ValueError(f"range deltas ({gap}, {length}) after {cursor} are not a state's")
+        ranges.append((start, end))
+        cursor = end + 1
+    return pack(ranges)

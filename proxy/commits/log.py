@@ -22,7 +22,7 @@ from typing import Callable
 
 import trio
 
-from proxy.commits.packed import RANGE_SIZE
+from proxy.commits.packed import RANGE_SIZE, from_deltas, to_deltas
 from proxy.commits.state import CommitState
 from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
 from proxy.protocol import messages
@@ -132,24 +132,25 @@ def encode_records(records: list[tuple[bytes, bytes | None]]) -> list[bytes]:
     return out
 
 
-def encode_value_generic(state: CommitState) -> bytes:
+def encode_value_generic(state: CommitState, version: int | None = None) -> bytes:
     """IndividualCommitValue through the schema codec (the reference for ``encode_value``)."""
     value_class = messages.data_class("IndividualCommitValue")
-    return messages.encode_data(
-        "IndividualCommitValue",
-        value_class(stable_offset=state.stable,
-                    ranges=[value_class.OffsetRange(start=start, end=end) for start, end in state.ranges]),
-    )
+    if version == 0:
+        value = value_class(stable_offset=state.stable,
+                            ranges=[value_class.OffsetRange(start=start, end=end) for start, end in state.ranges])
+    else:
+        value = value_class(stable_offset=state.stable, range_deltas=to_deltas(state.stable, state.packed))
+    return messages.encode_data("IndividualCommitValue", value, version)
 
 
 _VALUE_HEAD = struct.Struct(">hq")
 
 
 def encode_value(state: CommitState) -> bytes:
-    """IndividualCommitValue v0, byte for byte what the schema codec writes (a unit test
-    checks it), without building message objects: commits write one per partition. The
-    state's packed ranges are the array's elements as they are."""
-    return b"".join((_VALUE_HEAD.pack(0, state.stable), uvarint_bytes(state.held() + 1), state.packed, b"\x00"))
+    """IndividualCommitValue v1, byte for byte what the schema codec writes (a unit test
+    checks it), without building message objects: commits write one per partition."""
+    deltas = to_deltas(state.stable, state.packed)
+    return b"".join((_VALUE_HEAD.pack(1, state.stable), uvarint_bytes(len(deltas) + 1), deltas, b"\x00"))
 
 
 def decode_key(data) -> tuple[str, str, int]:
@@ -158,8 +159,8 @@ def decode_key(data) -> tuple[str, str, int]:
 
 
 def decode_value(data) -> CommitState:
-    """A value as this proxy writes it is read from slices; anything else (tagged fields
-    a newer writer added) through the schema codec."""
+    """A value as this proxy writes it (version 1, or 0 of earlier releases) is read from
+    slices; anything else (tagged fields a newer writer added) through the schema codec."""
     data = bytes(data)
     if len(data) >= 12 and data[-1] == 0:
         version, stable = _VALUE_HEAD.unpack_from(data, 0)
@@ -167,11 +168,15 @@ def decode_value(data) -> CommitState:
             length, pos = read_uvarint(data, 10, len(data))
         except ProtocolError:
             length, pos = 0, 0
+        if version == 1 and length and pos + length == len(data):
+            return CommitState.from_packed(stable, from_deltas(stable, data[pos:-1]))
         if version == 0 and length and pos + (length - 1) * RANGE_SIZE + 1 == len(data):
             ranges = data[pos:-1]
             if ranges[16::RANGE_SIZE].count(0) == length - 1:
                 return CommitState.from_packed(stable, ranges)
     value = messages.decode_data("IndividualCommitValue", data)
+    if messages.data_version(data) >= 1:
+        return CommitState.from_packed(value.stable_offset, from_deltas(value.stable_offset, value.range_deltas or b""))
     return CommitState(value.stable_offset, tuple((r.start, r.end) for r in value.ranges))
 
 

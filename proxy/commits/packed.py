@@ -1,10 +1,10 @@
 """Offset ranges packed as they travel: 17 bytes each, an int64 Start and End (big-endian)
 and an empty tagged-field section.
 
-That is the element layout of OffsetCommit's ``OffsetRanges`` (tag 10000) and of the
-log's ``IndividualCommitValue.Ranges`` alike, so a range commit's ranges go from the
-client's frame through validation and the merge rule into the log record as bytes, never
-as a Python object per range. The kernels come from the C accelerator when it is built,
+That is the element layout of OffsetCommit's ``OffsetRanges`` (tag 10000), so a range
+commit's ranges go from the client's frame through validation and the merge rule to the
+log record as bytes, never as a Python object per range. The log value (version 1) holds
+them as varint deltas from S, several times smaller (``to_deltas``/``from_deltas``). The kernels come from the C accelerator when it is built,
 else from the pure-Python reference with identical results (tests check this); set
 ``KEYRANGE_PURE_PYTHON=1`` to force the latter.
 """
@@ -23,6 +23,9 @@ sort_checked = _impl.sort_checked
 merge = _impl.merge
 # S' alone.
 stable_after = _impl.stable_after
+# R as varint deltas from S (the log value's version 1), and back.
+to_deltas = _impl.to_deltas
+from_deltas = _impl.from_deltas
 
-__all__ = ["ACCELERATED", "MAX_OFFSET", "RANGE_SIZE", "Range", "invalid", "merge", "pack", "sort_checked",
-           "stable_after", "unpack"]
+__all__ = ["ACCELERATED", "MAX_OFFSET", "RANGE_SIZE", "Range", "from_deltas", "invalid", "merge", "pack",
+           "sort_checked", "stable_after", "to_deltas", "unpack"]

@@ -102,3 +102,46 @@ def test_the_merge_keeps_the_state_well_formed(stable, held, commits):
     assert state.ranges == tuple(normalise(state.ranges))
     assert all(start > state.stable for start, _ in state.ranges)
     assert state == apply_ranges(CommitState(stable), [*held, *(r for c in commits for r in c)])
+
+
+@pytest.mark.parametrize("impl", [reference, pytest.param(_cpacked, marks=needs_c)], ids=["python", "c"])
+def test_deltas_layout_and_bad_input(impl):
+    data = reference.pack([(43, 45), (48, 49), (300, 300)])
+    deltas = impl.to_deltas(40, data)
+    assert deltas == bytes([3, 2, 2, 1]) + bytes([250, 1, 0])  # 43-40, 45-43, 48-46, 49-48, 300-50 (varint), 0
+    assert impl.from_deltas(40, deltas) == data
+    assert impl.to_deltas(40, b"") == b"" and impl.from_deltas(40, b"") == b""
+    for not_a_state in ([(40, 41)], [(43, 45), (46, 47)], [(43, 42)], [(50, 51), (43, 45)]):
+        with pytest.raises(ValueError):
+            impl.to_deltas(40, reference.pack(not_a_state))
+    for garbage in (b"\x00\x01", b"\x01", b"\x81", b"\xff" * 10 + b"\x01\x00", b"\x01" + b"\xff" * 8 + b"\x7f"):
+        with pytest.raises(ValueError):
+            impl.from_deltas(40, garbage)
+    with pytest.raises(ValueError):
+        impl.from_deltas(-1, b"\x01\x00")
+
+
+@needs_c
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, MAX - 1), st.lists(st.tuples(st.integers(1, 1 << 62), st.integers(0, 1 << 62)), max_size=12),
+       st.binary(max_size=24))
+def test_deltas_match_the_reference(stable, steps, garbage):
+    ranges, cursor = [], stable
+    for gap, length in steps:
+        start = cursor + gap
+        if start + length >= MAX:
+            break
+        ranges.append((start, start + length))
+        cursor = start + length + 1
+    data = reference.pack(ranges)
+    deltas = reference.to_deltas(stable, data)
+    assert _cpacked.to_deltas(stable, data) == deltas
+    assert _cpacked.from_deltas(stable, deltas) == reference.from_deltas(stable, deltas) == data
+
+    def outcome(impl):
+        try:
+            return impl.from_deltas(stable, garbage)
+        except ValueError:
+            return ValueError
+
+    assert outcome(_cpacked) == outcome(reference)
