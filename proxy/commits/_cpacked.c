@@ -3,9 +3,10 @@
  * with identical results (tests compare them).
  *
  * A packed range is 17 bytes: int64 Start, int64 End (big-endian) and a zero byte (an
- * empty tagged-field section), the element layout of OffsetCommit's OffsetRanges and of
- * the log's IndividualCommitValue.Ranges. A range commit's ranges go from the client's
- * frame to the log record without a Python object per range.
+ * empty tagged-field section), the element layout of OffsetCommit's OffsetRanges (and of
+ * IndividualCommitValue v0's Ranges; v1 holds them as varint deltas, to_deltas here). A
+ * range commit's ranges go from the client's frame to the log record without a Python
+ * object per range.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

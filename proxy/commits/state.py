@@ -11,9 +11,9 @@ A range commit C gives R' = merge(R, C) with everything below S dropped; then, w
 has a range starting at S, S moves past its end and the range is dropped. A plain commit
 of offset O sets S = O and clears R (standard Kafka semantics).
 
-R is held packed (``proxy.commits.packed``): the bytes a commit's ranges arrive in and the
-log's value stores, so the hot path never builds a Python object per range. ``ranges``
-gives the tuples for everything else.
+R is held packed (``proxy.commits.packed``): the bytes a commit's ranges arrive in, which
+the kernels merge and turn into the log's value as they are, so the hot path never builds
+a Python object per range. ``ranges`` gives the tuples for everything else.
 """
 
 from __future__ import annotations
