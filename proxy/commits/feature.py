@@ -29,8 +29,7 @@ import trio
 from prometheus_client import Counter, Gauge, Histogram
 
 from proxy.commits.log import Cluster, CommitLog, CommitLogError, encode_value
-from proxy.commits.packed import merge as packed_merge
-from proxy.commits.state import CommitState, apply_packed, apply_plain, check_packed, rebase, stable_after
+from proxy.commits.state import CommitState, apply_packed, apply_plain, check_packed, rebase, rebase_commit, stable_after
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
 from proxy.protocol import messages
 from proxy.protocol.framing import RequestHeaderPeek
@@ -235,7 +234,7 @@ class IndividualCommitFeature:
                     stable[key] = state.stable
                 for key, offset in plain.items():
                     if key in records and key not in new:
-                        new[key] = apply_plain(offset)
+                        new[key] = apply_plain(offset, records[key][1])
         except CommitLogError as exc:
             log.warning("individual-commit state unavailable group=%s reason=%r", group, str(exc))
             for key in range_commits:
@@ -375,7 +374,7 @@ class IndividualCommitFeature:
                 found[key] = record[1] if record is not None else None
                 basis[key] = offset  # merged: ``_reconcile`` need not merge it again
         if found:
-            await self._merge_again(request, range_commits, coordinator, accepted, found, {}, failed, written=False)
+            await self._merge_again(request, range_commits, coordinator, accepted, found, failed, written=False)
 
     async def _reconcile(self, request, range_commits: dict[Key, list], coordinator: dict[Key, int],
                          accepted: dict[Key, CommitState], merged: dict[Key, int], seen: int, at: int,
@@ -384,20 +383,18 @@ class IndividualCommitFeature:
         is known to have moved between the read the states were brought up to (``seen``)
         and their write (at ``at``; -1 unknown): another instance wrote in between.
 
-        A record of one of these keys in that window is shadowed by this write. The commit
-        is merged again into it (and into what earlier rounds found) and written, until a
-        round finds nothing new: then this instance's newest record holds the commit and
-        everything acknowledged before. Rounds are bounded: past the last, the keys are
+        A record of one of these keys in that window is shadowed by this write. The state
+        is brought up to it (``rebase_commit``: in one epoch, the union of the two) and
+        written, until a round finds nothing new: then this instance's newest record holds
+        the commit and everything the shadowed records held. Rounds are bounded: past the last, the keys are
         answered COORDINATOR_NOT_AVAILABLE (their records hold the commit whole). ``merged``:
         the record of a key at or above ``seen`` that the state already holds."""
         group = request.group
-        floor: dict[Key, CommitState] = {}
         start, written = seen, len(accepted)
         for _ in range(_RECONCILE_ROUNDS):
             window, read_to = await self.log.window(group, start, at if at >= 0 else None, accepted)
             found = {key: state for key, (offset, state) in window.items() if offset != merged.get(key)}
-            redo = await self._merge_again(request, range_commits, coordinator, accepted, found, floor, failed,
-                                           written=True)
+            redo = await self._merge_again(request, range_commits, coordinator, accepted, found, failed, written=True)
             if not redo:
                 return
             start = at + written if at >= 0 else read_to
@@ -410,27 +407,20 @@ class IndividualCommitFeature:
 
     async def _merge_again(self, request, range_commits: dict[Key, list], coordinator: dict[Key, int],
                            accepted: dict[Key, CommitState], found: dict[Key, CommitState | None],
-                           floor: dict[Key, CommitState], failed: dict[Key, int], *, written: bool) -> dict:
-        """Merge each range commit again into the newer record ``found`` of its key (None: a
-        tombstone, S = 0), united with the records found before (``floor``). The states
-        that change replace ``accepted`` and are returned. When S changes, the coordinator
-        (which holds S computed from the older state) gets the new S through the proxy's
-        own connection, with the client's generation and member; a key whose correction it
-        refuses is answered with that error, and, if nothing is ``written`` yet, dropped
-        (a retry is idempotent)."""
+                           failed: dict[Key, int], *, written: bool) -> dict:
+        """Bring each range commit's state up to the newer record ``found`` of its key
+        (``rebase_commit``: joined in one epoch, the commit applied again after a reset or
+        a deletion). The states that change replace ``accepted`` and are returned. When S
+        changes, the coordinator (which holds S computed from the older state) gets the new
+        S through the proxy's own connection, with the client's generation and member; a
+        key whose correction it refuses is answered with that error, and, if nothing is
+        ``written`` yet, dropped (a retry is idempotent)."""
         redo: dict[Key, CommitState] = {}
         for key, state in found.items():
             self._foreign.inc()
             if key not in range_commits:
                 continue  # a plain commit (S = O, R cleared) does not depend on the state
-            state = state if state is not None else CommitState(0)
-            before = floor.get(key)
-            if before is not None:
-                state = CommitState.from_packed(*packed_merge(max(state.stable, before.stable), state.packed,
-                                                              before.packed))
-            floor[key] = state
-            for ranges in range_commits[key]:
-                state = apply_packed(state, ranges)
+            state = rebase_commit(accepted[key], state, range_commits[key])
             if state != accepted[key]:
                 redo[key] = state
         corrections = {key: state.stable for key, state in redo.items() if state.stable != coordinator.get(key)}

@@ -23,7 +23,7 @@ from typing import Callable
 import trio
 
 from proxy.commits.packed import RANGE_SIZE, from_deltas, to_deltas
-from proxy.commits.state import CommitState
+from proxy.commits.state import CommitState, join
 from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
@@ -139,18 +139,21 @@ def encode_value_generic(state: CommitState, version: int | None = None) -> byte
         value = value_class(stable_offset=state.stable,
                             ranges=[value_class.OffsetRange(start=start, end=end) for start, end in state.ranges])
     else:
-        value = value_class(stable_offset=state.stable, range_deltas=to_deltas(state.stable, state.packed))
+        value = value_class(stable_offset=state.stable, range_deltas=to_deltas(state.stable, state.packed),
+                            reset_epoch=state.epoch)
     return messages.encode_data("IndividualCommitValue", value, version)
 
 
 _VALUE_HEAD = struct.Struct(">hq")
+_EPOCH = struct.Struct(">q")
 
 
 def encode_value(state: CommitState) -> bytes:
     """IndividualCommitValue v1, byte for byte what the schema codec writes (a unit test
     checks it), without building message objects: commits write one per partition."""
     deltas = to_deltas(state.stable, state.packed)
-    return b"".join((_VALUE_HEAD.pack(1, state.stable), uvarint_bytes(len(deltas) + 1), deltas, b"\x00"))
+    return b"".join((_VALUE_HEAD.pack(1, state.stable), uvarint_bytes(len(deltas) + 1), deltas,
+                     _EPOCH.pack(state.epoch), b"\x00"))
 
 
 def decode_key(data) -> tuple[str, str, int]:
@@ -168,15 +171,17 @@ def decode_value(data) -> CommitState:
             length, pos = read_uvarint(data, 10, len(data))
         except ProtocolError:
             length, pos = 0, 0
-        if version == 1 and length and pos + length == len(data):
-            return CommitState.from_packed(stable, from_deltas(stable, data[pos:-1]))
+        if version == 1 and length and pos + length + 8 == len(data):
+            (epoch,) = _EPOCH.unpack_from(data, pos + length - 1)
+            return CommitState.from_packed(stable, from_deltas(stable, data[pos:pos + length - 1]), epoch)
         if version == 0 and length and pos + (length - 1) * RANGE_SIZE + 1 == len(data):
             ranges = data[pos:-1]
             if ranges[16::RANGE_SIZE].count(0) == length - 1:
                 return CommitState.from_packed(stable, ranges)
     value = messages.decode_data("IndividualCommitValue", data)
     if messages.data_version(data) >= 1:
-        return CommitState.from_packed(value.stable_offset, from_deltas(value.stable_offset, value.range_deltas or b""))
+        return CommitState.from_packed(value.stable_offset, from_deltas(value.stable_offset, value.range_deltas or b""),
+                                       value.reset_epoch)
     return CommitState(value.stable_offset, tuple((r.start, r.end) for r in value.ranges))
 
 
@@ -590,8 +595,14 @@ class CommitLog:
     def _set(self, group: str, key: tuple[str, int], offset: int, state: CommitState | None) -> None:
         entries = self.groups.get(group)
         current = entries.get(key) if entries else None
-        if current is not None and current[0] > offset:
-            return  # we already hold a newer record
+        if state is not None and current is not None:
+            # Records of a key join, in whatever order they are read: one written from an
+            # older read (another instance's, concurrent with this one's) adds what it
+            # holds and drops nothing; a reset (a higher epoch) replaces what came before.
+            state = join(current[1], state)
+            offset = max(offset, current[0])
+        elif current is not None and current[0] > offset:
+            return  # a tombstone older than the record held
         self.held += (state.held() if state is not None else 0) - (current[1].held() if current is not None else 0)
         if state is None:
             if entries is not None:

@@ -26,24 +26,32 @@ from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, u
 INVALID_REQUEST = 42
 
 __all__ = ["MAX_OFFSET", "CommitState", "apply_packed", "apply_plain", "apply_ranges", "check", "check_packed",
-           "normalise", "rebase", "stable_after", "validate"]
+           "join", "normalise", "rebase", "rebase_commit", "stable_after", "validate"]
 
 
 class CommitState:
-    """(S, R) of one key; immutable. ``CommitState(40, [(43, 45)])`` from tuples,
-    ``CommitState.from_packed(40, data)`` from packed ranges (kept as given)."""
+    """(S, R) of one key, and its reset epoch; immutable. ``CommitState(40, [(43, 45)])``
+    from tuples, ``CommitState.from_packed(40, data)`` from packed ranges (kept as given).
 
-    __slots__ = ("stable", "packed")
+    The epoch counts resets (a plain commit, a commit after a deletion). Within one epoch
+    a state only grows (range commits add processed offsets), so two states of the same
+    epoch combine as the union of what they hold (``join``); a higher epoch replaces a
+    lower one. That is what lets instances that wrote the same key concurrently merge
+    without losing what either acknowledged."""
 
-    def __init__(self, stable: int, ranges: Iterable[Range] = ()) -> None:
+    __slots__ = ("stable", "packed", "epoch")
+
+    def __init__(self, stable: int, ranges: Iterable[Range] = (), epoch: int = 0) -> None:
         object.__setattr__(self, "stable", stable)
         object.__setattr__(self, "packed", pack(ranges))
+        object.__setattr__(self, "epoch", epoch)
 
     @classmethod
-    def from_packed(cls, stable: int, packed: bytes) -> "CommitState":
+    def from_packed(cls, stable: int, packed: bytes, epoch: int = 0) -> "CommitState":
         state = object.__new__(cls)
         object.__setattr__(state, "stable", stable)
         object.__setattr__(state, "packed", packed)
+        object.__setattr__(state, "epoch", epoch)
         return state
 
     def __setattr__(self, name, value):
@@ -64,14 +72,13 @@ class CommitState:
     def __eq__(self, other) -> bool:
         if not isinstance(other, CommitState):
             return NotImplemented
-        return self.stable == other.stable and self.packed == other.packed
+        return self.stable == other.stable and self.packed == other.packed and self.epoch == other.epoch
 
     def __hash__(self) -> int:
-        return hash((self.stable, self.packed))
+        return hash((self.stable, self.packed, self.epoch))
 
     def __repr__(self) -> str:
-        return f"CommitState(stable={self.stable}, ranges={self.ranges})"
-
+        return f"CommitState(stable={self.stable}, ranges={self.ranges}, epoch={self.epoch})"
 
 
 def normalise(ranges: Iterable[Range]) -> list[Range]:
@@ -88,7 +95,22 @@ def normalise(ranges: Iterable[Range]) -> list[Range]:
 
 def apply_packed(state: CommitState, commit: bytes) -> CommitState:
     """The merge rule: union, drop everything below S, then advance S over a range at S."""
-    return CommitState.from_packed(*kernels.merge(state.stable, state.packed, commit))
+    return CommitState.from_packed(*kernels.merge(state.stable, state.packed, commit), state.epoch)
+
+
+def join(a: CommitState, b: CommitState) -> CommitState:
+    """What two states of a key hold together: the one of the higher epoch (a reset
+    happened after the other was computed), or, in one epoch, the union of their
+    processed offsets."""
+    if a.epoch != b.epoch:
+        return a if a.epoch > b.epoch else b
+    if a.stable >= b.stable:
+        high, low = a, b
+    else:
+        high, low = b, a
+    if not low.packed:
+        return high
+    return CommitState.from_packed(*kernels.merge(high.stable, high.packed, low.packed), a.epoch)
 
 
 def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
@@ -101,9 +123,25 @@ def stable_after(state: CommitState, commit: bytes) -> int:
     return kernels.stable_after(state.stable, state.packed, commit)
 
 
-def apply_plain(offset: int) -> CommitState:
-    """A plain commit of ``offset``: S = offset, R cleared."""
-    return CommitState(offset, ())
+def rebase_commit(ours: CommitState, newer: CommitState | None, commits: Iterable[bytes]) -> CommitState:
+    """``ours`` (a state with ``commits`` applied) brought up to ``newer``, a record of the
+    key another instance wrote meanwhile (None: it deleted the state). In one epoch the
+    two join; after a reset (a higher epoch, or the deletion) the commits apply to it;
+    a record of a lower epoch (written before a reset this instance saw) adds nothing."""
+    if newer is None:
+        base = CommitState(0, (), ours.epoch + 1)
+    elif newer.epoch > ours.epoch:
+        base = newer
+    else:
+        return join(ours, newer)
+    for commit in commits:
+        base = apply_packed(base, commit)
+    return base
+
+
+def apply_plain(offset: int, previous: CommitState | None = None) -> CommitState:
+    """A plain commit of ``offset``: S = offset, R cleared; a reset, so the epoch moves on."""
+    return CommitState(offset, (), previous.epoch + 1 if previous is not None else 0)
 
 
 def rebase(state: CommitState, stable: int) -> CommitState:
@@ -111,7 +149,7 @@ def rebase(state: CommitState, stable: int) -> CommitState:
     larger of the two, and ranges below it are dropped (then S advances as usual)."""
     if stable <= state.stable:
         return state
-    return CommitState.from_packed(*kernels.merge(stable, b"", state.packed))
+    return CommitState.from_packed(*kernels.merge(stable, b"", state.packed), state.epoch)
 
 
 def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> str | None:

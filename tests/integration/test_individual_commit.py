@@ -415,6 +415,52 @@ def test_two_instances_committing_one_partition_at_once_lose_no_acknowledged_ran
     assert stable == 0 and all(1 <= start and end <= 2 * per_client for start, end in ranges)
 
 
+def test_two_instances_moving_s_together_leave_s_at_the_coordinator(kafka, proxy, proxy_factory, topic_factory):
+    """Through two instances at once, one client commits the even offsets and the other
+    the odd ones, so S moves only as both progress and every merge of the other's writes
+    changes S: the state must end at S = every offset, with no range left, and the
+    coordinator (corrected whenever a merge moved S) must hold the same S."""
+    import threading
+
+    other = proxy_factory(kafka)
+    topic = topic_factory(kafka, partitions=1)
+    group = _group()
+    per_client = 100
+    errors: list = []
+    refused: list = []
+    clients = [CommitClient(proxy.bootstrap_servers, group), CommitClient(other.bootstrap_servers, group)]
+
+    def worker(index: int) -> None:
+        try:
+            for k in range(per_client):
+                offset = 2 * k + index
+                for _ in range(20):  # a retriable refusal is committed again, as a client would
+                    error, _ = clients[index].commit(topic, {0: [(offset, offset)]})[0]
+                    if error == 0:
+                        break
+                    refused.append(error)
+                else:
+                    raise AssertionError(f"offset {offset} refused 20 times: {refused[-20:]}")
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+        assert not thread.is_alive()
+    assert not errors, errors[0]
+    assert set(refused) <= {15}, refused  # COORDINATOR_NOT_AVAILABLE only (retriable)
+    for client in clients:
+        client.close()
+    third = proxy_factory(kafka)
+    with CommitClient(third.bootstrap_servers, group) as client:
+        assert client.fetch(topic, [0]) == {0: (2 * per_client, [])}
+    with CommitClient(kafka.bootstrap_servers, group) as direct:
+        assert direct.fetch(topic, [0]) == {0: (2 * per_client, [])}
+
+
 def test_a_plain_commit_through_another_instance_resets_the_state(kafka, proxy, proxy_factory, topic_factory):
     """The second instance already uses the log (for another group on another log
     partition) but has never read this group's: its plain commit still resets the state

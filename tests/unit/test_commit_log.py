@@ -57,6 +57,22 @@ def test_fast_value_encoder_writes_exactly_what_the_schema_codec_writes():
     check()
 
 
+def test_memory_joins_records_of_one_epoch_in_any_order_and_a_reset_replaces():
+    log = CommitLog(cluster=None, segment_bytes=1 << 20)
+    key = encode_key("g", "t", 0)
+    log._apply(5, key, encode_value(CommitState(0, ((3, 4),))))
+    log._apply(4, key, encode_value(CommitState(0, ((7, 7),))))  # older, from a stale read: joins
+    assert log.groups["g"][("t", 0)] == (5, CommitState(0, ((3, 4), (7, 7))))
+    log._apply(6, key, encode_value(CommitState(2, (), epoch=1)))  # a reset replaces
+    assert log.groups["g"][("t", 0)] == (6, CommitState(2, (), epoch=1))
+    log._apply(3, key, encode_value(CommitState(0, ((9, 9),))))  # before the reset: nothing
+    assert log.groups["g"][("t", 0)] == (6, CommitState(2, (), epoch=1))
+    log._apply(2, key, None)  # an older tombstone: ignored
+    assert ("t", 0) in log.groups["g"]
+    log._apply(7, key, None)
+    assert log.groups == {}
+
+
 def test_values_with_tagged_fields_are_read_through_the_codec():
     from proxy.commits.log import encode_value_generic
 

@@ -194,3 +194,56 @@ def test_validation_accepts_exactly_the_sorted_disjoint_non_negative_ranges():
         assert (validate(-1, ranges, 100) is None) == valid, validate(-1, ranges, 100)
 
     run()
+
+
+def test_join_unites_one_epoch_and_a_reset_replaces():
+    from proxy.commits.state import join
+
+    a = apply_ranges(CommitState(0), [(0, 3), (7, 7)])  # S 4, R [7]
+    b = apply_ranges(CommitState(0), [(5, 5), (9, 12)])  # S 0, R [5], [9-12]
+    assert join(a, b) == join(b, a) == CommitState(4, ((5, 5), (7, 7), (9, 12)))
+    assert join(a, a) == a
+    reset = CommitState(2, (), epoch=1)
+    assert join(a, reset) == join(reset, a) == reset  # the higher epoch wins, in either order
+
+
+@settings(max_examples=300, deadline=None)
+@given(_commits, st.randoms(use_true_random=False))
+def test_joining_states_written_from_stale_reads_loses_no_commit(commits, rng):
+    """Writers that each saw only some of the commits: joining their states in any order
+    holds every commit, as one writer that saw them all would."""
+    from proxy.commits.state import join
+
+    states = []
+    for commit in commits:
+        seen = [s for s in states if rng.random() < 0.5]  # what this writer had read
+        base = CommitState(0)
+        for s in seen:
+            base = join(base, s)
+        states.append(apply_ranges(base, commit))
+    rng.shuffle(states)
+    joined = CommitState(0)
+    for s in states:
+        joined = join(joined, s)
+    assert joined == apply_ranges(CommitState(0), [r for c in commits for r in c])
+
+
+def test_rebase_commit_joins_in_an_epoch_and_reapplies_after_a_reset_or_a_deletion():
+    from proxy.commits.packed import pack
+    from proxy.commits.state import rebase_commit
+
+    commit = pack([(10, 10)])
+    ours = apply_ranges(CommitState(0, ((1, 1),)), [(10, 10)])  # held 1, committed 10
+    theirs = CommitState(0, ((5, 5),))  # written from a read that lacked ours
+    assert rebase_commit(ours, theirs, [commit]) == CommitState(0, ((1, 1), (5, 5), (10, 10)))
+    reset = CommitState(8, (), epoch=1)  # a plain commit of 8 meanwhile: the commit follows it
+    assert rebase_commit(ours, reset, [commit]) == CommitState(8, ((10, 10),), epoch=1)
+    assert rebase_commit(ours, None, [commit]) == CommitState(0, ((10, 10),), epoch=1)  # deleted meanwhile
+    stale = CommitState(0, ((3, 3),), epoch=0)
+    newer_ours = CommitState(8, ((10, 10),), epoch=1)
+    assert rebase_commit(newer_ours, stale, [commit]) == newer_ours  # from before the reset: nothing to add
+
+
+def test_a_plain_commit_starts_a_new_epoch():
+    assert apply_plain(5) == CommitState(5, (), epoch=0)
+    assert apply_plain(5, CommitState(9, ((11, 12),), epoch=2)) == CommitState(5, (), epoch=3)
