@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
-
-import pytest
 
 from proxy.commits.state import CommitState, apply_ranges
 from proxy.protocol import messages
@@ -18,6 +17,27 @@ INVALID_REQUEST = 42
 
 def _group() -> str:
     return f"ic-{uuid.uuid4().hex[:10]}"
+
+
+def _in_threads(worker, count: int = 2) -> None:
+    """``worker(0)`` ... ``worker(count - 1)`` at the same time; the first exception any of
+    them raises is raised here."""
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            worker(index)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+        assert not thread.is_alive()
+    if errors:
+        raise errors[0]
 
 
 def test_seed_example_through_the_proxy_and_s_reaches_the_coordinator(kafka, proxy, topic_factory):
@@ -172,42 +192,33 @@ def test_interleaved_range_commits_from_several_connections(kafka_cluster, clust
     clients = [CommitClient(cluster_proxy.bootstrap_servers, group) for _ in range(4)]
     applied: dict[int, list] = {0: [], 1: []}
     lock = threading.Lock()
-    errors: list = []
 
     started: dict[int, list] = {0: [], 1: []}
 
     def worker(index: int) -> None:
-        try:
-            for number, (partition, chunk) in enumerate(work[index::4]):
-                pieces = [chunk]
+        for number, (partition, chunk) in enumerate(work[index::4]):
+            pieces = [chunk]
+            with lock:
+                started[partition].append(pieces)
+            result = clients[index].commit(topic, {partition: pieces})
+            assert result[partition][0] == 0, result
+            with lock:
+                applied[partition].append(pieces)
+            if number % 5 == 0:
+                # Exactly the merged state: at least every commit acknowledged before
+                # the fetch, at most every commit started before it answered.
                 with lock:
-                    started[partition].append(pieces)
-                result = clients[index].commit(topic, {partition: pieces})
-                assert result[partition][0] == 0, result
+                    before = {p: _model(list(applied[p])) for p in (0, 1)}
+                state = clients[index].fetch(topic, [0, 1])
                 with lock:
-                    applied[partition].append(pieces)
-                if number % 5 == 0:
-                    # Exactly the merged state: at least every commit acknowledged before
-                    # the fetch, at most every commit started before it answered.
-                    with lock:
-                        before = {p: _model(list(applied[p])) for p in (0, 1)}
-                    state = clients[index].fetch(topic, [0, 1])
-                    with lock:
-                        after = {p: _model(list(started[p])) for p in (0, 1)}
-                    for p, (stable, ranges) in state.items():
-                        got = CommitState(stable, tuple(ranges))
-                        for offset in range(401):
-                            assert not before[p].processed(offset) or got.processed(offset), (p, offset, got)
-                            assert not got.processed(offset) or after[p].processed(offset), (p, offset, got)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
+                    after = {p: _model(list(started[p])) for p in (0, 1)}
+                for p, (stable, ranges) in state.items():
+                    got = CommitState(stable, tuple(ranges))
+                    for offset in range(401):
+                        assert not before[p].processed(offset) or got.processed(offset), (p, offset, got)
+                        assert not got.processed(offset) or after[p].processed(offset), (p, offset, got)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors[0]
+    _in_threads(worker, 4)
     with lock:
         expected = {p: _model(applied[p]) for p in (0, 1)}
     assert expected == {0: CommitState(400), 1: CommitState(400)}
@@ -376,33 +387,21 @@ def test_two_instances_committing_one_partition_at_once_lose_no_acknowledged_ran
     write by the other between one's read of the log and its own write is shadowed by it,
     and must be merged again before the commit is acknowledged (before that was done,
     about a third of these 300 commits were lost)."""
-    import threading
-
     other = proxy_factory(kafka)
     topic = topic_factory(kafka, partitions=1)
     group = _group()
     per_client = 150
     acked: dict[int, list[int]] = {0: [], 1: []}
-    errors: list = []
     clients = [CommitClient(proxy.bootstrap_servers, group), CommitClient(other.bootstrap_servers, group)]
 
     def worker(index: int) -> None:
-        try:
-            for k in range(per_client):
-                offset = 1 + 2 * k + index  # never 0: S stays 0 and every range is kept
-                result = clients[index].commit(topic, {0: [(offset, offset)]})
-                if result[0][0] == 0:
-                    acked[index].append(offset)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
+        for k in range(per_client):
+            offset = 1 + 2 * k + index  # never 0: S stays 0 and every range is kept
+            result = clients[index].commit(topic, {0: [(offset, offset)]})
+            if result[0][0] == 0:
+                acked[index].append(offset)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-        assert not thread.is_alive()
-    assert not errors, errors[0]
+    _in_threads(worker)
     for client in clients:
         client.close()
     assert len(acked[0]) + len(acked[1]) > per_client  # most commits were acknowledged
@@ -420,37 +419,25 @@ def test_two_instances_moving_s_together_leave_s_at_the_coordinator(kafka, proxy
     the odd ones, so S moves only as both progress and every merge of the other's writes
     changes S: the state must end at S = every offset, with no range left, and the
     coordinator (corrected whenever a merge moved S) must hold the same S."""
-    import threading
-
     other = proxy_factory(kafka)
     topic = topic_factory(kafka, partitions=1)
     group = _group()
     per_client = 100
-    errors: list = []
     refused: list = []
     clients = [CommitClient(proxy.bootstrap_servers, group), CommitClient(other.bootstrap_servers, group)]
 
     def worker(index: int) -> None:
-        try:
-            for k in range(per_client):
-                offset = 2 * k + index
-                for _ in range(20):  # a retriable refusal is committed again, as a client would
-                    error, _ = clients[index].commit(topic, {0: [(offset, offset)]})[0]
-                    if error == 0:
-                        break
-                    refused.append(error)
-                else:
-                    raise AssertionError(f"offset {offset} refused 20 times: {refused[-20:]}")
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
+        for k in range(per_client):
+            offset = 2 * k + index
+            for _ in range(20):  # a retriable refusal is committed again, as a client would
+                error, _ = clients[index].commit(topic, {0: [(offset, offset)]})[0]
+                if error == 0:
+                    break
+                refused.append(error)
+            else:
+                raise AssertionError(f"offset {offset} refused 20 times: {refused[-20:]}")
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-        assert not thread.is_alive()
-    assert not errors, errors[0]
+    _in_threads(worker)
     assert set(refused) <= {15}, refused  # COORDINATOR_NOT_AVAILABLE only (retriable)
     for client in clients:
         client.close()
