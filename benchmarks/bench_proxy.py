@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--produce-rounds", type=int, default=None)
     parser.add_argument("--output", type=Path, default=RESULTS / "proxy.json")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a proxy setting for the run (repeatable), e.g. socket.send.buffer.bytes=-1")
     args = parser.parse_args(argv)
 
     consume_records = args.consume_mb * 1024 * 1024 // RECORD_SIZE
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     with KafkaCluster.start(1, workdir=workdir / "kafka",
                             broker_properties={"num.partitions": "1"}) as cluster:
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy")
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy",
+                                   overrides=dict(item.split("=", 1) for item in args.override))
         proxy_ps = psutil.Process(proxy.pid)
         try:
             java_tools.create_topic(cluster.bootstrap_servers, "bench-consume", partitions=1)
