@@ -35,7 +35,6 @@ import platform
 import statistics
 import struct
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -48,6 +47,7 @@ from proxy.testing.commit_client import CommitClient, commit_body
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
 from proxy.protocol.messages import ApiKey
+from proxy.testing.scratch import scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 100
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a proxy setting for the run (repeatable), e.g. individual.commit.log.segment.bytes=104857600")
     parser.add_argument("--output", type=Path, default=RESULTS / "commits.json")
     args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-commits-"))
+    workdir = scratch_dir("bench-commits-")
     results: dict = {
         "command": " ".join([".venv/bin/python -m benchmarks.bench_commits",
                              *(argv if argv is not None else sys.argv[1:])]),

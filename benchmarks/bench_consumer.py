@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -39,6 +38,7 @@ import trio
 from proxy.client import Consumer, TopicPartition, equal_shares
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
+from proxy.testing.scratch import scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     # enough for the largest N to stay busy through warm-up and window (with headroom)
     ideal_rate = 1000 / args.work_ms
     records = int(max(args.consumers) * ideal_rate * (args.warmup + args.window + 4) * 1.3)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-consumer-"))
+    workdir = scratch_dir("bench-consumer-")
     results: dict = {
         "command": " ".join([".venv/bin/python -m benchmarks.bench_consumer",
                              *(argv if argv is not None else sys.argv[1:])]),

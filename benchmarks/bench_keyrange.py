@@ -20,7 +20,6 @@ import json
 import platform
 import re
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -34,6 +33,7 @@ from proxy.testing import java_tools
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
 from proxy.testing.raw_client import RawClient
+from proxy.testing.scratch import scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOPIC = "bench-keyrange"
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-mb", type=int, default=200)
     parser.add_argument("--output", type=Path, default=RESULTS / "keyrange.json")
     args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-keyrange-"))
+    workdir = scratch_dir("bench-keyrange-")
     report: dict = {
         "command": " ".join(["python -m benchmarks.bench_keyrange", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count()},

@@ -28,7 +28,6 @@ import platform
 import re
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import psutil
@@ -36,6 +35,7 @@ import psutil
 from proxy.testing import java_tools
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
+from proxy.testing.scratch import scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECORD_SIZE = 1024
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     latency_rate = int(args.latency_rate_mb * 1024 * 1024 / RECORD_SIZE)
     latency_records = latency_rate * args.latency_seconds
     produce_rounds = args.produce_rounds if args.produce_rounds is not None else 2 * args.rounds
-    workdir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    workdir = scratch_dir("bench-proxy-")
     report: dict = {
         "command": " ".join(["python -m benchmarks.bench_proxy", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count(),

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import re
 import sys
-import tempfile
 import urllib.request
 from collections import defaultdict
-from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
@@ -31,6 +29,7 @@ from proxy.client import Consumer, TopicPartition
 from proxy.ranges import equal_shares
 from proxy.testing.kafka_cluster import KafkaCluster, KafkaHarnessError, kafka_version
 from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
+from proxy.testing.scratch import scratch_dir
 
 TOPIC = "demo-orders"
 CUSTOMERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
@@ -87,7 +86,7 @@ def _standard_committed(bootstrap: str) -> int | None:
 
 
 def run() -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="keyrange-demo-"))
+    workdir = scratch_dir("keyrange-demo-")
     step(f"Starting a one-node Apache Kafka {kafka_version()} (KRaft)")
     with KafkaCluster.start(nodes=1, workdir=workdir / "kafka") as kafka:
         print(f"broker ready in {kafka.start_seconds:.1f} s at {kafka.bootstrap_servers}")
