@@ -386,9 +386,10 @@ class IndividualCommitFeature:
         A record of one of these keys in that window is shadowed by this write. The state
         is brought up to it (``rebase_commit``: in one epoch, the union of the two) and
         written, until a round finds nothing new: then this instance's newest record holds
-        the commit and everything the shadowed records held. Rounds are bounded: past the last, the keys are
-        answered COORDINATOR_NOT_AVAILABLE (their records hold the commit whole). ``merged``:
-        the record of a key at or above ``seen`` that the state already holds."""
+        the commit and everything the shadowed records held. Rounds are bounded: past the
+        last, the keys are answered COORDINATOR_NOT_AVAILABLE (their records hold the
+        commit whole). ``merged``: the record of a key at or above ``seen`` that the state
+        already holds."""
         group = request.group
         start, written = seen, len(accepted)
         for _ in range(_RECONCILE_ROUNDS):

@@ -101,15 +101,7 @@ def encode_key(group: str, topic: str, partition: int) -> bytes:
 
 
 # Zigzag varints of small non-negative numbers, the lengths and offset deltas of log records.
-_SMALL_VARINTS = []
-for _number in range(1 << 13):
-    _value, _out = _number << 1, bytearray()
-    while _value >= 0x80:
-        _out.append((_value & 0x7F) | 0x80)
-        _value >>= 7
-    _out.append(_value)
-    _SMALL_VARINTS.append(bytes(_out))
-del _number, _value, _out
+_SMALL_VARINTS = [encode_varint(number) for number in range(1 << 13)]
 _NULL_VARINT = b"\x01"  # zigzag(-1)
 
 
