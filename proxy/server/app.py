@@ -73,6 +73,11 @@ class ProxyServer:
 
         self.keyrange = KeyRangeFetchFeature(config, self.router, self.metrics,
                                              lookup_topic_names=self._topic_names)
+        if config.get("fetch.readahead.enabled"):
+            from proxy.readahead.feature import ReadAheadFeature
+
+            # After key-range fetch: it takes the extended Fetches, this the plain ones.
+            self.readahead = ReadAheadFeature(config, self.router, self.metrics)
         from proxy.commits.feature import IndividualCommitFeature
 
         self.commits = IndividualCommitFeature(config, self.router, self.metrics, ssl_context=self._upstream_ssl)

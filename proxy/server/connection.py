@@ -6,6 +6,10 @@ the proxy itself) and sends them to the client. Between them a bounded channel o
 exchanges caps the requests in flight: when it is full the reader stops reading, the
 client's socket fills, and the client slows down; nothing buffers without limit.
 
+The proxy may send requests of its own on the upstream connection (``send_own``, and a
+route's ``follow_up``). Queue order must equal the order frames go upstream, since the
+broker answers in that order: a lock covers "queue the exchange, send its frame".
+
 Bad bytes from the client close this connection only, with one log line naming the peer
 and the reason.
 """
@@ -22,7 +26,7 @@ import trio
 
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import peek_correlation_id, peek_request_header
-from proxy.server.exchange import Exchange
+from proxy.server.exchange import Exchange, OwnRequest
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.routing import Router
 from proxy.server.streams import FrameStream
@@ -78,6 +82,10 @@ class ClientConnection:
         self._first_request_scope: trio.CancelScope | None = None
         self._last_activity = trio.current_time()
         self._inflight = 0
+        self._upstream: FrameStream | None = None
+        self._exchanges: trio.MemorySendChannel | None = None
+        self._sending = trio.Lock()  # held from queueing an exchange to its frame being sent
+        self._awaiting_upstream = 0  # queued exchanges whose response comes from the broker
         self.closed = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -105,6 +113,7 @@ class ClientConnection:
                 self.metrics.errors.labels("upstream_unavailable").inc()
                 return
             send_exchanges, receive_exchanges = trio.open_memory_channel[Exchange](self.max_inflight)
+            self._upstream, self._exchanges = upstream, send_exchanges
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 scope = nursery.cancel_scope
@@ -114,6 +123,10 @@ class ClientConnection:
         finally:
             self.metrics.inflight.dec(self._inflight)
             self._inflight = 0
+            for feature_state in self.state.values():
+                close = getattr(feature_state, "close", None)
+                if close is not None:
+                    close()
             if upstream is not None:
                 await upstream.aclose()
             await self.client.aclose()
@@ -162,6 +175,7 @@ class ClientConnection:
                     requests, request_bytes, _, _ = metrics.for_api(peek.api_key)
                     requests.inc()
                     request_bytes.inc(len(frame) + 4)
+                    exchange = None
                     if route.expect_response or route.local is not None:
                         exchange = Exchange(
                             api_key=peek.api_key,
@@ -173,16 +187,60 @@ class ClientConnection:
                             local=route.local,
                             relay=route.relay,
                         )
-                        try:  # no trip through the scheduler while there is room
-                            exchanges.send_nowait(exchange)
-                        except trio.WouldBlock:
-                            # max_inflight exchanges wait: stop reading, backpressure on the client.
-                            await exchanges.send(exchange)
-                        self._inflight += 1
-                        metrics.inflight.inc()
-                    if route.upstream_frame is not None:
-                        await upstream.send_frame(route.upstream_frame)
+                    sending = self._sending
+                    try:  # no trip through the scheduler when nobody else is sending
+                        sending.acquire_nowait()
+                    except trio.WouldBlock:
+                        await sending.acquire()
+                    try:
+                        if exchange is not None:
+                            await self._queue(exchanges, exchange)
+                            self._inflight += 1
+                            metrics.inflight.inc()
+                        if route.upstream_frame is not None:
+                            await upstream.send_frame(route.upstream_frame)
+                        own = route.follow_up
+                        if own is not None:
+                            await self._queue(exchanges, own.exchange(received_at))
+                            await upstream.send_frame(own.frame)
+                    finally:
+                        sending.release()
                     frame = None
+
+    async def _queue(self, exchanges: trio.MemorySendChannel, exchange: Exchange) -> None:
+        if exchange.local is None:
+            self._awaiting_upstream += 1
+        try:  # no trip through the scheduler while there is room
+            exchanges.send_nowait(exchange)
+        except trio.WouldBlock:
+            # max_inflight exchanges wait: stop reading, backpressure on the client.
+            await exchanges.send(exchange)
+
+    async def send_own(self, own: OwnRequest) -> bool:
+        """Send a request of the proxy's own upstream, if that cannot hold anything up.
+
+        Called from the writer (while it handles a response): only when every queued
+        exchange is answered by the proxy itself and no frame is on its way upstream, so
+        the upstream socket is idle (a small frame goes out at once) and the broker's
+        answer cannot be mistaken for another's. False when it was not sent.
+        """
+        exchanges, upstream = self._exchanges, self._upstream
+        if exchanges is None or upstream is None or self._awaiting_upstream:
+            return False
+        try:
+            self._sending.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        try:
+            exchange = own.exchange(trio.current_time())
+            exchanges.send_nowait(exchange)
+            self._awaiting_upstream += 1
+            await upstream.send_frame(own.frame)
+        except trio.WouldBlock:
+            return False
+        finally:
+            self._sending.release()
+        return True
 
     async def _write_client(
         self, upstream: FrameStream, exchanges: trio.MemoryReceiveChannel, scope: trio.CancelScope
@@ -190,6 +248,17 @@ class ClientConnection:
         metrics = self.metrics
         async with exchanges:
             async for exchange in exchanges:
+                if exchange.local is None:
+                    self._awaiting_upstream -= 1
+                if exchange.sink is not None:
+                    response = await upstream.receive_frame()
+                    if response is None:
+                        log.info("upstream closed conn=%s peer=%s target=%s", self.id, self.peer, self.target)
+                        scope.cancel()
+                        return
+                    check_correlation_id(response, exchange)
+                    await exchange.sink(response)
+                    continue
                 if exchange.local is not None:
                     response = await exchange.local.wait()
                     await self.client.send_frame(response)

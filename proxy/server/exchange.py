@@ -4,6 +4,10 @@ A client connection keeps its exchanges in request order. Each one says where it
 response comes from: the next frame of the upstream connection (possibly rewritten on the
 way back), or an answer the proxy computes itself. The writer side takes exchanges in
 order, so responses leave in request order whatever their source, as Kafka requires.
+
+The proxy may also send requests of its own on a client's upstream connection (a Fetch
+read ahead). Their exchanges sit in the same queue, in the order their frames went
+upstream; their responses go to a sink in the proxy, never to the client.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 ResponseTransform = Callable[[bytes], Awaitable[bytes]]
+ResponseSink = Callable[[bytes], Awaitable[None]]
 
 
 class LocalAnswer:
@@ -52,4 +57,22 @@ class Exchange:
     transform: ResponseTransform | None = None
     local: LocalAnswer | None = None
     relay: Any = None  # a streams.Relay: the response goes on while it arrives
+    sink: ResponseSink | None = None  # the proxy's own request: its response goes here
     notes: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class OwnRequest:
+    """A request the proxy sends upstream on a client's connection, and where its
+    response goes. ``frame`` carries ``correlation_id`` (the broker echoes it; the proxy
+    checks it like any other)."""
+
+    frame: bytes
+    api_key: int
+    api_version: int
+    correlation_id: int
+    sink: ResponseSink
+
+    def exchange(self, now: float) -> Exchange:
+        return Exchange(api_key=self.api_key, api_version=self.api_version, correlation_id=self.correlation_id,
+                        received_at=now, request_bytes=len(self.frame) + 4, sink=self.sink)

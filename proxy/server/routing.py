@@ -21,7 +21,7 @@ from proxy.protocol.peek import (
     produce_acks,
     walk_fetch_response,
 )
-from proxy.server.exchange import LocalAnswer, ResponseTransform
+from proxy.server.exchange import LocalAnswer, OwnRequest, ResponseTransform
 from proxy.server.rewrite import (
     ADDRESS_REWRITERS,
     FIRST_VERSION_WITH_ADDRESSES,
@@ -45,6 +45,7 @@ class Route:
     ``local``: the proxy answers by itself; nothing is expected from the broker.
     ``relay``: instead of a transform, the response may go on to the client while it
     arrives (see ``FrameStream.relay_frame``).
+    ``follow_up``: a request of the proxy's own, sent upstream right after this one.
     """
 
     upstream_frame: bytes | None
@@ -52,6 +53,7 @@ class Route:
     transform: ResponseTransform | None = None
     local: LocalAnswer | None = None
     relay: Relay | None = None
+    follow_up: OwnRequest | None = None
 
 
 # A hook gets the client connection (``id``, ``peer``, ``nursery``, ``state``), the header
@@ -63,14 +65,15 @@ class Router:
     def __init__(self, book, features: dict[str, tuple[int, int]] | None = None) -> None:
         self.book = book
         self.features: dict[str, tuple[int, int]] = dict(features or {})
-        self._hooks: dict[int, RequestHook] = {}
+        self._hooks: dict[int, list[RequestHook]] = {}
         self.topic_names: dict = {}  # topic id -> name, learned from Metadata responses
         self._decoded_keys: set[int] = set(ADDRESS_REWRITERS) | {ApiKey.API_VERSIONS}
 
     def register(self, api_key: int, hook: RequestHook) -> None:
-        """A feature that decodes ``api_key`` requests. The hook may return None to fall
-        back to the default route."""
-        self._hooks[api_key] = hook
+        """A feature that decodes ``api_key`` requests. Hooks are asked in the order they
+        were registered; one returning None passes the request on to the next, and the
+        last to the default route."""
+        self._hooks.setdefault(api_key, []).append(hook)
         self._decoded_keys.add(api_key)
 
     def advertise(self, feature: str, min_version: int = 1, max_version: int = 1) -> None:
@@ -94,8 +97,7 @@ class Router:
                     api_key=api_key,
                     version=peek.api_version,
                 )
-        hook = self._hooks.get(api_key)
-        if hook is not None:
+        for hook in self._hooks.get(api_key, ()):
             route = await hook(conn, peek, frame)
             if route is not None:
                 return route
@@ -109,6 +111,12 @@ class Router:
         if api_key == ApiKey.FETCH:
             return Route(frame, relay=self._fetch_relay(peek.api_version))
         return Route(frame, transform=self._address_transform(peek, rewriter))
+
+    def relay_fetch(self, version: int, frame) -> Route:
+        """The default route of a Fetch (its response streams through), for ``frame``."""
+        if version < FIRST_VERSION_WITH_ADDRESSES[ApiKey.FETCH]:
+            return Route(frame, relay=OPAQUE)
+        return Route(frame, relay=self._fetch_relay(version))
 
     # -- response transforms --------------------------------------------------------------
     def _fetch_relay(self, version: int) -> Relay:
