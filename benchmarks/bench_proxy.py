@@ -28,6 +28,7 @@ import platform
 import re
 import statistics
 import sys
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -54,6 +55,19 @@ def _consume(bootstrap: str, topic: str, records: int) -> dict:
     cells = [c.strip() for c in line.split(",")]
     return {"mb": float(cells[2]), "mb_per_s": float(cells[3]), "records": int(cells[4]),
             "records_per_s": float(cells[5]), "fetch_mb_per_s": float(cells[8])}
+
+
+def _readahead_counts(proxy: ProxyProcess) -> dict:
+    """The proxy's read-ahead counters so far (the consume rounds): how many of the
+    consumer's fetches were answered from a read-ahead."""
+    if proxy.metrics_url is None:
+        return {}
+    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
+    counts = {}
+    for name in ("sent", "hits", "wasted"):
+        match = re.search(rf"^kafka_proxy_readahead_{name}_total ([0-9.e+]+)$", text, re.M)
+        counts[name] = int(float(match.group(1))) if match else 0
+    return counts
 
 
 def _produce(bootstrap: str, topic: str, records: int, throughput: int = -1) -> dict:
@@ -108,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     with KafkaCluster.start(1, workdir=workdir / "kafka",
                             broker_properties={"num.partitions": "1"}) as cluster:
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy",
-                                   overrides=dict(item.split("=", 1) for item in args.override))
+        overrides = {"metrics.port": "0", **dict(item.split("=", 1) for item in args.override)}
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides=overrides)
         proxy_ps = psutil.Process(proxy.pid)
         try:
             java_tools.create_topic(cluster.bootstrap_servers, "bench-consume", partitions=1)
@@ -135,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                     consume[mode].append(run)
                 print(f"consume round {round_number}: direct {consume['direct'][-1]['mb_per_s']:.1f} MB/s, "
                       f"proxy {consume['proxy'][-1]['mb_per_s']:.1f} MB/s", flush=True)
+            readahead = _readahead_counts(proxy)
 
             produce = {"direct": [], "proxy": []}
             for round_number in range(produce_rounds):
@@ -171,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         return summary
 
     report["consume"] = throughput(consume, consume_records, ">= 0.90")
+    report["consume"]["readahead"] = readahead
     report["produce"] = throughput(produce, produce_records, ">= 0.95")
     report["latency"] = {
         "rate_mb_per_s": args.latency_rate_mb,

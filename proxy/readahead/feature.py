@@ -108,7 +108,7 @@ class ConnectionReadAhead:
 
     def __init__(self, budget: ByteBudget) -> None:
         self.queue: collections.deque[HeldRead] = collections.deque()  # not matched yet, in order
-        self.claimed: HeldRead | None = None  # one a request matched before it arrived
+        self.claimed: list[HeldRead] = []  # ones a request matched before they arrived
         self.newest: HeldRead | None = None  # the last one started: the next follows on from it
         self.wasted = 0
         self.paused_until = -float("inf")
@@ -116,7 +116,7 @@ class ConnectionReadAhead:
 
     @property
     def outstanding(self) -> int:
-        return len(self.queue) + (self.claimed is not None)
+        return len(self.queue) + len(self.claimed)
 
     def release(self, held: HeldRead) -> None:
         if held.reserved:
@@ -125,11 +125,11 @@ class ConnectionReadAhead:
 
     def close(self) -> None:
         """The connection ended: whatever it held goes back to the budget."""
-        for held in (*self.queue, self.claimed):
-            if held is not None:
-                self.release(held)
+        for held in (*self.queue, *self.claimed):
+            self.release(held)
         self.queue.clear()
-        self.claimed = self.newest = None
+        self.claimed.clear()
+        self.newest = None
 
 
 def _answer_frame(held: HeldRead, correlation_id: int) -> bytearray:
@@ -194,7 +194,7 @@ class ReadAheadFeature:
         answer = LocalAnswer()
         if held.frame is None:  # still on its way: its sink answers, and reads on
             held.claim = (answer, correlation_id)
-            state.claimed = held
+            state.claimed.append(held)
             return Route(None, local=answer)
         answer.set(_answer_frame(held, correlation_id))
         state.release(held)
@@ -295,7 +295,7 @@ class ReadAheadFeature:
             held.reserved = len(held.frame)
             if held.claim is not None:
                 answer, correlation_id = held.claim
-                state.claimed = None
+                state.claimed.remove(held)
                 answer.set(_answer_frame(held, correlation_id))
                 state.release(held)
             if held is state.newest:

@@ -526,6 +526,7 @@ class KafkaCluster:
         format_args: Sequence[str] = (),
         jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
         cache_dir: Path | None = None,
+        advertised_ports: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:
         if nodes < 1:
             raise KafkaHarnessError("A Kafka cluster needs at least one node.")
@@ -536,6 +537,10 @@ class KafkaCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.broker_properties = dict(broker_properties or {})
         self.extra_listeners = _normalise_listeners(extra_listeners)
+        self.advertised_ports = {name.upper(): dict(ports) for name, ports in (advertised_ports or {}).items()}
+        unknown = set(self.advertised_ports) - set(self.extra_listeners)
+        if unknown:
+            raise KafkaHarnessError(f"advertised_ports names listeners that are not extra listeners: {sorted(unknown)}")
         self.format_args = list(format_args)
         self.jvm_options = list(jvm_options)
         self.cache_dir = cache_dir
@@ -575,6 +580,7 @@ class KafkaCluster:
         jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
         cache_dir: Path | None = None,
         timeout: float = 120.0,
+        advertised_ports: Mapping[str, Mapping[int, int]] | None = None,
     ) -> KafkaCluster:
         """Format and start ``nodes`` KRaft nodes and wait until all are ready.
 
@@ -582,7 +588,9 @@ class KafkaCluster:
         ``extra_listeners`` adds client listeners besides PLAINTEXT, as {name: security
         protocol} (or names that are also their protocol, e.g. ["SASL_PLAINTEXT"]); each
         node gets a port for each, see ``KafkaNode.listener_ports`` and
-        :meth:`bootstrap_servers_for`.  ``format_args`` are appended to ``StorageTool
+        :meth:`bootstrap_servers_for`.  ``advertised_ports`` makes an extra listener
+        advertise another port, as {listener: {node id: port}} (something else listening
+        there, e.g. a relay, passes the traffic on).  ``format_args`` are appended to ``StorageTool
         format`` (e.g. ``--add-scram``, ``--feature``).  On any failure, whatever was
         started is stopped before the error propagates.
         """
@@ -595,6 +603,7 @@ class KafkaCluster:
                 format_args=format_args,
                 jvm_options=jvm_options,
                 cache_dir=cache_dir,
+                advertised_ports=advertised_ports,
             )
             try:
                 began = time.monotonic()
@@ -664,7 +673,8 @@ class KafkaCluster:
         protocols = [f"{CLIENT_LISTENER}:PLAINTEXT", f"{CONTROLLER_LISTENER}:PLAINTEXT"]
         for name, protocol in self.extra_listeners.items():
             listeners.append(f"{name}://{node.host}:{node.listener_ports[name]}")
-            advertised.append(f"{name}://{node.host}:{node.listener_ports[name]}")
+            port = self.advertised_ports.get(name, {}).get(node.node_id, node.listener_ports[name])
+            advertised.append(f"{name}://{node.host}:{port}")
             protocols.append(f"{name}:{protocol}")
         listeners.append(f"{CONTROLLER_LISTENER}://{node.host}:{node.controller_port}")
         props = {

@@ -177,3 +177,35 @@ def test_early_request_caps_only_max_bytes():
     capped = plan.early_request(predicted, 1 << 20)
     assert capped.max_bytes == 1 << 20
     assert dataclasses.replace(capped, max_bytes=predicted.max_bytes) == predicted
+
+
+# -- the edge's pure parts: matching a frame, the byte budget ---------------------------------
+
+def test_a_prediction_matches_the_clients_frame_whatever_its_correlation_id():
+    from proxy.readahead.feature import Prediction
+
+    header = messages.new_request_header(ApiKey.FETCH, VERSION, 7, "consumer-1")
+    asked = request({0: 10}, session_epoch=0)
+    predicted = plan.next_request(plan.without_session(asked, VERSION), response({0: batch(10, 5)}))
+    prediction = Prediction(predicted, header, asked.session_epoch, predicted)
+    client_next = dataclasses.replace(predicted, session_epoch=0)
+    for correlation_id in (8, 9, 123456):
+        frame = messages.encode_request(dataclasses.replace(header, correlation_id=correlation_id), client_next)
+        assert prediction.matches(frame)
+        assert prediction.matches(bytearray(frame))
+    elsewhere = dataclasses.replace(client_next, topics=request({0: 11}).topics)
+    assert not prediction.matches(messages.encode_request(header, elsewhere))
+    other_client = dataclasses.replace(header, client_id="consumer-2")
+    assert not prediction.matches(messages.encode_request(other_client, client_next))
+
+
+def test_byte_budget_refuses_beyond_its_limit():
+    from proxy.readahead.feature import ByteBudget
+
+    budget = ByteBudget(100)
+    assert budget.take(60)
+    assert not budget.take(41)
+    assert budget.take(40)
+    budget.give(100)
+    assert budget.used == 0
+    assert not ByteBudget(0).take(1)
