@@ -5,8 +5,8 @@ ConsumerPerformance (1 KB records, ``--consume-mb``) in the same run, in turns, 
 - ``bare_relay``: ``benchmarks.bare_relay``, two threads per connection moving bytes with
   ``splice`` and doing nothing else (the broker advertises the relay's port on a listener
   of its own, so the consumer's fetches go through it): the floor of any proxy;
-- ``proxy``: the proxy with its defaults (Fetch read-ahead on);
-- ``proxy_no_readahead``: the proxy with ``fetch.readahead.enabled=false``.
+- ``proxy``: the proxy with its defaults;
+- ``proxy_readahead``: the proxy with Fetch read-ahead (``fetch.readahead.enabled=true``).
 
 Each of the ``--rounds`` rounds runs every mode once, in an order that rotates from round
 to round, after one unrecorded consume each. Ratios are medians over rounds of the
@@ -88,10 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         node = cluster.nodes[0]
         relay = _start_relay(relay_port, f"{node.host}:{node.listener_ports[RELAY_LISTENER]}")
         proxies = {
-            "proxy": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy",
-                                        overrides={"metrics.port": "0"}),
-            "proxy_no_readahead": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy-off",
-                                                     overrides={"fetch.readahead.enabled": "false"}),
+            "proxy": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy"),
+            "proxy_readahead": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy-readahead",
+                                                  overrides={"metrics.port": "0", "fetch.readahead.enabled": "true"}),
         }
         try:
             java_tools.create_topic(cluster.bootstrap_servers, "bench-hop", partitions=1)
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs[mode].append(run)
                     line += f" {mode} {run['mb_per_s']:.0f} MB/s"
                 print(line, flush=True)
-            readahead = _readahead_counts(proxies["proxy"])
+            readahead = _readahead_counts(proxies["proxy_readahead"])
         finally:
             relay.kill()
             relay.wait()
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             entry.update(round_ratios=ratios, ratio=statistics.median(ratios),
                          cpu_ms_per_mb=statistics.median(r["cpu_ms_per_mb"] for r in mode_runs))
         summary[mode] = entry
-    summary["proxy"]["readahead"] = readahead
+    summary["proxy_readahead"]["readahead"] = readahead
     report["modes"] = summary
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")

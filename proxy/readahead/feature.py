@@ -142,6 +142,7 @@ class ReadAheadFeature:
     def __init__(self, config, router, metrics) -> None:
         self.router = router
         self.max_bytes = config.get("fetch.readahead.max.bytes")
+        self.max_partitions = config.get("fetch.readahead.max.partitions")
         self.budget = ByteBudget(config.get("fetch.readahead.buffer.bytes"))
         self._ids = itertools.count(1)
         registry = metrics.registry
@@ -171,8 +172,12 @@ class ReadAheadFeature:
         if version < FIRST_VERSION:
             return None
         header, body = messages.decode_request(frame)
-        request = plan.without_session(body, version)
+        request = None
+        if sum(len(topic.partitions) for topic in body.topics) <= self.max_partitions:
+            request = plan.without_session(body, version)
         if request is None or not plan.is_plain_consumer_fetch(request, version):
+            if state is not None and state.queue:
+                self._drop(state)
             return None
         if state is None:
             state = conn.state["readahead"] = ConnectionReadAhead(self.budget)

@@ -38,7 +38,7 @@ def _fill(proxy, topic: str, values: list[bytes]) -> None:
 
 @pytest.fixture
 def readahead_proxy(kafka, proxy_factory):
-    return proxy_factory(kafka, metrics_port="0")
+    return proxy_factory(kafka, metrics_port="0", fetch_readahead_enabled="true")
 
 
 def test_java_consumer_is_answered_from_read_aheads(kafka, readahead_proxy, topic_factory):
@@ -80,14 +80,43 @@ def test_seeking_back_drops_the_read_ahead_and_reads_again(kafka, readahead_prox
     assert _metric(readahead_proxy, "kafka_proxy_readahead_wasted_total") > wasted_before
 
 
-def test_no_budget_means_no_read_ahead(kafka, proxy_factory, topic_factory):
-    proxy = proxy_factory(kafka, metrics_port="0", fetch_readahead_buffer_bytes="0")
+def test_read_committed_skips_every_aborted_transaction(kafka, readahead_proxy, topic_factory):
+    from confluent_kafka import Producer
+
     topic = topic_factory(kafka)
+    producer = Producer({"bootstrap.servers": readahead_proxy.bootstrap_servers, "linger.ms": 5,
+                         "transactional.id": f"tx-{topic}"})
+    producer.init_transactions(30)
+    committed = []
+    for transaction in range(20):
+        producer.begin_transaction()
+        values = _values(150)[transaction * 7:][:100]
+        for value in values:
+            producer.produce(topic, value=b"%02d-" % transaction + value)
+        if transaction % 3 == 1:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+            committed += [b"%02d-" % transaction + value for value in values]
+    result = java_tools.console_consumer(readahead_proxy.bootstrap_servers, topic, max_messages=len(committed),
+                                         consumer_config={"max.partition.fetch.bytes": "16384",
+                                                          "isolation.level": "read_committed"})
+    assert result.stdout.encode().splitlines() == committed
+    assert _metric(readahead_proxy, "kafka_proxy_readahead_hits_total") > 0
+
+
+@pytest.mark.parametrize("setting", [{"fetch_readahead_enabled": "false"},
+                                     {"fetch_readahead_buffer_bytes": "0"},
+                                     {"fetch_readahead_max_partitions": "1"}],
+                         ids=["off", "no-budget", "two-partitions"])
+def test_no_read_ahead_when_off_or_beyond_the_limits(kafka, proxy_factory, topic_factory, setting):
+    proxy = proxy_factory(kafka, metrics_port="0", **{"fetch_readahead_enabled": "true", **setting})
+    topic = topic_factory(kafka, partitions=2)
     values = _values(1000)
     _fill(proxy, topic, values)
     result = java_tools.console_consumer(proxy.bootstrap_servers, topic, max_messages=1000,
                                          consumer_config={"max.partition.fetch.bytes": "16384"})
-    assert result.stdout.encode().splitlines() == values
+    assert sorted(result.stdout.encode().splitlines()) == sorted(values)
     assert _metric(proxy, "kafka_proxy_readahead_sent_total") == 0
 
 
