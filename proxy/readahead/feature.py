@@ -146,22 +146,13 @@ class ReadAheadFeature:
         self.budget = ByteBudget(config.get("fetch.readahead.buffer.bytes"))
         self._ids = itertools.count(1)
         registry = metrics.registry
-        self._sent = Counter("kafka_proxy_readahead_sent", "Fetches the proxy sent ahead of its clients.",
-                             registry=registry)
-        self._hits = Counter("kafka_proxy_readahead_hits", "Client fetches answered from a read-ahead.",
-                             registry=registry)
-        self._wasted = Counter("kafka_proxy_readahead_wasted",
-                               "Read-aheads dropped because the client asked for something else.",
-                               registry=registry)
-        self._held = Gauge("kafka_proxy_readahead_bytes", "Bytes reserved or held by read-aheads.",
-                           registry=registry)
+        self._sent, self._hits, self._wasted = (
+            Counter(f"kafka_proxy_readahead_{name}", text, registry=registry) for name, text in (
+                ("sent", "Fetches the proxy sent ahead of its clients."),
+                ("hits", "Client fetches answered from a read-ahead."),
+                ("wasted", "Read-aheads dropped because the client asked for something else.")))
+        self._held = Gauge("kafka_proxy_readahead_bytes", "Bytes reserved or held by read-aheads.", registry=registry)
         router.register(ApiKey.FETCH, self.on_fetch)
-
-    def _state(self, conn) -> ConnectionReadAhead:
-        state = conn.state.get("readahead")
-        if state is None:
-            state = conn.state["readahead"] = ConnectionReadAhead(self.budget)
-        return state
 
     # -- requests --------------------------------------------------------------------------
     async def on_fetch(self, conn, peek: RequestHeaderPeek, frame) -> Route | None:
