@@ -29,13 +29,14 @@ from proxy.protocol.framing import peek_correlation_id, peek_request_header
 from proxy.server.exchange import Exchange, OwnRequest
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.routing import Router
-from proxy.server.streams import FrameStream
+from proxy.server.streams import FrameStream, PartialFrame
 
 log = logging.getLogger("proxy.connection")
 
 _connection_ids = itertools.count(1)
 
 UpstreamOpener = Callable[[], Awaitable[trio.abc.Stream]]
+_PASS_ON_MIN = 64 * 1024  # requests with this much still to arrive are spliced, not read
 
 
 def check_correlation_id(response, exchange: Exchange) -> None:
@@ -160,21 +161,38 @@ class ClientConnection:
     # -- tasks ------------------------------------------------------------------------------
     async def _read_client(self, upstream: FrameStream, exchanges: trio.MemorySendChannel, first: bytes) -> None:
         metrics = self.metrics
-        frame: bytes | None = first
+        frame: bytes | PartialFrame | None = first
+        # Large requests the proxy only peeks at (Produce) go on while they arrive, their
+        # bodies spliced from the client's socket into the broker's.
+        pass_on_min = _PASS_ON_MIN if upstream.splices else None
         async with exchanges:
             with self._reader_scope:
                 while True:
                     if frame is None:
-                        frame = await self.client.receive_frame()
+                        frame = await self.client.receive_request(pass_on_min)
                         if frame is None:
                             return
                     received_at = trio.current_time()
                     self._last_activity = received_at
-                    peek = peek_request_header(frame)
-                    route = await self.router.route(self, peek, frame)
+                    partial = frame if isinstance(frame, PartialFrame) else None
+                    if partial is not None:
+                        peek = peek_request_header(partial.head)
+                        if self.router.decodes_whole(peek.api_key):
+                            frame, partial = await self.client.receive_rest(partial), None
+                    else:
+                        peek = peek_request_header(frame)
+                    try:
+                        route = await self.router.route(self, peek, partial.head if partial else frame)
+                    except ProtocolError:
+                        if partial is None:
+                            raise
+                        # Its head was too short to route on (a huge transactional id?): read it all.
+                        frame, partial = await self.client.receive_rest(partial), None
+                        route = await self.router.route(self, peek, frame)
+                    size = partial.size if partial is not None else len(frame)
                     requests, request_bytes, _, _ = metrics.for_api(peek.api_key)
                     requests.inc()
-                    request_bytes.inc(len(frame) + 4)
+                    request_bytes.inc(size + 4)
                     exchange = None
                     if route.expect_response or route.local is not None:
                         exchange = Exchange(
@@ -182,7 +200,7 @@ class ClientConnection:
                             api_version=peek.api_version,
                             correlation_id=peek.correlation_id,
                             received_at=received_at,
-                            request_bytes=len(frame) + 4,
+                            request_bytes=size + 4,
                             transform=route.transform,
                             local=route.local,
                             relay=route.relay,
@@ -197,7 +215,11 @@ class ClientConnection:
                             await self._queue(exchanges, exchange)
                             self._inflight += 1
                             metrics.inflight.inc()
-                        if route.upstream_frame is not None:
+                        if partial is not None and route.upstream_frame is partial.head:
+                            await self.client.pass_on(partial, upstream)
+                        elif partial is not None and route.upstream_frame is not None:
+                            raise AssertionError("a route replaced a request it never saw whole")
+                        elif route.upstream_frame is not None:
                             await upstream.send_frame(route.upstream_frame)
                         own = route.follow_up
                         if own is not None:

@@ -76,6 +76,10 @@ class Router:
         self._hooks.setdefault(api_key, []).append(hook)
         self._decoded_keys.add(api_key)
 
+    def decodes_whole(self, api_key: int) -> bool:
+        """Whether some feature reads requests of ``api_key`` beyond their header."""
+        return api_key in self._hooks
+
     def advertise(self, feature: str, min_version: int = 1, max_version: int = 1) -> None:
         self.features[feature] = (min_version, max_version)
 

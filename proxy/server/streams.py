@@ -89,6 +89,17 @@ class Relay:
 OPAQUE = Relay()
 
 
+class PartialFrame:
+    """A large request of which only the first bytes have been read (see
+    ``FrameStream.receive_request``); the rest is still in the socket."""
+
+    __slots__ = ("size", "head")
+
+    def __init__(self, size: int, head: bytes) -> None:
+        self.size = size  # the whole frame's, without its size prefix
+        self.head = head  # its first bytes: at least the request header, or all of a short frame
+
+
 class FrameStream:
     """Reads whole frames from, and writes whole frames to, one trio stream.
 
@@ -109,6 +120,11 @@ class FrameStream:
         self._waits = 0  # times a receive waited for the socket (each wait is a checkpoint)
         self._relay_buffer = bytearray()  # see _receive_head
         self._pipe: tuple[int, int, int] | None = None  # (read end, write end, capacity), see _splice_into
+
+    @property
+    def splices(self) -> bool:
+        """Whether bytes can be spliced into (or out of) this stream's socket."""
+        return self._socket is not None and _SPLICE is not None
 
     async def receive_frame(self) -> bytes | bytearray | None:
         """The next frame body, or None at a clean end of stream between frames.
@@ -146,6 +162,80 @@ class FrameStream:
         if self._waits == waits:
             await trio.lowlevel.checkpoint()  # every receive is a checkpoint, even when nothing waited
         return frame
+
+    async def receive_request(self, pass_on_min: int | None) -> bytes | bytearray | PartialFrame | None:
+        """The next frame, as ``receive_frame``; except that a frame of which at least
+        ``pass_on_min`` bytes have not arrived yet comes back as a ``PartialFrame``: the
+        bytes that had (at least ``_SPLICE_LOOKAHEAD`` of them), the rest left in the socket for
+        ``pass_on``, which splices it into another socket without reading it. Only
+        between plain TCP sockets with ``splice``; ``pass_on_min`` None means never."""
+        if pass_on_min is None or self._socket is None or _SPLICE is None:
+            return await self.receive_frame()
+        pending = self._pending
+        waits = self._waits
+        if not await self._fill_pending(4, _HEADER_READ):  # small frames: all of them, in one read
+            return None
+        size = SIZE_PREFIX.unpack_from(pending, 0)[0]
+        check_frame_size(size, self._max_frame_bytes)
+        if size - (len(pending) - 4) < pass_on_min:
+            return await self._receive_direct()
+        if not await self._fill_pending(4 + min(size, _SPLICE_LOOKAHEAD), 0):
+            raise trio.BrokenResourceError(f"stream ended inside a frame ({len(pending)} bytes buffered)")
+        count = min(len(pending) - 4, size)
+        head = bytes(pending[4 : 4 + count])
+        del pending[: 4 + count]
+        if self._waits == waits:
+            await trio.lowlevel.checkpoint()
+        return PartialFrame(size, head)
+
+    async def _fill_pending(self, count: int, read: int) -> bool:
+        """Read until ``_pending`` holds ``count`` bytes, taking up to ``read`` bytes a
+        read if that is more; False at a clean end of stream before any byte of a frame."""
+        pending = self._pending
+        sock = self._socket
+        while len(pending) < count:
+            try:
+                chunk = os.read(sock.fileno(), max(count - len(pending), read))
+            except BlockingIOError:
+                self._waits += 1
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            if not chunk:
+                if pending:
+                    raise trio.BrokenResourceError(f"stream ended inside a frame ({len(pending)} bytes buffered)")
+                return False
+            pending += chunk
+        return True
+
+    async def receive_rest(self, partial: PartialFrame) -> bytearray:
+        """The whole frame of a ``PartialFrame``, read into memory after all."""
+        frame = bytearray(partial.size)
+        filled = len(partial.head)
+        frame[:filled] = partial.head
+        view = memoryview(frame)
+        try:
+            while filled < partial.size:
+                filled += await self._read_some(view, filled, partial.size, _LOWAT_CAP)
+        finally:
+            if self._lowat != 1:
+                self._set_lowat(1)
+        return frame
+
+    async def pass_on(self, partial: PartialFrame, destination: "FrameStream") -> None:
+        """Send a ``PartialFrame`` to ``destination`` (a plain TCP stream): its size prefix
+        and head, then the rest spliced from this socket as it arrives."""
+        out = _Outbox(self, destination)
+        try:
+            out.add(SIZE_PREFIX.pack(partial.size))
+            out.add(partial.head)
+            await self._splice_into(out, partial.size - len(partial.head))
+            await out.flush()
+        except BaseException:
+            out.abandon()
+            raise
+        finally:
+            if self._lowat != 1:
+                self._set_lowat(1)
 
     def _set_lowat(self, lowat: int) -> None:
         if _SO_RCVLOWAT is None:

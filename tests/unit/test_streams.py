@@ -18,7 +18,7 @@ from proxy.protocol.errors import ProtocolError
 from proxy.protocol.messages import ApiKey
 from proxy.protocol.peek import fetch_response_tail, has_tag, walk_fetch_response
 from proxy.server.rewrite import PADDING_TAG, rewrite_fetch_tail
-from proxy.server.streams import OPAQUE, FrameStream, Relay
+from proxy.server.streams import OPAQUE, FrameStream, PartialFrame, Relay
 
 FETCH = messages.body_class(ApiKey.FETCH, "response")
 
@@ -444,4 +444,89 @@ async def test_a_fetch_response_that_has_all_arrived_reaches_the_client_in_one_w
     assert [(e.node_id, e.host, e.port) for e in body.node_endpoints] == [(1, "p", 19001)]
     await source.aclose()
     for stream in (broker, proxy_side, client):
+        await stream.aclose()
+
+
+# -- large requests passed on while they arrive ------------------------------------------------
+
+@needs_splice
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_requests_of_every_size_reach_the_broker_exactly(seed):
+    """Small requests come back whole; large ones as a head, with the body spliced on."""
+    client, proxy_side = await tcp_pair()
+    upstream, broker = await tcp_pair()
+    rng = random.Random(seed)
+    sizes = [20, 4000, 70_000, 64 * 1024 + 5000, 300_000, 3 * streams_module._PIPE_SIZE + 17, 100]
+    frames = [rng.randbytes(size) for size in sizes]
+    expected = b"".join(framed(f) for f in frames)
+    source, destination = FrameStream(proxy_side, 10 * 1024 * 1024), FrameStream(upstream, 10 * 1024 * 1024)
+    received = bytearray()
+    kinds = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dribble, client, expected, seed)
+
+        async def collect() -> None:
+            while len(received) < len(expected):
+                received.extend(await broker.receive_some(65536))
+
+        nursery.start_soon(collect)
+        with trio.fail_after(60):
+            for frame in frames:
+                got = await source.receive_request(64 * 1024)
+                if isinstance(got, PartialFrame):
+                    kinds.append("partial")
+                    assert got.size == len(frame)
+                    assert frame.startswith(got.head) and len(got.head) >= min(len(frame), 4096)
+                    await source.pass_on(got, destination)
+                else:
+                    kinds.append("whole")
+                    assert bytes(got) == frame
+                    await destination.send_frame(got)
+    assert received == expected
+    assert kinds[0] == kinds[-1] == "whole" and "partial" in kinds
+    for stream in (client, proxy_side, upstream, broker):
+        await stream.aclose()
+
+
+@needs_splice
+async def test_the_rest_of_a_partial_request_can_still_be_read():
+    client, proxy_side = await tcp_pair()
+    frame = random.Random(9).randbytes(500_000)
+    source = FrameStream(proxy_side, 10 * 1024 * 1024)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dribble, client, framed(frame) + framed(b"next"), 4)
+        with trio.fail_after(30):
+            got = await source.receive_request(64 * 1024)
+            if isinstance(got, PartialFrame):
+                got = await source.receive_rest(got)
+            assert bytes(got) == frame
+            assert bytes(await source.receive_request(64 * 1024)) == b"next"
+    await client.aclose()
+    await proxy_side.aclose()
+
+
+@needs_splice
+async def test_a_request_ending_early_while_passed_on_is_an_error():
+    client, proxy_side = await tcp_pair()
+    upstream, broker = await tcp_pair()
+    source, destination = FrameStream(proxy_side, 10 * 1024 * 1024), FrameStream(upstream, 10 * 1024 * 1024)
+
+    async def send_half_then_close() -> None:
+        await client.send_all(struct.pack(">i", 400_000) + bytes(200_000))
+        await client.aclose()
+
+    async def drain() -> None:
+        while await broker.receive_some(65536):
+            pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_half_then_close)
+        nursery.start_soon(drain)
+        with trio.fail_after(30):
+            got = await source.receive_request(64 * 1024)
+            assert isinstance(got, PartialFrame)
+            with pytest.raises(trio.BrokenResourceError):
+                await source.pass_on(got, destination)
+        await upstream.aclose()
+    for stream in (proxy_side, broker):
         await stream.aclose()
