@@ -23,6 +23,9 @@ talks to the socket's file descriptor itself:
   client is receiving the start of a record set while its end is still on its way from
   the broker. The pipe belongs to the upstream stream and is reused: it is empty between
   frames, and dropped with its contents on any error;
+- a large request the proxy only peeks at (Produce) is handed over with its first bytes
+  read (``receive_request``) and the rest spliced on as it arrives (``pass_on``): the
+  same, in the other direction, through the client stream's pipe;
 - a relayed frame reaches the client in as few writes as its arrival allows (see
   ``_Outbox``): the bytes read into user space (the size prefix, a Fetch response's head
   and tail) join the spliced ones in the pipe, so a 1 MB Fetch response whose bytes are
