@@ -40,6 +40,7 @@ TLS streams go through ``FrameSplitter`` and the stream's own ``receive_some``/`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -228,11 +229,18 @@ class FrameStream:
         """Send a ``PartialFrame`` to ``destination`` (a plain TCP stream): its size prefix
         and head, then the rest spliced from this socket as it arrives."""
         out = _Outbox(self, destination)
-        try:
+        with self._passing(out):
             out.add(SIZE_PREFIX.pack(partial.size))
             out.add(partial.head)
             await self._splice_into(out, partial.size - len(partial.head))
             await out.flush()
+
+    @contextlib.contextmanager
+    def _passing(self, out: "_Outbox"):
+        """Around passing a frame on through ``out``: on any failure the pipe is dropped
+        with what it holds; the socket's wake-up threshold is reset either way."""
+        try:
+            yield
         except BaseException:
             out.abandon()
             raise
@@ -280,7 +288,7 @@ class FrameStream:
         out = _Outbox(self, destination)
         passed = 0  # bytes of the body handed to ``out`` so far
         tail = size  # where the tail that ``relay.finish`` may rewrite begins
-        try:
+        with self._passing(out):
             while filled < 4:
                 filled += await self._read_some(view, filled, size, _RELAY_CHUNK)
             _check_correlation(frame, correlation_id)
@@ -323,12 +331,6 @@ class FrameStream:
             else:
                 out.add(view[passed:size])
             await out.flush()
-        except BaseException:
-            out.abandon()
-            raise
-        finally:
-            if self._lowat != 1:
-                self._set_lowat(1)
         return size
 
     async def _splice_into(self, out: "_Outbox", count: int) -> None:
@@ -380,19 +382,8 @@ class FrameStream:
         allocation and no zeroing of a megabyte per frame.
         """
         pending = self._pending
-        sock = self._socket
-        while len(pending) < 4:
-            try:
-                chunk = os.read(sock.fileno(), head)
-            except BlockingIOError:
-                self._waits += 1
-                await trio.lowlevel.wait_readable(sock)
-                continue
-            if not chunk:
-                if pending:
-                    raise trio.BrokenResourceError(f"stream ended inside a frame ({len(pending)} bytes buffered)")
-                return None, None, 0
-            pending += chunk
+        if not await self._fill_pending(4, head):
+            return None, None, 0
         size = SIZE_PREFIX.unpack_from(pending, 0)[0]
         check_frame_size(size, self._max_frame_bytes)
         available = min(len(pending) - 4, size)
