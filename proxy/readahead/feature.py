@@ -1,12 +1,12 @@
 """Fetch read-ahead, the I/O edge: a Fetch hook, the held responses, and their metrics.
 
-Per client connection at most one read-ahead exists: the Fetch the consumer is predicted
-to send next (``plan.next_request``), sent upstream on the client's own connection (so it
-carries the client's authentication, and the broker answers in order), and its response
-held until the client asks. A request equal to the prediction is answered from it; any
-other request drops it and goes to the broker as usual.
+A read-ahead is the Fetch the consumer is predicted to send next (``plan.next_request``),
+sent upstream on the client's own connection (so it carries the client's authentication,
+and the broker answers in order), and its response held until the client asks. A request
+equal to the oldest prediction is answered from it; any other request drops every held
+one and goes to the broker as usual.
 
-Bounded: one read-ahead per connection, each at most ``fetch.readahead.max.bytes``, all
+Bounded: ``DEPTH`` read-aheads per connection, each at most ``fetch.readahead.max.bytes``, all
 together at most ``fetch.readahead.buffer.bytes`` (reserved before sending, so the cap
 holds while responses are on their way). A connection whose read-aheads go unused three
 times running stops reading ahead for a minute: a consumer whose next request cannot be
@@ -61,6 +61,11 @@ class ByteBudget:
         self.used -= count
         assert self.used >= 0
 
+    def resize(self, old: int, new: int) -> None:
+        """A reservation of ``old`` bytes now holds ``new``: what actually arrived, which
+        may exceed the limit (a broker returns a first batch larger than max_bytes whole)."""
+        self.used += new - old
+
 
 class Prediction:
     """The request a consumer is expected to send next, ready to compare and to send.
@@ -90,11 +95,10 @@ class Prediction:
 class HeldRead:
     """One read-ahead: the request it answers, and the broker's response once it arrives."""
 
-    __slots__ = ("prediction", "version", "reserved", "frame", "after", "claim")
+    __slots__ = ("prediction", "reserved", "frame", "after", "claim")
 
-    def __init__(self, prediction: Prediction, version: int, reserved: int) -> None:
+    def __init__(self, prediction: Prediction, reserved: int) -> None:
         self.prediction = prediction
-        self.version = version
         self.reserved = reserved  # bytes of the budget this holds
         self.frame: bytearray | None = None  # the response frame, ready for a client
         self.after: Prediction | None = None  # the request expected once this is consumed
@@ -219,16 +223,20 @@ class ReadAheadFeature:
         version = header.request_api_version
 
         async def transform(raw) -> bytes:
-            response_header, response = messages.decode_response(ApiKey.FETCH, version, raw)
-            out = raw
-            if rewrite_node_endpoints(response, self.router.book):
-                out = messages.encode_response(ApiKey.FETCH, version, response_header, response)
+            out, response = self._decoded(version, raw)
             if not state.outstanding:
                 own = self._start(conn, state, self._predict(header, request, response, client_epoch))
                 await self._send(conn, state, own, None)
             return out
 
         return transform
+
+    def _decoded(self, version: int, raw):
+        """``(frame, body)`` of a Fetch response, its leader hints pointing at the proxy."""
+        response_header, response = messages.decode_response(ApiKey.FETCH, version, raw)
+        if rewrite_node_endpoints(response, self.router.book):
+            raw = messages.encode_response(ApiKey.FETCH, version, response_header, response)
+        return raw, response
 
     def _predict(self, header, request, response, client_epoch: int) -> Prediction | None:
         predicted = plan.next_request(request, response)
@@ -252,8 +260,7 @@ class ReadAheadFeature:
         if not self.budget.take(reserve):
             return None
         header = prediction.header
-        version = header.request_api_version
-        held = HeldRead(prediction, version, reserve)
+        held = HeldRead(prediction, reserve)
         state.queue.append(held)
         state.newest = held
         # Negative: never one a client uses (clients count up from 0).
@@ -261,8 +268,8 @@ class ReadAheadFeature:
         own_header = dataclasses.replace(header, correlation_id=correlation_id)
         self._sent.inc()
         self._export()
-        return OwnRequest(messages.encode_request(own_header, prediction.upstream_body), ApiKey.FETCH, version,
-                          correlation_id, self._sink(conn, state, held))
+        return OwnRequest(messages.encode_request(own_header, prediction.upstream_body), ApiKey.FETCH,
+                          header.request_api_version, correlation_id, self._sink(conn, state, held))
 
     async def _send(self, conn, state: ConnectionReadAhead, own: OwnRequest | None, before: HeldRead | None) -> None:
         """Send a read-ahead from the response side. One that cannot go now is taken back;
@@ -278,16 +285,11 @@ class ReadAheadFeature:
         async def arrived(raw) -> None:
             if held.claim is None and held not in state.queue:  # dropped while on its way
                 return
-            version = held.version
-            response_header, response = messages.decode_response(ApiKey.FETCH, version, raw)
-            if rewrite_node_endpoints(response, self.router.book):
-                raw = messages.encode_response(ApiKey.FETCH, version, response_header, response)
-            held.frame = raw if isinstance(raw, bytearray) else bytearray(raw)
             prediction = held.prediction
+            raw, response = self._decoded(prediction.header.request_api_version, raw)
+            held.frame = raw if isinstance(raw, bytearray) else bytearray(raw)
             held.after = self._predict(prediction.header, prediction.predicted, response, prediction.client_epoch)
-            # Hold what arrived, not what was reserved for it (a broker returns a first
-            # batch larger than max_bytes whole).
-            self.budget.used += len(held.frame) - held.reserved
+            self.budget.resize(held.reserved, len(held.frame))  # hold what arrived
             held.reserved = len(held.frame)
             if held.claim is not None:
                 answer, correlation_id = held.claim

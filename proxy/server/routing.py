@@ -109,11 +109,11 @@ class Router:
             return Route(frame, expect_response=False)
         if api_key == ApiKey.API_VERSIONS:
             return Route(frame, transform=self._api_versions_transform(peek))
+        if api_key == ApiKey.FETCH:
+            return self.relay_fetch(peek.api_version, frame)
         rewriter = ADDRESS_REWRITERS.get(api_key)
         if rewriter is None or peek.api_version < FIRST_VERSION_WITH_ADDRESSES.get(api_key, 0):
             return Route(frame, relay=OPAQUE)
-        if api_key == ApiKey.FETCH:
-            return Route(frame, relay=self._fetch_relay(peek.api_version))
         return Route(frame, transform=self._address_transform(peek, rewriter))
 
     def relay_fetch(self, version: int, frame) -> Route:

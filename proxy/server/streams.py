@@ -155,14 +155,7 @@ class FrameStream:
         size, frame, filled = await self._receive_head()
         if frame is None:
             return None
-        if filled < size:
-            view = memoryview(frame)
-            try:
-                while filled < size:
-                    filled += await self._read_some(view, filled, size, _LOWAT_CAP)
-            finally:
-                if self._lowat != 1:
-                    self._set_lowat(1)
+        await self._read_rest(frame, filled)
         if self._waits == waits:
             await trio.lowlevel.checkpoint()  # every receive is a checkpoint, even when nothing waited
         return frame
@@ -183,8 +176,7 @@ class FrameStream:
         check_frame_size(size, self._max_frame_bytes)
         if size - (len(pending) - 4) < pass_on_min:
             return await self._receive_direct()
-        if not await self._fill_pending(4 + min(size, _SPLICE_LOOKAHEAD), 0):
-            raise trio.BrokenResourceError(f"stream ended inside a frame ({len(pending)} bytes buffered)")
+        await self._fill_pending(4 + min(size, _SPLICE_LOOKAHEAD), 0)  # never False: pending holds bytes
         count = min(len(pending) - 4, size)
         head = bytes(pending[4 : 4 + count])
         del pending[: 4 + count]
@@ -214,16 +206,21 @@ class FrameStream:
     async def receive_rest(self, partial: PartialFrame) -> bytearray:
         """The whole frame of a ``PartialFrame``, read into memory after all."""
         frame = bytearray(partial.size)
-        filled = len(partial.head)
-        frame[:filled] = partial.head
+        frame[: len(partial.head)] = partial.head
+        await self._read_rest(frame, len(partial.head))
+        return frame
+
+    async def _read_rest(self, frame: bytearray, filled: int) -> None:
+        """Read the rest of ``frame`` (its first ``filled`` bytes are there) in place."""
+        if filled == len(frame):
+            return
         view = memoryview(frame)
         try:
-            while filled < partial.size:
-                filled += await self._read_some(view, filled, partial.size, _LOWAT_CAP)
+            while filled < len(frame):
+                filled += await self._read_some(view, filled, len(frame), _LOWAT_CAP)
         finally:
             if self._lowat != 1:
                 self._set_lowat(1)
-        return frame
 
     async def pass_on(self, partial: PartialFrame, destination: "FrameStream") -> None:
         """Send a ``PartialFrame`` to ``destination`` (a plain TCP stream): its size prefix
