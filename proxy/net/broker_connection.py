@@ -18,8 +18,8 @@ import trio
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import peek_correlation_id
-from proxy.server.streams import FrameStream
-from proxy.server.upstream import connect
+from proxy.net.streams import FrameStream
+from proxy.net.connect import connect
 
 
 class BrokerConnectionError(Exception):

@@ -35,7 +35,9 @@ talks to the socket's file descriptor itself:
   and ``relay_frame`` only when they wait. Every loop of the proxy receives a frame per
   turn, so a connection that never blocks still lets the others run and can be cancelled.
 
-TLS streams go through ``FrameSplitter`` and the stream's own ``receive_some``/``send_all``.
+Both paths parse frames with one sans-IO ``FrameSplitter``: TLS streams feed it what
+``receive_some`` returns and take whole frames; the plain TCP path feeds it what it reads
+and takes only the start of each body from it (``take_start``), reading the rest in place.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ except ImportError:  # pragma: no cover - not POSIX
 import trio
 
 from proxy.protocol.errors import ProtocolError
-from proxy.protocol.framing import SIZE_PREFIX, FrameSplitter, check_frame_size, peek_correlation_id
+from proxy.protocol.framing import SIZE_PREFIX, FrameSplitter, peek_correlation_id
 
 _RECEIVE_CHUNK = 256 * 1024
 _HEADER_READ = 64 * 1024  # small frames arrive whole in one read; large ones are read in place
@@ -111,15 +113,13 @@ class FrameStream:
     and one writer per stream.
     """
 
-    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_pending", "_lowat", "_waits", "_relay_buffer",
-                 "_pipe")
+    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_lowat", "_waits", "_relay_buffer", "_pipe")
 
     def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int) -> None:
         self.stream = stream
         self._splitter = FrameSplitter(max_frame_bytes)
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._max_frame_bytes = max_frame_bytes
-        self._pending = bytearray()  # bytes read past the last frame (plain TCP path)
         self._lowat = 1  # the socket's SO_RCVLOWAT as we last set it
         self._waits = 0  # times a receive waited for the socket (each wait is a checkpoint)
         self._relay_buffer = bytearray()  # see _receive_head
@@ -168,39 +168,39 @@ class FrameStream:
         between plain TCP sockets with ``splice``; ``pass_on_min`` None means never."""
         if pass_on_min is None or self._socket is None or _SPLICE is None:
             return await self.receive_frame()
-        pending = self._pending
+        splitter = self._splitter
         waits = self._waits
-        if not await self._fill_pending(4, _HEADER_READ):  # small frames: all of them, in one read
+        if not await self._fill_splitter(4, _HEADER_READ):  # small frames: all of them, in one read
             return None
-        size = SIZE_PREFIX.unpack_from(pending, 0)[0]
-        check_frame_size(size, self._max_frame_bytes)
-        if size - (len(pending) - 4) < pass_on_min:
+        size = splitter.next_size()
+        assert size is not None
+        if size - (splitter.buffered - 4) < pass_on_min:
             return await self._receive_direct()
-        await self._fill_pending(4 + min(size, _SPLICE_LOOKAHEAD), 0)  # never False: pending holds bytes
-        count = min(len(pending) - 4, size)
-        head = bytes(pending[4 : 4 + count])
-        del pending[: 4 + count]
+        await self._fill_splitter(4 + min(size, _SPLICE_LOOKAHEAD), 0)  # never False: bytes are buffered
+        head = bytearray(min(splitter.buffered - 4, size))
+        splitter.take_start(head)
+        head = bytes(head)
         if self._waits == waits:
             await trio.lowlevel.checkpoint()
         return PartialFrame(size, head)
 
-    async def _fill_pending(self, count: int, read: int) -> bool:
-        """Read until ``_pending`` holds ``count`` bytes, taking up to ``read`` bytes a
+    async def _fill_splitter(self, count: int, read: int) -> bool:
+        """Read until the splitter holds ``count`` bytes, taking up to ``read`` bytes a
         read if that is more; False at a clean end of stream before any byte of a frame."""
-        pending = self._pending
+        splitter = self._splitter
         sock = self._socket
-        while len(pending) < count:
+        while splitter.buffered < count:
             try:
-                chunk = os.read(sock.fileno(), max(count - len(pending), read))
+                chunk = os.read(sock.fileno(), max(count - splitter.buffered, read))
             except BlockingIOError:
                 self._waits += 1
                 await trio.lowlevel.wait_readable(sock)
                 continue
             if not chunk:
-                if pending:
-                    raise trio.BrokenResourceError(f"stream ended inside a frame ({len(pending)} bytes buffered)")
+                if splitter.buffered:
+                    raise trio.BrokenResourceError(f"stream ended inside a frame ({splitter.buffered} bytes buffered)")
                 return False
-            pending += chunk
+            splitter.feed(chunk)
         return True
 
     async def receive_rest(self, partial: PartialFrame) -> bytearray:
@@ -378,20 +378,18 @@ class FrameStream:
         ``_REUSE_MAX``), which holds a frame only until it has been passed on: no
         allocation and no zeroing of a megabyte per frame.
         """
-        pending = self._pending
-        if not await self._fill_pending(4, head):
+        splitter = self._splitter
+        if not await self._fill_splitter(4, head):
             return None, None, 0
-        size = SIZE_PREFIX.unpack_from(pending, 0)[0]
-        check_frame_size(size, self._max_frame_bytes)
-        available = min(len(pending) - 4, size)
+        size = splitter.next_size()
+        assert size is not None
         if reuse and size <= _REUSE_MAX:
             frame = self._relay_buffer
             if len(frame) < size:
                 frame = self._relay_buffer = bytearray(size)
         else:
             frame = bytearray(size)
-        frame[:available] = memoryview(pending)[4 : 4 + available]
-        del pending[: 4 + available]
+        available = splitter.take_start(memoryview(frame)[:size])
         return size, frame, available
 
     async def _read_some(self, view: memoryview, filled: int, size: int, chunk: int, out: "_Outbox | None" = None) -> int:

@@ -119,16 +119,42 @@ class FrameSplitter:
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         self._buffer += data
 
-    def next_frame(self) -> bytes | None:
-        """The next complete frame body, or None until more bytes arrive."""
-        buf = self._buffer
+    def next_size(self) -> int | None:
+        """The body size of the next frame once its prefix is buffered (checked against
+        the limit), else None."""
         if self._need is None:
+            buf = self._buffer
             if len(buf) < 4:
                 return None
             size = SIZE_PREFIX.unpack_from(buf, 0)[0]
             check_frame_size(size, self._max_frame_bytes)
             self._need = size
-        need = self._need
+        return self._need
+
+    def take_start(self, into: bytearray | memoryview) -> int:
+        """Move what is buffered of the next frame's body (up to ``len(into)`` bytes) into
+        ``into`` and forget that frame: its prefix is consumed, and the caller reads the
+        rest of the body straight from its source. How many bytes were moved.
+
+        This is how a reader that receives large bodies in place (no copy through this
+        buffer) still parses every size prefix here. ``next_size`` must have returned a size.
+        """
+        size = self._need
+        if size is None:
+            raise AssertionError("take_start before next_size found a frame")
+        buf = self._buffer
+        available = min(len(buf) - 4, size, len(into))
+        into[:available] = memoryview(buf)[4 : 4 + available]
+        del buf[: 4 + available]
+        self._need = None
+        return available
+
+    def next_frame(self) -> bytes | None:
+        """The next complete frame body, or None until more bytes arrive."""
+        need = self.next_size()
+        if need is None:
+            return None
+        buf = self._buffer
         if len(buf) < 4 + need:
             return None
         frame = bytes(buf[4 : 4 + need])

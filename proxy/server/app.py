@@ -31,7 +31,7 @@ from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
 from proxy.server.metrics import ProxyMetrics, serve_metrics
 from proxy.server.routing import Router
-from proxy.server.upstream import connect, listener_ssl_context, tune_socket, upstream_ssl_context
+from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
 
 log = logging.getLogger("proxy.server")
 

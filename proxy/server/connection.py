@@ -29,7 +29,7 @@ from proxy.protocol.framing import peek_correlation_id, peek_request_header
 from proxy.server.exchange import Exchange, OwnRequest
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.routing import Router
-from proxy.server.streams import FrameStream, PartialFrame
+from proxy.net.streams import FrameStream, PartialFrame
 
 log = logging.getLogger("proxy.connection")
 

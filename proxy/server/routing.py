@@ -28,7 +28,7 @@ from proxy.server.rewrite import (
     clamp_api_versions,
     rewrite_fetch_tail,
 )
-from proxy.server.streams import OPAQUE, Relay
+from proxy.net.streams import OPAQUE, Relay
 
 log = logging.getLogger("proxy.routing")
 

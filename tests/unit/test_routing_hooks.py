@@ -8,7 +8,7 @@ from proxy.protocol import messages
 from proxy.protocol.framing import peek_request_header
 from proxy.protocol.messages import ApiKey
 from proxy.server.routing import Route, Router
-from proxy.server.streams import OPAQUE
+from proxy.net.streams import OPAQUE
 
 
 def _fetch_frame(version: int) -> bytes:

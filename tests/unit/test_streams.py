@@ -18,7 +18,7 @@ from proxy.protocol.errors import ProtocolError
 from proxy.protocol.messages import ApiKey
 from proxy.protocol.peek import fetch_response_tail, has_tag, walk_fetch_response
 from proxy.server.rewrite import PADDING_TAG, rewrite_fetch_tail
-from proxy.server.streams import OPAQUE, FrameStream, PartialFrame, Relay
+from proxy.net.streams import OPAQUE, FrameStream, PartialFrame, Relay
 
 FETCH = messages.body_class(ApiKey.FETCH, "response")
 
@@ -265,7 +265,7 @@ def test_rewritten_tail_keeps_its_length_and_pads_with_an_unknown_tag():
 # through a pipe; these check that the bytes still arrive exactly, in order, whatever the
 # pieces they come in, and that a stream ending half way is still an error.
 
-from proxy.server import streams as streams_module  # noqa: E402
+from proxy.net import streams as streams_module  # noqa: E402
 
 needs_splice = pytest.mark.skipif(streams_module._SPLICE is None, reason="no os.splice on this platform")
 
