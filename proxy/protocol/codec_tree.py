@@ -2,9 +2,9 @@
 
 ``build_codec_tree(message, view, version)`` turns a merged definition into construct
 objects for exactly that version: which fields exist, which are tagged, which strings
-are compact or nullable. Each node can ``read``/``write`` itself (the interpreted path)
-and knows how to emit compiled code for itself through ``codegen.Generator``
-(``_emitparse``/``_emitbuild``, used by ``Construct.compile``).
+are compact or nullable. Each node can ``read``/``write`` itself: the interpreted path,
+and the reference the generated code is tested against. The tree knows nothing of code
+generation; ``codegen`` reads it (one direction: schema -> tree -> generated code).
 """
 
 from __future__ import annotations
@@ -109,7 +109,6 @@ class StructCodec(KafkaConstruct):
         )
         self.known_tags = {m.tag: (m.attr, m.codec.read) for m in self.tagged}
         self.min_size = sum(m.codec.min_size for m in self.fixed_part) + (1 if flexible else 0)
-        self.emitted: tuple[str, str] | None = None  # (parse, build) function names
 
     def __repr__(self) -> str:
         return f"StructCodec({self.label})"
@@ -141,44 +140,6 @@ class StructCodec(KafkaConstruct):
                     entries.append((m.tag, encoded))
             entries.extend(getattr(value, UNKNOWN_TAGGED))
             write_tag_entries(out, entries)
-
-    # ----------------------------------------------------------- compiled
-
-    def _emitparse(self, code):
-        from proxy.protocol.codegen import Generator
-
-        gen = Generator.of(code)
-        parse_name, _ = gen.struct_functions(self)
-        wrapper = gen.fresh("stream_parse")
-        code.append(
-            f"""
-            def {wrapper}(io, this):
-                data = io.read()
-                view = memoryview(data)
-                obj, used = {parse_name}(view, 0, len(view))
-                if used != len(data):
-                    io.seek(used - len(data), 1)
-                return obj
-            """
-        )
-        return f"{wrapper}(io, this)"
-
-    def _emitbuild(self, code):
-        from proxy.protocol.codegen import Generator
-
-        gen = Generator.of(code)
-        _, build_name = gen.struct_functions(self)
-        wrapper = gen.fresh("stream_build")
-        code.append(
-            f"""
-            def {wrapper}(obj, io, this):
-                out = bytearray()
-                {build_name}(out, obj)
-                io.write(out)
-                return obj
-            """
-        )
-        return f"{wrapper}(obj, io, this)"
 
 
 # --------------------------------------------------------------------------- layout

@@ -1,10 +1,12 @@
-"""Python source generation for the construct tree (construct's compile machinery).
+"""Python source generation for a codec tree (construct's compile machinery).
 
-``Generator`` writes, into construct's ``CodeGen``, one parse and one build function per
-struct of a message version. The functions work on ``(buf, pos, end)`` and a
-``bytearray``; fixed-size fields are unpacked in runs with one ``struct`` call, primitive
-readers and writers are called by name, and the generated dataclass is built with
-positional arguments. Construct's ``Construct.compile`` then ``exec``s the module.
+``compile_tree(tree)`` is the entry point: it turns the ``codec_tree`` of one message
+version into straight-line Python functions. ``Generator`` writes, into construct's
+``CodeGen``, one parse and one build function per struct. The functions work on
+``(buf, pos, end)`` and a ``bytearray``; fixed-size fields are unpacked in runs with one
+``struct`` call, primitive readers and writers are called by name, and the generated
+dataclass is built with positional arguments. Construct's ``Construct.compile`` then
+``exec``s the module. This module reads the tree; the tree never refers back to it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import dataclasses
 import itertools
 import struct
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from construct import Construct
 from construct.core import CodeGen
 
 from proxy.protocol import primitives as prim
@@ -107,7 +111,6 @@ class Generator:
             self.struct_names[id(codec)] = names
             self._emit_parse(codec, names[0])
             self._emit_build(codec, names[1])
-            codec.emitted = names
         return names
 
     def _emit_parse(self, codec: StructCodec, fname: str) -> None:
@@ -429,3 +432,85 @@ class Generator:
         lines.append("k_write_tags(out, t__entries)")
         return lines
 
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+@dataclass(frozen=True)
+class CompiledTree:
+    """The generated functions of one message version.
+
+    ``read(buf, pos, end) -> (value, pos)`` and ``write(out, value)`` are what codecs
+    call; ``construct`` is construct's ``Compiled`` object (``parse``/``build`` on
+    bytes, ``source`` for inspection).
+    """
+
+    read: Callable[[Any, int, int], tuple[Any, int]]
+    write: Callable[[bytearray, Any], None]
+    construct: Any
+
+
+class _TreeRoot(Construct):  # type: ignore[misc]  # construct ships no type hints
+    """Construct's compile hooks for a codec tree: the root struct's generated functions,
+    wrapped in construct's stream calling convention (for ``parse``/``build`` on the
+    compiled construct). The proxy itself calls the buffer-level functions directly."""
+
+    def __init__(self, tree: StructCodec) -> None:
+        super().__init__()
+        self.tree = tree
+        self.functions: tuple[str, str] | None = None  # (parse, build) names, once emitted
+
+    def _parse(self, stream, context, path):
+        return self.tree._parse(stream, context, path)
+
+    def _build(self, obj, stream, context, path):
+        return self.tree._build(obj, stream, context, path)
+
+    def _emitted(self, code: CodeGen) -> tuple[Generator, tuple[str, str]]:
+        gen = Generator.of(code)
+        self.functions = gen.struct_functions(self.tree)
+        return gen, self.functions
+
+    def _emitparse(self, code):
+        gen, (parse_name, _) = self._emitted(code)
+        wrapper = gen.fresh("stream_parse")
+        code.append(
+            f"""
+            def {wrapper}(io, this):
+                data = io.read()
+                view = memoryview(data)
+                obj, used = {parse_name}(view, 0, len(view))
+                if used != len(data):
+                    io.seek(used - len(data), 1)
+                return obj
+            """
+        )
+        return f"{wrapper}(io, this)"
+
+    def _emitbuild(self, code):
+        gen, (_, build_name) = self._emitted(code)
+        wrapper = gen.fresh("stream_build")
+        code.append(
+            f"""
+            def {wrapper}(obj, io, this):
+                out = bytearray()
+                {build_name}(out, obj)
+                io.write(out)
+                return obj
+            """
+        )
+        return f"{wrapper}(obj, io, this)"
+
+
+def compile_tree(tree: StructCodec) -> CompiledTree:
+    """Generate, exec and link the parse/build functions of ``tree`` (a message root)."""
+    root = _TreeRoot(tree)
+    compiled = root.compile()
+    assert root.functions is not None
+    parse_name, build_name = root.functions
+    return CompiledTree(
+        read=getattr(compiled.module, parse_name),
+        write=getattr(compiled.module, build_name),
+        construct=compiled,
+    )

@@ -1,11 +1,11 @@
-"""Compile a merged message definition, for one version, into a construct structure.
+"""One message, one version, one codec: the step that joins the tree and its code.
 
 ``compile_message(view, name, version)`` builds the construct tree of that version
 (``codec_tree``: ``StructCodec``, ``ArrayCodec``, ``NullableStructCodec`` and the
-primitives of ``primitives.py``) and compiles it with construct's ``Construct.compile``.
-Our constructs implement ``_emitparse``/``_emitbuild`` (``codegen``): each struct becomes
-one straight-line Python function. Construct's own ``Struct`` would create two
-``Container`` objects and a context per struct instance, which is what makes it slow.
+primitives of ``primitives.py``) and hands it to ``codegen.compile_tree``, which turns
+each struct into one straight-line Python function through construct's compile
+machinery. Construct's own ``Struct`` would create two ``Container`` objects and a
+context per struct instance, which is what makes it slow.
 
 The generated functions work on ``(buf, pos, end)`` rather than a stream; the compiled
 construct still parses from and builds to streams (a thin wrapper), but ``MessageCodec``
@@ -26,6 +26,7 @@ from typing import Any, Callable, Literal
 
 from proxy.protocol import primitives as prim
 from proxy.protocol.codec_tree import build_codec_tree
+from proxy.protocol.codegen import compile_tree
 from proxy.protocol.errors import MessageEncodeError, ProtocolError, UnsupportedVersionError
 from proxy.protocol.primitives import KafkaConstruct
 from proxy.protocol.schema import View, registry
@@ -123,12 +124,12 @@ def compile_message(view: View, name: str, version: int, mode: Mode = "compiled"
             version=version,
         )
     tree = build_codec_tree(message, view, version)
+    read: Callable[[Any, int, int], tuple[Any, int]]
+    write: Callable[[bytearray, Any], None]
+    construct_obj: Any
     if mode == "compiled":
-        compiled = tree.compile()
-        parse_name, build_name = tree.emitted
-        read = getattr(compiled.module, parse_name)
-        write = getattr(compiled.module, build_name)
-        construct_obj = compiled
+        compiled = compile_tree(tree)
+        read, write, construct_obj = compiled.read, compiled.write, compiled.construct
     elif mode == "interpreted":
         read, write, construct_obj = tree.read, tree.write, tree
     else:
