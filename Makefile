@@ -1,20 +1,31 @@
-# keyrange-proxy developer targets.  `make test` and `make demo` work from a clean clone:
-# they create the virtualenv and fetch the Kafka jars on first use.
+# keyrange-proxy developer targets.  `make test` and `make demo` work from a clean clone on
+# Debian/Ubuntu: they install missing system packages (scripts/install-system-deps), create
+# the virtualenv and fetch the Kafka jars on first use.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
+# Re-dated by the script only when it installed packages (e.g. the xxHash header the C
+# split kernel needs), so the virtualenv and its C accelerators are rebuilt exactly then.
+SYSDEPS := build/system-deps.stamp
 
-.PHONY: venv jars test demo clean
+.PHONY: venv jars test demo clean system-deps FORCE
+
+system-deps: $(SYSDEPS)
+
+$(SYSDEPS): FORCE
+	@PYTHON=$(PYTHON) scripts/install-system-deps
+
+FORCE:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py proxy/records/_ckernels.c proxy/commits/_cpacked.c
+$(STAMP): pyproject.toml setup.py proxy/records/_ckernels.c proxy/commits/_cpacked.c $(SYSDEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 # Downloads Kafka from Maven Central into ${KEYRANGE_CACHE:-~/.cache/keyrange-proxy} once;

@@ -57,11 +57,14 @@ __all__ = [
     "KafkaNodeError",
     "cache_root",
     "fetch_jars",
+    "fetch_spark_jars",
     "find_java",
     "java_base_command",
     "kafka_dist_dir",
     "kafka_version",
     "libs_dir",
+    "spark_libs_dir",
+    "spark_version",
 ]
 
 HOST = "127.0.0.1"
@@ -129,16 +132,36 @@ def libs_dir(cache_dir: Path | None = None) -> Path:
     return root / f"kafka-{kafka_version()}" / "libs"
 
 
-def _pom_digest() -> str:
-    return hashlib.sha256(_pom_path().read_bytes()).hexdigest()
+def _pom_digest(pom: Path | None = None) -> str:
+    return hashlib.sha256((pom or _pom_path()).read_bytes()).hexdigest()
 
 
-def _jars_complete(libs: Path) -> bool:
+def spark_pom_path() -> Path:
+    """The pom naming the four jars of Spark's Kafka connector (``spark.version`` pins it)."""
+    return kafka_dist_dir() / "spark-connector.pom.xml"
+
+
+def spark_version() -> str:
+    """The Spark version pinned by ``spark.version`` in kafka-dist/spark-connector.pom.xml."""
+    text = spark_pom_path().read_text(encoding="utf-8")
+    match = re.search(r"<spark\.version>\s*([^<\s]+)\s*</spark\.version>", text)
+    if not match:
+        raise KafkaHarnessError(f"{spark_pom_path()} has no <spark.version> property.")
+    return match.group(1)
+
+
+def spark_libs_dir(cache_dir: Path | None = None) -> Path:
+    """Where the Spark Kafka connector jars live (whether fetched yet or not)."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    return root / f"spark-{spark_version()}" / "libs"
+
+
+def _jars_complete(libs: Path, pom: Path | None = None) -> bool:
     try:
         stamp = json.loads((libs / STAMP_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if stamp.get("pom_sha256") != _pom_digest():
+    if stamp.get("pom_sha256") != _pom_digest(pom):
         return False
     jars = stamp.get("jars") or []
     return bool(jars) and all((libs / name).is_file() for name in jars)
@@ -172,8 +195,26 @@ def fetch_jars(
     interrupted download never looks complete.  ``maven_settings`` (or
     ``$KEYRANGE_MAVEN_SETTINGS``) is passed to Maven as ``-s``, e.g. for a mirror.
     """
-    libs = libs_dir(cache_dir)
-    if _jars_complete(libs):
+    return _maven_fetch(_pom_path(), libs_dir(cache_dir), f"Kafka {kafka_version()}",
+                        maven_settings=maven_settings, verbose=verbose, timeout=timeout)
+
+
+def fetch_spark_jars(
+    cache_dir: Path | None = None,
+    *,
+    maven_settings: Path | None = None,
+    verbose: bool = False,
+    timeout: float = 1800.0,
+) -> Path:
+    """Like ``fetch_jars``, for the Spark Kafka connector jars (handed to Spark with
+    ``spark.jars``; never on the brokers' classpath, whose kafka-clients differs)."""
+    return _maven_fetch(spark_pom_path(), spark_libs_dir(cache_dir), f"Spark {spark_version()} Kafka connector",
+                        maven_settings=maven_settings, verbose=verbose, timeout=timeout)
+
+
+def _maven_fetch(pom: Path, libs: Path, label: str, *, maven_settings: Path | None, verbose: bool,
+                 timeout: float) -> Path:
+    if _jars_complete(libs, pom):
         return libs
     version_dir = libs.parent
     try:
@@ -185,17 +226,17 @@ def fetch_jars(
         ) from None
     with open(version_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be fetching the same jars
-        if _jars_complete(libs):
+        if _jars_complete(libs, pom):
             return libs
         mvn = shutil.which("mvn")
         if mvn is None:
             raise KafkaHarnessError(
-                f"Maven (mvn) is not installed and the Kafka {kafka_version()} jars are not "
+                f"Maven (mvn) is not installed and the {label} jars are not "
                 f"cached in {libs}: install maven (apt-get install maven)."
             )
         settings = maven_settings or os.environ.get("KEYRANGE_MAVEN_SETTINGS")
         staging = Path(tempfile.mkdtemp(prefix="libs.partial-", dir=version_dir))
-        cmd = [mvn, "-B", "-Dstyle.color=never", "-f", str(_pom_path())]
+        cmd = [mvn, "-B", "-Dstyle.color=never", "-f", str(pom)]
         if not verbose:
             cmd.append("-q")
         if settings:
@@ -207,7 +248,7 @@ def fetch_jars(
         ]
         log_path = version_dir / "maven.log"
         if verbose:
-            print(f"fetching Kafka {kafka_version()} jars into {libs}", file=sys.stderr)
+            print(f"fetching {label} jars into {libs}", file=sys.stderr)
         try:
             proc = subprocess.run(
                 cmd,
@@ -220,7 +261,7 @@ def fetch_jars(
         except subprocess.TimeoutExpired:
             shutil.rmtree(staging, ignore_errors=True)
             raise KafkaHarnessError(
-                f"Maven did not finish fetching the Kafka jars within {timeout:.0f} s, so "
+                f"Maven did not finish fetching the {label} jars within {timeout:.0f} s, so "
                 f"Maven Central is probably unreachable and {libs} stays empty."
             ) from None
         log_path.write_text(proc.stdout, encoding="utf-8")
@@ -231,15 +272,15 @@ def fetch_jars(
             shutil.rmtree(staging, ignore_errors=True)
             if _NETWORK_ERROR.search(proc.stdout):
                 raise KafkaHarnessError(
-                    f"Cannot download the Kafka {kafka_version()} jars because Maven Central "
+                    f"Cannot download the {label} jars because Maven Central "
                     f"is unreachable and the cache {libs} is empty (Maven's output is in "
                     f"{log_path})."
                 )
             raise KafkaHarnessError(
-                f"Maven failed to fetch the Kafka {kafka_version()} jars into {libs} "
+                f"Maven failed to fetch the {label} jars into {libs} "
                 f"(exit code {proc.returncode}; its output is in {log_path})."
             )
-        stamp = {"pom_sha256": _pom_digest(), "kafka_version": kafka_version(), "jars": jars}
+        stamp = {"pom_sha256": _pom_digest(pom), "what": label, "jars": jars}
         (staging / STAMP_NAME).write_text(json.dumps(stamp, indent=1), encoding="utf-8")
         if libs.exists():
             shutil.rmtree(libs)
@@ -908,8 +949,8 @@ class KafkaCluster:
 
 
 def _cmd_fetch_jars(args: argparse.Namespace) -> int:
-    libs = fetch_jars(verbose=args.verbose)
-    print(libs)
+    print(fetch_jars(verbose=args.verbose))
+    print(fetch_spark_jars(verbose=args.verbose))
     return 0
 
 
@@ -940,7 +981,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m proxy.testing.kafka_cluster")
     sub = parser.add_subparsers(dest="command", required=True)
-    fetch = sub.add_parser("fetch-jars", help="download the Kafka jars into the cache (once)")
+    fetch = sub.add_parser("fetch-jars", help="download the Kafka and Spark connector jars into the cache (once)")
     fetch.add_argument("-v", "--verbose", action="store_true")
     fetch.set_defaults(func=_cmd_fetch_jars)
     run = sub.add_parser("run", help="start a cluster and run it until Ctrl-C or SIGTERM")
