@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -151,12 +152,33 @@ def test_thousand_idle_connections(kafka, proxy, new_topic):
     assert _healthy(proxy)
 
 
+def _quiet_until(sock: socket.socket, deadline: float) -> None:
+    """Fail if the proxy sends anything or closes ``sock`` before ``deadline`` (monotonic)."""
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([sock], [], [], left)
+        assert not readable, f"the proxy closed or wrote to the connection {left:.2f} s before the deadline"
+
+
 def test_idle_connection_is_closed(kafka, proxy_factory):
-    short = proxy_factory(kafka, connections_max_idle_ms="1500")
+    """An active connection stays open past the idle timeout; once it falls silent it stays
+    open until the timeout has passed, and is closed after it."""
+    idle = 2.0
+    short = proxy_factory(kafka, connections_max_idle_ms=str(int(idle * 1000)))
     with _connect(short) as sock:
-        sock.sendall(_metadata_request(1))
+        # Active for twice the idle timeout: a request every quarter of it, each answered.
+        for correlation_id in range(1, 9):
+            sock.sendall(_metadata_request(correlation_id))
+            _read_frame(sock)
+            _quiet_until(sock, time.monotonic() + idle / 4)
+        sock.sendall(_metadata_request(100))
         _read_frame(sock)
-        wait_until(lambda: _is_closed(sock), timeout=15, what="idle connection closed")
+        last_answer = time.monotonic()
+        # Silent, but well inside the timeout: still open.
+        _quiet_until(sock, last_answer + idle / 2)
+        wait_until(lambda: _is_closed(sock), timeout=15, interval=0.05, what="idle connection closed")
+        silent_for = time.monotonic() - last_answer
+    # The proxy counts idleness from when it sent the last answer, a moment before it arrived.
+    assert silent_for >= idle - 0.1, f"closed after {silent_for:.2f} s of silence, before the {idle} s timeout"
 
 
 def test_max_connections_refuses_extra_clients(kafka, proxy_factory):
