@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from proxy.commits.packed import RANGE_SIZE, pack, unpack
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.primitives import read_compact_nullable_string, read_compact_string, read_uvarint, uvarint_bytes
+from proxy.protocol.tagged import skip_tagged_fields
 
 _TAG = 10000
 _HEAD = struct.Struct(">hhi")
@@ -113,15 +114,7 @@ def _topic_head(buf, pos: int, end: int, version: int):
     return name, topic_id, (start, pos), pos
 
 
-def _skip_tags(buf, pos: int, end: int) -> int:
-    count, pos = read_uvarint(buf, pos, end)
-    for _ in range(count):
-        _, pos = read_uvarint(buf, pos, end)
-        size, pos = read_uvarint(buf, pos, end)
-        pos += size
-    if pos > end:
-        _fail("truncated tagged fields", end)
-    return pos
+_skip_tags = skip_tagged_fields
 
 
 def parse_request(frame: bytes) -> CommitRequest:

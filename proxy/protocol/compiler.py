@@ -146,8 +146,3 @@ def compile_message(view: View, name: str, version: int, mode: Mode = "compiled"
         write=write,
     )
 
-
-def generated_source(view: View, name: str, version: int) -> str:
-    """The Python source construct compiled for a message version (for inspection)."""
-    codec = compile_message(view, name, version)
-    return codec.construct.source

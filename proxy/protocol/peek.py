@@ -4,63 +4,48 @@ from __future__ import annotations
 
 import struct
 
+from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.primitives import read_uvarint
+from proxy.protocol.tagged import read_tag_count, read_tag_header, skip_tagged_fields
+
+__all__ = [
+    "FETCH_NODE_ENDPOINTS_VERSION",
+    "NODE_ENDPOINTS_TAG",
+    "fetch_response_tail",
+    "has_tag",
+    "produce_acks",
+    "read_uvarint",  # re-exported for callers that import it from here
+    "skip_tagged_fields",
+    "walk_fetch_response",
+]
 
 _INT16 = struct.Struct(">h")
 
-PRODUCE_API_KEY = 0
 PRODUCE_FIRST_FLEXIBLE_VERSION = 9
-
-
-def read_uvarint(data, pos: int) -> tuple[int, int]:
-    """An unsigned varint at ``pos``: (value, position after it)."""
-    result = 0
-    shift = 0
-    n = len(data)
-    while True:
-        if pos >= n:
-            raise ProtocolError("varint runs past the end of the frame", offset=pos)
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ProtocolError("varint longer than 10 bytes", offset=pos)
-
-
-def skip_tagged_fields(data, pos: int) -> int:
-    count, pos = read_uvarint(data, pos)
-    for _ in range(count):
-        _tag, pos = read_uvarint(data, pos)
-        size, pos = read_uvarint(data, pos)
-        pos += size
-        if pos > len(data):
-            raise ProtocolError("tagged field runs past the end of the frame", offset=pos)
-    return pos
 
 
 def produce_acks(frame, peek: RequestHeaderPeek) -> int:
     """The ``acks`` of a Produce request: acks=0 means the broker sends no response."""
     version = peek.api_version
     pos = peek.header_end_v1
+    end = len(frame)
     try:
         if version >= PRODUCE_FIRST_FLEXIBLE_VERSION:
-            pos = skip_tagged_fields(frame, pos)
-            length_plus_one, pos = read_uvarint(frame, pos)
+            pos = skip_tagged_fields(frame, pos, end)
+            length_plus_one, pos = read_uvarint(frame, pos, end)
             pos += max(length_plus_one - 1, 0)
         else:
             (length,) = _INT16.unpack_from(frame, pos)
             pos += 2 + max(length, 0)
-        if pos + 2 > len(frame):
-            raise ProtocolError("Produce request ends before acks", api_key=0, version=version, offset=pos)
+        if pos + 2 > end:
+            raise ProtocolError("Produce request ends before acks", offset=pos)
         return _INT16.unpack_from(frame, pos)[0]
     except ProtocolError as exc:
-        raise ProtocolError(exc.reason, api_key=PRODUCE_API_KEY, version=version, offset=exc.offset) from None
+        raise ProtocolError(exc.reason, api_key=ApiKey.PRODUCE, version=version, offset=exc.offset) from None
     except struct.error:
-        raise ProtocolError("Produce request truncated", api_key=0, version=version, offset=pos) from None
+        raise ProtocolError("Produce request truncated", api_key=ApiKey.PRODUCE, version=version, offset=pos) from None
 
 
 # -- Fetch responses -------------------------------------------------------------------------
@@ -86,14 +71,14 @@ _ABORTED_TRANSACTION_FIXED = 8 + 8  # producer id, first offset
 
 def _fill(state: list, size: int, need: int, safe: int):
     if need > size:
-        raise ProtocolError("Fetch response ends inside a field", api_key=1, offset=size)
+        raise ProtocolError("Fetch response ends inside a field", api_key=ApiKey.FETCH, offset=size)
     while state[0] < need:
         state[0] = yield (need, safe)
 
 
 def _walk_uvarint(buf, state: list, size: int, pos: int):
     yield from _fill(state, size, min(pos + 5, size), pos)
-    return read_uvarint(buf, pos)
+    return read_uvarint(buf, pos, size)
 
 
 def _walk_tagged_fields(buf, state: list, size: int, pos: int):
@@ -151,19 +136,21 @@ def fetch_response_tail(frame, version: int) -> int:
         next(walk)
     except StopIteration as done:
         return done.value
-    raise ProtocolError("Fetch response ends inside a field", api_key=1, version=version, offset=len(frame))
+    raise ProtocolError(
+        "Fetch response ends inside a field", api_key=ApiKey.FETCH, version=version, offset=len(frame)
+    )
 
 
 def has_tag(frame, pos: int, tag: int) -> bool:
     """Whether the tagged fields at ``pos`` (which end the frame) carry ``tag``; checks that
     they end exactly at the end of the frame."""
-    count, pos = read_uvarint(frame, pos)
+    end = len(frame)
+    count, pos = read_tag_count(frame, pos, end)
     found = False
+    this_tag = -1
     for _ in range(count):
-        this_tag, pos = read_uvarint(frame, pos)
-        length, pos = read_uvarint(frame, pos)
-        pos += length
+        this_tag, _, pos = read_tag_header(frame, pos, end, this_tag)
         found |= this_tag == tag
-    if pos != len(frame):
-        raise ProtocolError(f"Fetch response has {len(frame) - pos} bytes after its last field", offset=pos)
+    if pos != end:
+        raise ProtocolError(f"Fetch response has {end - pos} bytes after its last field", offset=pos)
     return found

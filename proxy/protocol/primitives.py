@@ -29,19 +29,14 @@ from construct import Construct, SizeofError, stream_read_entire, stream_seek, s
 
 from proxy.protocol.errors import ProtocolError
 
-INT8 = struct.Struct(">b")
 INT16 = struct.Struct(">h")
-UINT16 = struct.Struct(">H")
 INT32 = struct.Struct(">i")
-UINT32 = struct.Struct(">I")
 INT64 = struct.Struct(">q")
-FLOAT64 = struct.Struct(">d")
 
 NULL_INT16 = b"\xff\xff"
 NULL_INT32 = b"\xff\xff\xff\xff"
 ZERO_UUID = uuid.UUID(int=0)
 EMPTY_FROZENSET: frozenset[int] = frozenset()
-EMPTY_TUPLE: tuple = ()
 
 # Kafka's unsigned varints for lengths, counts and tags are at most 5 bytes (32 bits).
 MAX_UVARINT = 0xFFFFFFFF
@@ -59,8 +54,16 @@ def short(pos: int, need: int, end: int) -> None:
 # --------------------------------------------------------------------------- varints
 
 
-def read_uvarint(buf, pos: int, end: int) -> tuple[int, int]:
-    """An unsigned varint (7 bits per byte, little-endian groups), canonical form only."""
+def read_uvarint(buf: Any, pos: int, end: int | None = None) -> tuple[int, int]:
+    """An unsigned varint (7 bits per byte, little-endian groups), canonical form only:
+    ``(value, position after it)``. It reads no byte at or past ``end`` (default: the end
+    of ``buf``).
+
+    The proxy's one reader of Kafka's unsigned varints (lengths, counts, tags): every
+    codec, peek and rewrite uses it, so all of them agree on what is malformed.
+    """
+    if end is None:
+        end = len(buf)
     if pos >= end:
         fail("truncated unsigned varint", pos)
     b = buf[pos]

@@ -41,6 +41,23 @@ def read_tag_header(buf, pos: int, end: int, last_tag: int) -> tuple[int, int, i
     return tag, pos, pos + size
 
 
+def skip_tagged_fields(buf: Any, pos: int, end: int | None = None) -> int:
+    """The position after the tagged-fields section at ``pos``, its values unread.
+
+    The proxy's one skipper, for code that walks a frame without decoding it (peeks,
+    in-place rewrites): it checks what the codecs check (ascending tags, every field
+    inside ``end``, default the end of ``buf``), so a walk and a decode agree on what
+    is malformed.
+    """
+    if end is None:
+        end = len(buf)
+    count, pos = read_tag_count(buf, pos, end)
+    tag = -1
+    for _ in range(count):
+        tag, _, pos = read_tag_header(buf, pos, end, tag)
+    return pos
+
+
 def tag_not_consumed(tag: int, used_to: int, field_end: int) -> None:
     fail(f"tagged field {tag} has {field_end - used_to} unread bytes", used_to)
 
@@ -96,11 +113,6 @@ def write_tag_entries(out: bytearray, entries: list[tuple[int, Any]]) -> None:
         write_uvarint(out, tag)
         write_uvarint(out, len(data))
         out += data
-
-
-def write_unknown_only(out: bytearray, unknown) -> None:
-    """The section of a struct whose version has no known tagged fields."""
-    write_tag_entries(out, list(unknown))
 
 
 def _tag_of(entry: tuple[int, Any]) -> int:

@@ -78,12 +78,6 @@ def default_spec(f: FieldDef, nested: type | None) -> tuple[Any, Any]:
     return parse_default(f), None
 
 
-def default_value(f: FieldDef, nested: type | None) -> Any:
-    """A fresh default value for ``f``."""
-    value, factory = default_spec(f, nested)
-    return factory() if factory is not None else value
-
-
 class MessageClasses:
     """The generated classes of one message: ``root`` plus one per struct name."""
 

@@ -27,27 +27,10 @@ from bisect import bisect_right
 import xxhash
 
 from proxy.protocol.errors import ProtocolError
+from proxy.records.varint import read_varint as _varint
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _pack_offset = struct.Struct(">q").pack
-
-
-def _varint(buf, pos: int, end: int, max_bytes: int = 5) -> tuple[int, int]:
-    """Strict signed varint: at most ``max_bytes`` (5 or 10) bytes, value in int32/int64."""
-    result = 0
-    shift = 0
-    stop = min(end, pos + max_bytes)
-    p = pos
-    while p < stop:
-        b = buf[p]
-        p += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            if result >> (32 if max_bytes == 5 else 64):
-                raise ProtocolError("varint out of range", offset=pos)
-            return (result >> 1) ^ -(result & 1), p
-        shift += 7
-    raise ProtocolError("malformed varint", offset=pos)
 
 
 def _route(buf, pos: int, rec_end: int, base_offset: int) -> int:
@@ -122,12 +105,13 @@ def _split_disjoint(buf, pos, end, base_offset, bounds, table) -> int:
             u = buf[pos]
             if u < 0x80:
                 pos += 1
+                length = (u >> 1) ^ -(u & 1)
             elif buf[pos + 1] < 0x80:  # records of 64..8191 bytes: two-byte length
                 u = (u & 0x7F) | (buf[pos + 1] << 7)
                 pos += 2
+                length = (u >> 1) ^ -(u & 1)
             else:
-                u, pos = _uvarint(buf, pos, end)
-            length = (u >> 1) ^ -(u & 1)
+                length, pos = _varint(buf, pos, end)
             rec_end = pos + length
             if length < 1 or rec_end > end:
                 raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
@@ -173,12 +157,13 @@ def _split_overlapping(buf, pos, end, base_offset, bounds, table) -> int:
             u = buf[pos]
             if u < 0x80:
                 pos += 1
+                length = (u >> 1) ^ -(u & 1)
             elif buf[pos + 1] < 0x80:  # records of 64..8191 bytes: two-byte length
                 u = (u & 0x7F) | (buf[pos + 1] << 7)
                 pos += 2
+                length = (u >> 1) ^ -(u & 1)
             else:
-                u, pos = _uvarint(buf, pos, end)
-            length = (u >> 1) ^ -(u & 1)
+                length, pos = _varint(buf, pos, end)
             rec_end = pos + length
             if length < 1 or rec_end > end:
                 raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
@@ -212,22 +197,6 @@ def _split_overlapping(buf, pos, end, base_offset, bounds, table) -> int:
     return total
 
 
-def _uvarint(buf, pos: int, end: int) -> tuple[int, int]:
-    """Unsigned 5-byte-max LEB128 (the record length before zig-zag decoding)."""
-    result = 0
-    shift = 0
-    stop = min(end, pos + 5)
-    p = pos
-    while p < stop:
-        b = buf[p]
-        p += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, p
-        shift += 7
-    raise ProtocolError("malformed record length varint", offset=pos)
-
-
 def match(buf, start: int, end: int, base_offset: int, bounds, members, nsets: int):
     """Like ``split`` but collect absolute offsets instead of bytes."""
     _check_base(base_offset, start)
@@ -244,12 +213,13 @@ def match(buf, start: int, end: int, base_offset: int, bounds, members, nsets: i
             u = buf[pos]
             if u < 0x80:
                 pos += 1
+                length = (u >> 1) ^ -(u & 1)
             elif buf[pos + 1] < 0x80:
                 u = (u & 0x7F) | (buf[pos + 1] << 7)
                 pos += 2
+                length = (u >> 1) ^ -(u & 1)
             else:
-                u, pos = _uvarint(buf, pos, end)
-            length = (u >> 1) ^ -(u & 1)
+                length, pos = _varint(buf, pos, end)
             rec_end = pos + length
             if length < 1 or rec_end > end:
                 raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
@@ -299,12 +269,13 @@ def keep(buf, start: int, end: int, base_offset: int, offsets):
             u = buf[pos]
             if u < 0x80:
                 pos += 1
+                length = (u >> 1) ^ -(u & 1)
             elif buf[pos + 1] < 0x80:
                 u = (u & 0x7F) | (buf[pos + 1] << 7)
                 pos += 2
+                length = (u >> 1) ^ -(u & 1)
             else:
-                u, pos = _uvarint(buf, pos, end)
-            length = (u >> 1) ^ -(u & 1)
+                length, pos = _varint(buf, pos, end)
             rec_end = pos + length
             if length < 1 or rec_end > end:
                 raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
