@@ -1,0 +1,16 @@
+"""Kafka wire protocol: framing, peeks and the schema-driven message codecs.
+
+The codecs are one pipeline, each stage importing only the ones before it:
+
+1. ``schema`` loads Kafka's JSON message definitions and our overlays (tag 10000);
+2. ``values`` generates one dataclass per struct from a definition;
+3. ``codec_tree`` lays out one message version as a tree of constructs over the
+   ``primitives`` and ``tagged`` readers and writers (the interpreted reference);
+4. ``codegen`` turns that tree into straight-line Python functions;
+5. ``compiler`` joins tree and code into a ``MessageCodec`` per (message, version);
+6. ``messages`` is what the rest of the proxy calls: a registry that maps an
+   (api key, version, kind) to its header and body codecs once, plus the public API.
+
+``framing`` (size prefixes) and ``peek`` (single fields without a decode) stand beside
+the pipeline; ``constants``, ``api_keys`` and ``errors`` are shared leaves.
+"""

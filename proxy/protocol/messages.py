@@ -41,10 +41,12 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Any, Callable, Literal
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal
 
 from proxy.protocol.api_keys import ApiKey, api_name
 from proxy.protocol.compiler import MessageCodec, as_view, compile_message
+from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
 from proxy.protocol.framing import peek_correlation_id
 from proxy.protocol.schema import MessageDef, View, registry
@@ -52,6 +54,9 @@ from proxy.protocol.values import message_classes, strip_extensions, to_dict
 
 __all__ = [
     "ApiKey",
+    "FrameCodec",
+    "MessageRegistry",
+    "REGISTRY",
     "api_name",
     "body_class",
     "data_class",
@@ -134,10 +139,10 @@ def response_header_version(api_key: int, version: int) -> int:
     return 1 if is_flexible(api_key, version) else 0
 
 
-@functools.cache
-def _body_codec(api_key: int, version: int, kind: str, view: View = "ours") -> MessageCodec:
-    message = _message(api_key, kind, view)
-    return compile_message(view, message.name, version)
+def _header_version(api_key: int, version: int, kind: str) -> int:
+    if kind == "request":
+        return request_header_version(api_key, version)
+    return response_header_version(api_key, version)
 
 
 @functools.cache
@@ -145,8 +150,81 @@ def _header_codec(kind: str, header_version: int) -> MessageCodec:
     return compile_message("ours", "RequestHeader" if kind == "request" else "ResponseHeader", header_version)
 
 
-RequestHeader: type = message_classes("ours", "RequestHeader").root
-ResponseHeader: type = message_classes("ours", "ResponseHeader").root
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True, slots=True)
+class FrameCodec:
+    """Everything needed to read or write one (api key, version, kind) frame: the header
+    codec of the right header version and the body codec, resolved once."""
+
+    api_key: int
+    version: int
+    kind: str
+    header: MessageCodec
+    body: MessageCodec
+
+    def decode(self, frame: Any) -> tuple[Any, Any]:
+        view = as_view(frame)
+        try:
+            header, pos = self.header.decode(view, 0, to_end=False)
+        except ProtocolError as exc:
+            raise ProtocolError(
+                f"{self.kind} header: {exc.reason}",
+                api_key=self.api_key,
+                version=self.version,
+                offset=exc.offset,
+            ) from None
+        return header, self.body.decode(view, pos)
+
+    def encode(self, header: Any, body: Any) -> bytes:
+        out = bytearray()
+        self.header.encode_into(out, header)
+        self.body.encode_into(out, body)
+        return bytes(out)
+
+
+class MessageRegistry:
+    """Frame codecs of one schema view by (api key, version, kind), built on first use.
+
+    One dictionary lookup takes a frame to its codec; the schema is consulted (and the
+    message compiled) only the first time a combination is seen.
+    """
+
+    def __init__(self, view: View = "ours") -> None:
+        self.view = view
+        self._frames: dict[tuple[int, int, str], FrameCodec] = {}
+
+    def frame(self, api_key: int, version: int, kind: str) -> FrameCodec:
+        """The codec of an (api key, version) request or response; UnsupportedVersionError
+        when our schemas lack either."""
+        key = (api_key, version, kind)
+        codec = self._frames.get(key)
+        if codec is None:
+            codec = self._frames[key] = self._build(api_key, version, kind)
+        return codec
+
+    def body(self, api_key: int, version: int, kind: str) -> MessageCodec:
+        return self.frame(api_key, version, kind).body
+
+    def _build(self, api_key: int, version: int, kind: str) -> FrameCodec:
+        body = compile_message(self.view, _message(api_key, kind, self.view).name, version)
+        header = _header_codec(kind, _header_version(api_key, version, kind))
+        return FrameCodec(api_key, version, kind, header, body)
+
+
+REGISTRY = MessageRegistry("ours")
+_REGISTRIES: dict[str, MessageRegistry] = {"ours": REGISTRY, "standard": MessageRegistry("standard")}
+
+
+def _body_codec(api_key: int, version: int, kind: str, view: View = "ours") -> MessageCodec:
+    return _REGISTRIES[view].frame(api_key, version, kind).body
+
+
+# Typed as Any: the classes are generated from the schemas at import time, so a type
+# checker cannot know their fields; every value this module returns is typed Any too.
+RequestHeader: Any = message_classes("ours", "RequestHeader").root
+ResponseHeader: Any = message_classes("ours", "ResponseHeader").root
 # Shorter names for the two header fields every caller reads.
 RequestHeader.api_key = property(lambda self: self.request_api_key, doc="request_api_key")
 RequestHeader.api_version = property(
@@ -156,7 +234,7 @@ RequestHeader.api_version = property(
 
 def new_request_header(
     api_key: int, api_version: int, correlation_id: int, client_id: str | None = None
-):
+) -> Any:
     return RequestHeader(
         request_api_key=api_key,
         request_api_version=api_version,
@@ -165,11 +243,11 @@ def new_request_header(
     )
 
 
-def new_response_header(correlation_id: int):
+def new_response_header(correlation_id: int) -> Any:
     return ResponseHeader(correlation_id=correlation_id)
 
 
-def precompile(api_keys=None) -> int:
+def precompile(api_keys: Iterable[int] | None = None) -> int:
     """Compile every supported version of ``api_keys`` (default: all) now, instead of on
     first use (about 5 ms each), so no request pays for it. Returns how many it compiled."""
     count = 0
@@ -179,75 +257,60 @@ def precompile(api_keys=None) -> int:
             continue
         for version in range(versions[0], versions[1] + 1):
             for kind in ("request", "response"):
-                _body_codec(api_key, version, kind)
+                REGISTRY.frame(api_key, version, kind)
                 count += 1
-    for kind, header_versions in (("request", (1, 2)), ("response", (0, 1))):
-        for header_version in header_versions:
-            _header_codec(kind, header_version)
     return count
 
 
 # --------------------------------------------------------------------------- bodies
 
 
-def body_class(api_key: int, kind: Kind, *, view: View = "ours") -> type:
+def body_class(api_key: int, kind: Kind, *, view: View = "ours") -> Any:
     """The generated root class of a request or response; nested struct classes are its
     attributes by Kafka struct name, e.g. ``body_class(1, "request").FetchPartition``."""
     return message_classes(view, _message(api_key, kind, view).name).root
 
 
-def new_body(api_key: int, version: int, kind: Kind, *, view: View = "ours", **fields: Any):
+def new_body(api_key: int, version: int, kind: Kind, *, view: View = "ours", **fields: Any) -> Any:
     """A request or response body with every field at its default except ``fields``.
 
     ``version`` is checked against the schema (so a typo fails here, not at encode);
     the object itself is version-independent.
     """
-    codec = _body_codec(api_key, version, kind, view)
-    return codec.root_class(**fields)
+    return _body_codec(api_key, version, kind, view).root_class(**fields)
 
 
 def decode_body(
-    api_key: int, version: int, kind: Kind, data, offset: int = 0, *, view: View = "ours"
-):
+    api_key: int, version: int, kind: Kind, data: Any, offset: int = 0, *, view: View = "ours"
+) -> Any:
     """Decode a body that runs from ``offset`` to the end of ``data``."""
     return _body_codec(api_key, version, kind, view).decode(data, offset)
 
 
-def encode_body(api_key: int, version: int, kind: Kind, body, *, view: View = "ours") -> bytes:
+def encode_body(api_key: int, version: int, kind: Kind, body: Any, *, view: View = "ours") -> bytes:
     return _body_codec(api_key, version, kind, view).encode(body)
 
 
 # --------------------------------------------------------------------------- frames
 
 
-def decode_request(frame) -> tuple[Any, Any]:
+def decode_request(frame: Any) -> tuple[Any, Any]:
     """Decode a whole request frame (header and body) into ``(header, body)``."""
     view = as_view(frame)
     if len(view) < _API_KEY_AND_VERSION.size:
         raise ProtocolError(f"request header truncated: {len(view)} bytes", offset=len(view))
     api_key, version = _API_KEY_AND_VERSION.unpack_from(view, 0)
-    body_codec = _body_codec(api_key, version, "request")
-    header_codec = _header_codec("request", request_header_version(api_key, version))
-    try:
-        header, pos = header_codec.decode(view, 0, to_end=False)
-    except ProtocolError as exc:
-        raise ProtocolError(
-            f"request header: {exc.reason}", api_key=api_key, version=version, offset=exc.offset
-        ) from None
-    return header, body_codec.decode(view, pos)
+    return REGISTRY.frame(api_key, version, "request").decode(view)
 
 
-def encode_request(header, body) -> bytes:
+def encode_request(header: Any, body: Any) -> bytes:
     """A request frame (without size prefix) for ``header`` and ``body``."""
-    api_key, version = header.request_api_key, header.request_api_version
-    body_codec = _body_codec(api_key, version, "request")
-    out = bytearray()
-    _header_codec("request", request_header_version(api_key, version)).encode_into(out, header)
-    body_codec.encode_into(out, body)
-    return bytes(out)
+    return REGISTRY.frame(header.request_api_key, header.request_api_version, "request").encode(
+        header, body
+    )
 
 
-def decode_response(api_key: int, api_version: int, frame) -> tuple[Any, Any]:
+def decode_response(api_key: int, api_version: int, frame: Any) -> tuple[Any, Any]:
     """Decode a response frame to the request (api key, version) it answers.
 
     Responses do not name their API; look it up by correlation id first, see
@@ -257,29 +320,10 @@ def decode_response(api_key: int, api_version: int, frame) -> tuple[Any, Any]:
     if api_key == ApiKey.API_VERSIONS:
         header, body, _ = decode_api_versions_response(api_version, frame)
         return header, body
-    return _decode_response_at(api_key, api_version, frame)
+    return REGISTRY.frame(api_key, api_version, "response").decode(frame)
 
 
-def _decode_response_at(api_key: int, api_version: int, frame) -> tuple[Any, Any]:
-    view = as_view(frame)
-    body_codec = _body_codec(api_key, api_version, "response")
-    header_codec = _header_codec("response", response_header_version(api_key, api_version))
-    try:
-        header, pos = header_codec.decode(view, 0, to_end=False)
-    except ProtocolError as exc:
-        raise ProtocolError(
-            f"response header: {exc.reason}",
-            api_key=api_key,
-            version=api_version,
-            offset=exc.offset,
-        ) from None
-    return header, body_codec.decode(view, pos)
-
-
-UNSUPPORTED_VERSION = 35
-
-
-def decode_api_versions_response(api_version: int, frame) -> tuple[Any, Any, int]:
+def decode_api_versions_response(api_version: int, frame: Any) -> tuple[Any, Any, int]:
     """Decode an ApiVersions response, falling back to the v0 layout as Kafka clients do.
 
     A broker that does not support the request's version answers UNSUPPORTED_VERSION (35)
@@ -288,22 +332,22 @@ def decode_api_versions_response(api_version: int, frame) -> tuple[Any, Any, int
     the original bytes is too.
     """
     try:
-        header, body = _decode_response_at(ApiKey.API_VERSIONS, api_version, frame)
+        header, body = REGISTRY.frame(ApiKey.API_VERSIONS, api_version, "response").decode(frame)
         return header, body, api_version
     except ProtocolError as first:
         if api_version == 0 or isinstance(first, UnsupportedVersionError):
             raise
         try:
-            header, body = _decode_response_at(ApiKey.API_VERSIONS, 0, frame)
+            header, body = REGISTRY.frame(ApiKey.API_VERSIONS, 0, "response").decode(frame)
         except ProtocolError:
             raise first from None
-        if body.error_code != UNSUPPORTED_VERSION:
+        if body.error_code != ErrorCode.UNSUPPORTED_VERSION:
             raise first from None
         return header, body, 0
 
 
 def decode_response_by_correlation(
-    frame, lookup: Callable[[int], tuple[int, int]]
+    frame: Any, lookup: Callable[[int], tuple[int, int]]
 ) -> tuple[Any, Any]:
     """Decode a response when only its correlation id identifies it.
 
@@ -318,15 +362,9 @@ def decode_response_by_correlation(
     return decode_response(api_key, api_version, frame)
 
 
-def encode_response(api_key: int, api_version: int, header, body) -> bytes:
+def encode_response(api_key: int, api_version: int, header: Any, body: Any) -> bytes:
     """A response frame (without size prefix)."""
-    body_codec = _body_codec(api_key, api_version, "response")
-    out = bytearray()
-    _header_codec("response", response_header_version(api_key, api_version)).encode_into(
-        out, header
-    )
-    body_codec.encode_into(out, body)
-    return bytes(out)
+    return REGISTRY.frame(api_key, api_version, "response").encode(header, body)
 
 
 # --------------------------------------------------------------------------- data structures
@@ -339,7 +377,7 @@ def _data_message(name: str) -> MessageDef:
     return message
 
 
-def data_version(data) -> int:
+def data_version(data: Any) -> int:
     """The int16 version that prefixes every versioned data structure."""
     view = as_view(data)
     if len(view) < 2:
@@ -347,7 +385,7 @@ def data_version(data) -> int:
     return _DATA_VERSION.unpack_from(view, 0)[0]
 
 
-def decode_data(name: str, data):
+def decode_data(name: str, data: Any) -> Any:
     """Decode a version-prefixed data structure (consumer protocol, individual commit).
 
     Layout: int16 version, then the structure in that version. A version newer than we
@@ -366,7 +404,7 @@ def decode_data(name: str, data):
     return compile_message("ours", name, version).decode(data, 2)
 
 
-def encode_data(name: str, value, version: int | None = None) -> bytes:
+def encode_data(name: str, value: Any, version: int | None = None) -> bytes:
     """``value`` with its int16 version prefix; ``version`` defaults to the newest."""
     message = _data_message(name)
     if version is None:
@@ -376,11 +414,11 @@ def encode_data(name: str, value, version: int | None = None) -> bytes:
     return bytes(out)
 
 
-def data_class(name: str) -> type:
+def data_class(name: str) -> Any:
     """The generated class of a data structure; nested structs are its attributes."""
     return message_classes("ours", _data_message(name).name).root
 
 
-def new_data(name: str, **fields: Any):
+def new_data(name: str, **fields: Any) -> Any:
     """A data structure value with defaults, e.g. ``new_data("IndividualCommitKey", ...)``."""
     return data_class(name)(**fields)
