@@ -105,7 +105,7 @@ class StructCodec(KafkaConstruct):
         self.fixed_part = [m for _, m in members if m is not None and m.tag is None]
         self.tagged = sorted(
             (m for _, m in members if m is not None and m.tag is not None),
-            key=lambda m: m.tag,
+            key=lambda m: -1 if m.tag is None else m.tag,
         )
         self.known_tags = {m.tag: (m.attr, m.codec.read) for m in self.tagged}
         self.min_size = sum(m.codec.min_size for m in self.fixed_part) + (1 if flexible else 0)

@@ -136,11 +136,12 @@ class Generator:
             lines += self._parse_tagged(codec, var_of)
             extra_args = ", t__unknown, t__present"
         args = []
-        for f, m in codec.all_members:
-            if m is not None and m.attr in var_of:
-                args.append(var_of[m.attr])
+        class_fields = {f.name: f for f in dataclasses.fields(codec.cls)}
+        for f, member in codec.all_members:
+            if member is not None and member.attr in var_of:
+                args.append(var_of[member.attr])
             else:
-                args.append(self._default_expr(codec.cls.__dataclass_fields__[f.attr]))
+                args.append(self._default_expr(class_fields[f.attr]))
         cls_name = self.link(codec.cls, "cls")
         body = "\n".join("    " + line for line in lines) or "    pass"
         self.code.append(
@@ -157,7 +158,7 @@ class Generator:
         return self.literal(dc_field.default)
 
     def _parse_fixed_run(self, run: list[Member], var_of: dict[str, str]) -> list[str]:
-        fmt = "".join(m.codec.fixed_format for m in run)
+        fmt = "".join(_fixed_format(m) for m in run)
         layout = struct.Struct(">" + fmt)
         st = self.link(layout, "st")
         names = []
@@ -179,7 +180,7 @@ class Generator:
                 lines.append(f"{var} = {var} == 1")
             elif isinstance(m.codec, Uuid):
                 lines.append(f"{var} = k_UUID(bytes={var})")
-            offset += struct.calcsize(">" + m.codec.fixed_format)
+            offset += struct.calcsize(">" + _fixed_format(m))
         lines.append(f"pos += {layout.size}")
         return lines
 
@@ -342,7 +343,7 @@ class Generator:
                 fmt += "16s"
                 args.append(f"obj.{m.attr}.bytes")
             else:
-                fmt += m.codec.fixed_format
+                fmt += _fixed_format(m)
                 args.append(f"obj.{m.attr}")
         st = self.link(struct.Struct(">" + fmt), "st")
         return [f"out += {st}.pack({', '.join(args)})"]
@@ -432,6 +433,14 @@ class Generator:
         lines.append("k_write_tags(out, t__entries)")
         return lines
 
+
+
+def _fixed_format(m: Member) -> str:
+    """The struct format of a member the caller found fixed-size."""
+    fmt = m.codec.fixed_format
+    if fmt is None:
+        raise TypeError(f"{m.attr} is not a fixed-size field")
+    return fmt
 
 
 # --------------------------------------------------------------------------- entry point

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 from construct import Construct, SizeofError, stream_read_entire, stream_seek, stream_write
 
@@ -42,12 +42,12 @@ EMPTY_FROZENSET: frozenset[int] = frozenset()
 MAX_UVARINT = 0xFFFFFFFF
 
 
-def fail(reason: str, offset: int) -> None:
+def fail(reason: str, offset: int) -> NoReturn:
     """Raise the codec's one error type; the message codec adds api key and version."""
     raise ProtocolError(reason, offset=offset)
 
 
-def short(pos: int, need: int, end: int) -> None:
+def short(pos: int, need: int, end: int) -> NoReturn:
     fail(f"truncated: need {need} bytes, {end - pos} left", pos)
 
 
@@ -434,6 +434,8 @@ class KafkaConstruct(Construct):
 class Fixed(KafkaConstruct):
     """int8/16/32/64, uint16/32 and float64: one ``struct`` format character each."""
 
+    fixed_format: str
+
     def __init__(self, type_name: str, fmt: str) -> None:
         super().__init__()
         self.type_name = type_name
@@ -490,7 +492,8 @@ class Varlen(KafkaConstruct):
         self.reader_name = reader_name
         self.writer_name = writer_name
         self.min_size = min_size
-        self.read = globals()[reader_name]
+        # the module function itself, not a method calling it: one call less per value
+        self.read = globals()[reader_name]  # type: ignore[method-assign]
         self._writer = globals()[writer_name]
 
     def write(self, out, value):

@@ -453,6 +453,8 @@ class Registry:
         self.by_api: dict[tuple[int, str], MessageDef] = {}
         for msg in messages.values():
             if msg.kind in ("request", "response"):
+                if msg.api_key is None:
+                    raise SchemaError(f"{msg.kind} {msg.name} has no apiKey")
                 key = (msg.api_key, msg.kind)
                 if key in self.by_api:
                     raise SchemaError(f"two {msg.kind}s for api key {msg.api_key}")

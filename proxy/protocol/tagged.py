@@ -11,7 +11,7 @@ re-encodes to the same bytes.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from proxy.protocol.primitives import EMPTY_FROZENSET, fail, read_uvarint, write_uvarint
 
@@ -58,7 +58,7 @@ def skip_tagged_fields(buf: Any, pos: int, end: int | None = None) -> int:
     return pos
 
 
-def tag_not_consumed(tag: int, used_to: int, field_end: int) -> None:
+def tag_not_consumed(tag: int, used_to: int, field_end: int) -> NoReturn:
     fail(f"tagged field {tag} has {field_end - used_to} unread bytes", used_to)
 
 

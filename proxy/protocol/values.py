@@ -89,14 +89,15 @@ class MessageClasses:
             setattr(self.root, name, cls)
 
     def _make(self, name: str, fields: tuple[FieldDef, ...]) -> type:
-        spec = []
+        spec: list[tuple[str, Any, Any]] = []
         for f in fields:
             nested = None
             if f.fields is not None:
-                nested = self.by_struct.get(f.struct_name)
+                struct_name = f.element_type  # a field with fields is a struct (array)
+                nested = self.by_struct.get(struct_name)
                 if nested is None:
-                    nested = self._make(f.struct_name, f.fields)
-                    self.by_struct[f.struct_name] = nested
+                    nested = self._make(struct_name, f.fields)
+                    self.by_struct[struct_name] = nested
             default, factory = default_spec(f, nested)
             if factory is not None:
                 spec.append((f.attr, Any, dataclasses.field(default_factory=factory)))
@@ -110,7 +111,7 @@ class MessageClasses:
                 dataclasses.field(default=EMPTY_FROZENSET, repr=False, compare=False),
             )
         )
-        cls = dataclasses.make_dataclass(name, spec, slots=True, eq=True)
+        cls: Any = dataclasses.make_dataclass(name, spec, slots=True, eq=True)
         cls.__module__ = __name__
         # what strip_extensions needs: our added fields, and where nested structs hang
         cls._kafka_ours = tuple((f.attr, f.tag) for f in fields if f.ours)
@@ -125,7 +126,7 @@ class MessageClasses:
     def class_for(self, f: FieldDef) -> type | None:
         """The class of a struct or struct-array field (struct names are unique per
         message; the schema loader rejects a name defined twice differently)."""
-        return self.by_struct.get(f.struct_name) if f.fields is not None else None
+        return self.by_struct.get(f.element_type) if f.fields is not None else None
 
 
 @functools.cache
