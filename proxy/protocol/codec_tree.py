@@ -15,7 +15,7 @@ from typing import Any
 from proxy.protocol import primitives as prim
 from proxy.protocol.primitives import KafkaConstruct, primitive
 from proxy.protocol.schema import FieldDef, MessageDef, View
-from proxy.protocol.tagged import read_tagged_section, write_tag_entries
+from proxy.protocol.tagged import KnownTags, read_tagged_section, write_tag_entries
 from proxy.protocol.values import PRESENT_TAGS, UNKNOWN_TAGGED, default_spec, message_classes
 
 
@@ -103,11 +103,13 @@ class StructCodec(KafkaConstruct):
         self.flexible = flexible
         self.label = label
         self.fixed_part = [m for _, m in members if m is not None and m.tag is None]
-        self.tagged = sorted(
-            (m for _, m in members if m is not None and m.tag is not None),
-            key=lambda m: -1 if m.tag is None else m.tag,
+        # (tag, member) in tag order: the tagged part of the struct
+        self.tag_members: list[tuple[int, Member]] = sorted(
+            ((m.tag, m) for _, m in members if m is not None and m.tag is not None),
+            key=lambda entry: entry[0],
         )
-        self.known_tags = {m.tag: (m.attr, m.codec.read) for m in self.tagged}
+        self.tagged = [m for _, m in self.tag_members]
+        self.known_tags: KnownTags = {tag: (m.attr, m.codec.read) for tag, m in self.tag_members}
         self.min_size = sum(m.codec.min_size for m in self.fixed_part) + (1 if flexible else 0)
 
     def __repr__(self) -> str:
@@ -130,14 +132,14 @@ class StructCodec(KafkaConstruct):
         for m in self.fixed_part:
             m.codec.write(out, getattr(value, m.attr))
         if self.flexible:
-            entries = []
+            entries: list[tuple[int, Any]] = []
             present = getattr(value, PRESENT_TAGS)
-            for m in self.tagged:
+            for tag, m in self.tag_members:
                 field_value = getattr(value, m.attr)
-                if field_value != m.default or (m.default is not None and m.tag in present):
+                if field_value != m.default or (m.default is not None and tag in present):
                     encoded = bytearray()
                     m.codec.write(encoded, field_value)
-                    entries.append((m.tag, encoded))
+                    entries.append((tag, encoded))
             entries.extend(getattr(value, UNKNOWN_TAGGED))
             write_tag_entries(out, entries)
 
