@@ -1,9 +1,10 @@
 """The key-range consumer: a trio Kafka consumer that shares partitions by key-hash range."""
 
 from proxy.client.config import ConsumerConfig
-from proxy.client.consumer import Consumer, ConsumerConnectionError
+from proxy.client.consumer import Consumer
 from proxy.client.errors import (
     ConfigError,
+    ConsumerConnectionError,
     ConsumerError,
     IllegalStateError,
     KafkaError,

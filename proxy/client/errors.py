@@ -7,6 +7,8 @@ name, so callers can catch a family (``RetriableError``) or one kind
 
 from __future__ import annotations
 
+from proxy.protocol.constants import ErrorCode
+
 
 class ConsumerError(Exception):
     """Base of every error the consumer raises itself."""
@@ -23,6 +25,10 @@ class IllegalStateError(ConsumerError):
 class RangeFetchNotSupportedError(ConsumerError):
     """A key-range assignment, but the cluster (the proxy) does not advertise
     ``keyrange.fetch`` on the connection that would serve it: it cannot filter by range."""
+
+
+class ConsumerConnectionError(ConsumerError):
+    """No bootstrap server answered within the request timeout."""
 
 
 class KafkaError(ConsumerError):
@@ -56,7 +62,7 @@ class RetriableError(KafkaError):
 class OffsetOutOfRangeError(KafkaError):
     """The position is outside the partition's log and ``auto_offset_reset`` is "none"."""
 
-    code, name = 1, "OFFSET_OUT_OF_RANGE"
+    code, name = ErrorCode.OFFSET_OUT_OF_RANGE, "OFFSET_OUT_OF_RANGE"
 
 
 class NoOffsetForPartitionError(ConsumerError):
@@ -64,87 +70,87 @@ class NoOffsetForPartitionError(ConsumerError):
 
 
 class CorruptRecordError(KafkaError):
-    code, name = 2, "CORRUPT_MESSAGE"
+    code, name = ErrorCode.CORRUPT_MESSAGE, "CORRUPT_MESSAGE"
 
 
 class UnknownTopicOrPartitionError(RetriableError):
-    code, name = 3, "UNKNOWN_TOPIC_OR_PARTITION"
+    code, name = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "UNKNOWN_TOPIC_OR_PARTITION"
 
 
 class LeaderNotAvailableError(RetriableError):
-    code, name = 5, "LEADER_NOT_AVAILABLE"
+    code, name = ErrorCode.LEADER_NOT_AVAILABLE, "LEADER_NOT_AVAILABLE"
 
 
 class NotLeaderOrFollowerError(RetriableError):
-    code, name = 6, "NOT_LEADER_OR_FOLLOWER"
+    code, name = ErrorCode.NOT_LEADER_OR_FOLLOWER, "NOT_LEADER_OR_FOLLOWER"
 
 
 class RequestTimedOutError(RetriableError):
-    code, name = 7, "REQUEST_TIMED_OUT"
+    code, name = ErrorCode.REQUEST_TIMED_OUT, "REQUEST_TIMED_OUT"
 
 
 class ReplicaNotAvailableError(RetriableError):
-    code, name = 9, "REPLICA_NOT_AVAILABLE"
+    code, name = ErrorCode.REPLICA_NOT_AVAILABLE, "REPLICA_NOT_AVAILABLE"
 
 
 class CoordinatorLoadInProgressError(RetriableError):
-    code, name = 14, "COORDINATOR_LOAD_IN_PROGRESS"
+    code, name = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "COORDINATOR_LOAD_IN_PROGRESS"
 
 
 class CoordinatorNotAvailableError(RetriableError):
-    code, name = 15, "COORDINATOR_NOT_AVAILABLE"
+    code, name = ErrorCode.COORDINATOR_NOT_AVAILABLE, "COORDINATOR_NOT_AVAILABLE"
 
 
 class NotCoordinatorError(RetriableError):
-    code, name = 16, "NOT_COORDINATOR"
+    code, name = ErrorCode.NOT_COORDINATOR, "NOT_COORDINATOR"
 
 
 class IllegalGenerationError(KafkaError):
-    code, name = 22, "ILLEGAL_GENERATION"
+    code, name = ErrorCode.ILLEGAL_GENERATION, "ILLEGAL_GENERATION"
 
 
 class UnknownMemberIdError(KafkaError):
-    code, name = 25, "UNKNOWN_MEMBER_ID"
+    code, name = ErrorCode.UNKNOWN_MEMBER_ID, "UNKNOWN_MEMBER_ID"
 
 
 class GroupAuthorizationFailedError(KafkaError):
-    code, name = 30, "GROUP_AUTHORIZATION_FAILED"
+    code, name = ErrorCode.GROUP_AUTHORIZATION_FAILED, "GROUP_AUTHORIZATION_FAILED"
 
 
 class TopicAuthorizationFailedError(KafkaError):
-    code, name = 29, "TOPIC_AUTHORIZATION_FAILED"
+    code, name = ErrorCode.TOPIC_AUTHORIZATION_FAILED, "TOPIC_AUTHORIZATION_FAILED"
 
 
 class UnsupportedVersionError(KafkaError):
-    code, name = 35, "UNSUPPORTED_VERSION"
+    code, name = ErrorCode.UNSUPPORTED_VERSION, "UNSUPPORTED_VERSION"
 
 
 class InvalidRequestError(KafkaError):
-    code, name = 42, "INVALID_REQUEST"
+    code, name = ErrorCode.INVALID_REQUEST, "INVALID_REQUEST"
 
 
 class KafkaStorageError(RetriableError):
-    code, name = 56, "KAFKA_STORAGE_ERROR"
+    code, name = ErrorCode.KAFKA_STORAGE_ERROR, "KAFKA_STORAGE_ERROR"
 
 
 class FencedLeaderEpochError(RetriableError):
-    code, name = 74, "FENCED_LEADER_EPOCH"
+    code, name = ErrorCode.FENCED_LEADER_EPOCH, "FENCED_LEADER_EPOCH"
 
 
 class UnknownLeaderEpochError(RetriableError):
-    code, name = 75, "UNKNOWN_LEADER_EPOCH"
+    code, name = ErrorCode.UNKNOWN_LEADER_EPOCH, "UNKNOWN_LEADER_EPOCH"
 
 
 class OffsetNotAvailableError(RetriableError):
-    code, name = 78, "OFFSET_NOT_AVAILABLE"
+    code, name = ErrorCode.OFFSET_NOT_AVAILABLE, "OFFSET_NOT_AVAILABLE"
 
 
 class UnknownTopicIdError(RetriableError):
-    code, name = 100, "UNKNOWN_TOPIC_ID"
+    code, name = ErrorCode.UNKNOWN_TOPIC_ID, "UNKNOWN_TOPIC_ID"
 
 
 class InconsistentTopicIdError(RetriableError):
-    code, name = 103, "INCONSISTENT_TOPIC_ID"
+    code, name = ErrorCode.INCONSISTENT_TOPIC_ID, "INCONSISTENT_TOPIC_ID"
 
 
 _BY_CODE: dict[int, type[KafkaError]] = {
@@ -160,24 +166,25 @@ _BY_CODE: dict[int, type[KafkaError]] = {
     )
 }
 
-# Names of further codes a fetch path can meet, for messages of plain KafkaErrors.
+# Names for the messages of plain KafkaErrors: every code the protocol constants list, and
+# two more a fetch path can meet.
 ERROR_NAMES: dict[int, str] = {
-    -1: "UNKNOWN_SERVER_ERROR",
-    4: "INVALID_FETCH_SIZE",
-    10: "MESSAGE_TOO_LARGE",
-    13: "NETWORK_EXCEPTION",
-    31: "CLUSTER_AUTHORIZATION_FAILED",
+    **{int(code): code.name for code in ErrorCode},
     57: "LOG_DIR_NOT_FOUND",
     58: "SASL_AUTHENTICATION_FAILED",
-    70: "FETCH_SESSION_ID_NOT_FOUND",
-    88: "UNSTABLE_OFFSET_COMMIT",
-    71: "INVALID_FETCH_SESSION_EPOCH",
-    **{code: cls.name for code, cls in _BY_CODE.items()},
 }
 
 # Partition errors after which the consumer refreshes metadata and retries with back-off.
-METADATA_REFRESH_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100, 103})
+METADATA_REFRESH_CODES = frozenset({
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.REPLICA_NOT_AVAILABLE, ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.FENCED_LEADER_EPOCH,
+    ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.OFFSET_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC_ID,
+    ErrorCode.INCONSISTENT_TOPIC_ID,
+})
 
 # Group-request errors after which the consumer finds the coordinator again and retries.
 # UNSTABLE_OFFSET_COMMIT (88): a transactional offset commit is pending; retry shortly.
-COORDINATOR_RETRY_CODES = frozenset({14, 15, 16, 88})
+COORDINATOR_RETRY_CODES = frozenset({
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR,
+    ErrorCode.UNSTABLE_OFFSET_COMMIT,
+})

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from proxy.client.errors import KafkaError
+from proxy.protocol.constants import ErrorCode
 from proxy.ranges import KeyRange, contains
 from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, iter_batches
 from proxy.records.keyhash import key_hash
@@ -138,7 +139,8 @@ def _read_batches(out: ParsedPartition, tp: TopicPartition, blob, fetch_offset: 
         if isinstance(entry, LegacyBatch):
             raise KafkaError(f"{tp.topic}-{tp.partition} holds a magic v{entry.magic} message set at offset "
                              f"{entry.base_offset}; this consumer reads record batches (magic 2) only",
-                             code=43, name="UNSUPPORTED_FOR_MESSAGE_FORMAT")
+                             code=ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+                             name="UNSUPPORTED_FOR_MESSAGE_FORMAT")
         header = entry.header
         if header.next_offset <= fetch_offset:
             continue

@@ -222,7 +222,7 @@ async def test_a_dropped_connection_is_reopened(kafka, proxy, topic_factory):
     async with Consumer(proxy.bootstrap_servers, auto_offset_reset="earliest") as consumer:
         consumer.assign([tp])
         got = await _consume_until(consumer, lambda got: len(got) >= 40)
-        for connection in list(consumer._connections.values()):  # the broker side goes away
+        for connection in list(consumer._connections.by_node.values()):  # the broker side goes away
             await connection.conn._frames.aclose()
         _produce(kafka.bootstrap_servers, topic, {0: 10})
         got += await _consume_until(consumer, lambda more: len(got) + len(more) >= 50)
@@ -263,12 +263,12 @@ async def test_the_next_records_are_fetched_while_the_application_works(kafka, p
             consumer.assign([tp])
             first = await _consume_until(consumer, lambda got: len(got) > 0)
             # the poll emptied the buffer: the next slice is fetched in the background
-            while not consumer._buffers.has_buffered(tp):
+            while not consumer._state.buffers.has_buffered(tp):
                 await trio.sleep(0.01)
             assert consumer.metrics()["fetch_requests"] == 2
             rest = await _consume_until(consumer, lambda got: len(first) + len(got) >= 200)
             assert [r.offset for r in first + rest] == list(range(200))
-            while consumer._prefetch is None:
+            while not consumer._fetcher.background_running:
                 assert not await consumer.poll(0)
     with pytest.raises(KeyError):  # an error in the block propagates as itself, not grouped
         async with Consumer(proxy.bootstrap_servers, auto_offset_reset="earliest") as consumer:

@@ -3,6 +3,7 @@ parsing with aborted transactions and key ranges, partition-response handling.""
 
 from __future__ import annotations
 
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,9 @@ from proxy.client import (
     TopicPartition,
     equal_shares,
 )
+from proxy.client.assignment import EARLIEST_TIMESTAMP, AssignmentState, PendingReset
 from proxy.client.errors import NotLeaderOrFollowerError, RetriableError
+from proxy.client.fetch_protocol import apply_partition
 from proxy.client.records import FairBuffers, lag, parse_partition
 from proxy.ranges import KeyRange, contains
 from proxy.records.keyhash import key_hash
@@ -188,8 +191,14 @@ def test_a_truncated_tail_does_not_move_the_next_offset_past_it():
 def _consumer(**settings) -> Consumer:
     consumer = Consumer("127.0.0.1:1", **settings)
     consumer._started = True  # no network: responses are fed in directly
-    consumer._bootstrap = SimpleNamespace(filters_ranges=True)
+    consumer._connections.bootstrap = SimpleNamespace(filters_ranges=True, commits_ranges=False)
     return consumer
+
+
+def _state(ranges=(), *, read_committed=False) -> AssignmentState:
+    state = AssignmentState(read_committed=read_committed, tracking=False)
+    state.assign({TP: list(ranges)})
+    return state
 
 
 def _part(blob=b"", *, code=0, applied=None, hw=10, lso=10):
@@ -197,53 +206,56 @@ def _part(blob=b"", *, code=0, applied=None, hw=10, lso=10):
                            log_start_offset=0, aborted_transactions=[], key_ranges_applied=applied)
 
 
+def _apply(state, part, offset, *, metrics=None, received=None, policy="latest") -> bool:
+    return apply_partition(state, TP, part, offset, received_time=1.0,
+                           received=set() if received is None else received, auto_offset_reset=policy,
+                           metrics=Counter() if metrics is None else metrics)
+
+
 def test_a_ranged_partition_answered_without_key_ranges_applied_is_filtered_locally():
-    consumer = _consumer()
     share = equal_shares(2)[0]
-    consumer.assign({TP: [share]})
+    state = _state([share])
     blob = kafka_python_batch([Rec(i, f"k{i}".encode(), b"v") for i in range(10)], base_offset=0)
-    received = set()
-    consumer._positions[TP] = 0
-    consumer._handle_partition(TP, _part(blob), 0, 1.0, received)
+    received: set = set()
+    metrics: Counter = Counter()
+    state.seek(TP, 0)
+    _apply(state, _part(blob), 0, metrics=metrics, received=received)
     inside = [o for o in range(10) if contains([share], key_hash(f"k{o}".encode(), o))]
-    records = consumer._drain(received)
+    records = state.drain(500, received)
     assert [r.offset for r in records] == inside
-    m = consumer.metrics()
-    assert m["unfiltered_range_responses"] == 1
-    assert m["records_outside_ranges"] == 10 - len(inside)
-    assert consumer.position(TP) == 10 and consumer.current_lag(TP) == 0
+    assert metrics["unfiltered_range_responses"] == 1
+    assert metrics["records_outside_ranges"] == 10 - len(inside)
+    assert state.position(TP) == 10 and state.lag(TP) == 0
     meta = records.metadata()[TP]
     assert (meta.received_time, meta.position, meta.lag, meta.end_offset) == (1.0, 10, 0, 10)
 
 
 def test_key_ranges_applied_matching_the_assignment_counts_nothing():
-    consumer = _consumer()
     share = equal_shares(2)[1]
-    consumer.assign({TP: [share]})
-    consumer._positions[TP] = 0
+    state = _state([share])
+    state.seek(TP, 0)
+    metrics: Counter = Counter()
     applied = [SimpleNamespace(start=share.start, end=share.end)]
-    consumer._handle_partition(TP, _part(b"", applied=applied, hw=0, lso=0), 0, 1.0, set())
-    assert consumer.metrics()["unfiltered_range_responses"] == 0
+    _apply(state, _part(b"", applied=applied, hw=0, lso=0), 0, metrics=metrics)
+    assert metrics["unfiltered_range_responses"] == 0
 
 
 def test_partition_errors():
-    consumer = _consumer(auto_offset_reset="none")
-    consumer.assign([TP])
-    consumer._positions[TP] = 5
+    state = _state()
+    state.seek(TP, 5)
     with pytest.raises(OffsetOutOfRangeError) as caught:
-        consumer._handle_partition(TP, _part(code=1), 5, 1.0, set())
+        _apply(state, _part(code=1), 5, policy="none")
     assert caught.value.name == "OFFSET_OUT_OF_RANGE"
-    assert consumer._handle_partition(TP, _part(code=6), 5, 1.0, set()) is True  # retry after refresh
-    assert consumer._metadata_stale
+    metrics: Counter = Counter()
+    assert _apply(state, _part(code=6), 5, metrics=metrics) is True  # retry after refresh
+    assert metrics["retriable_errors"] == 1
     with pytest.raises(KafkaError) as caught:
-        consumer._handle_partition(TP, _part(code=29), 5, 1.0, set())
+        _apply(state, _part(code=29), 5)
     assert (caught.value.code, caught.value.name) == (29, "TOPIC_AUTHORIZATION_FAILED")
 
-    reset = _consumer(auto_offset_reset="earliest")
-    reset.assign([TP])
-    reset._positions[TP] = 5
-    reset._handle_partition(TP, _part(code=1), 5, 1.0, set())
-    assert reset.position(TP) is None  # resolved by ListOffsets on the next poll
+    assert _apply(state, _part(code=1), 5, policy="earliest") is False
+    assert state.position(TP) is None  # resolved by ListOffsets on the next poll
+    assert state.positions[TP] == PendingReset(EARLIEST_TIMESTAMP)
 
 
 def test_error_table():

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.client import ConfigError, Consumer, IllegalStateError, TopicPartition, equal_shares
+from proxy.client.fetch_protocol import apply_partition
 from proxy.client.progress import OffsetSet, PartitionProgress
 from proxy.client.records import parse_partition
 from proxy.commits.state import CommitState, apply_ranges
@@ -183,7 +184,7 @@ def test_a_ranged_partition_never_amends_other_members_records():
 def _consumer(**settings) -> Consumer:
     consumer = Consumer("127.0.0.1:1", group_id="g", allow_individual_commit=True, **settings)
     consumer._started = True
-    consumer._bootstrap = SimpleNamespace(filters_ranges=True, features=frozenset())
+    consumer._connections.bootstrap = SimpleNamespace(filters_ranges=True, commits_ranges=False)
     return consumer
 
 
@@ -195,12 +196,14 @@ def _part(blob):
 def test_records_the_group_already_committed_are_never_handed_out():
     consumer = _consumer()
     consumer.assign([TP])
-    consumer._positions[TP] = 10
-    consumer._progress[TP] = PartitionProgress(10, [(12, 14), (20, 20)])
+    state = consumer._state
+    state.seek(TP, 10)
+    state.progress[TP] = PartitionProgress(10, [(12, 14), (20, 20)])
     blob = kafka_python_batch([Rec(i, b"k", b"v") for i in range(15)], base_offset=10)
-    received = set()
-    consumer._handle_partition(TP, _part(blob), 10, 1.0, received)
-    records = list(consumer._drain(received))
+    received: set = set()
+    apply_partition(state, TP, _part(blob), 10, received_time=1.0, received=received, auto_offset_reset="latest",
+                    metrics=consumer._metrics)
+    records = list(state.drain(500, received))
     assert [r.offset for r in records] == [10, 11, 15, 16, 17, 18, 19, 21, 22, 23, 24]
     assert consumer.metrics()["records_already_committed"] == 4
     consumer.mark_processed(*records[::-1])
@@ -216,7 +219,7 @@ def test_individual_commit_settings_are_checked():
         Consumer("127.0.0.1:1", group_id="g", individual_commit_max_ranges=0)
     plain = Consumer("127.0.0.1:1", group_id="g")
     plain._started = True
-    plain._bootstrap = SimpleNamespace(filters_ranges=True, features=frozenset())
+    plain._connections.bootstrap = SimpleNamespace(filters_ranges=True, commits_ranges=False)
     plain.assign([TP])
     with pytest.raises(IllegalStateError, match="mark_processed needs allow_individual_commit"):
         plain.mark_processed()

@@ -1,0 +1,191 @@
+"""What the consumer holds per assigned partition, sans I/O: its key ranges, its position,
+its buffered records, the end offsets of the latest fetch response, and (with individual
+commit) its processed offsets.
+
+Fetching, committing and offset resets all read and write this one state; a future group
+membership changes the assignment through ``assign`` like the application does. Nothing
+here touches the network, so every rule (a reset drops the buffer, a new range starts
+over, lag comes from the cache) is testable with plain values.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence, Union
+
+from proxy.client.errors import NoOffsetForPartitionError
+from proxy.client.progress import PartitionProgress
+from proxy.client.records import ConsumerRecords, FairBuffers, FetchMetadata, TopicPartition, lag
+from proxy.ranges import KeyRange, validate_ranges
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
+
+@dataclass(frozen=True)
+class PendingReset:
+    """A position to be looked up with ListOffsets at ``timestamp`` (``EARLIEST_TIMESTAMP``,
+    ``LATEST_TIMESTAMP``) by the next poll."""
+
+    timestamp: int
+
+
+# A partition's position: the next offset to fetch, a reset to resolve, or None while the
+# group's committed offset (then ``auto_offset_reset``) has not been asked yet.
+Position = Union[int, PendingReset, None]
+
+AssignmentInput = Union[Mapping[TopicPartition, Sequence[KeyRange]], Sequence[TopicPartition]]
+
+
+@dataclass(frozen=True)
+class EndOffsets:
+    """A partition's end offsets as the latest fetch response gave them (KIP-695)."""
+
+    received_time: float  # time.time() when the response arrived
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+
+    def end(self, read_committed: bool) -> int:
+        """The end a consumer can reach: the last stable offset under read_committed."""
+        if read_committed and self.last_stable_offset >= 0:
+            return self.last_stable_offset
+        return self.high_watermark
+
+
+def check_assignment(assignment: AssignmentInput) -> dict[TopicPartition, list[KeyRange]]:
+    """A mapping of partitions to key ranges (a plain sequence: whole partitions), checked:
+    ``ValueError`` names the first bad partition or range."""
+    if not isinstance(assignment, Mapping):
+        assignment = {tp: [] for tp in assignment}
+    out: dict[TopicPartition, list[KeyRange]] = {}
+    for tp, ranges in assignment.items():
+        if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[0], str) and isinstance(tp[1], int)
+                and tp[0] and tp[1] >= 0):
+            raise ValueError(f"not a TopicPartition(topic, partition): {tp!r}")
+        tp = TopicPartition(*tp)
+        checked = list(ranges or [])
+        for r in checked:
+            if not isinstance(r, KeyRange):
+                raise ValueError(f"{tp.topic}-{tp.partition}: ranges must be KeyRange values, got {r!r}")
+        reason = validate_ranges(checked)
+        if reason:
+            raise ValueError(f"{tp.topic}-{tp.partition}: {reason}")
+        out[tp] = checked
+    return out
+
+
+def reset_timestamp(policy: str, tp: TopicPartition) -> int:
+    """The ListOffsets timestamp ``auto_offset_reset`` asks for; raises under "none"."""
+    if policy == "none":
+        raise NoOffsetForPartitionError(
+            f"{tp.topic}-{tp.partition} has no position and auto_offset_reset is 'none': seek() first")
+    return EARLIEST_TIMESTAMP if policy == "earliest" else LATEST_TIMESTAMP
+
+
+class AssignmentState:
+    """Per assigned partition: ranges, position, buffer, end offsets, progress."""
+
+    def __init__(self, *, read_committed: bool, tracking: bool) -> None:
+        self.read_committed = read_committed
+        self.tracking = tracking  # individual commit: keep each partition's progress
+        self.ranges: dict[TopicPartition, list[KeyRange]] = {}
+        self.positions: dict[TopicPartition, Position] = {}
+        self.ends: dict[TopicPartition, EndOffsets] = {}
+        self.buffers = FairBuffers()
+        self.progress: dict[TopicPartition, PartitionProgress] = {}
+
+    # -- the assignment ----------------------------------------------------------------
+    def assign(self, new: Mapping[TopicPartition, list[KeyRange]]) -> None:
+        """Replace the assignment. A partition whose ranges change starts over from a fresh
+        buffer; a partition removed gives up its position, end offsets and the marks not
+        committed yet."""
+        for tp in list(self.positions):
+            if tp not in new or new[tp] != self.ranges.get(tp):
+                self.buffers.clear(tp)
+            if tp not in new:
+                del self.positions[tp]
+                self.ends.pop(tp, None)
+                self.progress.pop(tp, None)
+        for tp in new:
+            self.positions.setdefault(tp, None)
+        self.ranges = {tp: list(ranges) for tp, ranges in new.items()}
+        self.buffers.set_partitions(list(new))
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self.ranges
+
+    def partitions(self) -> list[TopicPartition]:
+        return list(self.ranges)
+
+    # -- positions ---------------------------------------------------------------------
+    def position(self, tp: TopicPartition) -> int | None:
+        position = self.positions.get(tp)
+        return position if isinstance(position, int) else None
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+        self.buffers.clear(tp)
+
+    def reset_later(self, tp: TopicPartition, timestamp: int) -> None:
+        """Resolve the position with ListOffsets on the next poll; buffered records go."""
+        self.positions[tp] = PendingReset(timestamp)
+        self.buffers.clear(tp)
+
+    def reset_to(self, tp: TopicPartition, offset: int) -> None:
+        """A reset resolved to ``offset``. With individual commit it skips the offsets
+        between the group's S and the new position, as a standard consumer does when it
+        commits its position after a reset: they are amended as gaps. With nothing
+        committed S counts as 0 (the proxy's starting S too)."""
+        self.positions[tp] = offset
+        if not self.tracking:
+            return
+        progress = self.progress.get(tp)
+        if progress is None:
+            progress = self.progress[tp] = PartitionProgress(None)
+        if progress.stable is None:
+            progress.stable = 0
+        if offset > progress.stable:
+            progress.mark(progress.stable, offset - 1)
+
+    def pending_resets(self) -> list[TopicPartition]:
+        """Partitions without a position to fetch from."""
+        return [tp for tp in self.ranges if not isinstance(self.positions.get(tp), int)]
+
+    def wants_group_offsets(self) -> list[TopicPartition]:
+        """Partitions whose start needs the group's committed state: no position yet, or
+        (with individual commit) no progress yet."""
+        return [tp for tp in self.ranges
+                if self.positions.get(tp) is None or (self.tracking and tp not in self.progress)]
+
+    # -- fetching and draining ---------------------------------------------------------
+    def fetchable(self, has_leader: Callable[[TopicPartition], bool]) -> list[TopicPartition]:
+        """Partitions to fetch now: with a position, nothing buffered, and a leader."""
+        return [tp for tp in self.ranges
+                if isinstance(self.positions.get(tp), int) and not self.buffers.has_buffered(tp) and has_leader(tp)]
+
+    def any_buffered(self) -> bool:
+        return any(self.buffers.has_buffered(tp) for tp in self.ranges)
+
+    def lag(self, tp: TopicPartition) -> int | None:
+        """From the cached end offsets, never the network (KIP-695)."""
+        ends = self.ends.get(tp)
+        return lag(ends.end(self.read_committed) if ends else None, self.position(tp))
+
+    def drain(self, max_records: int, received: Iterable[TopicPartition]) -> ConsumerRecords:
+        """Up to ``max_records`` buffered records in fair rotation, positions moved past
+        them, with fetch metadata for each partition that returned records or got a fetch
+        response (``received``)."""
+        records, positions = self.buffers.drain(max_records)
+        self.positions.update(positions)
+        metadata: dict[TopicPartition, FetchMetadata] = {}
+        for tp in itertools.chain(records, received):
+            ends = self.ends.get(tp)
+            position = self.positions.get(tp)
+            if ends is None or not isinstance(position, int) or tp in metadata:
+                continue
+            end = ends.end(self.read_committed)
+            metadata[tp] = FetchMetadata(ends.received_time, position, lag(end, position) or 0,
+                                         ends.log_start_offset, end)
+        return ConsumerRecords(records, metadata)

@@ -1,0 +1,110 @@
+"""OffsetCommit and OffsetFetch requests and responses, sans I/O.
+
+A commit entry is either an offset (a plain commit: every record below it is processed)
+or a list of inclusive offset ranges (DESIGN.md section 3: OffsetRanges, CommittedOffset
+-1). The consumer commits as a simple group (generation -1, no member id); group
+membership will pass its generation and member id through the same builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+from proxy.client.errors import KafkaError
+from proxy.client.records import TopicPartition
+from proxy.protocol import messages
+from proxy.protocol.constants import ErrorCode
+from proxy.protocol.messages import ApiKey
+
+Range = tuple[int, int]
+CommitEntry = Union[int, Sequence[Range]]
+NO_OFFSET = -1
+NO_EPOCH = -1
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """Who commits: a simple group by default."""
+
+    generation: int = -1
+    member_id: str = ""
+    instance_id: str | None = None
+
+
+SIMPLE_GROUP = GroupMember()
+
+
+def offset_commit_request(version: int, group: str, entries: Mapping[TopicPartition, CommitEntry],
+                          leader_epochs: Mapping[TopicPartition, int], member: GroupMember = SIMPLE_GROUP) -> Any:
+    """One OffsetCommit: an int entry commits that offset (with the partition's leader
+    epoch where known), a range list commits its ranges as OffsetRanges."""
+    cls: Any = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+    topics: dict[str, list[Any]] = {}
+    for tp, what in entries.items():
+        if isinstance(what, int):
+            part = cls.OffsetCommitRequestPartition(
+                partition_index=tp.partition, committed_offset=what,
+                committed_leader_epoch=leader_epochs.get(tp, NO_EPOCH), committed_metadata="")
+        else:
+            part = cls.OffsetCommitRequestPartition(
+                partition_index=tp.partition, committed_offset=NO_OFFSET, committed_leader_epoch=NO_EPOCH,
+                committed_metadata="", offset_ranges=[cls.OffsetRange(start=a, end=b) for a, b in what])
+        topics.setdefault(tp.topic, []).append(part)
+    return messages.new_body(
+        ApiKey.OFFSET_COMMIT, version, "request", group_id=group, generation_id_or_member_epoch=member.generation,
+        member_id=member.member_id, group_instance_id=member.instance_id,
+        topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()])
+
+
+def accepted_partitions(response: Any, entries: Mapping[TopicPartition, Any]) -> dict[TopicPartition, Any]:
+    """The response partitions of ``entries`` that the commit stored."""
+    accepted = {}
+    for topic in response.topics:
+        for part in topic.partitions:
+            tp = TopicPartition(topic.name, part.partition_index)
+            if part.error_code == ErrorCode.NONE and tp in entries:
+                accepted[tp] = part
+    return accepted
+
+
+def first_commit_error(response: Any, group: str) -> KafkaError | None:
+    """The first partition error of an OffsetCommit response, as a typed error."""
+    for topic in response.topics:
+        for part in topic.partitions:
+            if part.error_code != ErrorCode.NONE:
+                return KafkaError.for_code(part.error_code,
+                                           f"OffsetCommit {topic.name}-{part.partition_index} for group {group!r}")
+    return None
+
+
+def offset_fetch_request(version: int, group: str, partitions: Iterable[TopicPartition]) -> Any:
+    """One OffsetFetch (grouped form) of ``partitions``, asking for stable offsets only."""
+    cls: Any = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+    topics: dict[str, list[int]] = {}
+    for tp in partitions:
+        topics.setdefault(tp.topic, []).append(tp.partition)
+    return messages.new_body(ApiKey.OFFSET_FETCH, version, "request", require_stable=True, groups=[
+        cls.OffsetFetchRequestGroup(group_id=group, topics=[
+            cls.OffsetFetchRequestTopics(name=name, partition_indexes=indexes) for name, indexes in topics.items()])])
+
+
+def committed_state(response: Any, partitions: Sequence[TopicPartition], group: str
+                    ) -> dict[TopicPartition, tuple[int | None, list[Range]]]:
+    """Each partition's (S, R) from an OffsetFetch response: S None where nothing is
+    committed, R the CommittedRangeOffsets (empty unless the proxy holds individual
+    commits). Raises the first group or partition error."""
+    out: dict[TopicPartition, tuple[int | None, list[Range]]] = {tp: (None, []) for tp in partitions}
+    for entry in response.groups:
+        if entry.error_code != ErrorCode.NONE:
+            raise KafkaError.for_code(entry.error_code, f"OffsetFetch for group {group!r}")
+        for topic in entry.topics:
+            for part in topic.partitions:
+                if part.error_code != ErrorCode.NONE:
+                    raise KafkaError.for_code(part.error_code, f"OffsetFetch {topic.name}-{part.partition_index}")
+                tp = TopicPartition(topic.name, part.partition_index)
+                if tp in out:
+                    ranges = [(r.start, r.end) for r in part.committed_range_offsets or ()]
+                    out[tp] = (part.committed_offset if part.committed_offset >= 0 else None, ranges)
+    return out
+

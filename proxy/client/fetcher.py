@@ -1,0 +1,165 @@
+"""Fetching: one sessionless Fetch per leader, concurrently, and at most one fetch in the
+background while the application works.
+
+Requests are built and answers taken in by ``fetch_protocol`` (sans I/O); this module
+only groups partitions by leader, sends, and runs the background fetch in the nursery
+the consumer's ``async with`` owns. A background fetch covers only partitions with nothing
+buffered, so memory stays one fetch deep; its error is raised by the next ``poll``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+
+import trio
+
+from proxy.client.assignment import AssignmentState
+from proxy.client.connection import NETWORK_ERRORS, RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Connections
+from proxy.client.errors import ConsumerError, RangeFetchNotSupportedError
+from proxy.client.fetch_protocol import FetchLimits, FetchPosition, apply_fetch_response, fetch_request, rotated
+from proxy.client.metadata import ClusterMetadata
+from proxy.client.records import TopicPartition
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.messages import ApiKey
+
+log = logging.getLogger(__name__)
+
+
+class Fetcher:
+    def __init__(self, state: AssignmentState, metadata: ClusterMetadata, connections: Connections, *,
+                 max_wait_ms: int, max_bytes: int, partition_max_bytes: int, isolation_level: int,
+                 auto_offset_reset: str, metrics: Counter[str]) -> None:
+        self._state = state
+        self._metadata = metadata
+        self._connections = connections
+        self._max_wait_ms = max_wait_ms
+        self._max_bytes = max_bytes
+        self._partition_max_bytes = partition_max_bytes
+        self._isolation_level = isolation_level
+        self._auto_offset_reset = auto_offset_reset
+        self._metrics = metrics
+        self._request_order = itertools.count()
+        self._nursery: trio.Nursery | None = None
+        self._background: trio.Event | None = None
+        self._background_received: set[TopicPartition] = set()
+        self._background_error: BaseException | None = None
+
+    def fetchable(self) -> list[TopicPartition]:
+        return self._state.fetchable(lambda tp: self._metadata.leader(tp) is not None)
+
+    # -- foreground -------------------------------------------------------------------
+    async def fetch(self, partitions: list[TopicPartition], wait_ms: int, received: set[TopicPartition]) -> bool:
+        """Fetch ``partitions`` from their leaders concurrently. True when something must be
+        retried (metadata is stale); a leader that cannot be reached marks it stale."""
+        by_leader: dict[int, list[TopicPartition]] = {}
+        for tp in partitions:
+            leader = self._metadata.leader(tp)
+            if leader is not None:
+                by_leader.setdefault(leader.leader, []).append(tp)
+        outcomes: list[bool | BaseException] = []
+
+        async def fetch_from(node_id: int, tps: list[TopicPartition]) -> None:
+            try:
+                outcomes.append(await self._fetch_from(node_id, tps, wait_ms, received))
+            except NETWORK_ERRORS as exc:
+                log.info("consumer: fetch from node %s failed (%r); reconnecting", node_id, exc)
+                self._metadata.stale = True
+                outcomes.append(True)
+            except (ConsumerError, ProtocolError) as exc:
+                outcomes.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for node_id, tps in by_leader.items():
+                nursery.start_soon(fetch_from, node_id, tps)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return any(outcomes)
+
+    async def _fetch_from(self, node_id: int, tps: list[TopicPartition], wait_ms: int,
+                          received: set[TopicPartition]) -> bool:
+        state, metadata = self._state, self._metadata
+        address = metadata.nodes[node_id]
+        connection = await self._connections.node(node_id, address)
+        version = connection.versions[ApiKey.FETCH]
+        ranged = [tp for tp in tps if state.ranges[tp]]
+        if ranged and not connection.filters_ranges:
+            raise RangeFetchNotSupportedError(
+                f"node {node_id} at {address[0]}:{address[1]} does not advertise {RANGE_FETCH_FEATURE} "
+                f"(Fetch v{version}); it cannot serve the key ranges of "
+                f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in ranged)}")
+        positions = []
+        for tp in rotated(tps, next(self._request_order)):
+            leader = metadata.leader(tp)
+            offset = state.positions[tp]
+            assert leader is not None and isinstance(offset, int)  # fetchable() chose them
+            positions.append(FetchPosition(tp, leader.leader_epoch, offset, state.ranges[tp]))
+        body = fetch_request(version, positions, {p.tp.topic: metadata.topic_id(p.tp.topic) for p in positions},
+                             FetchLimits(wait_ms, self._max_bytes, self._partition_max_bytes, self._isolation_level))
+        self._metrics["fetch_requests"] += 1
+        response = await self._connections.request(connection, ApiKey.FETCH, version, body,
+                                                   timeout=self._connections.timeout + wait_ms / 1000)
+        refresh = apply_fetch_response(
+            state, response, version=version, node_id=node_id, offsets={p.tp: p.offset for p in positions},
+            topic_names=metadata.topic_names(), received_time=time.time(), received=received,
+            auto_offset_reset=self._auto_offset_reset, metrics=self._metrics)
+        if refresh:
+            metadata.stale = True
+        return refresh
+
+    # -- background -------------------------------------------------------------------
+    def attach(self, nursery: trio.Nursery | None) -> None:
+        """The nursery background fetches run in (None: fetch only inside ``poll``)."""
+        self._nursery = nursery
+
+    @property
+    def background_running(self) -> bool:
+        """Whether a background fetch was started and not yet taken in by a poll."""
+        return self._background is not None
+
+    def start_background(self) -> None:
+        """Fetch the partitions ``poll`` just emptied while the application processes what
+        it returned, so the next poll finds records waiting."""
+        if self._nursery is None or self._background is not None or self._metadata.stale:
+            return
+        if not self.fetchable():
+            return
+        done = trio.Event()
+        self._background = done
+        self._nursery.start_soon(self._run_background, done)
+
+    async def _run_background(self, done: trio.Event) -> None:
+        received: set[TopicPartition] = set()
+        try:
+            fetchable = self.fetchable()  # again: assign or seek may have run since
+            if fetchable:
+                await self.fetch(fetchable, self._max_wait_ms, received)
+        except RETRIABLE_FAILURES as exc:
+            log.info("consumer: background fetch failed (%r); retrying", exc)
+            self._metadata.stale = True
+        except (ConsumerError, ProtocolError) as exc:
+            self._background_error = exc  # raised by the next poll
+        finally:
+            self._background_received |= received
+            done.set()
+
+    async def wait_background(self, deadline: float) -> None:
+        """Wait until the background fetch is done, or ``deadline`` (trio time)."""
+        if self._background is not None:
+            with trio.move_on_at(deadline):
+                await self._background.wait()
+
+    def take_background(self, received: set[TopicPartition]) -> None:
+        """Take a finished background fetch in: its partitions join ``received``, and its
+        error, if any, is raised here."""
+        if self._background is None or not self._background.is_set():
+            return
+        self._background = None
+        received |= self._background_received
+        self._background_received = set()
+        error, self._background_error = self._background_error, None
+        if error is not None:
+            raise error
