@@ -7,7 +7,7 @@ blob into range sets in one ``split_records`` call, CRC check and rebuilding inc
 
 * ``1-full``: one set with the whole space (the pass-through shortcut, no hashing);
 * ``1-half``: one set holding one range of half the space (every record hashed);
-* ``4`` and ``16``: that many sets, the equal shares of DESIGN.md section 2.
+* ``4`` and ``16``: that many sets, the equal shares of docs/wire-contract.md#2-key-hash-and-ranges.
 
 Both kernel implementations are measured: ``c`` (the accelerator, when built) and
 ``python`` (the pure-Python fallback). Results go to ``benchmarks/results/split.json``;

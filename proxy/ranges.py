@@ -1,4 +1,4 @@
-"""Key ranges: inclusive intervals of the 63-bit key-hash space (DESIGN.md section 2).
+"""Key ranges: inclusive intervals of the 63-bit key-hash space (docs/wire-contract.md#2-key-hash-and-ranges).
 
 A list of ranges means their union; an absent or empty list means the whole partition.
 Requests carrying ranges that are unsorted, overlapping or out of bounds are refused

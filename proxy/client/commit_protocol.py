@@ -1,7 +1,7 @@
 """OffsetCommit and OffsetFetch requests and responses, sans I/O.
 
 A commit entry is either an offset (a plain commit: every record below it is processed)
-or a list of inclusive offset ranges (DESIGN.md section 3: OffsetRanges, CommittedOffset
+or a list of inclusive offset ranges (docs/wire-contract.md#33-offsetcommit: OffsetRanges, CommittedOffset
 -1). The consumer commits as a simple group (generation -1, no member id); group
 membership will pass its generation and member id through the same builder.
 """

@@ -23,7 +23,7 @@ class ConsumerConfig:
     fetch_max_wait_ms: int = 500
     request_timeout_ms: int = 30_000
     retry_backoff_ms: int = 100
-    # Individual commit (DESIGN.md section 6): commit() sends the offsets marked processed,
+    # Individual commit (docs/wire-contract.md#6-configuration): commit() sends the offsets marked processed,
     # gaps and all, as OffsetRanges; needs group_id.
     allow_individual_commit: bool = False
     # Ranges per partition in one OffsetCommit; more go in further requests. The proxy

@@ -6,7 +6,7 @@
             for record in await consumer.poll(1.0):
                 ...
 
-Each assigned partition may carry key ranges (DESIGN.md section 2); an empty list means
+Each assigned partition may carry key ranges (docs/wire-contract.md#2-key-hash-and-ranges); an empty list means
 the whole partition. Ranges go on the wire only where the proxy advertises
 ``keyrange.fetch``; every record of a ranged partition is still checked against the
 assignment, and any record outside it is dropped and counted
@@ -23,7 +23,7 @@ With a ``group_id`` the consumer starts each partition at the group's committed 
 whole-partition assignments as a simple group (generation -1).
 
 With ``allow_individual_commit`` the application marks records processed in any order
-(``mark_processed``) and ``commit`` sends exactly those offsets as OffsetRanges (DESIGN.md
+(``mark_processed``) and ``commit`` sends exactly those offsets as OffsetRanges (docs/wire-contract.md
 section 3), together with the offsets nobody will process (control batches, aborted
 transactions, and for a whole partition the offsets compaction removed: gap amending). On
 start the consumer reads the group's stable offset S and ranges R and never hands out a

@@ -1,7 +1,7 @@
 """Fetch requests and responses, sans I/O.
 
 ``fetch_request`` builds one sessionless Fetch for the partitions one leader serves, key
-ranges on each ranged partition (DESIGN.md section 3; only over a connection that
+ranges on each ranged partition (docs/wire-contract.md#32-fetch; only over a connection that
 advertises ``keyrange.fetch``). ``apply_fetch_response`` takes the answer into the
 ``AssignmentState``: records are checked against the partition's ranges whether or not
 the proxy filtered them, dropped when the group already committed them, buffered for the

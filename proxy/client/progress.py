@@ -1,6 +1,6 @@
 """Processed offsets of one partition, for individual commit, sans I/O.
 
-The group's state (DESIGN.md section 3) is (S, R): every offset below S is processed, and R
+The group's state (docs/wire-contract.md#33-offsetcommit) is (S, R): every offset below S is processed, and R
 holds processed ranges above S. The consumer keeps its own view of it:
 
 * ``stable`` and ``committed``: S as the group last told us (OffsetFetch on start,

@@ -69,7 +69,7 @@ def _after(end: int) -> int:
 
 
 def merge(stable: int, held, commit) -> tuple[int, bytes]:
-    """The merge rule of DESIGN.md section 3: union of ``held`` (R) and ``commit``, with
+    """The merge rule of docs/wire-contract.md#33-offsetcommit: union of ``held`` (R) and ``commit``, with
     everything below S dropped and S advanced over a range starting at it."""
     merged = sorted((*unpack(held), *unpack(commit)))
     count = len(merged)

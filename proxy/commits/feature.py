@@ -1,5 +1,5 @@
 """The I/O edge of individual commit: OffsetCommit, OffsetFetch, DeleteGroups and
-OffsetDelete hooks on the router, and their metrics (DESIGN.md sections 3 and 4).
+OffsetDelete hooks on the router, and their metrics (docs/wire-contract.md#33-offsetcommit to #4-individual-commit-log).
 
 Write order of a range commit (docs/individual-commit.md explains why):
 

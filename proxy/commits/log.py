@@ -1,4 +1,4 @@
-"""The individual-commit log (DESIGN.md section 4): ``__individual_commit_offsets``.
+"""The individual-commit log (docs/wire-contract.md#4-individual-commit-log): ``__individual_commit_offsets``.
 
 One compacted record per (group, topic, partition) holds that key's whole state (S, R);
 the newest record wins and a tombstone deletes. The record partition is the group's

@@ -19,7 +19,7 @@ _impl, ACCELERATED = choose("proxy.commits._cpacked", _packed_py)
 
 # (reason or None, ranges sorted): a commit's ranges checked (bytes in, bytes out).
 sort_checked = _impl.sort_checked
-# (S', R'): the merge rule of DESIGN.md section 3 over packed R and commit.
+# (S', R'): the merge rule of docs/wire-contract.md#33-offsetcommit over packed R and commit.
 merge = _impl.merge
 # S' alone.
 stable_after = _impl.stable_after

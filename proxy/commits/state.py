@@ -1,4 +1,4 @@
-"""Individual-commit state, sans I/O (DESIGN.md section 3, OffsetCommit).
+"""Individual-commit state, sans I/O (docs/wire-contract.md#33-offsetcommit).
 
 The state of one (group, topic, partition) is (S, R):
 

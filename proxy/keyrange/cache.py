@@ -1,4 +1,4 @@
-"""The key-range result cache (DESIGN.md section 5).
+"""The key-range result cache (docs/wire-contract.md#5-result-cache).
 
 One broker read of a partition is split once into every range set recently requested for
 that partition; the requester takes its share now and the other shares wait here for

@@ -4,7 +4,7 @@ Pure functions and plain state: no sockets, no clocks. The connection-side code 
 each decoded FetchRequest here and gets back, for every partition that must be filtered,
 its effective ranges, and for every partition whose ranges are unacceptable, the reason.
 
-Rules (DESIGN.md section 3):
+Rules (docs/wire-contract.md#32-fetch):
 - A partition's own ``KeyRanges`` win over the request's top-level ``KeyRanges``.
 - Absent (null) means "no change": a new partition is then whole, a partition already in
   the fetch session keeps the ranges it had. An explicit empty list means the whole

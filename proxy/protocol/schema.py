@@ -2,7 +2,7 @@
 
 Apache Kafka describes every request, response, header and "data" structure in JSON files
 (with ``//`` comments). kafka-python ships those files as package data, so we read them
-from there instead of re-typing them (DESIGN.md section 7). Our own additions live in the
+from there instead of re-typing them (docs/wire-contract.md#7-message-definitions). Our own additions live in the
 top-level ``protocol_schemas`` package (see ``protocol_schemas/README.md``):
 
 * a file with ``"extends": "<MessageName>"`` adds fields (tag-10000 tagged fields) at

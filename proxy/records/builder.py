@@ -10,7 +10,7 @@ the CRC are recomputed, and the compression may change.
 
 A batch left with no records is written uncompressed, as compaction writes one (Java's
 ``DefaultRecordBatch.writeEmptyHeader``); readers skip the records section of a zero-count
-batch entirely. Unlike compaction, it keeps the source's first timestamp (DESIGN.md
+batch entirely. Unlike compaction, it keeps the source's first timestamp (docs/wire-contract.md
 section 3 lists FirstTimestamp among the kept fields).
 """
 

@@ -1,4 +1,4 @@
-"""The key hash that places a record in a key range (DESIGN.md section 2).
+"""The key hash that places a record in a key range (docs/wire-contract.md#2-key-hash-and-ranges).
 
 ``key_hash = xxh3_64(key, seed=0) >> 1``, a value in [0, 2^63 - 1] so it fits Kafka's
 signed int64 range fields. A null key has no per-key order to preserve, so it hashes its

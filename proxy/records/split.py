@@ -1,6 +1,6 @@
 """One-pass split of a Fetch ``Records`` blob into per-requester filtered blobs.
 
-The result cache (DESIGN.md section 5) reads a partition once and serves every active
+The result cache (docs/wire-contract.md#5-result-cache) reads a partition once and serves every active
 range set from that read. Each input batch is decompressed and walked once; every record
 is hashed once and copied to the sets whose ranges hold its hash. Each set then gets, for
 every input batch, a batch with the same identity holding its share of the records, even

@@ -1,5 +1,5 @@
 """Individual-commit helpers over RawClient: range commits and fetches, for tests and the
-benchmark. Speaks the tag-10000 extensions of DESIGN.md section 3."""
+benchmark. Speaks the tag-10000 extensions of docs/wire-contract.md#3-wire-extensions."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ compression codec, batches in which no record matches the range (they reach the 
 batches with zero records) and a partition in which nothing matches at all.
 
 The Java ConsoleConsumer, librdkafka and kafka-python, each in its own group, must receive
-exactly the records whose key hash (DESIGN.md section 2) lies in the range, in log order,
+exactly the records whose key hash (docs/wire-contract.md#2-key-hash-and-ranges) lies in the range, in log order,
 and move their position past the empty batches to the log end.
 """
 

@@ -172,7 +172,7 @@ def _versions() -> dict[str, str]:
 
 
 # (api key, version) pairs real clients send that our schemas cannot decode, each with why
-# it is tolerated. DESIGN.md section 1: keys the proxy does not decode travel as opaque
+# it is tolerated. docs/wire-contract.md#1-topology: keys the proxy does not decode travel as opaque
 # bytes, so such a gap does not break the proxy, but the golden check cannot cover it.
 KNOWN_GAPS = {
     (69, 1): "ConsumerGroupDescribe v1: ConsumerGroupCommand --describe tries it before "

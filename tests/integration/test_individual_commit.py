@@ -1,4 +1,4 @@
-"""Individual commit through the real proxy against real brokers (DESIGN.md sections 3, 4)."""
+"""Individual commit through the real proxy against real brokers (docs/wire-contract.md#33-offsetcommit, #4-individual-commit-log)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Packed offset ranges: the C kernels give exactly the pure-Python reference's results,
-and the reference follows the merge rule and validation of DESIGN.md section 3."""
+and the reference follows the merge rule and validation of docs/wire-contract.md#33-offsetcommit."""
 
 from __future__ import annotations
 

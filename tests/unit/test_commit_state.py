@@ -1,4 +1,4 @@
-"""Individual-commit state: the merge rule of DESIGN.md section 3, validation, and the
+"""Individual-commit state: the merge rule of docs/wire-contract.md#33-offsetcommit, validation, and the
 seed proposal's worked example (stable offset, ranges, gap amending)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Our tag-10000 extensions (DESIGN.md section 3): they round-trip through our codec, a
+"""Our tag-10000 extensions (docs/wire-contract.md#3-wire-extensions): they round-trip through our codec, a
 stock Kafka decoder (the "standard" schema view) skips them as unknown tagged fields and
 re-encodes them untouched, and non-flexible versions never carry them."""
 

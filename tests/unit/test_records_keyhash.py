@@ -1,4 +1,4 @@
-"""Key hash vectors (DESIGN.md section 2) and key-range helpers."""
+"""Key hash vectors (docs/wire-contract.md#2-key-hash-and-ranges) and key-range helpers."""
 
 from __future__ import annotations
 
