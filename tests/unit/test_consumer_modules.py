@@ -1,0 +1,395 @@
+"""The consumer's sans-IO modules, without a broker: version negotiation, metadata, the
+per-partition state, Fetch, ListOffsets, OffsetCommit and OffsetFetch requests and
+responses, the coordinator's answers, and the background nursery."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from proxy.client import IllegalStateError, KafkaError, NoOffsetForPartitionError, TopicPartition, equal_shares
+from proxy.client.assignment import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    AssignmentState,
+    EndOffsets,
+    PendingReset,
+    check_assignment,
+    reset_timestamp,
+)
+from proxy.client.commit_protocol import (
+    GroupMember,
+    accepted_partitions,
+    committed_state,
+    first_commit_error,
+    offset_commit_request,
+    offset_fetch_request,
+)
+from proxy.client.connection import INDIVIDUAL_COMMIT_FEATURE, RANGE_FETCH_FEATURE, NodeConnection, negotiate
+from proxy.client.consumer import Consumer, background_nursery
+from proxy.client.coordinator import coordinator_address, must_find_again
+from proxy.client.errors import UnsupportedVersionError
+from proxy.client.fetch_protocol import FetchLimits, FetchPosition, apply_fetch_response, fetch_request, rotated
+from proxy.client.metadata import ClusterMetadata
+from proxy.client.offsets import OffsetQuery, apply_list_offsets, list_offsets_request
+from proxy.client.records import ConsumerRecord
+from proxy.net.broker_connection import BrokerConnectionError
+from proxy.protocol import messages
+from proxy.protocol.constants import EXTENSION_TAG_BYTES, FETCH_SESSION_FINAL_EPOCH, FETCH_SESSIONLESS_ID, ErrorCode
+from proxy.protocol.messages import ApiKey
+from proxy.testing.batches import Rec, kafka_python_batch
+
+TP = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+NS = SimpleNamespace
+
+
+# -- version negotiation ---------------------------------------------------------------------
+def _api_versions(keys: dict[int, tuple[int, int]], features=(), code=0):
+    return NS(error_code=code, api_keys=[NS(api_key=k, min_version=lo, max_version=hi) for k, (lo, hi) in keys.items()],
+              supported_features=[NS(name=name) for name in features])
+
+
+FULL = {ApiKey.FETCH: (0, 17), ApiKey.LIST_OFFSETS: (0, 9), ApiKey.METADATA: (0, 12),
+        ApiKey.FIND_COORDINATOR: (0, 6), ApiKey.OFFSET_COMMIT: (0, 9), ApiKey.OFFSET_FETCH: (0, 9)}
+
+
+def test_negotiation_picks_the_newest_common_version_and_reads_the_features():
+    theirs = {**FULL, ApiKey.FETCH: (4, 12)}
+    negotiated = negotiate(_api_versions(theirs, [RANGE_FETCH_FEATURE, INDIVIDUAL_COMMIT_FEATURE]), "proxy:1")
+    assert negotiated.versions[ApiKey.FETCH] == 12
+    assert negotiated.versions[ApiKey.FIND_COORDINATOR] == 4  # our ceiling, below theirs
+    assert negotiated.versions[ApiKey.OFFSET_COMMIT] == min(9, messages.supported_versions(ApiKey.OFFSET_COMMIT)[1])
+    connection = NodeConnection(NS(closed=False), negotiated.versions, negotiated.features)  # type: ignore[arg-type]
+    assert connection.filters_ranges and connection.commits_ranges
+
+
+def test_a_feature_needs_a_flexible_fetch_and_group_apis_are_optional():
+    theirs = {k: v for k, v in FULL.items() if k not in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH)}
+    theirs[ApiKey.FETCH] = (4, 11)
+    negotiated = negotiate(_api_versions(theirs, [RANGE_FETCH_FEATURE]), "proxy:1")
+    assert ApiKey.OFFSET_COMMIT not in negotiated.versions
+    connection = NodeConnection(NS(closed=False), negotiated.versions, negotiated.features)  # type: ignore[arg-type]
+    assert not connection.filters_ranges  # advertised, but Fetch v11 has no tagged fields
+    assert not connection.commits_ranges
+
+
+def test_negotiation_failures_name_both_windows():
+    with pytest.raises(UnsupportedVersionError, match="broker:9 serves FETCH v0-3; this consumer needs v4-"):
+        negotiate(_api_versions({**FULL, ApiKey.FETCH: (0, 3)}), "broker:9")
+    with pytest.raises(UnsupportedVersionError, match="LIST_OFFSETS v0--1"):
+        negotiate(_api_versions({k: v for k, v in FULL.items() if k != ApiKey.LIST_OFFSETS}), "broker:9")
+    with pytest.raises(KafkaError, match="ApiVersions from broker:9") as caught:
+        negotiate(_api_versions(FULL, code=ErrorCode.UNSUPPORTED_VERSION), "broker:9")
+    assert caught.value.code == ErrorCode.UNSUPPORTED_VERSION
+
+
+# -- metadata ----------------------------------------------------------------------------------
+def _metadata_response(partitions, *, topic_code=0, brokers=((1, "a", 9001), (2, "b", 9002))):
+    return NS(brokers=[NS(node_id=n, host=h, port=p) for n, h, p in brokers],
+              topics=[NS(name="t", error_code=topic_code, topic_id="id-t", partitions=[
+                  NS(partition_index=i, leader_id=leader, leader_epoch=epoch, error_code=code)
+                  for i, (leader, epoch, code) in enumerate(partitions)])])
+
+
+def test_metadata_leaders_and_what_is_still_missing():
+    metadata = ClusterMetadata()
+    assert metadata.stale
+    missing = metadata.update(_metadata_response([(1, 7, 0), (2, 3, ErrorCode.LEADER_NOT_AVAILABLE)]), [TP, TP1])
+    assert missing and metadata.stale
+    assert metadata.leader(TP).leader == 1 and metadata.leader(TP).leader_epoch == 7
+    assert metadata.leader(TP1) is None  # the partition's error leaves it without a leader
+    assert metadata.topic_names() == {"id-t": "t"} and metadata.nodes[2] == ("b", 9002)
+    assert metadata.update(_metadata_response([(1, 7, 0), (2, 4, 0)]), [TP, TP1]) is False
+    assert not metadata.stale
+    # a leader the broker list does not hold is no leader to fetch from
+    metadata.update(_metadata_response([(3, 1, 0)], brokers=((1, "a", 9001),)), [TP])
+    assert metadata.leader(TP) is None and metadata.stale
+
+
+def test_metadata_errors():
+    metadata = ClusterMetadata()
+    assert metadata.update(_metadata_response([], topic_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), [TP]) is True
+    with pytest.raises(KafkaError, match="metadata for topic 't'") as caught:
+        metadata.update(_metadata_response([], topic_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED), [TP])
+    assert caught.value.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    with pytest.raises(KafkaError, match="t has no partition 1"):
+        metadata.update(_metadata_response([(1, 0, 0)]), [TP1])
+
+
+# -- the per-partition state -------------------------------------------------------------------
+def _records(start: int, count: int) -> list[ConsumerRecord]:
+    return [ConsumerRecord("t", 0, o, 0, None, b"") for o in range(start, start + count)]
+
+
+def test_check_assignment():
+    assert check_assignment([TP]) == {TP: []}
+    assert check_assignment({("t", 1): equal_shares(2)[:1]}) == {TP1: equal_shares(2)[:1]}
+    with pytest.raises(ValueError, match="not a TopicPartition"):
+        check_assignment([("t", -1)])
+    with pytest.raises(ValueError, match="ranges must be KeyRange values"):
+        check_assignment({TP: [(0, 5)]})
+
+
+def test_changed_ranges_and_resets_drop_the_buffer_and_removal_forgets_the_partition():
+    state = AssignmentState(read_committed=False, tracking=False)
+    state.assign({TP: [], TP1: []})
+    assert state.positions == {TP: None, TP1: None}
+    assert state.wants_group_offsets() == [TP, TP1] and state.pending_resets() == [TP, TP1]
+    state.seek(TP, 3)
+    state.seek(TP1, 0)
+    state.buffers.add(TP, _records(3, 2), 5)
+    state.assign({TP: [], TP1: []})  # unchanged: the buffer stays
+    assert state.buffers.has_buffered(TP) and state.fetchable(lambda tp: True) == [TP1]
+    state.assign({TP: equal_shares(2)[:1], TP1: []})  # new ranges start over
+    assert not state.buffers.has_buffered(TP) and state.position(TP) == 3
+    state.buffers.add(TP, _records(3, 2), 5)
+    state.reset_later(TP, LATEST_TIMESTAMP)
+    assert state.position(TP) is None and state.positions[TP] == PendingReset(LATEST_TIMESTAMP)
+    assert not state.buffers.has_buffered(TP) and state.pending_resets() == [TP]
+    state.ends[TP1] = EndOffsets(1.0, 10, 8, 0)
+    state.assign({TP: []})
+    assert TP1 not in state and TP1 not in state.ends and state.partitions() == [TP]
+
+
+def test_a_resolved_reset_amends_the_skipped_offsets_with_individual_commit():
+    state = AssignmentState(read_committed=False, tracking=True)
+    state.assign({TP: []})
+    state.reset_to(TP, 40)
+    assert state.position(TP) == 40 and list(state.progress[TP].pending) == [(0, 39)]
+    plain = AssignmentState(read_committed=False, tracking=False)
+    plain.assign({TP: []})
+    plain.reset_to(TP, 40)
+    assert plain.position(TP) == 40 and not plain.progress
+
+
+def test_lag_and_fetch_metadata_come_from_the_cached_end_offsets():
+    state = AssignmentState(read_committed=True, tracking=False)
+    state.assign({TP: []})
+    assert state.lag(TP) is None
+    state.seek(TP, 2)
+    state.ends[TP] = EndOffsets(5.0, high_watermark=20, last_stable_offset=12, log_start_offset=1)
+    assert state.lag(TP) == 10  # read_committed: to the last stable offset
+    state.buffers.add(TP, _records(2, 4), 6)
+    records = state.drain(3, set())
+    assert [r.offset for r in records] == [2, 3, 4] and state.position(TP) == 5
+    assert records.metadata()[TP] == records.fetch_metadata[TP]
+    meta = records.metadata()[TP]
+    assert (meta.received_time, meta.position, meta.lag, meta.log_start_offset, meta.end_offset) == (5.0, 5, 7, 1, 12)
+    assert EndOffsets(0.0, 20, -1, 0).end(read_committed=True) == 20  # no stable offset known
+
+
+def test_reset_timestamps_follow_the_policy():
+    assert reset_timestamp("earliest", TP) == EARLIEST_TIMESTAMP
+    assert reset_timestamp("latest", TP) == LATEST_TIMESTAMP
+    with pytest.raises(NoOffsetForPartitionError, match="t-0 has no position"):
+        reset_timestamp("none", TP)
+
+
+# -- Fetch -------------------------------------------------------------------------------------
+LIMITS = FetchLimits(max_wait_ms=250, max_bytes=1000, partition_max_bytes=100, isolation_level=1)
+
+
+def test_rotation_of_the_request_order():
+    assert rotated([1, 2, 3], 0) == [1, 2, 3]
+    assert rotated([1, 2, 3], 4) == [2, 3, 1]
+    assert rotated([], 5) == []
+
+
+@pytest.mark.parametrize("version", [12, 13, 17])
+def test_fetch_request_carries_ranges_only_on_ranged_partitions(version):
+    share = equal_shares(4)[2]
+    body = fetch_request(version, [FetchPosition(TP1, 3, 50, [share]), FetchPosition(TP, 2, 7, [])],
+                         {"t": uuid.UUID(int=1) if version >= 13 else None}, LIMITS)
+    assert (body.session_id, body.session_epoch) == (FETCH_SESSIONLESS_ID, FETCH_SESSION_FINAL_EPOCH)
+    assert (body.max_wait_ms, body.max_bytes, body.isolation_level) == (250, 1000, 1)
+    (topic,) = body.topics
+    ranged, whole = topic.partitions
+    assert (ranged.partition, ranged.current_leader_epoch, ranged.fetch_offset) == (1, 3, 50)
+    assert [(r.start, r.end) for r in ranged.key_ranges] == [(share.start, share.end)]
+    assert whole.key_ranges is None and whole.partition_max_bytes == 100
+    encoded = messages.encode_body(ApiKey.FETCH, version, "request", body)
+    assert EXTENSION_TAG_BYTES in encoded
+    plain = fetch_request(version, [FetchPosition(TP, 2, 7, [])], {"t": uuid.UUID(int=1)}, LIMITS)
+    assert EXTENSION_TAG_BYTES not in messages.encode_body(ApiKey.FETCH, version, "request", plain)
+
+
+def _fetch_response(parts, *, code=0, by_id=False):
+    return NS(error_code=code, responses=[NS(topic=None if by_id else "t", topic_id="id-t" if by_id else None,
+                                             partitions=parts)])
+
+
+def _fetched(partition, blob=b"", code=0):
+    return NS(partition_index=partition, error_code=code, records=blob, high_watermark=9, last_stable_offset=9,
+              log_start_offset=0, aborted_transactions=None, key_ranges_applied=None)
+
+
+def test_fetch_response_skips_partitions_moved_meanwhile_and_names_topics_by_id():
+    state = AssignmentState(read_committed=False, tracking=False)
+    state.assign({TP: [], TP1: []})
+    state.seek(TP, 0)
+    state.seek(TP1, 4)
+    blob = kafka_python_batch([Rec(i, b"k", b"v") for i in range(3)], base_offset=0)
+    received: set = set()
+    metrics: Counter = Counter()
+    refresh = apply_fetch_response(
+        state, _fetch_response([_fetched(0, blob), _fetched(1, blob)], by_id=True), version=13, node_id=1,
+        offsets={TP: 0, TP1: 2}, topic_names={"id-t": "t"}, received_time=1.0, received=received,
+        auto_offset_reset="latest", metrics=metrics)
+    assert refresh is False
+    assert received == {TP}  # TP1 was sought to 4 after the request asked for 2: stale
+    assert state.buffers.buffered_count(TP) == 3 and state.position(TP1) == 4
+    # an unknown topic id is not a partition this consumer asked for
+    assert apply_fetch_response(
+        state, _fetch_response([_fetched(1)], by_id=True), version=13, node_id=1, offsets={TP1: 4},
+        topic_names={}, received_time=1.0, received=received, auto_offset_reset="latest", metrics=metrics) is False
+
+
+def test_fetch_response_top_level_errors():
+    state = AssignmentState(read_committed=False, tracking=False)
+    kwargs = dict(version=12, node_id=3, offsets={}, topic_names={}, received_time=1.0, received=set(),
+                  auto_offset_reset="latest", metrics=Counter())
+    assert apply_fetch_response(state, _fetch_response([], code=ErrorCode.NOT_LEADER_OR_FOLLOWER), **kwargs)
+    with pytest.raises(KafkaError, match="Fetch from node 3") as caught:
+        apply_fetch_response(state, _fetch_response([], code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED), **kwargs)
+    assert caught.value.name == "CLUSTER_AUTHORIZATION_FAILED"
+
+
+# -- ListOffsets -------------------------------------------------------------------------------
+def test_list_offsets_request():
+    body = list_offsets_request(9, [OffsetQuery(TP, 4, EARLIEST_TIMESTAMP), OffsetQuery(TP1, 5, LATEST_TIMESTAMP)],
+                                isolation_level=1, timeout_ms=3000)
+    assert (body.replica_id, body.isolation_level, body.timeout_ms) == (-1, 1, 3000)
+    (topic,) = body.topics
+    assert [(p.partition_index, p.current_leader_epoch, p.timestamp) for p in topic.partitions] == [
+        (0, 4, EARLIEST_TIMESTAMP), (1, 5, LATEST_TIMESTAMP)]
+    messages.encode_body(ApiKey.LIST_OFFSETS, 9, "request", body)
+
+
+def test_list_offsets_response_resolves_pending_resets_only():
+    state = AssignmentState(read_committed=False, tracking=False)
+    state.assign({TP: [], TP1: []})
+    state.reset_later(TP, EARLIEST_TIMESTAMP)
+    state.seek(TP1, 77)  # sought while the request was out
+    metrics: Counter = Counter()
+    response = NS(topics=[NS(name="t", partitions=[NS(partition_index=0, error_code=0, offset=12),
+                                                   NS(partition_index=1, error_code=0, offset=3)])])
+    assert apply_list_offsets(state, response, metrics) is False
+    assert (state.position(TP), state.position(TP1), metrics["offset_resets"]) == (12, 77, 1)
+    state.reset_later(TP, LATEST_TIMESTAMP)
+    retry = NS(topics=[NS(name="t", partitions=[NS(partition_index=0, error_code=ErrorCode.FENCED_LEADER_EPOCH,
+                                                   offset=-1)])])
+    assert apply_list_offsets(state, retry, metrics) is True and state.position(TP) is None
+    fatal = NS(topics=[NS(name="t", partitions=[NS(partition_index=0, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                                   offset=-1)])])
+    with pytest.raises(KafkaError, match="ListOffsets t-0"):
+        apply_list_offsets(state, fatal, metrics)
+
+
+# -- OffsetCommit and OffsetFetch --------------------------------------------------------------
+def test_offset_commit_request_plain_and_ranges():
+    body = offset_commit_request(9, "g", {TP: 42, TP1: [(3, 5), (9, 9)]}, {TP: 6})
+    assert (body.group_id, body.generation_id_or_member_epoch, body.member_id) == ("g", -1, "")
+    (topic,) = body.topics
+    plain, ranged = topic.partitions
+    assert (plain.committed_offset, plain.committed_leader_epoch, plain.offset_ranges) == (42, 6, None)
+    assert (ranged.committed_offset, ranged.committed_leader_epoch) == (-1, -1)
+    assert [(r.start, r.end) for r in ranged.offset_ranges] == [(3, 5), (9, 9)]
+    assert EXTENSION_TAG_BYTES in messages.encode_body(ApiKey.OFFSET_COMMIT, 9, "request", body)
+    member = offset_commit_request(9, "g", {TP: 1}, {}, GroupMember(generation=4, member_id="m-1"))
+    assert (member.generation_id_or_member_epoch, member.member_id) == (4, "m-1")
+    assert member.topics[0].partitions[0].committed_leader_epoch == -1
+
+
+def test_offset_commit_response():
+    response = NS(topics=[NS(name="t", partitions=[
+        NS(partition_index=0, error_code=0, stable_offset=10),
+        NS(partition_index=1, error_code=ErrorCode.ILLEGAL_GENERATION, stable_offset=-1)])])
+    assert list(accepted_partitions(response, {TP: 1, TP1: 2})) == [TP]
+    assert accepted_partitions(response, {TP1: 2}) == {}
+    error = first_commit_error(response, "g")
+    assert error is not None and error.name == "ILLEGAL_GENERATION" and "t-1 for group 'g'" in str(error)
+
+
+def test_offset_fetch_request_and_committed_state():
+    body = offset_fetch_request(9, "g", [TP, TP1])
+    (group,) = body.groups
+    assert group.group_id == "g" and group.topics[0].partition_indexes == [0, 1] and body.require_stable
+    response = NS(groups=[NS(error_code=0, topics=[NS(name="t", partitions=[
+        NS(partition_index=0, error_code=0, committed_offset=-1, committed_range_offsets=None),
+        NS(partition_index=1, error_code=0, committed_offset=8, committed_range_offsets=[NS(start=10, end=12)]),
+        NS(partition_index=2, error_code=0, committed_offset=3, committed_range_offsets=None)])])])
+    assert committed_state(response, [TP, TP1], "g") == {TP: (None, []), TP1: (8, [(10, 12)])}
+    failed = NS(groups=[NS(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[])])
+    with pytest.raises(KafkaError, match="OffsetFetch for group 'g'"):
+        committed_state(failed, [TP], "g")
+
+
+# -- the coordinator's answers -----------------------------------------------------------------
+def test_coordinator_answers():
+    found = NS(coordinators=[NS(error_code=0, host="h", port=5)])
+    assert coordinator_address(found, "g") == ("h", 5)
+    loading = NS(coordinators=[NS(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, host="", port=-1)])
+    with pytest.raises(BrokerConnectionError, match="COORDINATOR_NOT_AVAILABLE"):
+        coordinator_address(loading, "g")  # retried like a lost connection
+    denied = NS(coordinators=[NS(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, host="", port=-1)])
+    with pytest.raises(KafkaError, match="FindCoordinator for group 'g'"):
+        coordinator_address(denied, "g")
+    moved = NS(topics=[NS(partitions=[NS(error_code=0), NS(error_code=ErrorCode.NOT_COORDINATOR)])])
+    assert must_find_again(moved)
+    assert must_find_again(NS(groups=[NS(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)]))
+    assert not must_find_again(NS(topics=[NS(partitions=[NS(error_code=ErrorCode.ILLEGAL_GENERATION)])]))
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+async def test_the_background_nursery_cancels_its_tasks_and_lets_the_block_error_through():
+    cancelled = trio.Event()
+
+    async def background() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    error = KeyError("the block's own")
+    with trio.fail_after(5):
+        with pytest.raises(KeyError) as caught:
+            async with background_nursery() as nursery:
+                nursery.start_soon(background)
+                await trio.sleep(0)
+                raise error
+    assert caught.value is error and cancelled.is_set()
+    with trio.fail_after(5):
+        async with background_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+    # leaving without an error cancels the background task too (or this would hang)
+
+
+async def test_a_consumer_that_cannot_connect_leaves_no_task_and_can_be_used_once():
+    consumer = Consumer("127.0.0.1:1", request_timeout_ms=2000)
+    with trio.fail_after(10):
+        with pytest.raises(Exception, match="no bootstrap server answered"):
+            async with consumer:
+                pass  # pragma: no cover
+    assert consumer._running is None
+    closes = []
+
+    class FakeConnection:
+        closed = False
+
+        async def aclose(self) -> None:
+            closes.append(self)
+
+    started = Consumer("127.0.0.1:1")
+    started._started = True
+    started._connections.bootstrap = NS(filters_ranges=True, commits_ranges=False, conn=FakeConnection())
+    async with started:
+        with pytest.raises(IllegalStateError, match="already in an `async with` block"):
+            await started.__aenter__()
+    assert len(closes) == 1  # leaving the block closed the connection
+    with pytest.raises(IllegalStateError, match="closed"):
+        started.assign([TP])
