@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence, Union
 
 from proxy.client.errors import KafkaError
 from proxy.protocol.constants import ErrorCode
 from proxy.ranges import KeyRange, contains
-from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, iter_batches
+from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, Record, iter_batches
 from proxy.records.keyhash import key_hash
+
+
+# The Records field of a fetched partition, as the response decoder hands it over.
+RecordsBlob = Union[bytes, bytearray, memoryview]
 
 
 class TopicPartition(NamedTuple):
@@ -91,7 +95,7 @@ class ParsedPartition:
 
 def parse_partition(
     tp: TopicPartition,
-    blob,
+    blob: RecordsBlob | None,
     fetch_offset: int,
     *,
     aborted_transactions: Iterable[tuple[int, int]] = (),
@@ -127,8 +131,9 @@ def parse_partition(
     return out
 
 
-def _read_batches(out: ParsedPartition, tp: TopicPartition, blob, fetch_offset: int,
-                  aborted_transactions, read_committed: bool, ranges, batch_gaps: bool) -> None:
+def _read_batches(out: ParsedPartition, tp: TopicPartition, blob: RecordsBlob, fetch_offset: int,
+                  aborted_transactions: Iterable[tuple[int, int]], read_committed: bool,
+                  ranges: Sequence[KeyRange] | None, batch_gaps: bool) -> None:
     pending = sorted((first, pid) for pid, first in aborted_transactions) if read_committed else []
     next_pending = 0
     aborting: set[int] = set()
@@ -166,7 +171,8 @@ def _read_batches(out: ParsedPartition, tp: TopicPartition, blob, fetch_offset: 
             _keep(out, tp, record, fetch_offset, ranges)
 
 
-def _keep(out: ParsedPartition, tp: TopicPartition, record, fetch_offset: int, ranges) -> None:
+def _keep(out: ParsedPartition, tp: TopicPartition, record: Record, fetch_offset: int,
+          ranges: Sequence[KeyRange] | None) -> None:
     if record.offset < fetch_offset:
         return
     if ranges and not contains(ranges, key_hash(record.key, record.offset)):
@@ -222,12 +228,6 @@ class FairBuffers:
     def has_buffered(self, tp: TopicPartition) -> bool:
         buffer = self.buffers.get(tp)
         return buffer is not None and bool(buffer.records)
-
-    def buffered_count(self, tp: TopicPartition | None = None) -> int:
-        if tp is not None:
-            buffer = self.buffers.get(tp)
-            return len(buffer.records) if buffer else 0
-        return sum(len(b.records) for b in self.buffers.values())
 
     def drain(self, max_records: int) -> tuple[dict[TopicPartition, list[ConsumerRecord]], dict[TopicPartition, int]]:
         """Up to ``max_records`` records, per partition in rotation order, and the new
