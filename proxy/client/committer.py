@@ -21,7 +21,9 @@ import trio
 
 from proxy.client.assignment import AssignmentState
 from proxy.client.commit_protocol import (
+    SIMPLE_GROUP,
     CommitEntry,
+    GroupMember,
     Range,
     accepted_partitions,
     committed_state,
@@ -46,6 +48,8 @@ class Committer:
         self._max_ranges = max_ranges
         self._metrics = metrics
         self._lock = trio.Lock()
+        # who commits: a simple group until group membership sets its generation and id
+        self.member: GroupMember = SIMPLE_GROUP
 
     @property
     def group(self) -> str:
@@ -122,8 +126,9 @@ class Committer:
             leader = self._metadata.leader(tp)
             if leader is not None:
                 epochs[tp] = leader.leader_epoch
+        member = self.member
         response = await self._coordinator.request(
-            ApiKey.OFFSET_COMMIT, lambda version: offset_commit_request(version, self.group, entries, epochs))
+            ApiKey.OFFSET_COMMIT, lambda version: offset_commit_request(version, self.group, entries, epochs, member))
         return accepted_partitions(response, entries), first_commit_error(response, self.group)
 
     async def committed_ranges(self, partitions: Sequence[TopicPartition]

@@ -1,6 +1,6 @@
 """The consumer's sans-IO modules, without a broker: version negotiation, metadata, the
 per-partition state, Fetch, ListOffsets, OffsetCommit and OffsetFetch requests and
-responses, the coordinator's answers, and the background nursery."""
+responses, the coordinator's answers, the committer, and the background nursery."""
 
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ from proxy.client.commit_protocol import (
     offset_fetch_request,
 )
 from proxy.client.connection import INDIVIDUAL_COMMIT_FEATURE, RANGE_FETCH_FEATURE, NodeConnection, negotiate
+from proxy.client.committer import Committer
 from proxy.client.consumer import Consumer, background_nursery
 from proxy.client.coordinator import coordinator_address, must_find_again
 from proxy.client.errors import UnsupportedVersionError
 from proxy.client.fetch_protocol import FetchLimits, FetchPosition, apply_fetch_response, fetch_request, rotated
 from proxy.client.metadata import ClusterMetadata
 from proxy.client.offsets import OffsetQuery, apply_list_offsets, list_offsets_request
+from proxy.client.progress import PartitionProgress
 from proxy.client.records import ConsumerRecord
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.protocol import messages
@@ -393,3 +395,66 @@ async def test_a_consumer_that_cannot_connect_leaves_no_task_and_can_be_used_onc
     assert len(closes) == 1  # leaving the block closed the connection
     with pytest.raises(IllegalStateError, match="closed"):
         started.assign([TP])
+
+
+# -- the committer, against a scripted coordinator ---------------------------------------------
+class ScriptedCoordinator:
+    """Answers each OffsetCommit with ``answer(body)``; keeps every body sent."""
+
+    group = "g"
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.sent: list = []
+
+    async def request(self, api_key, build):
+        body = build(9)
+        self.sent.append(body)
+        return self.answer(body)
+
+
+def _acknowledge(stable: int, code: int = 0):
+    def answer(body):
+        return NS(topics=[NS(name=t.name, partitions=[NS(partition_index=p.partition_index, error_code=code,
+                                                         stable_offset=stable) for p in t.partitions])
+                          for t in body.topics])
+    return answer
+
+
+async def test_range_commits_go_in_rounds_and_a_failure_keeps_everything_pending():
+    state = AssignmentState(read_committed=False, tracking=True)
+    state.assign({TP: []})
+    state.progress[TP] = PartitionProgress(0)
+    for offset in (1, 3, 5, 7, 9):
+        state.progress[TP].mark(offset)
+    failing = ScriptedCoordinator(_acknowledge(-1, ErrorCode.ILLEGAL_GENERATION))
+    metrics: Counter = Counter()
+    committer = Committer(failing, state, ClusterMetadata(), max_ranges=2, metrics=metrics)  # type: ignore[arg-type]
+    with pytest.raises(KafkaError, match="ILLEGAL_GENERATION"):
+        await committer.commit_processed(ranges_supported=True)
+    assert list(state.progress[TP].pending) == [(1, 1), (3, 3), (5, 5), (7, 7), (9, 9)]
+    working = ScriptedCoordinator(_acknowledge(0))
+    committer = Committer(working, state, ClusterMetadata(), max_ranges=2, metrics=metrics)  # type: ignore[arg-type]
+    await committer.commit_processed(ranges_supported=True)
+    sent = [[(r.start, r.end) for r in body.topics[0].partitions[0].offset_ranges] for body in working.sent]
+    assert sent == [[(1, 1), (3, 3)], [(5, 5), (7, 7)], [(9, 9)]]
+    assert not state.progress[TP].pending and metrics["range_commits"] == 3
+
+
+async def test_without_individual_commit_the_contiguous_prefix_is_committed_plainly():
+    state = AssignmentState(read_committed=False, tracking=True)
+    state.assign({TP: [], TP1: equal_shares(2)[:1]})
+    state.progress[TP] = PartitionProgress(10)
+    state.progress[TP].mark(10, 14)
+    state.progress[TP].mark(20)
+    coordinator = ScriptedCoordinator(_acknowledge(-1))
+    committer = Committer(coordinator, state, ClusterMetadata(), max_ranges=10,  # type: ignore[arg-type]
+                          metrics=Counter())
+    await committer.commit_processed(ranges_supported=False)
+    (body,) = coordinator.sent
+    assert body.topics[0].partitions[0].committed_offset == 15
+    assert state.progress[TP].stable == 15 and list(state.progress[TP].pending) == [(20, 20)]
+    state.progress[TP1] = PartitionProgress(0)
+    state.progress[TP1].mark(0)
+    with pytest.raises(IllegalStateError, match="t-1 is assigned key ranges"):
+        await committer.commit_processed(ranges_supported=False)
