@@ -9,7 +9,8 @@ Workloads, each at the newest version our schemas know:
   request without them, the bytes kafka-python is timed on);
 * ``offset_commit_request``: OffsetCommit request, 10 topics x 10 partitions.
 
-Each is timed through: ``compiled`` (what the proxy uses: construct ``compile()`` with
+Each is timed through: ``frame`` (a whole frame, header and body, through
+``messages.decode_request``/``encode_request`` or their response twins), ``compiled`` (what the proxy uses: construct ``compile()`` with
 our ``_emitparse``/``_emitbuild``), ``interpreted`` (the same construct tree walked by its
 ``read``/``write`` methods) and, for reference, kafka-python's own codec on the same bytes
 (standard view, no tag 10000). The Metadata response is also timed with a definition
@@ -209,6 +210,23 @@ def kafka_python_codec(name: str):
     return None
 
 
+def frame_codecs(api_key: int, kind: str, version: int, body):
+    """Decode and encode of a whole frame (header and body) through ``messages``: what
+    the proxy calls per request or response, on top of the body codec."""
+    if kind == "request":
+        header = messages.new_request_header(api_key, version, 7, "bench")
+        frame = messages.encode_request(header, body)
+        assert messages.decode_request(frame) == (header, body)
+        return (lambda: messages.decode_request(frame)), (lambda: messages.encode_request(header, body))
+    header = messages.new_response_header(7)
+    frame = messages.encode_response(api_key, version, header, body)
+    assert messages.decode_response(api_key, version, frame) == (header, body)
+    return (
+        lambda: messages.decode_response(api_key, version, frame),
+        lambda: messages.encode_response(api_key, version, header, body),
+    )
+
+
 def run(seconds: float) -> dict:
     results = {}
     for label, (api_key, kind, build, name) in WORKLOADS.items():
@@ -264,6 +282,9 @@ def run(seconds: float) -> dict:
                 entry["encode_us"]["compiled_without_extensions"] = best_time_us(
                     lambda: compiled.encode(plain_body), seconds
                 )
+        frame_decode, frame_encode = frame_codecs(api_key, kind, version, body)
+        entry["decode_us"]["frame"] = best_time_us(frame_decode, seconds)
+        entry["encode_us"]["frame"] = best_time_us(frame_encode, seconds)
         entry["speedup_compiled_vs_interpreted"] = {
             op: round(entry[f"{op}_us"]["interpreted"] / entry[f"{op}_us"]["compiled"], 2)
             for op in ("decode", "encode")
