@@ -85,18 +85,22 @@ class Fetcher:
         address = metadata.nodes[node_id]
         connection = await self._connections.node(node_id, address)
         version = connection.versions[ApiKey.FETCH]
-        ranged = [tp for tp in tps if state.ranges[tp]]
+        positions = []
+        for tp in rotated(tps, next(self._request_order)):
+            # the application may have reassigned or reset a partition while this task
+            # waited for its connection (a background fetch): fetch only what still fits
+            leader = metadata.leader(tp)
+            offset = state.positions.get(tp)
+            if leader is not None and isinstance(offset, int) and tp in state:
+                positions.append(FetchPosition(tp, leader.leader_epoch, offset, state.ranges[tp]))
+        if not positions:
+            return False
+        ranged = [p.tp for p in positions if p.ranges]
         if ranged and not connection.filters_ranges:
             raise RangeFetchNotSupportedError(
                 f"node {node_id} at {address[0]}:{address[1]} does not advertise {RANGE_FETCH_FEATURE} "
                 f"(Fetch v{version}); it cannot serve the key ranges of "
                 f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in ranged)}")
-        positions = []
-        for tp in rotated(tps, next(self._request_order)):
-            leader = metadata.leader(tp)
-            offset = state.positions[tp]
-            assert leader is not None and isinstance(offset, int)  # fetchable() chose them
-            positions.append(FetchPosition(tp, leader.leader_epoch, offset, state.ranges[tp]))
         body = fetch_request(version, positions, {p.tp.topic: metadata.topic_id(p.tp.topic) for p in positions},
                              FetchLimits(wait_ms, self._max_bytes, self._partition_max_bytes, self._isolation_level))
         self._metrics["fetch_requests"] += 1

@@ -1,6 +1,7 @@
-"""The consumer's sans-IO modules, without a broker: version negotiation, metadata, the
-per-partition state, Fetch, ListOffsets, OffsetCommit and OffsetFetch requests and
-responses, the coordinator's answers, the committer, and the background nursery."""
+"""The consumer's parts without a broker: version negotiation, metadata, the per-partition
+state, Fetch, ListOffsets, OffsetCommit and OffsetFetch requests and responses, the
+coordinator's answers, the committer and the fetcher against scripted peers, and the
+background nursery."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ from proxy.client.connection import INDIVIDUAL_COMMIT_FEATURE, RANGE_FETCH_FEATU
 from proxy.client.committer import Committer
 from proxy.client.consumer import Consumer, background_nursery
 from proxy.client.coordinator import coordinator_address, must_find_again
-from proxy.client.errors import UnsupportedVersionError
+from proxy.client.errors import RangeFetchNotSupportedError, UnsupportedVersionError
 from proxy.client.fetch_protocol import FetchLimits, FetchPosition, apply_fetch_response, fetch_request, rotated
+from proxy.client.fetcher import Fetcher
 from proxy.client.metadata import ClusterMetadata
 from proxy.client.offsets import OffsetQuery, apply_list_offsets, list_offsets_request
 from proxy.client.progress import PartitionProgress
@@ -458,3 +460,74 @@ async def test_without_individual_commit_the_contiguous_prefix_is_committed_plai
     state.progress[TP1].mark(0)
     with pytest.raises(IllegalStateError, match="t-1 is assigned key ranges"):
         await committer.commit_processed(ranges_supported=False)
+
+
+# -- the fetcher, against scripted connections -------------------------------------------------
+class ScriptedConnections:
+    """Opens a node's connection only when ``opened`` is set; answers every Fetch empty."""
+
+    timeout = 5.0
+
+    def __init__(self) -> None:
+        self.opened = trio.Event()
+        self.asked = trio.Event()
+        self.bodies: list = []
+
+    async def node(self, node_id, address):
+        self.asked.set()
+        await self.opened.wait()
+        return NS(versions={ApiKey.FETCH: 12}, filters_ranges=True)
+
+    async def request(self, connection, api_key, version, body, *, timeout=None):
+        self.bodies.append(body)
+        return NS(error_code=0, responses=[])
+
+
+def _fetcher_setup():
+    state = AssignmentState(read_committed=False, tracking=False)
+    state.assign({TP: [], TP1: []})
+    state.seek(TP, 5)
+    state.seek(TP1, 6)
+    metadata = ClusterMetadata()
+    metadata.update(_metadata_response([(1, 0, 0), (1, 0, 0)]), [TP, TP1])
+    connections = ScriptedConnections()
+    fetcher = Fetcher(state, metadata, connections, max_wait_ms=100, max_bytes=1000,  # type: ignore[arg-type]
+                      partition_max_bytes=100, isolation_level=0, auto_offset_reset="latest", metrics=Counter())
+    return state, connections, fetcher
+
+
+async def test_a_partition_reset_while_the_fetch_waits_for_its_connection_is_left_out():
+    state, connections, fetcher = _fetcher_setup()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            fetcher.attach(nursery)
+            fetcher.start_background()
+            assert fetcher.background_running
+            await connections.asked.wait()
+            state.reset_later(TP, EARLIEST_TIMESTAMP)  # the application, meanwhile
+            connections.opened.set()
+            await fetcher.wait_background(trio.current_time() + 5)
+            received: set = set()
+            fetcher.take_background(received)
+    assert not fetcher.background_running
+    (body,) = connections.bodies
+    assert [(p.partition, p.fetch_offset) for p in body.topics[0].partitions] == [(1, 6)]
+
+
+async def test_the_background_fetch_error_is_raised_by_the_taker():
+    state, connections, fetcher = _fetcher_setup()
+    state.assign({TP: equal_shares(2)[:1]})
+    state.seek(TP, 5)
+
+    async def refuse(node_id, address):
+        return NS(versions={ApiKey.FETCH: 11}, filters_ranges=False)
+
+    connections.node = refuse  # type: ignore[method-assign]
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            fetcher.attach(nursery)
+            fetcher.start_background()
+            await fetcher.wait_background(trio.current_time() + 5)
+    with pytest.raises(RangeFetchNotSupportedError, match="node 1 at a:9001 does not advertise keyrange.fetch"):
+        fetcher.take_background(set())
+    assert not fetcher.background_running and not connections.bodies
