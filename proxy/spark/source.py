@@ -1,4 +1,4 @@
-"""The ``keyrange`` PySpark data source (DESIGN.md section 10), batch and micro-batch.
+"""The ``keyrange`` PySpark data source (docs/wire-contract.md#10-the-spark-source), batch and micro-batch.
 
 Each subscribed partition is read as ``splits.per.partition`` = K equal hash shares, one
 Spark input partition (one task) each, through the proxy's key-range Fetch. A task sees
