@@ -11,41 +11,42 @@ Write order of a range commit (docs/individual-commit.md explains why):
    changes nothing: no log write, no memory change.
 3. In the response transform, for partitions the broker accepted: once the log's end is
    read, a key another instance wrote meanwhile is merged again from that record (and the
-   coordinator given the corrected S if it differs) (``_verify``); then the states are
-   written to the log with acks=all. If that write did not land right where the read
-   ended, another instance wrote in between: a key it wrote there is merged again and
-   written again (``_reconcile``). Only then does the response (with StableOffset) leave.
-   If the end cannot be read or a write fails, the partition is answered
-   COORDINATOR_NOT_AVAILABLE (retriable), so no commit is acknowledged that is not in the
-   log's newest record of its key.
+   coordinator given the corrected S if it differs); then the states are written to the
+   log with acks=all. If that write did not land right where the read ended, another
+   instance wrote in between: a key it wrote there is merged again and written again.
+   Only then does the response (with StableOffset) leave. If the end cannot be read or a
+   write fails, the partition is answered COORDINATOR_NOT_AVAILABLE (retriable), so no
+   commit is acknowledged that is not in the log's newest record of its key.
+
+What to do at each step, and what each answer means, is ``RangeCommit``
+(``proxy.commits.range_commit``, no I/O); this module performs its actions.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from typing import Mapping
 
 import trio
 from prometheus_client import Counter, Gauge, Histogram
 
-from proxy.commits.log import Cluster, CommitLog, CommitLogError, encode_value
-from proxy.commits.state import CommitState, apply_packed, apply_plain, check_packed, rebase, rebase_commit, stable_after
+from proxy.commits.cluster import Cluster, CommitLogError
+from proxy.commits.log import CommitLog
+from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
+from proxy.commits.state import CommitState, check_packed, rebase
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
 from proxy.protocol import messages
+from proxy.protocol.constants import EXTENSION_TAG_BYTES, ErrorCode
 from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.messages import ApiKey
-from proxy.server.exchange import LocalAnswer
-from proxy.server.routing import Route
+from proxy.pipeline import ClusterView, ConnectionContext, Feature, LocalAnswer, Request, RequestStage, Route
 
 log = logging.getLogger("proxy.commits")
 
 FEATURE = "individual.commit"
-_TAG_10000 = bytes([0x90, 0x4E])
 _FIRST_RANGE_COMMIT = 8
 _FIRST_RANGE_FETCH = 6
-INVALID_REQUEST = 42
-COORDINATOR_NOT_AVAILABLE = 15
-_RECONCILE_ROUNDS = 8  # rounds of merging another instance's concurrent writes
 _LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet (plain commits)
 
 Key = tuple[str, int]
@@ -102,9 +103,11 @@ class _EndCheck:
         self.position = -1  # where the read ended: every record below it was in memory
 
 
-class IndividualCommitFeature:
-    def __init__(self, config, router, metrics, *, ssl_context=None) -> None:
-        self.router = router
+class IndividualCommitFeature(Feature):
+    name = "individual-commit"
+
+    def __init__(self, config, cluster: ClusterView, metrics, *, ssl_context=None) -> None:
+        self.cluster = cluster
         self.enabled = config.get("accept.individual.commit")
         self.max_ranges = config.get("max.individual.commit.ranges")
         registry = metrics.registry
@@ -133,19 +136,30 @@ class IndividualCommitFeature:
         )
         self._locks = _KeyLocks()
         self._log_looked_up_at = -_LOG_LOOKUP_INTERVAL
-        router.register(ApiKey.OFFSET_COMMIT, self.on_offset_commit)
+
+    def request_stages(self) -> Mapping[int, RequestStage]:
+        hooks = {ApiKey.OFFSET_COMMIT: self.on_offset_commit}
         if self.enabled:
-            router.register(ApiKey.OFFSET_FETCH, self.on_offset_fetch)
-            router.register(ApiKey.DELETE_GROUPS, self.on_delete_groups)
-            router.register(ApiKey.OFFSET_DELETE, self.on_offset_delete)
-            router.advertise(FEATURE)
+            hooks.update({ApiKey.OFFSET_FETCH: self.on_offset_fetch, ApiKey.DELETE_GROUPS: self.on_delete_groups,
+                          ApiKey.OFFSET_DELETE: self.on_offset_delete})
+
+        def stage(hook):
+            async def on_request(ctx: ConnectionContext, request: Request) -> Route | None:
+                return await hook(ctx, request.peek, request.frame)
+
+            return on_request
+
+        return {api_key: stage(hook) for api_key, hook in hooks.items()}
+
+    def advertised(self) -> Mapping[str, tuple[int, int]]:
+        return {FEATURE: (1, 1)} if self.enabled else {}
 
     def _topic_name(self, topic) -> str:
         name = getattr(topic, "name", "") or ""
         if not name:
             topic_id = getattr(topic, "topic_id", None)
             if topic_id is not None:
-                name = self.router.topic_names.get(topic_id, "")
+                name = self.cluster.name_of(topic_id) or ""
         return name
 
     def _export(self) -> None:
@@ -156,7 +170,7 @@ class IndividualCommitFeature:
         version = peek.api_version
         if version < _FIRST_RANGE_COMMIT:
             return None
-        has_ranges = _TAG_10000 in frame
+        has_ranges = EXTENSION_TAG_BYTES in frame
         if not has_ranges and not self.enabled:
             return None
         request = parse_request(frame)
@@ -173,14 +187,14 @@ class IndividualCommitFeature:
                     plain[key] = part.committed_offset
                     continue
                 if not self.enabled:
-                    refused[key] = INVALID_REQUEST
+                    refused[key] = ErrorCode.INVALID_REQUEST
                     self._refused.labels("disabled").inc()
                     continue
                 reason, ordered = check_packed(part.committed_offset, ranges, self.max_ranges)
                 if reason is not None:
                     log.info("refusing range commit group=%s topic=%s partition=%s reason=%r", group, name,
                              part.index, reason)
-                    refused[key] = INVALID_REQUEST
+                    refused[key] = ErrorCode.INVALID_REQUEST
                     self._refused.labels("invalid").inc()
                     continue
                 range_commits.setdefault(key, []).append(ordered)
@@ -189,18 +203,15 @@ class IndividualCommitFeature:
                 return None
 
         # Plain commits of partitions that hold state reset it (S = O, R cleared).
-        known = self.log.groups.get(group, {}) if self.enabled else {}
+        known = self.log.records(group) if self.enabled else {}
         locked = [(group, *key) for key in {*range_commits, *(key for key in plain if key in known)}]
         done = trio.Event()
         if locked:
             await self._locks.acquire(locked)
             conn.nursery.start_soon(self._hold, locked, done)
-        new: dict[Key, CommitState] = {}
+        commit = RangeCommit(range_commits, plain)
         stable: dict[Key, int] = {}  # S' of each range commit, what the broker gets
-        later: dict[Key, tuple[CommitState, list]] = {}  # R' computed once the request is on its way
-        basis: dict[Key, int] = {}  # log offset of the record each new state was computed from
         check: _EndCheck | None = None
-        seen = 0
         try:
             if locked:
                 if self.log.current(group):
@@ -211,35 +222,14 @@ class IndividualCommitFeature:
                     conn.nursery.start_soon(self._check_end, group, check)
                 else:
                     await self.log.catch_up(group)  # first use: read to the log's end first
-                # Every record below ``seen`` is in memory now: the states computed next
-                # (and brought up to the end read by ``_verify``) include them. A write
-                # landing anywhere else is checked by ``_reconcile``.
-                seen = self.log.position(group)
-                records = self.log.records(group)
-                missing = [key for key in range_commits if key not in records]
-                coordinator = await self.log.cluster.committed_offsets(group, missing) if missing else {}
-                for key, commits in range_commits.items():
-                    record = records.get(key)
-                    basis[key] = record[0] if record is not None else -1
-                    state = record[1] if record is not None else CommitState(max(coordinator.get(key, -1), 0))
-                    if len(commits) == 1:
-                        # The broker needs only S'; R' (and the log value) is computed while
-                        # the broker works.
-                        stable[key] = stable_after(state, commits[0])
-                        later[key] = (state, commits[0])
-                        continue
-                    for ranges in commits:
-                        state = apply_packed(state, ranges)
-                    new[key] = state
-                    stable[key] = state.stable
-                for key, offset in plain.items():
-                    if key in records and key not in new:
-                        new[key] = apply_plain(offset, records[key][1])
+                step = commit.begin(self.log.position(group), self.log.records(group), end_read=check is not None)
+                if isinstance(step, FetchCommitted):
+                    coordinator = await self.log.cluster.committed_offsets(group, list(step.keys))
+                    step = commit.on_committed(coordinator, self.log.records(group))
+                stable = step.offsets
         except CommitLogError as exc:
             log.warning("individual-commit state unavailable group=%s reason=%r", group, str(exc))
-            for key in range_commits:
-                refused[key] = COORDINATOR_NOT_AVAILABLE
-            new, stable, later = {}, {}, {}
+            refused.update(commit.unavailable())
         except BaseException:
             done.set()
             raise
@@ -260,11 +250,10 @@ class IndividualCommitFeature:
             answer.set(messages.encode_response(ApiKey.OFFSET_COMMIT, version,
                                                 messages.new_response_header(peek.correlation_id), response))
             return Route(None, local=answer)
-        encoded: dict[Key, tuple[CommitState, bytes]] = {}
         prepared = None
-        if later:
+        if commit.needs_prepare:
             prepared = trio.Event()
-            conn.nursery.start_soon(self._prepare, later, new, encoded, prepared)
+            conn.nursery.start_soon(self._prepare, commit, prepared)
 
         async def transform(raw: bytes) -> bytes:
             try:
@@ -281,32 +270,8 @@ class IndividualCommitFeature:
                     response_header, response = messages.decode_response(ApiKey.OFFSET_COMMIT, version, raw)
                     results = [((self._topic_name(topic), part.partition_index), part.error_code)
                                for topic in response.topics for part in topic.partitions]
-                accepted: dict[Key, CommitState] = {key: new[key] for key, error in results
-                                                    if error == 0 and key in new}
-                errors: dict[Key, int] = {}
-                if accepted and check is not None:
-                    await self._verify(request, check, range_commits, stable, basis, accepted, errors)
-                written = True
-                # The states hold every record below ``read``: where the log was read to
-                # when they were computed, or by the end read they were brought up to.
-                read = max(seen, check.position) if check is not None else seen
-                if accepted:
-                    try:
-                        at = await self.log.write(group, accepted, encoded)
-                        if at != read:
-                            # The log moved between the read and this write: merge again
-                            # what another instance wrote meanwhile, and write that.
-                            merged = {key: offset for key, offset in basis.items() if offset >= read}
-                            await self._reconcile(request, range_commits, stable, accepted, merged, read, at, errors)
-                    except CommitLogError as exc:
-                        log.error("individual-commit log write failed group=%s reason=%r", group, str(exc))
-                        written = False
-                answered: dict[Key, int] = {}
-                for key, state in accepted.items():
-                    if not written:
-                        errors[key] = COORDINATOR_NOT_AVAILABLE
-                    elif key in range_commits and key not in errors:
-                        answered[key] = state.stable
+                outcome = await self._perform(request, commit, commit.on_response(results), check)
+                errors, answered = outcome.errors, outcome.stable
                 if answered:
                     self._commits.inc(len(answered))
                 self._export()
@@ -327,17 +292,14 @@ class IndividualCommitFeature:
 
         return Route(upstream, transform=transform)
 
-    async def _prepare(self, later: dict[Key, tuple[CommitState, list]], new: dict[Key, CommitState],
-                       encoded: dict[Key, tuple[CommitState, bytes]], ready: trio.Event) -> None:
+    async def _prepare(self, commit: RangeCommit, ready: trio.Event) -> None:
         """R' and the log values of the commit, computed while the broker handles it."""
         try:
             # Let the connection's reader send the request to the broker first (not needed
             # for correctness: the transform waits for ``ready`` whatever the order).
             await trio.lowlevel.checkpoint()
             await trio.lowlevel.checkpoint()
-            for key, (state, ranges) in later.items():
-                merged = new[key] = apply_packed(state, ranges)
-                encoded[key] = (merged, encode_value(merged))
+            commit.prepare()
         finally:
             ready.set()
 
@@ -350,99 +312,42 @@ class IndividualCommitFeature:
         finally:
             check.done.set()
 
-    async def _verify(self, request, check: "_EndCheck", range_commits: dict[Key, list], coordinator: dict[Key, int],
-                      basis: dict[Key, int], accepted: dict[Key, CommitState], failed: dict[Key, int]) -> None:
-        """Bring ``accepted`` up to the log's end read alongside the broker's commit, before
-        anything is written: a key whose newest record is no longer the one its state was
-        computed from (another instance wrote it) is merged again from that record. That
-        read started after the client's request arrived, so every commit acknowledged
-        before it is merged. If the end cannot be read, nothing is written and every key
-        is answered COORDINATOR_NOT_AVAILABLE."""
-        await check.done.wait()
-        if check.error is not None:
-            log.warning("individual-commit log end unknown group=%s reason=%r", request.group, str(check.error))
-            for key in list(accepted):
-                failed[key] = COORDINATOR_NOT_AVAILABLE
-                del accepted[key]
-            return
-        records = self.log.records(request.group)
-        found = {}
-        for key in accepted:
-            record = records.get(key)
-            offset = record[0] if record is not None else -1
-            if offset != basis.get(key, -1):
-                found[key] = record[1] if record is not None else None
-                basis[key] = offset  # merged: ``_reconcile`` need not merge it again
-        if found:
-            await self._merge_again(request, range_commits, coordinator, accepted, found, failed, written=False)
-
-    async def _reconcile(self, request, range_commits: dict[Key, list], coordinator: dict[Key, int],
-                         accepted: dict[Key, CommitState], merged: dict[Key, int], seen: int, at: int,
-                         failed: dict[Key, int]) -> None:
-        """Make the log's newest record of every accepted key hold its commit, once the log
-        is known to have moved between the read the states were brought up to (``seen``)
-        and their write (at ``at``; -1 unknown): another instance wrote in between.
-
-        A record of one of these keys in that window is shadowed by this write. The state
-        is brought up to it (``rebase_commit``: in one epoch, the union of the two) and
-        written, until a round finds nothing new: then this instance's newest record holds
-        the commit and everything the shadowed records held. Rounds are bounded: past the
-        last, the keys are answered COORDINATOR_NOT_AVAILABLE (their records hold the
-        commit whole). ``merged``: the record of a key at or above ``seen`` that the state
-        already holds."""
+    async def _perform(self, request, commit: RangeCommit, step, check: _EndCheck | None) -> Answer:
+        """Perform ``commit``'s actions (proxy.commits.range_commit) until it answers."""
         group = request.group
-        start, written = seen, len(accepted)
-        for _ in range(_RECONCILE_ROUNDS):
-            window, read_to = await self.log.window(group, start, at if at >= 0 else None, accepted)
-            found = {key: state for key, (offset, state) in window.items() if offset != merged.get(key)}
-            redo = await self._merge_again(request, range_commits, coordinator, accepted, found, failed, written=True)
-            if not redo:
-                return
-            start = at + written if at >= 0 else read_to
-            written = len(redo)
-            at = await self.log.write(group, redo)
-            if at == start:
-                return
-        for key in accepted:
-            failed.setdefault(key, COORDINATOR_NOT_AVAILABLE)
-
-    async def _merge_again(self, request, range_commits: dict[Key, list], coordinator: dict[Key, int],
-                           accepted: dict[Key, CommitState], found: dict[Key, CommitState | None],
-                           failed: dict[Key, int], *, written: bool) -> dict:
-        """Bring each range commit's state up to the newer record ``found`` of its key
-        (``rebase_commit``: joined in one epoch, the commit applied again after a reset or
-        a deletion). The states that change replace ``accepted`` and are returned. When S
-        changes, the coordinator (which holds S computed from the older state) gets the new
-        S through the proxy's own connection, with the client's generation and member; a
-        key whose correction it refuses is answered with that error, and, if nothing is
-        ``written`` yet, dropped (a retry is idempotent)."""
-        redo: dict[Key, CommitState] = {}
-        for key, state in found.items():
-            self._foreign.inc()
-            if key not in range_commits:
-                continue  # a plain commit (S = O, R cleared) does not depend on the state
-            state = rebase_commit(accepted[key], state, range_commits[key])
-            if state != accepted[key]:
-                redo[key] = state
-        corrections = {key: state.stable for key, state in redo.items() if state.stable != coordinator.get(key)}
-        errors = {}
-        if corrections:
-            try:
-                errors = await self.log.cluster.commit_offsets(request.group, request.generation, request.member,
-                                                               request.instance_id, corrections)
-            except CommitLogError as exc:
-                log.warning("individual-commit correction failed group=%s reason=%r", request.group, str(exc))
-        for key, state in redo.items():
-            error = errors.get(key, COORDINATOR_NOT_AVAILABLE) if key in corrections else 0
-            if error:
-                failed[key] = error
-                if not written:
-                    del accepted[key]
-                    continue
-            elif key in corrections:
-                coordinator[key] = state.stable
-            accepted[key] = state
-        return redo
+        try:
+            while not isinstance(step, Answer):
+                if isinstance(step, ReadLogEnd):
+                    await check.done.wait()
+                    if check.error is not None:
+                        log.warning("individual-commit log end unknown group=%s reason=%r", group, str(check.error))
+                        step = commit.on_log_end_failed()
+                    else:
+                        step = commit.on_log_end(check.position, self.log.records(group))
+                elif isinstance(step, Correct):
+                    try:
+                        errors = await self.log.cluster.commit_offsets(group, request.generation, request.member,
+                                                                       request.instance_id, step.offsets)
+                    except CommitLogError as exc:
+                        log.warning("individual-commit correction failed group=%s reason=%r", group, str(exc))
+                        step = commit.on_correction_failed()
+                    else:
+                        step = commit.on_corrected(errors)
+                else:
+                    try:
+                        if isinstance(step, Write):
+                            at = await self.log.write(group, step.states, step.encoded)
+                        else:
+                            window, read_to = await self.log.window(group, step.start, step.stop, step.keys)
+                    except CommitLogError as exc:
+                        log.error("individual-commit log write failed group=%s reason=%r", group, str(exc))
+                        step = commit.on_write_failed()
+                    else:
+                        step = commit.on_written(at) if isinstance(step, Write) else commit.on_window(window, read_to)
+            return step
+        finally:
+            if commit.foreign_writes:
+                self._foreign.inc(commit.foreign_writes)
 
     async def _hold(self, keys, done: trio.Event) -> None:
         try:
@@ -455,7 +360,7 @@ class IndividualCommitFeature:
         this instance has never read it; afterwards what it read is trusted for plain
         commits (range commits and fetches always read to the log's end)."""
         if self.log.current(group):
-            return group in self.log.groups and any(key in self.log.groups[group] for key in plain)
+            return self.log.table.holds_any(group, plain)
         if self.log.partitions is None:
             # No log seen yet: look again at most every few seconds, so standard commits
             # do not each pay a Metadata request while nobody uses individual commit.
@@ -470,7 +375,7 @@ class IndividualCommitFeature:
             await self.log.catch_up(group)
         except CommitLogError:
             return False
-        return group in self.log.groups and any(key in self.log.groups[group] for key in plain)
+        return self.log.table.holds_any(group, plain)
 
     def _add_refused(self, response, refused: dict[Key, int]) -> None:
         if not refused:
@@ -505,7 +410,7 @@ class IndividualCommitFeature:
                 groups = [(single_group, response.topics, response)]
             changed = False
             for group, topics, holder in groups:
-                if holder.error_code:
+                if holder.error_code != ErrorCode.NONE:
                     continue
                 try:
                     states = await self.log.states(group)
@@ -518,7 +423,7 @@ class IndividualCommitFeature:
                         continue
                     # Never serve state older than the log: a retriable error instead.
                     log.warning("individual-commit log unreadable group=%s reason=%r", group, str(exc))
-                    holder.error_code = COORDINATOR_NOT_AVAILABLE
+                    holder.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
                     changed = True
                     continue
                 if states and self._merge_fetched(topics, states, version):
@@ -537,7 +442,7 @@ class IndividualCommitFeature:
             name = self._topic_name(topic)
             for part in topic.partitions:
                 state = states.get((name, part.partition_index))
-                if state is None or part.error_code:
+                if state is None or part.error_code != ErrorCode.NONE:
                     continue
                 merged = rebase(state, part.committed_offset) if part.committed_offset >= 0 else state
                 part.committed_offset = merged.stable
@@ -552,7 +457,7 @@ class IndividualCommitFeature:
         async def transform(raw: bytes) -> bytes:
             _, response = messages.decode_response(ApiKey.DELETE_GROUPS, version, raw)
             for result in response.results:
-                if result.error_code == 0:
+                if result.error_code == ErrorCode.NONE:
                     await self._tombstone(result.group_id, None)
             return raw
 
@@ -565,9 +470,9 @@ class IndividualCommitFeature:
 
         async def transform(raw: bytes) -> bytes:
             _, response = messages.decode_response(ApiKey.OFFSET_DELETE, version, raw)
-            if response.error_code == 0:
+            if response.error_code == ErrorCode.NONE:
                 deleted = {(topic.name, part.partition_index) for topic in response.topics
-                           for part in topic.partitions if part.error_code == 0}
+                           for part in topic.partitions if part.error_code == ErrorCode.NONE}
                 await self._tombstone(group, deleted)
             return raw
 

@@ -1,31 +1,31 @@
-"""The I/O edge of key-range fetch: a Fetch hook on the router, and its metrics."""
+"""The I/O edge of key-range fetch: a Fetch request stage, its broker reads shared between
+consumers, and its metrics. The filtering and the cache are ``engine``'s (sans-IO)."""
 
 from __future__ import annotations
 
 import logging
 
+from typing import Mapping
+
 import trio
 from prometheus_client import Counter, Gauge
 
 from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
+from proxy.pipeline.context import StateKey
 from proxy.protocol import messages
-from proxy.protocol.framing import RequestHeaderPeek
-from proxy.protocol.messages import ApiKey
-from proxy.server.exchange import LocalAnswer
-from proxy.server.rewrite import rewrite_node_endpoints
-from proxy.server.routing import Route
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import EXTENSION_TAG_BYTES
 
 log = logging.getLogger("proxy.keyrange")
 
-# Tag 10000 as an unsigned varint: a frame without these two bytes carries no extension.
-_TAG_10000 = bytes([0x90, 0x4E])
 _FIRST_FLEXIBLE_FETCH = 12
 FEATURE = "keyrange.fetch"
 _COALESCE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for a shared read
 _MAX_INFLIGHT_READS = 10_000
-_LOOKUP_INTERVAL = 5.0  # seconds between lookups of unknown topic ids
-_LOOKUP_TIMEOUT = 5.0
 _STALE_READ_SECONDS = 60.0
+
+RANGES = StateKey("keyrange", ConnectionRanges)  # a connection's ranges and fetch sessions
 
 
 class _Read:
@@ -44,17 +44,15 @@ class _Read:
         await self.done.wait()
 
 
-class KeyRangeFetchFeature:
-    def __init__(self, config, router, metrics, lookup_topic_names=None) -> None:
-        self.router = router
-        # async () -> {topic id: name}; asked when a Fetch names a topic id the proxy has
-        # not seen in any Metadata response yet (e.g. a client reconnecting after a restart)
-        self._lookup_topic_names = lookup_topic_names
-        self._last_lookup = -float("inf")
+class KeyRangeFetchFeature(Feature):
+    name = "keyrange"
+
+    def __init__(self, config, cluster: ClusterView, metrics) -> None:
+        self.cluster = cluster
         self.engine = KeyRangeEngine(
             cache_bytes=config.get("max.bytes.key.range.results"),
             topic_setting=config.topic_setting,
-            topic_name=router.topic_names.get,
+            topic_name=cluster.name_of,
             recompress=config.get("key.range.fetch.compression") == "source",
             interest_seconds=config.get("key.range.interest.ms") / 1000,
         )
@@ -76,25 +74,23 @@ class KeyRangeFetchFeature:
         self._inflight: dict[tuple[str, int, int], _Read] = {}
         self._last = (0, 0, 0, 0, 0)
         self._last_bytes: dict = {}
-        router.register(ApiKey.FETCH, self.on_fetch)
-        router.advertise(FEATURE)
 
-    def _state(self, conn) -> ConnectionRanges:
-        state = conn.state.get("keyrange")
-        if state is None:
-            state = conn.state["keyrange"] = ConnectionRanges()
-        return state
+    def request_stages(self) -> Mapping[int, RequestStage]:
+        return {ApiKey.FETCH: self.on_fetch}
 
-    async def on_fetch(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
-        version = peek.api_version
+    def advertised(self) -> Mapping[str, tuple[int, int]]:
+        return {FEATURE: (1, 1)}
+
+    async def on_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        version = request.version
         if version < _FIRST_FLEXIBLE_FETCH:
             return None
-        state = self._state(conn)
-        if _TAG_10000 not in frame and not state.sessions.sessions:
+        state = ctx.state(RANGES)
+        if EXTENSION_TAG_BYTES not in request.frame and not state.sessions.sessions:
             return None  # no extension anywhere: the default route, no decoding
-        header, body = messages.decode_request(frame)
-        await self._learn_topic_names(body)
-        engine, book = self.engine, self.router.book
+        header, body = request.decoded()
+        await self.cluster.look_up_ids(t.topic_id for t in body.topics if t.topic_id is not None)
+        engine = self.engine
         plan = engine.plan(state, version, body, trio.current_time())
         if plan is None:
             return None
@@ -111,39 +107,19 @@ class KeyRangeFetchFeature:
         engine.finish(plan)
         if plan.upstream_body is None:
             response = engine.complete(state, plan, None, trio.current_time())
-            answer = LocalAnswer()
-            answer.set(messages.encode_response(ApiKey.FETCH, version, messages.new_response_header(peek.correlation_id),
-                                                response))
             self._export()
-            return Route(None, local=answer)
+            return Route.answer(messages.encode_response(
+                ApiKey.FETCH, version, messages.new_response_header(request.correlation_id), response))
 
         events = self._announce(reads)
 
-        async def transform(raw: bytes) -> bytes:
-            try:
-                response_header, response = messages.decode_response(ApiKey.FETCH, version, raw)
-                rewrite_node_endpoints(response, book)
-                response = engine.complete(state, plan, response, trio.current_time())
-                self._export()
-                return messages.encode_response(ApiKey.FETCH, version, response_header, response)
-            finally:
-                self._settle(events)
+        async def on_response(response: DecodedResponse) -> None:
+            response.body = engine.complete(state, plan, response.body, trio.current_time())
+            response.changed = True
+            self._export()
 
-        return Route(messages.encode_request(header, plan.upstream_body), transform=transform)
-
-    async def _learn_topic_names(self, body) -> None:
-        names = self.router.topic_names
-        unknown = [t.topic_id for t in body.topics if t.topic_id is not None and int(t.topic_id) != 0
-                   and t.topic_id not in names]
-        now = trio.current_time()
-        if not unknown or self._lookup_topic_names is None or now - self._last_lookup < _LOOKUP_INTERVAL:
-            return
-        self._last_lookup = now
-        with trio.move_on_after(_LOOKUP_TIMEOUT):
-            try:
-                names.update(await self._lookup_topic_names())
-            except Exception as exc:  # noqa: BLE001 - per-topic settings fall back to defaults
-                log.warning("topic name lookup failed reason=%r", str(exc))
+        return Route(messages.encode_request(header, plan.upstream_body), on_response=on_response,
+                     settle=lambda: self._settle(events))
 
     def _announce(self, reads) -> list:
         """Register this request's broker reads so consumers at the same position wait

@@ -15,21 +15,21 @@ predicted costs the broker nothing extra for long.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import logging
+from typing import Mapping
 
 import trio
 from prometheus_client import Counter, Gauge
 
+from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, LocalAnswer, OwnRequest, Request, Route
+from proxy.pipeline.context import StateKey
+from proxy.pipeline.feature import RequestStage
 from proxy.protocol import messages
-from proxy.protocol.framing import RequestHeaderPeek
-from proxy.protocol.messages import ApiKey
+from proxy.protocol.api_keys import ApiKey
 from proxy.readahead import plan
-from proxy.server.exchange import LocalAnswer, OwnRequest
-from proxy.server.rewrite import rewrite_node_endpoints
-from proxy.server.routing import Route
+from proxy.readahead.held import ByteBudget, ConnectionReadAhead, HeldRead, Prediction
 
 log = logging.getLogger("proxy.readahead")
 
@@ -44,110 +44,21 @@ WASTED_LIMIT = 3  # unused read-aheads in a row before a connection pauses
 PAUSE_SECONDS = 60.0
 
 
-class ByteBudget:
-    """Bytes all held read-aheads may take together."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self, count: int) -> bool:
-        if self.used + count > self.limit:
-            return False
-        self.used += count
-        return True
-
-    def give(self, count: int) -> None:
-        self.used -= count
-        assert self.used >= 0
-
-    def resize(self, old: int, new: int) -> None:
-        """A reservation of ``old`` bytes now holds ``new``: what actually arrived, which
-        may exceed the limit (a broker returns a first batch larger than max_bytes whole)."""
-        self.used += new - old
-
-
-class Prediction:
-    """The request a consumer is expected to send next, ready to compare and to send.
-
-    ``expected`` is the client's frame as it will arrive, correlation id aside; a frame
-    matches when its bytes before and after the correlation id are these, so a hit costs
-    a comparison, not a decoding.
-    """
-
-    __slots__ = ("predicted", "header", "client_epoch", "expected", "upstream_body")
-
-    def __init__(self, predicted, header, client_epoch: int, upstream_body) -> None:
-        self.predicted = predicted  # sessionless, as the proxy forwards it
-        self.header = header  # the client's request header (client id), for our own requests
-        self.client_epoch = client_epoch  # the session epoch the client sends (0 or -1)
-        as_sent = predicted if predicted.session_epoch == client_epoch else dataclasses.replace(
-            predicted, session_epoch=client_epoch)
-        self.expected = messages.encode_request(header, as_sent)
-        self.upstream_body = upstream_body
-
-    def matches(self, frame) -> bool:
-        expected = self.expected
-        view = memoryview(frame)
-        return len(view) == len(expected) and view[:4] == expected[:4] and view[8:] == expected[8:]
-
-
-class HeldRead:
-    """One read-ahead: the request it answers, and the broker's response once it arrives."""
-
-    __slots__ = ("prediction", "reserved", "frame", "after", "claim")
-
-    def __init__(self, prediction: Prediction, reserved: int) -> None:
-        self.prediction = prediction
-        self.reserved = reserved  # bytes of the budget this holds
-        self.frame: bytearray | None = None  # the response frame, ready for a client
-        self.after: Prediction | None = None  # the request expected once this is consumed
-        self.claim: tuple[LocalAnswer, int] | None = None  # a client request waiting for it
-
-
-class ConnectionReadAhead:
-    """Read-ahead state of one client connection."""
-
-    __slots__ = ("queue", "claimed", "newest", "wasted", "paused_until", "_budget")
-
-    def __init__(self, budget: ByteBudget) -> None:
-        self.queue: collections.deque[HeldRead] = collections.deque()  # not matched yet, in order
-        self.claimed: list[HeldRead] = []  # ones a request matched before they arrived
-        self.newest: HeldRead | None = None  # the last one started: the next follows on from it
-        self.wasted = 0
-        self.paused_until = -float("inf")
-        self._budget = budget
-
-    @property
-    def outstanding(self) -> int:
-        return len(self.queue) + len(self.claimed)
-
-    def release(self, held: HeldRead) -> None:
-        if held.reserved:
-            self._budget.give(held.reserved)
-            held.reserved = 0
-
-    def close(self) -> None:
-        """The connection ended: whatever it held goes back to the budget."""
-        for held in (*self.queue, *self.claimed):
-            self.release(held)
-        self.queue.clear()
-        self.claimed.clear()
-        self.newest = None
-
-
 def _answer_frame(held: HeldRead, correlation_id: int) -> bytearray:
     frame = held.frame
     frame[0:4] = correlation_id.to_bytes(4, "big", signed=True)
     return frame
 
 
-class ReadAheadFeature:
-    def __init__(self, config, router, metrics) -> None:
-        self.router = router
+class ReadAheadFeature(Feature):
+    name = "readahead"
+
+    def __init__(self, config, metrics) -> None:
         self.max_bytes = config.get("fetch.readahead.max.bytes")
         self.max_partitions = config.get("fetch.readahead.max.partitions")
         self.budget = ByteBudget(config.get("fetch.readahead.buffer.bytes"))
+        budget = self.budget
+        self.state_key = StateKey("readahead", lambda: ConnectionReadAhead(budget))
         self._ids = itertools.count(1)
         registry = metrics.registry
         self._sent, self._hits, self._wasted = (
@@ -156,17 +67,20 @@ class ReadAheadFeature:
                 ("hits", "Client fetches answered from a read-ahead."),
                 ("wasted", "Read-aheads dropped because the client asked for something else.")))
         self._held = Gauge("kafka_proxy_readahead_bytes", "Bytes reserved or held by read-aheads.", registry=registry)
-        router.register(ApiKey.FETCH, self.on_fetch)
+
+    def request_stages(self) -> Mapping[int, RequestStage]:
+        return {ApiKey.FETCH: self.on_fetch}
 
     # -- requests --------------------------------------------------------------------------
-    async def on_fetch(self, conn, peek: RequestHeaderPeek, frame) -> Route | None:
-        state = conn.state.get("readahead")
+    async def on_fetch(self, conn: ConnectionContext, fetch: Request) -> Route | None:
+        frame = fetch.frame
+        state = conn.existing(self.state_key)
         if state is not None and state.queue and state.queue[0].prediction.matches(frame):
-            return self._hit(conn, state, peek.correlation_id)
-        version = peek.api_version
+            return self._hit(conn, state, fetch.correlation_id)
+        version = fetch.version
         if version < FIRST_VERSION:
             return None
-        header, body = messages.decode_request(frame)
+        header, body = fetch.decoded()
         request = None
         if sum(len(topic.partitions) for topic in body.topics) <= self.max_partitions:
             request = plan.without_session(body, version)
@@ -175,7 +89,7 @@ class ReadAheadFeature:
                 self._drop(state)
             return None
         if state is None:
-            state = conn.state["readahead"] = ConnectionReadAhead(self.budget)
+            state = conn.state(self.state_key)
         if state.queue:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("read-ahead unused conn=%s predicted=%r asked=%r", conn.id,
@@ -184,8 +98,9 @@ class ReadAheadFeature:
         if request is not body:
             frame = messages.encode_request(header, request)
         if trio.current_time() < state.paused_until:
-            return self.router.relay_fetch(version, frame)
-        return Route(frame, transform=self._learn(conn, state, header, request, body.session_epoch))
+            fetch.replace(frame, (header, request))  # sessionless, as it would be read ahead
+            return None
+        return Route(frame, on_response=self._learn(conn, state, header, request, body.session_epoch))
 
     def _hit(self, conn, state: ConnectionReadAhead, correlation_id: int) -> Route:
         self._hits.inc()
@@ -218,25 +133,15 @@ class ReadAheadFeature:
         self._export()
 
     # -- responses ------------------------------------------------------------------------
-    def _learn(self, conn, state: ConnectionReadAhead, header, request, client_epoch: int):
+    def _learn(self, conn: ConnectionContext, state: ConnectionReadAhead, header, request, client_epoch: int):
         """The response to a forwarded request: passed on, and read ahead from."""
-        version = header.request_api_version
 
-        async def transform(raw) -> bytes:
-            out, response = self._decoded(version, raw)
+        async def on_response(response: DecodedResponse) -> None:
             if not state.outstanding:
-                own = self._start(conn, state, self._predict(header, request, response, client_epoch))
+                own = self._start(conn, state, self._predict(header, request, response.body, client_epoch))
                 await self._send(conn, state, own, None)
-            return out
 
-        return transform
-
-    def _decoded(self, version: int, raw):
-        """``(frame, body)`` of a Fetch response, its leader hints pointing at the proxy."""
-        response_header, response = messages.decode_response(ApiKey.FETCH, version, raw)
-        if rewrite_node_endpoints(response, self.router.book):
-            raw = messages.encode_response(ApiKey.FETCH, version, response_header, response)
-        return raw, response
+        return on_response
 
     def _predict(self, header, request, response, client_epoch: int) -> Prediction | None:
         predicted = plan.next_request(request, response)
@@ -286,7 +191,9 @@ class ReadAheadFeature:
             if held.claim is None and held not in state.queue:  # dropped while on its way
                 return
             prediction = held.prediction
-            raw, response = self._decoded(prediction.header.request_api_version, raw)
+            # Through every response stage, as a client's response: it goes to the client later.
+            raw, decoded = conn.decode_own_response(ApiKey.FETCH, prediction.header.request_api_version, raw)
+            response = decoded.body
             held.frame = raw if isinstance(raw, bytearray) else bytearray(raw)
             held.after = self._predict(prediction.header, prediction.predicted, response, prediction.client_epoch)
             self.budget.resize(held.reserved, len(held.frame))  # hold what arrived

@@ -18,6 +18,8 @@ import socket
 from dataclasses import dataclass
 from typing import Callable
 
+from proxy.pipeline.cluster import ClusterView
+
 log = logging.getLogger("proxy.addresses")
 
 
@@ -37,6 +39,7 @@ class AddressBook:
 
     def __init__(
         self,
+        cluster: ClusterView,
         *,
         topology: str,
         advertised_host: str,
@@ -53,31 +56,17 @@ class AddressBook:
         self.own_port = own_port
         self.sidecar_addresses = dict(sidecar_addresses or {})
         self.on_new_listener = on_new_listener
-        self._real: dict[int, tuple[str, int]] = {}
+        self.cluster = cluster  # where the real addresses are kept
         self._advertised: dict[int, tuple[str, int]] = {}
-        self._real_to_node: dict[tuple[str, int], int] = {}
         self.sidecar_node_id: int | None = None
 
     # -- learning -------------------------------------------------------------------
     def learn(self, node_id: int, host: str, port: int) -> None:
         """Record a node's real address as the cluster reports it."""
-        if node_id < 0:
-            return
-        previous = self._real.get(node_id)
-        if previous != (host, port):
-            self._real[node_id] = (host, port)
-            self._real_to_node[(host, port)] = node_id
-            if previous is not None:
-                log.info("node address changed node_id=%s old=%s:%s new=%s:%s", node_id, *previous, host, port)
+        self.cluster.learn_node(node_id, host, port)
 
     def real_address(self, node_id: int) -> tuple[str, int] | None:
-        return self._real.get(node_id)
-
-    def node_for_real_address(self, host: str, port: int) -> int | None:
-        return self._real_to_node.get((host, port))
-
-    def known_nodes(self) -> dict[int, tuple[str, int]]:
-        return dict(self._real)
+        return self.cluster.nodes.get(node_id)
 
     # -- advertising ----------------------------------------------------------------
     def advertised(self, node_id: int) -> tuple[str, int]:

@@ -4,8 +4,17 @@ Structure (one nursery each, nothing outlives its parent):
 
     ProxyServer.run
       ├── metrics endpoint (optional)
+      ├── the cluster: read until a broker answers, with backoff (clients may come first)
       ├── listeners: bootstrap/sidecar port, and one port per broker node (port per broker)
       └── connections: one ClientConnection each, with its own nursery inside
+
+The features are listed once, in order, in ``_features``; everything the server knows about
+them goes through ``proxy.pipeline.FeatureChain``.
+
+Start-up does not wait for the cluster: a sidecar often starts before its broker. The
+proxy listens at once; a client that connects before any broker has answered is held
+(up to ``upstream.connect.timeout.ms``) until one does, then its connection is closed,
+which every Kafka client takes as a retriable error, as it would a broker still starting.
 
 Shutdown (SIGTERM/SIGINT, or ``ProxyServer.shutdown``): listeners close first so nothing
 new arrives; every connection stops reading and finishes the requests in flight; after
@@ -20,22 +29,33 @@ import math
 import signal
 import socket
 import ssl
+from typing import Any
 
 import trio
 
-from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
+from proxy.commits.feature import IndividualCommitFeature
+from proxy.features.addresses import AddressRewrite
+from proxy.features.cluster_feed import ClusterFeed
+from proxy.keyrange.feature import KeyRangeFetchFeature
+from proxy.net.broker_connection import BrokerConnectionError
+from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
+from proxy.net.pool import BrokerPool, NoBrokerAnswered
+from proxy.pipeline.chain import FeatureChain
+from proxy.pipeline.cluster import ClusterView
+from proxy.pipeline.feature import Feature
 from proxy.protocol import messages
-from proxy.protocol.messages import ApiKey
+from proxy.protocol.api_keys import ApiKey
+from proxy.readahead.feature import ReadAheadFeature
 from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
 from proxy.server.metrics import ProxyMetrics, serve_metrics
-from proxy.server.routing import Router
-from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
 
 log = logging.getLogger("proxy.server")
 
 METADATA_VERSION = 12  # every Kafka 4.x broker speaks it; it carries topic ids
+_RETRY_FIRST = 0.25  # seconds before the second try to reach the cluster; doubles up to _RETRY_MAX
+_RETRY_MAX = 10.0
 
 
 class StartupError(Exception):
@@ -59,7 +79,16 @@ class ProxyServer:
         self._main_socket = self._bind(config.get("listen.host"), config.get("listen.port"))
         self.port = self._main_socket.getsockname()[1]
         self._pending_listeners: list[NodeListener] = []
+        self.cluster = ClusterView()
+        self.pool = BrokerPool(
+            config.get("bootstrap.servers"),
+            known_addresses=self.cluster.addresses,
+            ssl_context=self._upstream_ssl,
+            timeout=config.get("upstream.connect.timeout.ms") / 1000,
+        )
+        self.cluster.reader = self._read_metadata
         self.book = AddressBook(
+            self.cluster,
             topology=config.get("topology"),
             advertised_host=config.advertised_host,
             listen_host=config.get("listen.host"),
@@ -68,34 +97,33 @@ class ProxyServer:
             sidecar_addresses=config.get("sidecar.node.addresses"),
             on_new_listener=self._on_new_listener,
         )
-        self.router = Router(self.book)
-        from proxy.keyrange.feature import KeyRangeFetchFeature
-
-        self.keyrange = KeyRangeFetchFeature(config, self.router, self.metrics,
-                                             lookup_topic_names=self._topic_names)
-        if config.get("fetch.readahead.enabled"):
-            from proxy.readahead.feature import ReadAheadFeature
-
-            # After key-range fetch: it takes the extended Fetches, this the plain ones.
-            self.readahead = ReadAheadFeature(config, self.router, self.metrics)
-        from proxy.commits.feature import IndividualCommitFeature
-
-        self.commits = IndividualCommitFeature(config, self.router, self.metrics, ssl_context=self._upstream_ssl)
+        self.chain = FeatureChain(self._features())
         self.connections: set[ClientConnection] = set()
         self.node_ports: dict[int, int] = {}
         self.metrics_port: int | None = None
         self._listener_nursery: trio.Nursery | None = None
         self._connection_nursery: trio.Nursery | None = None
         self._shutdown = trio.Event()
-        self.started = trio.Event()
+        self.started = trio.Event()  # listening, and the first try to reach the cluster is over
+        self._startup_error: StartupError | None = None
+
+    def _features(self) -> list[Feature]:
+        """The features, in the order their stages run (see ``proxy.pipeline.feature``)."""
+        config, metrics = self.config, self.metrics
+        features: list[Feature] = [ClusterFeed(self.cluster)]  # before addresses: it needs the real ones
+        features.append(KeyRangeFetchFeature(config, self.cluster, metrics))  # extended Fetches
+        if config.get("fetch.readahead.enabled"):
+            features.append(ReadAheadFeature(config, metrics))  # plain Fetches the key-range one passed on
+        features.append(IndividualCommitFeature(config, self.cluster, metrics, ssl_context=self._upstream_ssl))
+        features.append(AddressRewrite(self.book))  # last: every other feature's responses pass it too
+        return features
 
     # -- public -----------------------------------------------------------------------------
     async def run(self, *, handle_signals: bool = True) -> None:
-        messages.precompile(list(self.router.known_versions()))
+        messages.precompile(list(self.chain.known_versions()))
         # Everything allocated so far lives as long as the process: keep the collector
         # from walking it on every generation-2 collection.
         gc.freeze()
-        await self._learn_cluster()
         async with trio.open_nursery() as root:
             if handle_signals:
                 root.start_soon(self._watch_signals)
@@ -108,18 +136,21 @@ class ProxyServer:
                 async with trio.open_nursery() as listeners:
                     self._listener_nursery = listeners
                     listeners.start_soon(self._serve_socket, self._main_socket, None)
-                    for pending in self._pending_listeners:
-                        listeners.start_soon(self._serve_socket, pending.sock, pending.node_id)
-                    self._pending_listeners.clear()
-                    log.info("proxy listening host=%s port=%s topology=%s nodes=%s",
-                             self.config.get("listen.host"), self.port, self.config.get("topology"),
-                             dict(sorted(self.node_ports.items())))
+                    log.info("proxy listening host=%s port=%s topology=%s", self.config.get("listen.host"),
+                             self.port, self.config.get("topology"))
+                    first_try = trio.Event()
+                    listeners.start_soon(self._learn_cluster, first_try)
+                    await first_try.wait()
+                    self._open_pending_listeners()
                     self.started.set()
                     await self._shutdown.wait()
                     listeners.cancel_scope.cancel()
                 await self._drain()
                 connections.cancel_scope.cancel()
             root.cancel_scope.cancel()
+        await self.pool.aclose()
+        if self._startup_error is not None:
+            raise self._startup_error
         log.info("proxy stopped")
 
     def shutdown(self) -> None:
@@ -138,36 +169,65 @@ class ProxyServer:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         return sock
 
-    async def _learn_cluster(self) -> None:
-        """Read the cluster's brokers before accepting clients, so node ports exist from
-        the start (clients that reconnect after a proxy restart go straight to them).
+    async def _learn_cluster(self, first_try: trio.Event) -> None:
+        """Read the cluster's brokers until one answers, with backoff, so node ports open
+        (clients that reconnect after a proxy restart go straight to them).
 
         A broker that accepts the connection but not an unauthenticated request (a SASL
-        listener) is reachable: the proxy starts anyway and learns the nodes from the
-        responses clients receive after they authenticate.
+        listener) is reachable: the proxy then learns the nodes from the responses clients
+        receive after they authenticate. A configuration the cluster's answer shows to be
+        wrong (a sidecar that cannot tell which broker it fronts) stops the proxy.
         """
+        delay = _RETRY_FIRST
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                outcome = await self._try_cluster()
+                if outcome is None:
+                    return
+                if outcome == "refused":
+                    self._settle_unauthenticated()
+                    return
+                log.warning("cluster unreachable attempt=%s retry_in_s=%.2f reason=%r", attempt, delay, outcome)
+                first_try.set()
+                await trio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+        except StartupError as exc:
+            self._startup_error = exc
+            log.error("%s", exc)
+            self.shutdown()
+        finally:
+            first_try.set()
+
+    async def _try_cluster(self) -> str | None:
+        """None when a broker answered (the view and the address book know the nodes now);
+        "refused" when one was reached but refused an unauthenticated request; else why not."""
         errors = []
         reachable = False
+        timeout = self.config.get("upstream.connect.timeout.ms") / 1000
         for host, port in self.config.get("bootstrap.servers"):
             try:
-                body = await self._fetch_metadata(host, port)
-            except BrokerConnectionError as exc:
-                reachable = True
-                errors.append(f"{host}:{port} ({exc})")
+                body = await self._read_metadata([], addresses=[(host, port)], timeout=timeout)
+            except NoBrokerAnswered as exc:
+                reachable |= any(isinstance(cause, BrokerConnectionError) for cause in exc.causes)
+                errors.append(str(exc).removeprefix("no broker answered: "))
                 continue
-            except (OSError, trio.TooSlowError, ssl.SSLError) as exc:
-                errors.append(f"{host}:{port} ({exc})")
-                continue
-            for broker in body.brokers:
-                self.book.learn(broker.node_id, broker.host, broker.port)
+            self.cluster.learn_metadata(body)
             if self.config.get("topology") == "sidecar":
                 self._identify_sidecar_node(host, port, body)
             else:
                 for broker in body.brokers:
                     self.book.advertised(broker.node_id)
-            return
-        if not reachable:
-            raise StartupError("cannot reach any bootstrap server: " + "; ".join(errors))
+            log.info("cluster reached nodes=%s", dict(sorted(self.cluster.nodes.items())))
+            return None
+        if reachable:
+            log.warning("cluster metadata unavailable at start (%s); node ports open as clients discover nodes",
+                        "; ".join(errors))
+            return "refused"
+        return "; ".join(errors)
+
+    def _settle_unauthenticated(self) -> None:
         if self.config.get("topology") == "sidecar":
             if self.config.get("sidecar.node.id") < 0:
                 raise StartupError(
@@ -175,33 +235,16 @@ class ProxyServer:
                     "to the id of the broker this sidecar fronts"
                 )
             self.book.sidecar_node_id = self.config.get("sidecar.node.id")
-        log.warning("cluster metadata unavailable at start (%s); node ports open as clients discover nodes",
-                    "; ".join(errors))
+        self.cluster.answered.set()  # as far as it will until clients authenticate
 
-    async def _fetch_metadata(self, host: str, port: int):
-        timeout = self.config.get("upstream.connect.timeout.ms") / 1000
-        connection = await BrokerConnection.open(host, port, timeout=timeout, ssl_context=self._upstream_ssl)
-        async with connection:
-            body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request", topics=[],
-                                     allow_auto_topic_creation=False)
-            return await connection.request(ApiKey.METADATA, METADATA_VERSION, body, timeout=timeout)
-
-    async def _topic_names(self) -> dict:
-        """Every topic id -> name the cluster knows, from one Metadata request to any
-        broker the proxy knows."""
-        candidates = list(self.book.known_nodes().values()) or list(self.config.get("bootstrap.servers"))
-        timeout = self.config.get("upstream.connect.timeout.ms") / 1000
-        for host, port in candidates:
-            try:
-                connection = await BrokerConnection.open(host, port, timeout=timeout, ssl_context=self._upstream_ssl)
-                async with connection:
-                    body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request", topics=None,
-                                             allow_auto_topic_creation=False)
-                    response = await connection.request(ApiKey.METADATA, METADATA_VERSION, body, timeout=timeout)
-            except (OSError, trio.TooSlowError, BrokerConnectionError, ssl.SSLError):
-                continue
-            return {t.topic_id: t.name for t in response.topics if t.name and int(t.topic_id) != 0}
-        return {}
+    async def _read_metadata(self, topics: list[str] | None, *, addresses=None, timeout: float | None = None) -> Any:
+        """A Metadata response from the cluster (``topics`` None: every topic), never creating one."""
+        cls: Any = messages.body_class(ApiKey.METADATA, "request")
+        body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request",
+                                 topics=None if topics is None else [cls.MetadataRequestTopic(name=t) for t in topics],
+                                 allow_auto_topic_creation=False)
+        return await self.pool.request_any(ApiKey.METADATA, METADATA_VERSION, body, timeout=timeout,
+                                           addresses=addresses)
 
     def _identify_sidecar_node(self, host: str, port: int, body) -> None:
         if self.config.get("sidecar.node.id") >= 0:
@@ -221,10 +264,18 @@ class ProxyServer:
     # -- listeners --------------------------------------------------------------------------------
     def _on_new_listener(self, listener: NodeListener) -> None:
         self.node_ports[listener.node_id] = listener.port
-        if self._listener_nursery is None:
+        if self._listener_nursery is None or not self.started.is_set():
             self._pending_listeners.append(listener)
         else:
             self._listener_nursery.start_soon(self._serve_socket, listener.sock, listener.node_id)
+
+    def _open_pending_listeners(self) -> None:
+        assert self._listener_nursery is not None
+        for pending in self._pending_listeners:
+            self._listener_nursery.start_soon(self._serve_socket, pending.sock, pending.node_id)
+        self._pending_listeners.clear()
+        if self.node_ports:
+            log.info("node listeners nodes=%s", dict(sorted(self.node_ports.items())))
 
     async def _serve_socket(self, sock: socket.socket, node_id: int | None) -> None:
         trio_sock = trio.socket.from_stdlib_socket(sock)
@@ -265,7 +316,7 @@ class ProxyServer:
             stream,
             peer,
             open_upstream=lambda: self._open_upstream(node_id),
-            router=self.router,
+            chain=self.chain,
             metrics=self.metrics,
             max_frame_bytes=self.config.get("max.frame.bytes"),
             max_inflight=self.config.get("max.inflight.requests.per.connection"),
@@ -283,6 +334,11 @@ class ProxyServer:
 
     async def _open_upstream(self, node_id: int | None) -> trio.abc.Stream:
         timeout = self.config.get("upstream.connect.timeout.ms") / 1000
+        if not self.cluster.answered.is_set():
+            # No broker has answered yet (the proxy started first): hold the client as a
+            # starting broker would, then try anyway.
+            with trio.move_on_after(timeout):
+                await self.cluster.answered.wait()
         if node_id is None:
             if self.config.get("topology") == "sidecar" and self.book.sidecar_node_id is not None:
                 candidates = [self.book.real_address(self.book.sidecar_node_id)]

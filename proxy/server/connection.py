@@ -24,12 +24,14 @@ from typing import Awaitable, Callable
 
 import trio
 
+from proxy.net.streams import FrameStream, PartialFrame
+from proxy.pipeline.chain import FeatureChain
+from proxy.pipeline.context import ConnectionContext
+from proxy.pipeline.route import OwnRequest
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import peek_correlation_id, peek_request_header
-from proxy.server.exchange import Exchange, OwnRequest
+from proxy.server.exchange import Exchange
 from proxy.server.metrics import ProxyMetrics
-from proxy.server.routing import Router
-from proxy.net.streams import FrameStream, PartialFrame
 
 log = logging.getLogger("proxy.connection")
 
@@ -60,7 +62,7 @@ class ClientConnection:
         peer: str,
         *,
         open_upstream: UpstreamOpener,
-        router: Router,
+        chain: FeatureChain,
         metrics: ProxyMetrics,
         max_frame_bytes: int,
         max_inflight: int,
@@ -72,13 +74,14 @@ class ClientConnection:
         self.target = target  # "bootstrap" or "node-<id>", for logs
         self.client = FrameStream(client, max_frame_bytes)
         self.open_upstream = open_upstream
-        self.router = router
+        self.chain = chain
         self.metrics = metrics
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
         self.idle_timeout = idle_timeout
-        self.state: dict = {}  # per-connection state of features (e.g. fetch sessions)
-        self.nursery: trio.Nursery | None = None
+        self.context = ConnectionContext(self.id, peer, target, send_own=self.send_own,
+                                         own_responses=chain.decode_own_response)
+        self._unsettled: set[Exchange] = set()  # exchanges whose route must be told they are over
         self._reader_scope = trio.CancelScope()
         self._first_request_scope: trio.CancelScope | None = None
         self._last_activity = trio.current_time()
@@ -116,7 +119,7 @@ class ClientConnection:
             send_exchanges, receive_exchanges = trio.open_memory_channel[Exchange](self.max_inflight)
             self._upstream, self._exchanges = upstream, send_exchanges
             async with trio.open_nursery() as nursery:
-                self.nursery = nursery
+                self.context.nursery = nursery
                 scope = nursery.cancel_scope
                 nursery.start_soon(self._guarded, self._read_client(upstream, send_exchanges, first), scope, False)
                 nursery.start_soon(self._guarded, self._write_client(upstream, receive_exchanges, scope), scope)
@@ -124,10 +127,10 @@ class ClientConnection:
         finally:
             self.metrics.inflight.dec(self._inflight)
             self._inflight = 0
-            for feature_state in self.state.values():
-                close = getattr(feature_state, "close", None)
-                if close is not None:
-                    close()
+            unsettled, self._unsettled = self._unsettled, set()
+            for exchange in unsettled:
+                self._settle(exchange)
+            self.context.close()
             if upstream is not None:
                 await upstream.aclose()
             await self.client.aclose()
@@ -177,18 +180,18 @@ class ClientConnection:
                     partial = frame if isinstance(frame, PartialFrame) else None
                     if partial is not None:
                         peek = peek_request_header(partial.head)
-                        if self.router.decodes_whole(peek.api_key):
+                        if self.chain.reads_requests(peek.api_key):
                             frame, partial = await self.client.receive_rest(partial), None
                     else:
                         peek = peek_request_header(frame)
                     try:
-                        route = await self.router.route(self, peek, partial.head if partial else frame)
+                        route = await self.chain.route(self.context, peek, partial.head if partial else frame)
                     except ProtocolError:
                         if partial is None:
                             raise
                         # Its head was too short to route on (a huge transactional id?): read it all.
                         frame, partial = await self.client.receive_rest(partial), None
-                        route = await self.router.route(self, peek, frame)
+                        route = await self.chain.route(self.context, peek, frame)
                     size = partial.size if partial is not None else len(frame)
                     requests, request_bytes, _, _ = metrics.for_api(peek.api_key)
                     requests.inc()
@@ -204,7 +207,12 @@ class ClientConnection:
                             transform=route.transform,
                             local=route.local,
                             relay=route.relay,
+                            settle=route.settle,
                         )
+                        if route.settle is not None:
+                            self._unsettled.add(exchange)
+                    elif route.settle is not None:
+                        route.settle()  # nothing will come back: it is over once sent
                     sending = self._sending
                     try:  # no trip through the scheduler when nobody else is sending
                         sending.acquire_nowait()
@@ -223,7 +231,7 @@ class ClientConnection:
                             await upstream.send_frame(route.upstream_frame)
                         own = route.follow_up
                         if own is not None:
-                            await self._queue(exchanges, own.exchange(received_at))
+                            await self._queue(exchanges, Exchange.own(own, received_at))
                             await upstream.send_frame(own.frame)
                     finally:
                         sending.release()
@@ -254,7 +262,7 @@ class ClientConnection:
         except trio.WouldBlock:
             return False
         try:
-            exchange = own.exchange(trio.current_time())
+            exchange = Exchange.own(own, trio.current_time())
             exchanges.send_nowait(exchange)
             self._awaiting_upstream += 1
             await upstream.send_frame(own.frame)
@@ -297,6 +305,9 @@ class ClientConnection:
                             response = await exchange.transform(response)
                         await self.client.send_frame(response)
                         size = len(response)
+                if exchange.settle is not None:
+                    self._unsettled.discard(exchange)
+                    self._settle(exchange)
                 if size is None:
                     log.info("upstream closed conn=%s peer=%s target=%s", self.id, self.peer, self.target)
                     scope.cancel()
@@ -310,6 +321,14 @@ class ClientConnection:
                 latency.observe(now - exchange.received_at)
         # The reader is done and every exchange is answered: close in order.
         scope.cancel()
+
+    def _settle(self, exchange: Exchange) -> None:
+        settle, exchange.settle = exchange.settle, None
+        if settle is not None:
+            try:
+                settle()
+            except Exception:  # noqa: BLE001 - a feature's clean-up must not take the connection down
+                log.exception("settling a request failed conn=%s api_key=%s", self.id, exchange.api_key)
 
     async def _watch_idle(self, scope: trio.CancelScope) -> None:
         if not math.isfinite(self.idle_timeout):

@@ -12,42 +12,14 @@ upstream; their responses go to a sink in the proxy, never to the client.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Callable
 
-import trio
-
-ResponseTransform = Callable[[bytes], Awaitable[bytes]]
-ResponseSink = Callable[[bytes], Awaitable[None]]
+from proxy.net.streams import Relay
+from proxy.pipeline.route import LocalAnswer, OwnRequest, ResponseSink, ResponseTransform
 
 
-class LocalAnswer:
-    """A response body the proxy produces itself, possibly after asynchronous work."""
-
-    __slots__ = ("_event", "_frame", "_error")
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self._frame: bytes | None = None
-        self._error: BaseException | None = None
-
-    def set(self, frame: bytes) -> None:
-        self._frame = frame
-        self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        self._error = error
-        self._event.set()
-
-    async def wait(self) -> bytes:
-        await self._event.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._frame is not None
-        return self._frame
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Exchange:
     api_key: int
     api_version: int
@@ -56,23 +28,11 @@ class Exchange:
     request_bytes: int
     transform: ResponseTransform | None = None
     local: LocalAnswer | None = None
-    relay: Any = None  # a streams.Relay: the response goes on while it arrives
+    relay: Relay | None = None  # the response goes on while it arrives
     sink: ResponseSink | None = None  # the proxy's own request: its response goes here
-    notes: dict = field(default_factory=dict)
+    settle: Callable[[], None] | None = None  # the route's, run once when the exchange is over
 
-
-@dataclass(slots=True)
-class OwnRequest:
-    """A request the proxy sends upstream on a client's connection, and where its
-    response goes. ``frame`` carries ``correlation_id`` (the broker echoes it; the proxy
-    checks it like any other)."""
-
-    frame: bytes
-    api_key: int
-    api_version: int
-    correlation_id: int
-    sink: ResponseSink
-
-    def exchange(self, now: float) -> Exchange:
-        return Exchange(api_key=self.api_key, api_version=self.api_version, correlation_id=self.correlation_id,
-                        received_at=now, request_bytes=len(self.frame) + 4, sink=self.sink)
+    @classmethod
+    def own(cls, own: OwnRequest, now: float) -> "Exchange":
+        return cls(api_key=own.api_key, api_version=own.api_version, correlation_id=own.correlation_id,
+                   received_at=now, request_bytes=len(own.frame) + 4, sink=own.sink)

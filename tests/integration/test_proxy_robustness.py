@@ -224,13 +224,46 @@ def test_bad_configuration_fails_with_a_clear_message(kafka, tmp_path):
     assert result.stderr.strip() == (
         "keyrange-proxy: configuration error: max.inflight.requests.per.connection: must be at least 1 (got '0')"
     )
-    unreachable = subprocess.run(
-        [sys.executable, "-m", "proxy.server.cli", "--bootstrap-server", "127.0.0.1:1", "--listen", "127.0.0.1:0",
-         "--override", "upstream.connect.timeout.ms=2000"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert unreachable.returncode == 1
-    assert "cannot reach any bootstrap server: 127.0.0.1:1" in unreachable.stderr
+
+
+def test_the_proxy_starts_before_its_broker_and_serves_once_it_answers(kafka, new_topic, tmp_path):
+    """A sidecar often starts first: the proxy listens at once, keeps trying the cluster
+    with backoff, closes (retriable for every client) what arrives meanwhile, and serves
+    normally once a broker answers."""
+    import subprocess
+    import sys
+
+    from proxy.testing.proxy_process import ProxyProcess
+    from proxy.testing.raw_client import RawClient
+
+    with socket.socket() as probe:  # a loopback port with nothing behind it yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proxy = ProxyProcess.start(f"127.0.0.1:{port}", overrides={"upstream.connect.timeout.ms": "1000"},
+                               workdir=tmp_path / "proxy")
+    relay = None
+    try:
+        wait_until(lambda: proxy.log_text().count("cluster unreachable") >= 2, timeout=30,
+                   what="two logged attempts to reach the cluster")
+        assert proxy.process.poll() is None
+        early = _connect(proxy)
+        early.sendall(_metadata_request(1))
+        started = time.monotonic()
+        with pytest.raises(ConnectionError):
+            _read_frame(early)  # held for upstream.connect.timeout.ms, then closed: no hang, no answer
+        assert time.monotonic() - started >= 0.5
+        early.close()
+        # The broker "comes up" at the bootstrap address: a plain TCP relay to the real one.
+        relay = subprocess.Popen([sys.executable, "-m", "benchmarks.bare_relay", str(port), kafka.bootstrap_servers])
+        wait_until(lambda: "cluster reached" in proxy.log_text(), timeout=60, what="the proxy reaching the cluster")
+        with RawClient.connect(proxy.bootstrap_servers) as raw:
+            assert raw.topic_id(new_topic) is not None
+        assert proxy.process.poll() is None
+    finally:
+        if relay is not None:
+            relay.terminate()
+            relay.wait(10)
+        assert proxy.stop() == 0
 
 
 def test_sigterm_answers_requests_in_flight_before_closing(kafka, proxy_factory, new_topic):

@@ -1,0 +1,177 @@
+"""The features of a proxy, chained: every request's route, every response's stages.
+
+Built once from the ordered list of features. Per request it costs a dictionary lookup
+when no feature reads the API key: the frame goes upstream as the client sent it and the
+response comes back as the broker sent it (relayed while it arrives). Only API keys some
+feature reads are checked against the versions our schemas decode, and only responses
+some stage reads are decoded, once, for all of them.
+
+ApiVersions is the chain's own business, since only the chain knows which keys the
+features decode and which extensions they offer: it clamps the versions advertised for
+every decoded key to what our schemas know (a newer broker can never make the proxy
+decode a version it does not know), and adds the features' SupportedFeatures entries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from proxy.net.streams import OPAQUE
+from proxy.pipeline.context import ConnectionContext
+from proxy.pipeline.feature import Feature, RequestStage, ResponseStage
+from proxy.pipeline.request import Request
+from proxy.pipeline.route import DecodedResponse, LocalAnswer, Route
+from proxy.pipeline.versions import clamp_api_versions
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.peek import produce_acks
+
+ACKS_NONE = 0  # a Produce with acks=0 gets no response from the broker
+
+
+class FeatureChain:
+    def __init__(self, features: Sequence[Feature]) -> None:
+        self.features = list(features)
+        self._request_stages: dict[int, list[RequestStage]] = {}
+        self._response_stages: dict[int, list[tuple[int, ResponseStage]]] = {}
+        self.advertised: dict[str, tuple[int, int]] = {}
+        for feature in self.features:
+            for api_key, stage in feature.request_stages().items():
+                self._request_stages.setdefault(api_key, []).append(stage)
+            for api_key, (first_version, response_stage) in feature.response_stages().items():
+                self._response_stages.setdefault(api_key, []).append((first_version, response_stage))
+            for name, versions in feature.advertised().items():
+                if name in self.advertised:
+                    raise ValueError(f"two features advertise {name!r}")
+                self.advertised[name] = versions
+        self._decoded_keys = {*self._request_stages, *self._response_stages, ApiKey.API_VERSIONS}
+        self._known = {key: versions for key in self._decoded_keys
+                       if (versions := messages.supported_versions(key)) is not None}
+        self._stages_by_version: dict[tuple[int, int], list[ResponseStage]] = {}
+
+    # -- what the chain decodes -------------------------------------------------------------
+    def reads_requests(self, api_key: int) -> bool:
+        """Whether some feature reads requests of ``api_key`` beyond their header (so a
+        large one must be received whole rather than spliced on)."""
+        return api_key in self._request_stages
+
+    def known_versions(self) -> dict[int, tuple[int, int]]:
+        """(min, max) our schemas decode, for every API key the chain decodes."""
+        return dict(self._known)
+
+    def response_stages(self, api_key: int, version: int) -> list[ResponseStage]:
+        """The response stages that apply to ``api_key`` at ``version``, in order."""
+        key = (api_key, version)
+        stages = self._stages_by_version.get(key)
+        if stages is None:
+            stages = [stage for first, stage in self._response_stages.get(api_key, ()) if version >= first]
+            self._stages_by_version[key] = stages
+        return stages
+
+    # -- requests -------------------------------------------------------------------------------
+    async def route(self, ctx: ConnectionContext, peek: RequestHeaderPeek, frame: bytes | bytearray) -> Route:
+        """The route of one request: the first feature's that claims it, else the default."""
+        api_key = peek.api_key
+        if api_key in self._decoded_keys:
+            low, high = self._known[api_key]
+            if not low <= peek.api_version <= high:
+                if api_key == ApiKey.API_VERSIONS:
+                    return Route.answer(self._unsupported_api_versions(peek))
+                raise ProtocolError(
+                    f"{messages.api_name(api_key)} v{peek.api_version} is beyond the versions the proxy "
+                    f"advertised ({low}-{high})",
+                    api_key=api_key,
+                    version=peek.api_version,
+                )
+        stages = self._request_stages.get(api_key)
+        request = None
+        if stages:
+            request = Request(peek, frame)
+            for stage in stages:
+                route = await stage(ctx, request)
+                if route is not None:
+                    return self._complete(ctx, peek, route)
+            frame = request.frame
+        if api_key == ApiKey.PRODUCE and produce_acks(frame, peek) == ACKS_NONE:
+            return Route(frame, expect_response=False)
+        if api_key == ApiKey.API_VERSIONS:
+            return Route(frame, transform=self._api_versions_transform(peek.api_version))
+        if self.response_stages(api_key, peek.api_version):
+            return self._complete(ctx, peek, Route(frame))
+        return Route(frame, relay=OPAQUE)
+
+    def _complete(self, ctx: ConnectionContext, peek: RequestHeaderPeek, route: Route) -> Route:
+        """Give ``route`` one transform that decodes the response once for its own
+        ``on_response`` and for every response stage of the API, when any applies."""
+        if route.local is not None or route.relay is not None or not route.expect_response:
+            return route
+        stages = self.response_stages(peek.api_key, peek.api_version)
+        on_response = route.on_response
+        if on_response is None and not stages:
+            return route
+        api_key, version, raw_transform = peek.api_key, peek.api_version, route.transform
+
+        async def transform(raw: bytes) -> bytes:
+            if raw_transform is not None:
+                raw = await raw_transform(raw)
+            header, body = messages.decode_response(api_key, version, raw)
+            response = DecodedResponse(api_key, version, header, body)
+            if on_response is not None:
+                await on_response(response)
+            for stage in stages:
+                stage(ctx, response)
+            if not response.changed:
+                return raw
+            return messages.encode_response(api_key, version, response.header, response.body)
+
+        route.transform = transform
+        route.on_response = None
+        return route
+
+    def decode_own_response(self, ctx: ConnectionContext, api_key: int, version: int,
+                            raw: bytes | bytearray) -> tuple[bytes | bytearray, DecodedResponse]:
+        """A response to one of the proxy's own requests, through the response stages as a
+        client's would go, for a feature that will hand it to a client later; the frame
+        (encoded again only if a stage changed it) and its decoded form."""
+        header, body = messages.decode_response(api_key, version, raw)
+        response = DecodedResponse(api_key, version, header, body)
+        for stage in self.response_stages(api_key, version):
+            stage(ctx, response)
+        if response.changed:
+            raw = messages.encode_response(api_key, version, response.header, response.body)
+            response.changed = False
+        return raw, response
+
+    # -- ApiVersions ------------------------------------------------------------------------------
+    def _api_versions_transform(self, version: int):
+        async def transform(raw: bytes) -> bytes:
+            header, body = messages.decode_response(ApiKey.API_VERSIONS, version, raw)
+            if body.error_code != ErrorCode.NONE:
+                # The broker answered an older version it chose (v0 layout); pass it on.
+                return raw
+            features = self.advertised if version >= 3 else {}
+            new_feature = messages.body_class(ApiKey.API_VERSIONS, "response").SupportedFeatureKey
+            if not clamp_api_versions(body, self._known, features, new_feature):
+                return raw
+            return messages.encode_response(ApiKey.API_VERSIONS, version, header, body)
+
+        return transform
+
+    def _unsupported_api_versions(self, peek: RequestHeaderPeek) -> bytes:
+        """Answer as a broker does when a client asks for an ApiVersions version it lacks:
+        UNSUPPORTED_VERSION in the v0 layout, listing the ApiVersions versions we do know."""
+        low, high = self._known[ApiKey.API_VERSIONS]
+        response_class: Any = messages.body_class(ApiKey.API_VERSIONS, "response")
+        body = messages.new_body(
+            ApiKey.API_VERSIONS, 0, "response",
+            error_code=int(ErrorCode.UNSUPPORTED_VERSION),
+            api_keys=[response_class.ApiVersion(api_key=int(ApiKey.API_VERSIONS), min_version=low, max_version=high)],
+        )
+        header = messages.new_response_header(peek.correlation_id)
+        return messages.encode_response(ApiKey.API_VERSIONS, 0, header, body)
+
+
+__all__ = ["FeatureChain", "LocalAnswer"]

@@ -1,0 +1,121 @@
+"""What a feature decides about one request: where it goes and where its answer comes from.
+
+A feature's request stage returns a ``Route`` to claim a request, or None to let the next
+feature (and finally the default route) have it. The connection then sends
+``upstream_frame`` to the broker and produces the client's response from one of:
+
+- the broker's response relayed while it arrives (``relay``), rewritten at most in its tail;
+- the broker's response decoded once, passed to the route's own ``on_response`` and to every
+  feature's response stage for that API, and encoded again only if one of them changed it;
+- the broker's response as raw bytes through ``transform`` (a feature that works on the
+  wire layout itself, such as the individual-commit rewrite of OffsetCommit);
+- an answer the proxy computes itself (``local``): nothing is expected from the broker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import trio
+
+from proxy.net.streams import Relay
+
+ResponseTransform = Callable[[bytes], Awaitable[bytes]]
+ResponseSink = Callable[[bytes], Awaitable[None]]
+
+
+class DecodedResponse:
+    """A broker response decoded once for every stage that reads or rewrites it.
+
+    A stage that changes ``body`` (in place, or by assigning a new one) sets ``changed``,
+    so that the response is encoded again; otherwise the broker's bytes go on untouched.
+    """
+
+    __slots__ = ("api_key", "version", "header", "body", "changed")
+
+    def __init__(self, api_key: int, version: int, header: Any, body: Any) -> None:
+        self.api_key = api_key
+        self.version = version
+        self.header = header
+        self.body = body
+        self.changed = False
+
+
+DecodedStage = Callable[[DecodedResponse], Awaitable[None]]
+
+
+class LocalAnswer:
+    """A response frame the proxy produces itself, possibly after asynchronous work."""
+
+    __slots__ = ("_event", "_frame", "_error")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._frame: bytes | bytearray | None = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def ready(cls, frame: bytes | bytearray) -> "LocalAnswer":
+        answer = cls()
+        answer.set(frame)
+        return answer
+
+    def set(self, frame: bytes | bytearray) -> None:
+        self._frame = frame
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._event.set()
+
+    async def wait(self) -> bytes | bytearray:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._frame is not None
+        return self._frame
+
+
+@dataclass(slots=True)
+class OwnRequest:
+    """A request the proxy sends upstream on a client's connection, and where its
+    response goes. ``frame`` carries ``correlation_id`` (the broker echoes it; the proxy
+    checks it like any other)."""
+
+    frame: bytes
+    api_key: int
+    api_version: int
+    correlation_id: int
+    sink: ResponseSink
+
+
+@dataclass(slots=True)
+class Route:
+    """How one request travels, and what happens to its response.
+
+    ``upstream_frame``: the bytes to send to the broker, or None to send nothing.
+    ``expect_response``: whether the broker will answer (False only for acks=0 Produce).
+    ``transform``: rewrites the broker's raw response frame.
+    ``on_response``: the claiming feature's stage over the decoded response; it runs
+    before the response stages of the other features.
+    ``local``: the proxy answers by itself; nothing is expected from the broker.
+    ``relay``: the response goes on to the client while it arrives.
+    ``follow_up``: a request of the proxy's own, sent upstream right after this one.
+    ``settle``: runs exactly once when the exchange is over, answered or not (the
+    connection may end first); a feature releases what the request holds here.
+    """
+
+    upstream_frame: bytes | bytearray | None
+    expect_response: bool = True
+    transform: ResponseTransform | None = None
+    on_response: DecodedStage | None = None
+    local: LocalAnswer | None = None
+    relay: Relay | None = None
+    follow_up: OwnRequest | None = None
+    settle: Callable[[], None] | None = None
+
+    @classmethod
+    def answer(cls, frame: bytes | bytearray) -> "Route":
+        """The proxy answers with ``frame``; nothing goes to the broker."""
+        return cls(None, local=LocalAnswer.ready(frame))
