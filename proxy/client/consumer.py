@@ -99,7 +99,7 @@ class Consumer:
         self.config = config = ConsumerConfig(bootstrap_servers, **settings)
         self._metrics: Counter[str] = Counter()
         timeout = config.request_timeout_ms / 1000
-        self._state = AssignmentState(read_committed=config.isolation_code == 1,
+        self._state = AssignmentState(read_committed=config.isolation_level == "read_committed",
                                       tracking=config.allow_individual_commit)
         self._metadata = ClusterMetadata()
         self._connections = Connections(config.bootstrap_addresses, client_id=config.client_id, timeout=timeout,
