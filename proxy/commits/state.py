@@ -23,8 +23,6 @@ from typing import Iterable, Sequence
 from proxy.commits import packed as kernels
 from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
 
-INVALID_REQUEST = 42
-
 __all__ = ["MAX_OFFSET", "CommitState", "apply_packed", "apply_plain", "apply_ranges", "check", "check_packed",
            "join", "normalise", "rebase", "rebase_commit", "stable_after", "validate"]
 

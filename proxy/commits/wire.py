@@ -17,11 +17,11 @@ import uuid
 from dataclasses import dataclass
 
 from proxy.commits.packed import RANGE_SIZE, pack, unpack
+from proxy.protocol.constants import EXTENSION_TAG
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.primitives import read_compact_nullable_string, read_compact_string, read_uvarint, uvarint_bytes
 from proxy.protocol.tagged import skip_tagged_fields
 
-_TAG = 10000
 _HEAD = struct.Struct(">hhi")
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -66,9 +66,6 @@ class CommitRequest:
     frame: bytes
     body_head: int  # end of the header and fixed body fields: where the topic array starts
     body_tail: int  # the body's tagged-field section
-
-    def has_ranges(self) -> bool:
-        return any(part.packed for topic in self.topics for part in topic.partitions)
 
 
 def _fail(reason: str, pos: int) -> None:
@@ -158,7 +155,7 @@ def parse_request(frame: bytes) -> CommitRequest:
                     size, pos = read_uvarint(buf, pos, end)
                     if pos + size > end:
                         _fail("truncated tagged field", pos)
-                    if tag == _TAG:
+                    if tag == EXTENSION_TAG:
                         ranges = _read_ranges(buf, pos, pos + size)
                     else:
                         other.append((tag_start, pos + size))
@@ -212,7 +209,7 @@ def forward_frame(request: CommitRequest, keep, offsets: dict[tuple[int, int], i
 
 # -- OffsetCommit responses v8+ ---------------------------------------------------------------
 
-_STABLE_TAG = b"\x01" + uvarint_bytes(_TAG) + b"\x08"  # one tagged field: 10000, 8 bytes
+_STABLE_TAG = b"\x01" + uvarint_bytes(EXTENSION_TAG) + b"\x08"  # one tagged field: 10000, 8 bytes
 _PARTITION_HEAD = struct.Struct(">ih")
 
 

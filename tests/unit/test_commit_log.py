@@ -1,9 +1,11 @@
-"""The individual-commit log's records: key/value layout and how a reader folds them."""
+"""The individual-commit log's records: key/value layout (proxy.commits.codec), the producer's record
+encoder (proxy.commits.producer) and how memory folds them (proxy.commits.table)."""
 
 from __future__ import annotations
 
-from proxy.commits.log import CommitLog, decode_key, decode_value, encode_key, encode_value
+from proxy.commits.codec import decode_key, decode_value, encode_key, encode_value
 from proxy.commits.state import CommitState
+from proxy.commits.table import StateTable
 
 
 def test_key_and_value_roundtrip_with_a_version_prefix():
@@ -18,30 +20,29 @@ def test_key_and_value_roundtrip_with_a_version_prefix():
 
 
 def test_reader_keeps_the_newest_record_per_key_and_tombstones_delete():
-    log = CommitLog(cluster=None, segment_bytes=1 << 20)
-    log._apply(0, encode_key("g", "t", 0), encode_value(CommitState(0, ((3, 4),))))
-    log._apply(1, encode_key("g", "t", 1), encode_value(CommitState(5, ((7, 7), (9, 9)))))
-    log._apply(2, encode_key("g", "t", 0), encode_value(CommitState(6, ())))
-    assert log.groups["g"] == {("t", 0): (2, CommitState(6, ())), ("t", 1): (1, CommitState(5, ((7, 7), (9, 9))))}
-    assert log.ranges_held() == 2
+    table = StateTable()
+    table.apply(0, encode_key("g", "t", 0), encode_value(CommitState(0, ((3, 4),))))
+    table.apply(1, encode_key("g", "t", 1), encode_value(CommitState(5, ((7, 7), (9, 9)))))
+    table.apply(2, encode_key("g", "t", 0), encode_value(CommitState(6, ())))
+    assert table.groups["g"] == {("t", 0): (2, CommitState(6, ())), ("t", 1): (1, CommitState(5, ((7, 7), (9, 9))))}
+    assert table.held == 2
     # An older record read after a newer one (re-reading the log) changes nothing.
-    log._apply(0, encode_key("g", "t", 0), encode_value(CommitState(0, ((3, 4),))))
-    assert log.groups["g"][("t", 0)] == (2, CommitState(6, ()))
-    log._apply(3, encode_key("g", "t", 1), None)
-    assert log.groups["g"] == {("t", 0): (2, CommitState(6, ()))}
-    assert log.ranges_held() == 0
-    log._apply(4, encode_key("g", "t", 0), None)
-    assert "g" not in log.groups
+    table.apply(0, encode_key("g", "t", 0), encode_value(CommitState(0, ((3, 4),))))
+    assert table.groups["g"][("t", 0)] == (2, CommitState(6, ()))
+    table.apply(3, encode_key("g", "t", 1), None)
+    assert table.groups["g"] == {("t", 0): (2, CommitState(6, ()))}
+    assert table.held == 0
+    table.apply(4, encode_key("g", "t", 0), None)
+    assert "g" not in table.groups
     # Unreadable records are skipped, not fatal.
-    log._apply(5, b"\x7f\x7fgarbage", b"")
-    assert log.groups == {}
+    table.apply(5, b"\x7f\x7fgarbage", b"")
+    assert table.groups == {}
 
 
 def test_fast_value_encoder_writes_exactly_what_the_schema_codec_writes():
     from hypothesis import given, settings, strategies as st
 
-    from proxy.commits.log import encode_value_generic
-
+    from proxy.commits.codec import encode_value_generic
     from proxy.commits.state import apply_ranges
 
     offsets = st.integers(0, (1 << 62))
@@ -58,23 +59,23 @@ def test_fast_value_encoder_writes_exactly_what_the_schema_codec_writes():
 
 
 def test_memory_joins_records_of_one_epoch_in_any_order_and_a_reset_replaces():
-    log = CommitLog(cluster=None, segment_bytes=1 << 20)
+    table = StateTable()
     key = encode_key("g", "t", 0)
-    log._apply(5, key, encode_value(CommitState(0, ((3, 4),))))
-    log._apply(4, key, encode_value(CommitState(0, ((7, 7),))))  # older, from a stale read: joins
-    assert log.groups["g"][("t", 0)] == (5, CommitState(0, ((3, 4), (7, 7))))
-    log._apply(6, key, encode_value(CommitState(2, (), epoch=1)))  # a reset replaces
-    assert log.groups["g"][("t", 0)] == (6, CommitState(2, (), epoch=1))
-    log._apply(3, key, encode_value(CommitState(0, ((9, 9),))))  # before the reset: nothing
-    assert log.groups["g"][("t", 0)] == (6, CommitState(2, (), epoch=1))
-    log._apply(2, key, None)  # an older tombstone: ignored
-    assert ("t", 0) in log.groups["g"]
-    log._apply(7, key, None)
-    assert log.groups == {}
+    table.apply(5, key, encode_value(CommitState(0, ((3, 4),))))
+    table.apply(4, key, encode_value(CommitState(0, ((7, 7),))))  # older, from a stale read: joins
+    assert table.groups["g"][("t", 0)] == (5, CommitState(0, ((3, 4), (7, 7))))
+    table.apply(6, key, encode_value(CommitState(2, (), epoch=1)))  # a reset replaces
+    assert table.groups["g"][("t", 0)] == (6, CommitState(2, (), epoch=1))
+    table.apply(3, key, encode_value(CommitState(0, ((9, 9),))))  # before the reset: nothing
+    assert table.groups["g"][("t", 0)] == (6, CommitState(2, (), epoch=1))
+    table.apply(2, key, None)  # an older tombstone: ignored
+    assert ("t", 0) in table.groups["g"]
+    table.apply(7, key, None)
+    assert table.groups == {}
 
 
 def test_values_with_tagged_fields_are_read_through_the_codec():
-    from proxy.commits.log import encode_value_generic
+    from proxy.commits.codec import encode_value_generic
 
     state = CommitState(7, ((9, 9), (12, 20)))
     compact = encode_value_generic(state)
@@ -90,7 +91,8 @@ def test_values_with_tagged_fields_are_read_through_the_codec():
 def test_fast_key_and_record_encoders_write_exactly_what_the_generic_ones_write():
     from hypothesis import given, settings, strategies as st
 
-    from proxy.commits.log import encode_key_generic, encode_records
+    from proxy.commits.codec import encode_key_generic
+    from proxy.commits.producer import encode_records
     from proxy.records.builder import encode_record
 
     @settings(max_examples=200, deadline=None)

@@ -15,7 +15,7 @@ from proxy.commits.state import (
     rebase,
     validate,
 )
-from proxy.commits.log import java_string_hash, group_partition
+from proxy.commits.codec import java_string_hash, group_partition
 
 
 def _expand(state: CommitState, limit: int) -> set[int]:

@@ -1,0 +1,259 @@
+"""The brokers as individual commit needs them: requests from the proxy's own connections,
+the group coordinator, and where ``__individual_commit_offsets`` lives.
+
+``Cluster`` is deliberately small so a shared view of the cluster can stand in for it
+later. What the rest of ``proxy.commits`` asks of it:
+
+* ``nodes``: node id -> (host, port), refreshed by ``metadata``;
+* ``metadata(topics)``: partition counts, leaders and replicas (used for the log topic and
+  ``__consumer_offsets``), auto-creation off;
+* ``request(address, ...)`` / ``request_any(...)``: one request to a node / to any node;
+* ``committed_offsets`` and ``commit_offsets``: OffsetFetch and OffsetCommit at the group
+  coordinator (``find_coordinator``).
+
+``LogTopic`` finds or creates the log topic (the partition count and replication factor
+of ``__consumer_offsets``) and knows each partition's leader.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
+from proxy.protocol import messages
+from proxy.protocol.constants import ErrorCode
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.messages import ApiKey
+
+log = logging.getLogger("proxy.commits.cluster")
+
+LOG_TOPIC = "__individual_commit_offsets"
+OFFSETS_TOPIC = "__consumer_offsets"
+
+METADATA_VERSION = 12
+CREATE_TOPICS_VERSION = 5
+FIND_COORDINATOR_VERSION = 4
+OFFSET_FETCH_VERSION = 8
+OFFSET_COMMIT_VERSION = 9
+
+_UNREACHABLE_BACKOFF = 30.0
+_IDLE_CONNECTIONS = 16  # per broker
+
+Address = tuple[str, int]
+Key = tuple[str, int]
+
+
+class CommitLogError(Exception):
+    """The log (or the coordinator) could not be read or written before the deadline."""
+
+
+class Cluster:
+    """The proxy's own view of the cluster: node addresses and a small pool of
+    connections per broker (each carries one request at a time)."""
+
+    def __init__(self, bootstrap: list[Address], *, ssl_context=None, timeout: float = 10.0) -> None:
+        self.bootstrap = list(bootstrap)
+        self.ssl_context = ssl_context
+        self.timeout = timeout
+        self.nodes: dict[int, Address] = {}
+        self._idle: dict[Address, list[BrokerConnection]] = {}
+
+    async def request(self, address: Address, api_key: int, version: int, body, *, timeout: float | None = None):
+        idle = self._idle.setdefault(address, [])
+        connection = idle.pop() if idle else None
+        if connection is None or connection.closed:
+            connection = await BrokerConnection.open(address[0], address[1], client_id="keyrange-proxy-commits",
+                                                     timeout=self.timeout, ssl_context=self.ssl_context)
+        try:
+            response = await connection.request(api_key, version, body, timeout=timeout or self.timeout)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await connection.aclose()
+            raise
+        if len(idle) < _IDLE_CONNECTIONS:
+            idle.append(connection)
+        else:
+            await connection.aclose()
+        return response
+
+    def addresses(self) -> list[Address]:
+        return [*self.nodes.values(), *[a for a in self.bootstrap if a not in self.nodes.values()]]
+
+    async def request_any(self, api_key: int, version: int, body, *, timeout: float | None = None):
+        failures = []
+        for address in self.addresses():
+            try:
+                return await self.request(address, api_key, version, body, timeout=timeout)
+            except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+                failures.append(f"{address[0]}:{address[1]} ({exc})")
+        raise CommitLogError("no broker answered: " + "; ".join(failures))
+
+    async def metadata(self, topics: list[str]):
+        cls = messages.body_class(ApiKey.METADATA, "request")
+        body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request",
+                                 topics=[cls.MetadataRequestTopic(name=t) for t in topics],
+                                 allow_auto_topic_creation=False)
+        response = await self.request_any(ApiKey.METADATA, METADATA_VERSION, body)
+        for broker in response.brokers:
+            self.nodes[broker.node_id] = (broker.host, broker.port)
+        return response
+
+    async def find_coordinator(self, group: str) -> Address:
+        body = messages.new_body(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_VERSION, "request", key_type=0,
+                                 coordinator_keys=[group])
+        response = await self.request_any(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_VERSION, body)
+        (entry,) = response.coordinators
+        if entry.error_code != ErrorCode.NONE:
+            raise CommitLogError(f"FindCoordinator({group}) error {ErrorCode.name_of(entry.error_code)}")
+        return entry.host, entry.port
+
+    async def committed_offsets(self, group: str, keys: list[Key]) -> dict[Key, int]:
+        """The real coordinator's committed offsets (-1 for none)."""
+        if not keys:
+            return {}
+        cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in keys:
+            by_topic.setdefault(topic, []).append(partition)
+        body = messages.new_body(
+            ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, "request",
+            groups=[cls.OffsetFetchRequestGroup(group_id=group, topics=[
+                cls.OffsetFetchRequestTopics(name=topic, partition_indexes=parts) for topic, parts in by_topic.items()
+            ])],
+        )
+        deadline = trio.current_time() + 30
+        while True:
+            try:
+                address = await self.find_coordinator(group)
+                response = await self.request(address, ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, body)
+                (entry,) = response.groups
+                if entry.error_code != ErrorCode.NONE:
+                    raise CommitLogError(f"OffsetFetch({group}) error {ErrorCode.name_of(entry.error_code)}")
+                out = {}
+                for topic in entry.topics:
+                    for part in topic.partitions:
+                        out[(topic.name, part.partition_index)] = \
+                            part.committed_offset if part.error_code == ErrorCode.NONE else -1
+                return out
+            except (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError) as exc:
+                if trio.current_time() > deadline:
+                    raise CommitLogError(f"cannot read the committed offsets of {group}: {exc}") from exc
+                await trio.sleep(0.1)  # the coordinator is loading or moving: ask again shortly
+
+    async def commit_offsets(self, group: str, generation: int, member: str, instance_id: str | None,
+                             offsets: dict[Key, int]) -> dict[Key, int]:
+        """A standard OffsetCommit from the proxy's own connection to the coordinator, with
+        the generation and member of the client's commit (the broker checks them as for the
+        client); the error code per key. Raises CommitLogError when no coordinator answers."""
+        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+        by_topic: dict[str, list] = {}
+        for (topic, partition), offset in offsets.items():
+            by_topic.setdefault(topic, []).append(
+                cls.OffsetCommitRequestPartition(partition_index=partition, committed_offset=offset))
+        body = messages.new_body(ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION, "request", group_id=group,
+                                 generation_id_or_member_epoch=generation, member_id=member,
+                                 group_instance_id=instance_id,
+                                 topics=[cls.OffsetCommitRequestTopic(name=topic, partitions=parts)
+                                         for topic, parts in by_topic.items()])
+        try:
+            address = await self.find_coordinator(group)
+            response = await self.request(address, ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION, body)
+        except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+            raise CommitLogError(f"OffsetCommit({group}) from the proxy failed: {exc}") from exc
+        return {(topic.name, part.partition_index): part.error_code
+                for topic in response.topics for part in topic.partitions}
+
+
+class LogTopic:
+    """``__individual_commit_offsets``: found, or created by the first proxy that writes
+    (compacted, with the partition count and replication factor of ``__consumer_offsets``),
+    and the leader of each of its partitions."""
+
+    def __init__(self, cluster: Cluster, *, segment_bytes: int, timeout: float) -> None:
+        self.cluster = cluster
+        self.segment_bytes = segment_bytes
+        self.timeout = timeout
+        self.partitions: int | None = None  # once the topic exists with leaders
+        self._leaders: dict[int, int] = {}
+        self._lock = trio.Lock()
+        self._unreachable_until = -1.0
+
+    async def partition_count(self, create: bool) -> int | None:
+        """The log's partition count; None if it does not exist and ``create`` is false."""
+        if self.partitions is not None:
+            return self.partitions
+        if trio.current_time() < self._unreachable_until:
+            raise CommitLogError("the brokers refused the proxy's own requests a moment ago")
+        try:
+            return await self._find(create)
+        except CommitLogError:
+            # E.g. a SASL listener refuses the proxy's unauthenticated requests: do not
+            # try again on every request.
+            self._unreachable_until = trio.current_time() + _UNREACHABLE_BACKOFF
+            raise
+
+    async def _find(self, create: bool) -> int | None:
+        async with self._lock:
+            deadline = trio.current_time() + self.timeout
+            while self.partitions is None:
+                response = await self.cluster.metadata([LOG_TOPIC, OFFSETS_TOPIC])
+                topics = {t.name: t for t in response.topics}
+                ours = topics.get(LOG_TOPIC)
+                if ours is not None and ours.error_code == ErrorCode.NONE and ours.partitions and \
+                        all(p.leader_id >= 0 for p in ours.partitions):
+                    self.partitions = len(ours.partitions)
+                    self._learn_leaders(ours)
+                    break
+                missing = ours is None or ours.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                if ours is not None and missing and not create:
+                    return None
+                offsets = topics.get(OFFSETS_TOPIC)
+                if offsets is None or offsets.error_code != ErrorCode.NONE or not offsets.partitions:
+                    # __consumer_offsets is created with the first FindCoordinator.
+                    try:
+                        await self.cluster.find_coordinator("keyrange-proxy")
+                    except CommitLogError:
+                        pass
+                elif missing:
+                    await self._create(len(offsets.partitions), len(offsets.partitions[0].replica_nodes))
+                if trio.current_time() > deadline:
+                    raise CommitLogError(f"{LOG_TOPIC} has no leaders yet")
+                await trio.sleep(0.1)  # the topic is being created: its leaders appear shortly
+            return self.partitions
+
+    async def _create(self, partitions: int, replication: int) -> None:
+        cls = messages.body_class(ApiKey.CREATE_TOPICS, "request")
+        body = messages.new_body(
+            ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION, "request", timeout_ms=30000,
+            topics=[cls.CreatableTopic(name=LOG_TOPIC, num_partitions=partitions, replication_factor=replication,
+                                       configs=[cls.CreatableTopicConfig(name="cleanup.policy", value="compact"),
+                                                cls.CreatableTopicConfig(name="segment.bytes",
+                                                                         value=str(self.segment_bytes))])],
+        )
+        response = await self.cluster.request_any(ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION, body, timeout=40)
+        (result,) = response.topics
+        if result.error_code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+            raise CommitLogError(f"CreateTopics {LOG_TOPIC}: error {ErrorCode.name_of(result.error_code)} "
+                                 f"{result.error_message}")
+        log.info("individual-commit log topic=%s partitions=%s replication=%s result=%s", LOG_TOPIC, partitions,
+                 replication, ErrorCode.name_of(result.error_code))
+
+    def _learn_leaders(self, topic) -> None:
+        for p in topic.partitions:
+            self._leaders[p.partition_index] = p.leader_id
+
+    async def leader(self, index: int, refresh: bool = False) -> Address:
+        """The address of the leader of log partition ``index`` (``refresh``: ask again,
+        after a request to the one known failed)."""
+        leader = self._leaders.get(index)
+        if refresh or leader is None or leader not in self.cluster.nodes:
+            response = await self.cluster.metadata([LOG_TOPIC])
+            for topic in response.topics:
+                if topic.name == LOG_TOPIC:
+                    self._learn_leaders(topic)
+            leader = self._leaders.get(index)
+        if leader is None or leader not in self.cluster.nodes:
+            raise CommitLogError(f"{LOG_TOPIC}-{index} has no leader")
+        return self.cluster.nodes[leader]

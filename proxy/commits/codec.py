@@ -1,0 +1,112 @@
+"""The individual-commit log's record format (docs/wire-contract.md#4-individual-commit-log), without I/O.
+
+A record's key is ``IndividualCommitKey`` and its value ``IndividualCommitValue``
+(``protocol_schemas/``), each an int16 version then the structure. The schema codec is
+the reference; the hot path (one value per committed partition) writes the same bytes
+from slices, and unit tests check the two agree. A record lives in the group's partition
+of ``__consumer_offsets``, so a group's individual commits sit next to its offsets.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from proxy.commits.packed import RANGE_SIZE, from_deltas, to_deltas
+from proxy.commits.state import CommitState
+from proxy.protocol import messages
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.primitives import read_uvarint, uvarint_bytes
+
+__all__ = ["decode_key", "decode_value", "encode_key", "encode_key_generic", "encode_value",
+           "encode_value_generic", "group_partition", "java_string_hash"]
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: over UTF-16 code units, 32-bit signed arithmetic."""
+    value = 0
+    data = text.encode("utf-16-be")
+    for index in range(0, len(data), 2):
+        value = (31 * value + ((data[index] << 8) | data[index + 1])) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def group_partition(group: str, partitions: int) -> int:
+    """``Utils.abs(group.hashCode()) % partitions``; Utils.abs(Integer.MIN_VALUE) is 0."""
+    value = java_string_hash(group)
+    value = 0 if value == -(1 << 31) else abs(value)
+    return value % partitions
+
+
+def encode_key_generic(group: str, topic: str, partition: int) -> bytes:
+    """IndividualCommitKey through the schema codec (the reference for ``encode_key``)."""
+    return messages.encode_data(
+        "IndividualCommitKey", messages.new_data("IndividualCommitKey", group=group, topic=topic, partition=partition)
+    )
+
+
+_KEY_STRING = struct.Struct(">h")
+_KEY_TAIL = struct.Struct(">i")
+
+
+def encode_key(group: str, topic: str, partition: int) -> bytes:
+    """IndividualCommitKey v0 (int16 version, then non-flexible strings and the partition),
+    byte for byte what the schema codec writes (a unit test checks it)."""
+    group_bytes = group.encode()
+    topic_bytes = topic.encode()
+    if len(group_bytes) > 0x7FFF or len(topic_bytes) > 0x7FFF:
+        return encode_key_generic(group, topic, partition)  # let the codec refuse it
+    return b"".join((b"\x00\x00", _KEY_STRING.pack(len(group_bytes)), group_bytes, _KEY_STRING.pack(len(topic_bytes)),
+                     topic_bytes, _KEY_TAIL.pack(partition)))
+
+
+def decode_key(data) -> tuple[str, str, int]:
+    key = messages.decode_data("IndividualCommitKey", bytes(data))
+    return key.group, key.topic, key.partition
+
+
+def encode_value_generic(state: CommitState, version: int | None = None) -> bytes:
+    """IndividualCommitValue through the schema codec (the reference for ``encode_value``)."""
+    value_class = messages.data_class("IndividualCommitValue")
+    if version == 0:
+        value = value_class(stable_offset=state.stable,
+                            ranges=[value_class.OffsetRange(start=start, end=end) for start, end in state.ranges])
+    else:
+        value = value_class(stable_offset=state.stable, range_deltas=to_deltas(state.stable, state.packed),
+                            reset_epoch=state.epoch)
+    return messages.encode_data("IndividualCommitValue", value, version)
+
+
+_VALUE_HEAD = struct.Struct(">hq")
+_EPOCH = struct.Struct(">q")
+
+
+def encode_value(state: CommitState) -> bytes:
+    """IndividualCommitValue v1, byte for byte what the schema codec writes (a unit test
+    checks it), without building message objects: commits write one per partition."""
+    deltas = to_deltas(state.stable, state.packed)
+    return b"".join((_VALUE_HEAD.pack(1, state.stable), uvarint_bytes(len(deltas) + 1), deltas,
+                     _EPOCH.pack(state.epoch), b"\x00"))
+
+
+def decode_value(data) -> CommitState:
+    """A value as this proxy writes it (version 1, or 0 of earlier releases) is read from
+    slices; anything else (tagged fields a newer writer added) through the schema codec."""
+    data = bytes(data)
+    if len(data) >= 12 and data[-1] == 0:
+        version, stable = _VALUE_HEAD.unpack_from(data, 0)
+        try:
+            length, pos = read_uvarint(data, 10, len(data))
+        except ProtocolError:
+            length, pos = 0, 0
+        if version == 1 and length and pos + length + 8 == len(data):
+            (epoch,) = _EPOCH.unpack_from(data, pos + length - 1)
+            return CommitState.from_packed(stable, from_deltas(stable, data[pos:pos + length - 1]), epoch)
+        if version == 0 and length and pos + (length - 1) * RANGE_SIZE + 1 == len(data):
+            ranges = data[pos:-1]
+            if ranges[16::RANGE_SIZE].count(0) == length - 1:
+                return CommitState.from_packed(stable, ranges)
+    value = messages.decode_data("IndividualCommitValue", data)
+    if messages.data_version(data) >= 1:
+        return CommitState.from_packed(value.stable_offset, from_deltas(value.stable_offset, value.range_deltas or b""),
+                                       value.reset_epoch)
+    return CommitState(value.stable_offset, tuple((r.start, r.end) for r in value.ranges))

@@ -1,0 +1,356 @@
+"""The multi-instance write protocol of one OffsetCommit with ranges, as a state machine
+without I/O (docs/individual-commit.md, "Write order", explains why this order).
+
+``RangeCommit`` takes events (what this instance holds of the log, the coordinator's
+answers, where a write landed, what another instance wrote) and answers each with the
+next action for the I/O edge (``proxy.commits.feature``) to perform:
+
+    begin ──> FetchCommitted ──> Forward                 (request hook, under the key locks)
+          └─────────────────────> Forward
+    on_response ──> ReadLogEnd ──> [Correct] ──> Write    (response transform)
+                └──────────────────────────────> Write
+                └──> Answer                               (nothing accepted to write)
+    Write ──> Answer                                      (landed where the read ended)
+          └─> ReadWindow ──> [Correct] ──> Write ──> ...  (another instance wrote in between;
+                         └─> Answer                        at most ``rounds`` windows)
+
+Any failure to read or write the log answers the keys it concerns with
+COORDINATOR_NOT_AVAILABLE (retriable: merging is idempotent); a correction the
+coordinator refuses answers the key with the coordinator's error. Keys are (topic,
+partition) of one group; a commit's ranges are packed (``proxy.commits.packed``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from proxy.commits.codec import encode_value
+from proxy.commits.state import CommitState, apply_packed, apply_plain, rebase_commit, stable_after
+from proxy.protocol.constants import ErrorCode
+
+Key = tuple[str, int]
+Record = tuple[int, CommitState]  # (log offset of the newest record of a key, its state)
+
+RECONCILE_ROUNDS = 8  # windows read after a write that did not land where the read ended
+
+_UNAVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+# -- actions ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FetchCommitted:
+    """Ask the coordinator for the committed offsets of ``keys`` (no state yet: S starts
+    there); answer with ``on_committed``."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Forward the client's OffsetCommit with ``CommittedOffset = offsets[key]`` (S') for
+    each range-committed key; answer with ``on_response`` once the broker has answered."""
+
+    offsets: dict[Key, int]
+
+
+@dataclass(frozen=True)
+class ReadLogEnd:
+    """The read of the log partition's end that started alongside the broker's commit must
+    finish now; answer with ``on_log_end`` or ``on_log_end_failed``."""
+
+
+@dataclass(frozen=True)
+class Correct:
+    """Commit ``offsets`` to the coordinator from the proxy's own connection, with the
+    client's generation, member and instance id; answer with ``on_corrected`` or
+    ``on_correction_failed``."""
+
+    offsets: dict[Key, int]
+
+
+@dataclass(frozen=True)
+class Write:
+    """Write ``states`` to the log with acks=all (``encoded``: values already encoded, for a
+    key whose state is that very object); answer with ``on_written`` or
+    ``on_write_failed``."""
+
+    states: dict[Key, CommitState]
+    encoded: dict[Key, tuple[CommitState, bytes]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReadWindow:
+    """Read the newest record of each of ``keys`` at log offsets [start, stop) (``stop``
+    None: to the log's end) from the log itself; answer with ``on_window`` or
+    ``on_write_failed``."""
+
+    start: int
+    stop: int | None
+    keys: frozenset[Key]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Answer the client: ``errors`` replace the broker's error of those keys, ``stable``
+    is the StableOffset of each acknowledged range commit. The end."""
+
+    errors: dict[Key, int]
+    stable: dict[Key, int]
+
+
+class _Phase(enum.Enum):
+    PLANNING = "planning"
+    FORWARDED = "forwarded"
+    END_READ = "end read"
+    CORRECTING = "correcting"
+    WRITING = "writing"
+    WINDOW = "window"
+    REWRITING = "rewriting"
+    DONE = "done"
+
+
+class ProtocolViolation(RuntimeError):
+    """An event that the machine's current phase does not expect (a bug in the edge)."""
+
+
+class RangeCommit:
+    """One OffsetCommit's partitions of one group that change state: ``commits`` (key ->
+    the commit's ranges, packed and sorted; a key listed twice has two) and ``plain``
+    (key -> offset of a plain commit, which resets a key that has state).
+
+    Attributes the edge reads: ``foreign_writes`` (keys found written by another instance
+    since this one read them), ``phase``."""
+
+    def __init__(self, commits: dict[Key, list[bytes]], plain: dict[Key, int] | None = None, *,
+                 rounds: int = RECONCILE_ROUNDS) -> None:
+        self.commits = commits
+        self.plain = plain or {}
+        self.rounds = rounds
+        self.foreign_writes = 0
+        self.phase = _Phase.PLANNING
+        self._new: dict[Key, CommitState] = {}  # the state each key is to have
+        self._stable: dict[Key, int] = {}  # S the coordinator holds for each range commit
+        self._pending: dict[Key, tuple[CommitState, bytes]] = {}  # R' still to compute (``prepare``)
+        self._encoded: dict[Key, tuple[CommitState, bytes]] = {}
+        self._basis: dict[Key, int] = {}  # log offset of the record each state was computed from (-1: none)
+        self._accepted: dict[Key, CommitState] = {}
+        self._errors: dict[Key, int] = {}
+        self._end_read = False
+        self._read = 0  # every record below it is held in the states
+        # One correction or reconcile round in flight:
+        self._redo: dict[Key, CommitState] = {}
+        self._corrections: dict[Key, int] = {}
+        self._written = False  # whether the states went to the log already
+        self._rounds_done = 0
+        self._start = 0  # where the next window starts
+        self._at = -1  # where the last write landed (-1: unknown)
+        self._count = 0  # records of that write
+        self._read_to = 0
+        self._merged: dict[Key, int] = {}
+
+    def _expect(self, *phases: _Phase) -> None:
+        if self.phase not in phases:
+            raise ProtocolViolation(f"range commit is {self.phase.value}, not {' or '.join(p.value for p in phases)}")
+
+    # -- request hook ---------------------------------------------------------------------------
+    def begin(self, position: int, records: dict[Key, Record], *, end_read: bool) -> FetchCommitted | Forward:
+        """This instance holds ``records`` of the group, every record below log offset
+        ``position`` among them; ``end_read``: a read of the log's end runs alongside (else
+        the log was just read to its end)."""
+        self._expect(_Phase.PLANNING)
+        self._read = position
+        self._end_read = end_read
+        missing = tuple(key for key in self.commits if key not in records)
+        if missing:
+            return FetchCommitted(missing)
+        return self.on_committed({}, records)
+
+    def on_committed(self, coordinator: dict[Key, int], records: dict[Key, Record]) -> Forward:
+        """The coordinator's committed offsets (-1: none) of keys without state, and what
+        this instance holds now. Computes S' (and R' where a key has several commits; one
+        commit's R' waits for ``prepare``)."""
+        self._expect(_Phase.PLANNING)
+        for key, commits in self.commits.items():
+            record = records.get(key)
+            self._basis[key] = record[0] if record is not None else -1
+            state = record[1] if record is not None else CommitState(max(coordinator.get(key, -1), 0))
+            if len(commits) == 1:
+                self._stable[key] = stable_after(state, commits[0])
+                self._pending[key] = (state, commits[0])
+                continue
+            for ranges in commits:
+                state = apply_packed(state, ranges)
+            self._new[key] = state
+            self._stable[key] = state.stable
+        for key, offset in self.plain.items():
+            record = records.get(key)
+            if record is not None and key not in self._new:
+                self._new[key] = apply_plain(offset, record[1])
+                self._basis.setdefault(key, record[0])
+        self.phase = _Phase.FORWARDED
+        return Forward(dict(self._stable))
+
+    def unavailable(self) -> dict[Key, int]:
+        """The state could not be read: every range commit is refused (retriable), and
+        nothing is written for this request. Returns the refusals."""
+        self._expect(_Phase.PLANNING)
+        self._new, self._stable, self._pending = {}, {}, {}
+        self.phase = _Phase.FORWARDED
+        return {key: _UNAVAILABLE for key in self.commits}
+
+    @property
+    def needs_prepare(self) -> bool:
+        return bool(self._pending)
+
+    def prepare(self) -> None:
+        """R' and the log values of single-commit keys: CPU work the edge runs while the
+        broker handles the commit (``on_response`` does it if still needed)."""
+        for key, (state, ranges) in self._pending.items():
+            merged = self._new[key] = apply_packed(state, ranges)
+            self._encoded[key] = (merged, encode_value(merged))
+        self._pending = {}
+
+    # -- response transform -----------------------------------------------------------------------
+    def on_response(self, results) -> ReadLogEnd | Write | Answer:
+        """The broker's answer: (key, error code) per partition. A partition it rejected
+        changes nothing. (Still planning: no partition of the request needed the state.)"""
+        self._expect(_Phase.PLANNING, _Phase.FORWARDED)
+        self.prepare()
+        self._accepted = {key: self._new[key] for key, error in results
+                          if error == ErrorCode.NONE and key in self._new}
+        if self._accepted and self._end_read:
+            self.phase = _Phase.END_READ
+            return ReadLogEnd()
+        return self._write()
+
+    def on_log_end(self, position: int, records: dict[Key, Record]) -> Correct | Write | Answer:
+        """The end read finished at ``position``; ``records``: what this instance holds now.
+        A key whose newest record is no longer the one its state came from was written by
+        another instance: the state is brought up to that record before anything is
+        written."""
+        self._expect(_Phase.END_READ)
+        self._read = max(self._read, position)
+        found: dict[Key, CommitState | None] = {}
+        for key in self._accepted:
+            record = records.get(key)
+            offset = record[0] if record is not None else -1
+            if offset != self._basis.get(key, -1):
+                found[key] = record[1] if record is not None else None
+                self._basis[key] = offset  # merged now: a window need not merge it again
+        if found:
+            return self._merge(found, written=False)
+        return self._write()
+
+    def on_log_end_failed(self) -> Answer:
+        """The log's end could not be read: nothing is written, every accepted key is
+        answered COORDINATOR_NOT_AVAILABLE."""
+        self._expect(_Phase.END_READ)
+        for key in self._accepted:
+            self._errors[key] = _UNAVAILABLE
+        self._accepted = {}
+        return self._answer()
+
+    def on_corrected(self, errors: dict[Key, int]) -> Write | ReadWindow | Answer:
+        """The coordinator's error code per corrected key (a key it did not mention counts
+        as COORDINATOR_NOT_AVAILABLE)."""
+        self._expect(_Phase.CORRECTING)
+        return self._corrected(errors)
+
+    def on_correction_failed(self) -> Write | ReadWindow | Answer:
+        """No coordinator answered the correction."""
+        self._expect(_Phase.CORRECTING)
+        return self._corrected({})
+
+    def on_written(self, at: int) -> ReadWindow | Answer:
+        """The write landed at log offset ``at`` (-1: unknown, an earlier attempt landed).
+        Anywhere but right after what the states hold, another instance wrote in between."""
+        self._expect(_Phase.WRITING, _Phase.REWRITING)
+        if self.phase is _Phase.WRITING:
+            if at == self._read:
+                return self._answer()
+            self._merged = {key: offset for key, offset in self._basis.items() if offset >= self._read}
+            self._start, self._count, self._at = self._read, len(self._accepted), at
+            return self._window()
+        self._at = at
+        if at == self._start:
+            return self._answer()
+        return self._window()
+
+    def on_window(self, window: dict[Key, tuple[int, CommitState | None]], read_to: int) -> Correct | Write | Answer:
+        """The newest record of each key in the window (offset, state; None a tombstone),
+        and the offset the read reached."""
+        self._expect(_Phase.WINDOW)
+        self._read_to = read_to
+        found = {key: state for key, (offset, state) in window.items() if offset != self._merged.get(key)}
+        return self._merge(found, written=True)
+
+    def on_write_failed(self) -> Answer:
+        """A write, or the read of a window, failed: every accepted key is answered
+        COORDINATOR_NOT_AVAILABLE (a retry merges idempotently)."""
+        self._expect(_Phase.WRITING, _Phase.REWRITING, _Phase.WINDOW)
+        for key in self._accepted:
+            self._errors[key] = _UNAVAILABLE
+        return self._answer()
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _write(self) -> Write | Answer:
+        if not self._accepted:
+            return self._answer()
+        self.phase = _Phase.WRITING
+        return Write(dict(self._accepted), self._encoded)
+
+    def _window(self) -> ReadWindow | Answer:
+        if self._rounds_done >= self.rounds:
+            for key in self._accepted:
+                self._errors.setdefault(key, _UNAVAILABLE)  # each record holds its commit whole
+            return self._answer()
+        self._rounds_done += 1
+        self.phase = _Phase.WINDOW
+        return ReadWindow(self._start, self._at if self._at >= 0 else None, frozenset(self._accepted))
+
+    def _merge(self, found: dict[Key, CommitState | None], *, written: bool) -> Correct | Write | ReadWindow | Answer:
+        """Bring each range commit's state up to the newer record ``found`` of its key (in
+        one epoch the union; after a reset or a deletion the commit applied again). When S
+        changes, the coordinator (holding S computed from the older state) is corrected."""
+        redo: dict[Key, CommitState] = {}
+        for key, state in found.items():
+            self.foreign_writes += 1
+            if key not in self.commits:
+                continue  # a plain commit (S = O, R cleared) does not depend on the state
+            state = rebase_commit(self._accepted[key], state, self.commits[key])
+            if state != self._accepted[key]:
+                redo[key] = state
+        self._redo, self._written = redo, written
+        self._corrections = {key: state.stable for key, state in redo.items()
+                             if state.stable != self._stable.get(key)}
+        if self._corrections:
+            self.phase = _Phase.CORRECTING
+            return Correct(dict(self._corrections))
+        return self._corrected({})
+
+    def _corrected(self, errors: dict[Key, int]) -> Write | ReadWindow | Answer:
+        for key, state in self._redo.items():
+            error = errors.get(key, _UNAVAILABLE) if key in self._corrections else ErrorCode.NONE
+            if error != ErrorCode.NONE:
+                self._errors[key] = error
+                if not self._written:
+                    del self._accepted[key]  # nothing written yet: the key is left alone
+                    continue
+            elif key in self._corrections:
+                self._stable[key] = state.stable
+            self._accepted[key] = state
+        if not self._written:
+            return self._write()
+        if not self._redo:
+            return self._answer()
+        self._start = self._at + self._count if self._at >= 0 else self._read_to
+        self._count = len(self._redo)
+        self.phase = _Phase.REWRITING
+        return Write(dict(self._redo))
+
+    def _answer(self) -> Answer:
+        self.phase = _Phase.DONE
+        stable = {key: state.stable for key, state in self._accepted.items()
+                  if key in self.commits and key not in self._errors}
+        return Answer(dict(self._errors), stable)
