@@ -182,7 +182,7 @@ def test_early_request_caps_only_max_bytes():
 # -- the edge's pure parts: matching a frame, the byte budget ---------------------------------
 
 def test_a_prediction_matches_the_clients_frame_whatever_its_correlation_id():
-    from proxy.readahead.feature import Prediction
+    from proxy.readahead.held import Prediction
 
     header = messages.new_request_header(ApiKey.FETCH, VERSION, 7, "consumer-1")
     asked = request({0: 10}, session_epoch=0)
@@ -200,7 +200,7 @@ def test_a_prediction_matches_the_clients_frame_whatever_its_correlation_id():
 
 
 def test_byte_budget_refuses_beyond_its_limit():
-    from proxy.readahead.feature import ByteBudget
+    from proxy.readahead.held import ByteBudget
 
     budget = ByteBudget(100)
     assert budget.take(60)
