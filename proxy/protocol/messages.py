@@ -14,6 +14,11 @@ deliberate exception: a tagged field whose default is null, sent explicitly as n
 dropped on re-encode (Java clients never send that; see below).
 
 Frames here are Kafka frames *without* the 4-byte size prefix (``framing`` strips it).
+Behind the functions is ``REGISTRY``, a ``MessageRegistry``: it maps (api key, version,
+kind) to a ``FrameCodec`` (header codec of the right header version plus body codec) on
+first use, so decoding a frame is one dictionary lookup and two generated functions.
+Every value returned here is typed ``Any``: the classes are generated from the schemas
+at run time, so a type checker cannot know their fields.
 
 Reading::
 
