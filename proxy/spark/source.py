@@ -84,11 +84,14 @@ class KeyRangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._target: dict[offsets.TopicPartitionKey, int] | None = None
+        self._initial: dict | None = None
+        self._committed: dict[offsets.TopicPartitionKey, int] = {}
         driver.check(options)
 
     def initialOffset(self) -> dict:
         start = driver.partition_offsets(self.options, self.options.starting_offsets)
-        return offsets.to_json(offsets.spread(start, self.options.splits))
+        self._initial = offsets.to_json(offsets.spread(start, self.options.splits))
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_offsets_per_trigger
@@ -101,6 +104,11 @@ class KeyRangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = offsets.from_json(start, self.options.splits)
+        if start != self._initial:
+            # Spark asks for the next batch's end only once the previous batch is written
+            # out, but tells the source (commit) only when it plans the batch after that:
+            # the last batch of a run would never be committed
+            self._commit(begin)
         latest, earliest = driver.latest_and_earliest(self.options, {unit[:2] for unit in begin})
         if self._target is not None:
             latest = {tp: min(offset, self._target[tp]) for tp, offset in latest.items() if tp in self._target}
@@ -120,8 +128,17 @@ class KeyRangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _read(self.options, partition.value)
 
     def commit(self, end: dict) -> None:
-        if self.options.commit_group_id is not None:
-            driver.commit(self.options, offsets.from_json(end, self.options.splits))
+        self._commit(offsets.from_json(end, self.options.splits))
+
+    def _commit(self, end: dict[offsets.Unit, int]) -> None:
+        if self.options.commit_group_id is None:
+            return
+        minimums = offsets.partition_minimums(end)
+        if all(self._committed.get(tp, -1) >= offset for tp, offset in minimums.items()):
+            return
+        driver.commit(self.options, end)
+        for tp, offset in minimums.items():
+            self._committed[tp] = max(offset, self._committed.get(tp, -1))
 
 
 def register(spark) -> None:

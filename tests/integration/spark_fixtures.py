@@ -1,0 +1,24 @@
+"""One local SparkSession for every Spark test module (`local[2]`, no UI, small shuffles).
+
+Imported by the ``test_spark_*`` modules (``from tests.integration.spark_fixtures import
+spark``): a session takes tens of seconds to start on a shared 2-core machine, so the
+modules share it, and it stops at the end of the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    from proxy.spark.session import local_session
+
+    session = local_session("keyrange-tests", master="local[2]", shuffle_partitions=2,
+                            conf={"spark.driver.memory": "1g", "spark.default.parallelism": "2"})
+    yield session
+    session.stop()
