@@ -76,7 +76,7 @@ def rewrite_find_coordinator(body, book: Advertiser) -> bool:
 
 def rewrite_node_endpoints(body, book: Advertiser) -> bool:
     """Produce v10+, Fetch v16+, ShareFetch and ShareAcknowledge (KIP-951 leader hints)."""
-    return _rewrite_entries(getattr(body, "node_endpoints", None), book)
+    return _rewrite_entries(getattr(body, "node_endpoints", None) or (), book)
 
 
 ADDRESS_REWRITERS = {

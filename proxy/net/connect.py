@@ -46,11 +46,12 @@ async def connect(
 ) -> trio.abc.Stream:
     """A connected stream to ``host:port``, TLS-wrapped and handshaken when asked."""
     with trio.fail_after(timeout):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+        tcp = await trio.open_tcp_stream(host, port)
         try:
-            stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        except (AttributeError, OSError):
+            tcp.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+        except OSError:
             pass
+        stream: trio.abc.Stream = tcp
         if ssl_context is not None:
             tls = trio.SSLStream(stream, ssl_context, server_hostname=host, https_compatible=False)
             try:

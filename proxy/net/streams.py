@@ -47,10 +47,12 @@ import os
 import socket
 import ssl
 
+from typing import Any
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 import trio
 
@@ -65,7 +67,7 @@ _LOWAT_CAP = 1024 * 1024  # never ask the kernel to hold back more than this bef
 _RELAY_CHUNK = 256 * 1024  # a relayed frame moves on in pieces of about this size
 _REUSE_MAX = 2 * 1024 * 1024  # relayed frames up to this size share one buffer per stream
 _SO_RCVLOWAT = getattr(socket, "SO_RCVLOWAT", None)
-_SPLICE = getattr(os, "splice", None) if fcntl is not None and hasattr(os, "pipe2") else None
+_SPLICE: Any = getattr(os, "splice", None) if fcntl is not None and hasattr(os, "pipe2") else None
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _SPLICE_MIN = 64 * 1024  # regions the proxy never reads are spliced from this size on
 _PIPE_SIZE = 1024 * 1024  # asked of the kernel for the splice pipe (it may give less)
@@ -118,7 +120,9 @@ class FrameStream:
     def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int) -> None:
         self.stream = stream
         self._splitter = FrameSplitter(max_frame_bytes)
-        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        # The plain TCP socket, or None (TLS): every method of the direct path runs only
+        # when it is set, so it is typed for that path.
+        self._socket: Any = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._max_frame_bytes = max_frame_bytes
         self._lowat = 1  # the socket's SO_RCVLOWAT as we last set it
         self._waits = 0  # times a receive waited for the socket (each wait is a checkpoint)
@@ -177,12 +181,11 @@ class FrameStream:
         if size - (splitter.buffered - 4) < pass_on_min:
             return await self._receive_direct()
         await self._fill_splitter(4 + min(size, _SPLICE_LOOKAHEAD), 0)  # never False: bytes are buffered
-        head = bytearray(min(splitter.buffered - 4, size))
-        splitter.take_start(head)
-        head = bytes(head)
+        start = bytearray(min(splitter.buffered - 4, size))
+        splitter.take_start(start)
         if self._waits == waits:
             await trio.lowlevel.checkpoint()
-        return PartialFrame(size, head)
+        return PartialFrame(size, bytes(start))
 
     async def _fill_splitter(self, count: int, read: int) -> bool:
         """Read until the splitter holds ``count`` bytes, taking up to ``read`` bytes a
@@ -264,16 +267,16 @@ class FrameStream:
         ``relay.finish``. Streams that are not plain TCP receive the whole frame first.
         """
         if self._socket is None or destination._socket is None:
-            frame = await self.receive_frame()
-            if frame is None:
+            whole = await self.receive_frame()
+            if whole is None:
                 return None
-            _check_correlation(frame, correlation_id)
+            _check_correlation(whole, correlation_id)
             if relay.walk is not None:
-                tail = _run_walk(relay.walk(frame, len(frame), len(frame)))
-                if tail < len(frame):
-                    frame = bytes(frame[:tail]) + relay.finish(frame, tail)
-            await destination.send_frame(frame)
-            return len(frame)
+                tail = _run_walk(relay.walk(whole, len(whole), len(whole)))
+                if tail < len(whole):
+                    whole = bytes(whole[:tail]) + relay.finish(whole, tail)
+            await destination.send_frame(whole)
+            return len(whole)
         splicing = _SPLICE is not None
         head = _SPLICE_LOOKAHEAD if splicing else _HEADER_READ  # splicing: leave the body in the socket
         size, buffer, filled = await self._receive_head(reuse=True, head=head)

@@ -48,8 +48,11 @@ class FeatureChain:
                     raise ValueError(f"two features advertise {name!r}")
                 self.advertised[name] = versions
         self._decoded_keys = {*self._request_stages, *self._response_stages, ApiKey.API_VERSIONS}
-        self._known = {key: versions for key in self._decoded_keys
-                       if (versions := messages.supported_versions(key)) is not None}
+        self._known: dict[int, tuple[int, int]] = {}
+        for key in self._decoded_keys:
+            supported = messages.supported_versions(key)
+            if supported is not None:
+                self._known[key] = supported
         self._stages_by_version: dict[tuple[int, int], list[ResponseStage]] = {}
 
     # -- what the chain decodes -------------------------------------------------------------

@@ -8,7 +8,7 @@ feature's per-connection state (``StateKey``), closed when the connection ends.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Generic, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 import trio
 
@@ -17,17 +17,6 @@ from proxy.pipeline.route import DecodedResponse, OwnRequest
 T = TypeVar("T")
 
 
-class Closeable(Protocol):
-    def decode_own_response(self, api_key: int, version: int,
-                            raw: bytes | bytearray) -> tuple[bytes | bytearray, DecodedResponse]:
-        """The response to a request of the proxy's own, through every feature's response
-        stages as a client's response would go (its broker addresses rewritten, ...), for a
-        feature that will hand it to the client later: the frame and its decoded form."""
-        if self._own_responses is None:
-            raise RuntimeError("this context cannot decode responses")
-        return self._own_responses(self, api_key, version, raw)
-
-    def close(self) -> None: ...
 
 
 # (context, api key, version, raw frame) -> (frame, decoded), see FeatureChain.decode_own_response

@@ -46,6 +46,7 @@ PAUSE_SECONDS = 60.0
 
 def _answer_frame(held: HeldRead, correlation_id: int) -> bytearray:
     frame = held.frame
+    assert frame is not None
     frame[0:4] = correlation_id.to_bytes(4, "big", signed=True)
     return frame
 

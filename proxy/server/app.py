@@ -291,6 +291,7 @@ class ProxyServer:
                     self.metrics.errors.labels("accept").inc()
                     await trio.sleep(0.1)
                     continue
+                assert self._connection_nursery is not None  # listeners run inside it
                 self._connection_nursery.start_soon(self._handle, stream, node_id)
 
     async def _handle(self, stream: trio.abc.Stream, node_id: int | None) -> None:
@@ -301,7 +302,7 @@ class ProxyServer:
                         peer, self.config.get("max.connections"))
             await trio.aclose_forcefully(stream)
             return
-        if self._listener_ssl is not None:
+        if isinstance(stream, trio.SSLStream):
             try:
                 with trio.fail_after(10):
                     await stream.do_handshake()
@@ -339,17 +340,18 @@ class ProxyServer:
             # starting broker would, then try anyway.
             with trio.move_on_after(timeout):
                 await self.cluster.answered.wait()
+        candidates: list[tuple[str, int]]
         if node_id is None:
+            fronted = None
             if self.config.get("topology") == "sidecar" and self.book.sidecar_node_id is not None:
-                candidates = [self.book.real_address(self.book.sidecar_node_id)]
-            else:
-                candidates = list(self.config.get("bootstrap.servers"))
+                fronted = self.book.real_address(self.book.sidecar_node_id)
+            candidates = [fronted] if fronted is not None else list(self.config.get("bootstrap.servers"))
         else:
             address = self.book.real_address(node_id)
             if address is None:
                 raise UpstreamUnavailable(f"node {node_id} is not in the cluster metadata the proxy has seen")
             candidates = [address]
-        failures = []
+        failures: list[str] = []
         for host, port in candidates:
             try:
                 stream = await connect(host, port, timeout=timeout, ssl_context=self._upstream_ssl)
@@ -383,7 +385,7 @@ class ProxyServer:
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
-    inner = getattr(stream, "transport_stream", stream)
+    inner: Any = getattr(stream, "transport_stream", stream)
     try:
         host, port = inner.socket.getpeername()[:2]
         return f"{host}:{port}"

@@ -162,9 +162,9 @@ class ClientConnection:
         self._reader_scope.cancel()
 
     # -- tasks ------------------------------------------------------------------------------
-    async def _read_client(self, upstream: FrameStream, exchanges: trio.MemorySendChannel, first: bytes) -> None:
+    async def _read_client(self, upstream: FrameStream, exchanges: trio.MemorySendChannel, first: bytes | bytearray) -> None:
         metrics = self.metrics
-        frame: bytes | PartialFrame | None = first
+        frame: bytes | bytearray | PartialFrame | None = first
         # Large requests the proxy only peeks at (Produce) go on while they arrive, their
         # bodies spliced from the client's socket into the broker's.
         pass_on_min = _PASS_ON_MIN if upstream.splices else None
@@ -177,22 +177,25 @@ class ClientConnection:
                             return
                     received_at = trio.current_time()
                     self._last_activity = received_at
-                    partial = frame if isinstance(frame, PartialFrame) else None
-                    if partial is not None:
+                    partial: PartialFrame | None = None
+                    whole: bytes | bytearray = b""
+                    if isinstance(frame, PartialFrame):
+                        partial = frame
                         peek = peek_request_header(partial.head)
                         if self.chain.reads_requests(peek.api_key):
-                            frame, partial = await self.client.receive_rest(partial), None
+                            whole, partial = await self.client.receive_rest(partial), None
                     else:
-                        peek = peek_request_header(frame)
+                        whole = frame
+                        peek = peek_request_header(whole)
                     try:
-                        route = await self.chain.route(self.context, peek, partial.head if partial else frame)
+                        route = await self.chain.route(self.context, peek, partial.head if partial else whole)
                     except ProtocolError:
                         if partial is None:
                             raise
                         # Its head was too short to route on (a huge transactional id?): read it all.
-                        frame, partial = await self.client.receive_rest(partial), None
-                        route = await self.chain.route(self.context, peek, frame)
-                    size = partial.size if partial is not None else len(frame)
+                        whole, partial = await self.client.receive_rest(partial), None
+                        route = await self.chain.route(self.context, peek, whole)
+                    size = partial.size if partial is not None else len(whole)
                     requests, request_bytes, _, _ = metrics.for_api(peek.api_key)
                     requests.inc()
                     request_bytes.inc(size + 4)
@@ -289,6 +292,7 @@ class ClientConnection:
                     check_correlation_id(response, exchange)
                     await exchange.sink(response)
                     continue
+                size: int | None
                 if exchange.local is not None:
                     response = await exchange.local.wait()
                     await self.client.send_frame(response)
