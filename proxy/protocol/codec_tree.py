@@ -16,7 +16,12 @@ from proxy.protocol import primitives as prim
 from proxy.protocol.primitives import KafkaConstruct, primitive
 from proxy.protocol.schema import FieldDef, MessageDef, View
 from proxy.protocol.tagged import KnownTags, read_tagged_section, write_tag_entries
-from proxy.protocol.values import PRESENT_TAGS, UNKNOWN_TAGGED, default_spec, message_classes
+from proxy.protocol.values import (
+    PRESENT_TAGS,
+    UNKNOWN_TAGGED,
+    default_spec,
+    message_classes,
+)
 
 
 @dataclass(frozen=True, slots=True)

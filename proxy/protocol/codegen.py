@@ -15,14 +15,20 @@ import dataclasses
 import itertools
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from construct import Construct
 from construct.core import CodeGen
 
 from proxy.protocol import primitives as prim
-from proxy.protocol.codec_tree import ArrayCodec, Member, NullableStructCodec, StructCodec
+from proxy.protocol.codec_tree import (
+    ArrayCodec,
+    Member,
+    NullableStructCodec,
+    StructCodec,
+)
 from proxy.protocol.primitives import Bool, Fixed, KafkaConstruct, Uuid, Varlen
 
 # Objects the generated modules refer to by number (classes, struct formats, codecs).

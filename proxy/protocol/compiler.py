@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from proxy.protocol import primitives as prim
 from proxy.protocol.codec_tree import build_codec_tree
 from proxy.protocol.codegen import compile_tree
-from proxy.protocol.errors import MessageEncodeError, ProtocolError, UnsupportedVersionError
+from proxy.protocol.errors import (
+    MessageEncodeError,
+    ProtocolError,
+    UnsupportedVersionError,
+)
 from proxy.protocol.primitives import KafkaConstruct
 from proxy.protocol.schema import View, registry
 

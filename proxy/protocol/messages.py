@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Literal
 
 from proxy.protocol.api_keys import ApiKey, api_name
 from proxy.protocol.compiler import MessageCodec, as_view, compile_message
@@ -58,10 +59,12 @@ from proxy.protocol.schema import MessageDef, View, registry
 from proxy.protocol.values import message_classes, strip_extensions, to_dict
 
 __all__ = [
+    "REGISTRY",
     "ApiKey",
     "FrameCodec",
     "MessageRegistry",
-    "REGISTRY",
+    "RequestHeader",
+    "ResponseHeader",
     "api_name",
     "body_class",
     "data_class",
@@ -87,8 +90,6 @@ __all__ = [
     "strip_extensions",
     "supported_versions",
     "to_dict",
-    "RequestHeader",
-    "ResponseHeader",
 ]
 
 Kind = Literal["request", "response"]

@@ -25,7 +25,13 @@ import struct
 import uuid
 from typing import Any, NoReturn
 
-from construct import Construct, SizeofError, stream_read_entire, stream_seek, stream_write
+from construct import (
+    Construct,
+    SizeofError,
+    stream_read_entire,
+    stream_seek,
+    stream_write,
+)
 
 from proxy.protocol.errors import ProtocolError
 

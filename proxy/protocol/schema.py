@@ -350,7 +350,7 @@ def _build_fields(
             raise SchemaError(f"{source}: duplicate field {name!r}")
         seen_names.add(name)
         type_ = raw["type"]
-        element = type_[2:] if type_.startswith("[]") else type_
+        element = type_.removeprefix("[]")
         sub: tuple[FieldDef, ...] | None = None
         if element not in PRIMITIVE_TYPES:
             raw_sub = raw.get("fields")

@@ -11,7 +11,8 @@ re-encodes to the same bytes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from proxy.protocol.primitives import EMPTY_FROZENSET, fail, read_uvarint, write_uvarint
 
