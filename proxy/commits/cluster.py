@@ -1,10 +1,10 @@
 """The brokers as individual commit needs them: requests from the proxy's own connections,
 the group coordinator, and where ``__individual_commit_offsets`` lives.
 
-``Cluster`` is deliberately small so a shared view of the cluster can stand in for it
-later. What the rest of ``proxy.commits`` asks of it:
+``Cluster`` is a thin adapter over the proxy's ``BrokerPool`` and ``ClusterView``. What the
+rest of ``proxy.commits`` asks of it:
 
-* ``nodes``: node id -> (host, port), refreshed by ``metadata``;
+* ``nodes``: node id -> (host, port), from the shared view;
 * ``metadata(topics)``: partition counts, leaders and replicas (used for the log topic and
   ``__consumer_offsets``), auto-creation off;
 * ``request(address, ...)`` / ``request_any(...)``: one request to a node / to any node;
@@ -21,7 +21,9 @@ import logging
 
 import trio
 
-from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
+from proxy.net.broker_connection import BrokerConnectionError
+from proxy.net.pool import BrokerPool, NoBrokerAnswered
+from proxy.pipeline.cluster import ClusterView
 from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
@@ -39,7 +41,6 @@ OFFSET_FETCH_VERSION = 8
 OFFSET_COMMIT_VERSION = 9
 
 _UNREACHABLE_BACKOFF = 30.0
-_IDLE_CONNECTIONS = 16  # per broker
 
 Address = tuple[str, int]
 Key = tuple[str, int]
@@ -50,45 +51,25 @@ class CommitLogError(Exception):
 
 
 class Cluster:
-    """The proxy's own view of the cluster: node addresses and a small pool of
-    connections per broker (each carries one request at a time)."""
+    """The cluster as individual commit asks it: through the proxy's shared connection
+    pool and cluster view (the metadata it reads feeds the view every feature uses)."""
 
-    def __init__(self, bootstrap: list[Address], *, ssl_context=None, timeout: float = 10.0) -> None:
-        self.bootstrap = list(bootstrap)
-        self.ssl_context = ssl_context
-        self.timeout = timeout
-        self.nodes: dict[int, Address] = {}
-        self._idle: dict[Address, list[BrokerConnection]] = {}
+    def __init__(self, pool: BrokerPool, view: ClusterView) -> None:
+        self.pool = pool
+        self.view = view
+
+    @property
+    def nodes(self) -> dict[int, Address]:
+        return self.view.nodes
 
     async def request(self, address: Address, api_key: int, version: int, body, *, timeout: float | None = None):
-        idle = self._idle.setdefault(address, [])
-        connection = idle.pop() if idle else None
-        if connection is None or connection.closed:
-            connection = await BrokerConnection.open(address[0], address[1], client_id="keyrange-proxy-commits",
-                                                     timeout=self.timeout, ssl_context=self.ssl_context)
-        try:
-            response = await connection.request(api_key, version, body, timeout=timeout or self.timeout)
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await connection.aclose()
-            raise
-        if len(idle) < _IDLE_CONNECTIONS:
-            idle.append(connection)
-        else:
-            await connection.aclose()
-        return response
-
-    def addresses(self) -> list[Address]:
-        return [*self.nodes.values(), *[a for a in self.bootstrap if a not in self.nodes.values()]]
+        return await self.pool.request(address, api_key, version, body, timeout=timeout)
 
     async def request_any(self, api_key: int, version: int, body, *, timeout: float | None = None):
-        failures = []
-        for address in self.addresses():
-            try:
-                return await self.request(address, api_key, version, body, timeout=timeout)
-            except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
-                failures.append(f"{address[0]}:{address[1]} ({exc})")
-        raise CommitLogError("no broker answered: " + "; ".join(failures))
+        try:
+            return await self.pool.request_any(api_key, version, body, timeout=timeout)
+        except NoBrokerAnswered as exc:
+            raise CommitLogError(str(exc)) from exc
 
     async def metadata(self, topics: list[str]):
         cls = messages.body_class(ApiKey.METADATA, "request")
@@ -96,8 +77,7 @@ class Cluster:
                                  topics=[cls.MetadataRequestTopic(name=t) for t in topics],
                                  allow_auto_topic_creation=False)
         response = await self.request_any(ApiKey.METADATA, METADATA_VERSION, body)
-        for broker in response.brokers:
-            self.nodes[broker.node_id] = (broker.host, broker.port)
+        self.view.learn_metadata(response)
         return response
 
     async def find_coordinator(self, group: str) -> Address:

@@ -33,6 +33,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from proxy.commits.cluster import Cluster, CommitLogError
 from proxy.commits.log import CommitLog
+from proxy.net.pool import BrokerPool
 from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
 from proxy.commits.state import CommitState, check_packed, rebase
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
@@ -106,7 +107,7 @@ class _EndCheck:
 class IndividualCommitFeature(Feature):
     name = "individual-commit"
 
-    def __init__(self, config, cluster: ClusterView, metrics, *, ssl_context=None) -> None:
+    def __init__(self, config, cluster: ClusterView, metrics, *, pool: BrokerPool) -> None:
         self.cluster = cluster
         self.enabled = config.get("accept.individual.commit")
         self.max_ranges = config.get("max.individual.commit.ranges")
@@ -127,9 +128,8 @@ class IndividualCommitFeature(Feature):
                                 registry=registry)
         self._rebuilds = Counter("kafka_proxy_individual_commit_state_rebuilds",
                                  "Log partitions read from the start to rebuild state.", registry=registry)
-        timeout = config.get("upstream.connect.timeout.ms") / 1000
         self.log = CommitLog(
-            Cluster(config.get("bootstrap.servers"), ssl_context=ssl_context, timeout=timeout),
+            Cluster(pool, cluster),
             segment_bytes=config.get("individual.commit.log.segment.bytes"),
             on_rebuild=self._rebuilds.inc,
             on_write=self._write_latency.observe,

@@ -114,7 +114,7 @@ class ProxyServer:
         features.append(KeyRangeFetchFeature(config, self.cluster, metrics))  # extended Fetches
         if config.get("fetch.readahead.enabled"):
             features.append(ReadAheadFeature(config, metrics))  # plain Fetches the key-range one passed on
-        features.append(IndividualCommitFeature(config, self.cluster, metrics, ssl_context=self._upstream_ssl))
+        features.append(IndividualCommitFeature(config, self.cluster, metrics, pool=self.pool))
         features.append(AddressRewrite(self.book))  # last: every other feature's responses pass it too
         return features
 
