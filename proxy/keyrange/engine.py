@@ -303,3 +303,41 @@ class KeyRangeEngine:
         if isinstance(key, str):
             return key
         return self.topic_name(key) or str(key)
+
+
+class SharedReads:
+    """The engine's result cache as other features use it (virtual range topics): a
+    broker read that feature made is split once into the ranges it needs now and every
+    range set active on the partition; the others are cached as records shares for the
+    consumers that come next, whichever feature serves them."""
+
+    def __init__(self, engine: KeyRangeEngine) -> None:
+        self.engine = engine
+
+    def split(self, partition_id: tuple[str, int], wanted: list[RangeSet], fetch_offset: int, blob,
+              metadata: dict, now: float) -> tuple[list[bytes], int | None]:
+        """The records of each of ``wanted`` in ``blob`` (read at ``fetch_offset``), and the
+        offset after the read's last complete batch; other active sets' shares are cached."""
+        engine = self.engine
+        for ranges in wanted:
+            engine.active.touch(partition_id, ranges, now)
+        sets = list(wanted) + [s for s in engine.active.active(partition_id, now) if s not in wanted]
+        read = engine.stats.broker_bytes
+        read[partition_id] = read.get(partition_id, 0) + len(blob)
+        engine.stats.touched.add(partition_id)
+        result = split_records(blob, engine._plan_for(tuple(sets)), codec=engine.codec)
+        outputs = [output.records for output in result.outputs]
+        for output in result.outputs[:len(wanted)]:
+            engine.stats.records_kept += output.stats.records_kept
+            engine.stats.records_dropped += output.stats.records_dropped
+        if result.next_offset is not None:
+            for ranges, records in zip(sets[len(wanted):], outputs[len(wanted):]):
+                engine.cache.put(CachedShare(partition_id, ranges, fetch_offset, result.next_offset,
+                                             records=records, **metadata))
+        return outputs[:len(wanted)], result.next_offset
+
+    def take(self, partition_id: tuple[str, int], ranges: RangeSet, position: int, now: float) -> CachedShare | None:
+        """A cached records share of ``ranges`` covering ``position``, removed from the cache."""
+        self.engine.active.touch(partition_id, ranges, now)
+        share = self.engine.cache.take(partition_id, ranges, position)
+        return share if share is not None and share.records is not None else None

@@ -36,6 +36,7 @@ import trio
 from proxy.commits.feature import IndividualCommitFeature
 from proxy.features.addresses import AddressRewrite
 from proxy.features.cluster_feed import ClusterFeed
+from proxy.keyrange.engine import SharedReads
 from proxy.keyrange.feature import KeyRangeFetchFeature
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
@@ -50,6 +51,7 @@ from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
 from proxy.server.metrics import ProxyMetrics, serve_metrics
+from proxy.virtual.feature import VirtualTopicsFeature
 
 log = logging.getLogger("proxy.server")
 
@@ -111,7 +113,10 @@ class ProxyServer:
         """The features, in the order their stages run (see ``proxy.pipeline.feature``)."""
         config, metrics = self.config, self.metrics
         features: list[Feature] = [ClusterFeed(self.cluster)]  # before addresses: it needs the real ones
-        features.append(KeyRangeFetchFeature(config, self.cluster, metrics))  # extended Fetches
+        keyrange = KeyRangeFetchFeature(config, self.cluster, metrics)
+        if config.get("virtual.topics.enabled"):  # virtual names become real before any other feature sees them
+            features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine), self.pool))
+        features.append(keyrange)  # extended Fetches
         if config.get("fetch.readahead.enabled"):
             features.append(ReadAheadFeature(config, metrics))  # plain Fetches the key-range one passed on
         features.append(IndividualCommitFeature(config, self.cluster, metrics, pool=self.pool))

@@ -1,0 +1,424 @@
+"""The I/O edge of virtual range topics: one feature that rewrites every request naming a
+virtual topic before any other feature or the broker sees it, and the responses back;
+answers Fetch of virtual partitions through the key-range engine's shared reads; keeps
+share watermarks; refuses writes. The rules are the sans-IO modules' (see the package).
+
+It runs right after the cluster feed, so the shared cluster view learns only real topics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Mapping, Protocol
+
+import trio
+from prometheus_client import Counter
+
+from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
+from proxy.pipeline.context import StateKey
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
+from proxy.virtual import commits, fetch, refusals, rewrite
+from proxy.virtual.names import VirtualNames, VirtualTopic
+
+log = logging.getLogger("proxy.virtual")
+
+_REFRESH_INTERVAL = 5.0  # seconds between full metadata reads to tell real names from virtual ones
+_OFFSET_FETCH_VERSION = 8
+_FIND_COORDINATOR_VERSION = 4
+_LOAD_TIMEOUT = 10.0
+
+
+class SharedReads(Protocol):
+    """The key-range engine's result cache, as the server hands it over."""
+
+    def split(self, partition_id: tuple[str, int], wanted: list, fetch_offset: int, blob, metadata: dict,
+              now: float) -> tuple[list[bytes], int | None]: ...
+
+    def take(self, partition_id: tuple[str, int], ranges: tuple, position: int, now: float) -> Any: ...
+
+
+class _Connection:
+    """One client connection's virtual-topic state."""
+
+    def __init__(self) -> None:
+        self.sessions = fetch.VirtualSessions()
+        self.pending: dict[int, tuple[str, Any]] = {}  # correlation id -> (what, plan) for the response
+
+    def close(self) -> None:
+        self.pending.clear()
+        self.sessions.sessions.clear()
+
+
+STATE = StateKey("virtual", _Connection)
+
+
+class _Resolver:
+    def __init__(self, names: VirtualNames, cluster: ClusterView, config) -> None:
+        self.names = names
+        self.cluster = cluster
+        self.config = config
+        self._ids: dict[uuid.UUID, VirtualTopic] = {}
+        self._ids_for: set[uuid.UUID] = set()
+
+    def virtual(self, name: str) -> VirtualTopic | None:
+        if not name or name in self.cluster.topics:
+            return None  # a real topic of that name always wins
+        vt = self.names.parse(name)
+        if vt is None or not self.config.topic_setting(vt.real, "accept.range.fetch"):
+            return None
+        return vt
+
+    def refusal(self, name: str) -> str | None:
+        if not name or name in self.cluster.topics or self.names.split(name) is None:
+            return None
+        reason = self.names.out_of_bounds(name)
+        if reason is not None:
+            return reason
+        vt = self.names.parse(name)
+        if vt is not None and not self.config.topic_setting(vt.real, "accept.range.fetch"):
+            return f"virtual topic {name}: topic {vt.real} does not accept range fetches (accept.range.fetch=false)"
+        return None
+
+    def by_id(self, topic_id: uuid.UUID) -> VirtualTopic | None:
+        vt = self._ids.get(topic_id)
+        if vt is None:
+            self._index()
+            vt = self._ids.get(topic_id)
+        if vt is not None and self.virtual(vt.name) is None:
+            return None
+        return vt
+
+    def _index(self) -> None:
+        for view in list(self.cluster.topics.values()):
+            if view.topic_id is None or view.topic_id in self._ids_for:
+                continue
+            self._ids_for.add(view.topic_id)
+            for shares in range(2, self.names.max_shares + 1):
+                vt = VirtualTopic(self.names.name(view.name, shares), view.name, shares)
+                self._ids[vt.topic_id(view.topic_id)] = vt
+
+    def real_id(self, real: str) -> uuid.UUID | None:
+        return self.cluster.id_of(real)
+
+
+class VirtualTopicsFeature(Feature):
+    name = "virtual-topics"
+
+    def __init__(self, config, cluster: ClusterView, metrics, shared: SharedReads, pool) -> None:
+        self.cluster = cluster
+        self.names = VirtualNames(config.get("virtual.topic.suffix"), config.get("virtual.topic.max.shares"))
+        self.resolver = _Resolver(self.names, cluster, config)
+        self.shared = shared
+        self.pool = pool
+        self.table = commits.WatermarkTable()
+        self._locks: dict[tuple, trio.Lock] = {}
+        self._last_refresh = -float("inf")
+        self._in_use = False  # decode Fetches only once some client named a virtual topic
+        registry = metrics.registry
+        self._records = Counter("kafka_proxy_virtual_records", "Records served to virtual partitions.",
+                                ["topic"], registry=registry)
+        self._reads = Counter("kafka_proxy_virtual_broker_reads", "Real partitions read from brokers for virtual "
+                              "partitions.", ["topic"], registry=registry)
+        self._hits = Counter("kafka_proxy_virtual_cache_hits", "Virtual partitions answered from the result cache.",
+                             ["topic"], registry=registry)
+        self._skips = Counter("kafka_proxy_virtual_control_batches", "Control batches that moved a virtual "
+                              "partition's position past records of other shares.", ["topic"], registry=registry)
+        self._refused = Counter("kafka_proxy_virtual_refused", "Requests refused for naming a virtual topic.",
+                                ["api"], registry=registry)
+        self._commits = Counter("kafka_proxy_virtual_commits", "Virtual partitions committed.", ["topic"],
+                                registry=registry)
+
+    def request_stages(self) -> Mapping[int, RequestStage]:
+        stages: dict[int, RequestStage] = {
+            ApiKey.METADATA: self.on_metadata,
+            ApiKey.LIST_OFFSETS: self.on_list_offsets,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.on_leader_epoch,
+            ApiKey.DESCRIBE_CONFIGS: self.on_describe_configs,
+            ApiKey.FETCH: self.on_fetch,
+            ApiKey.OFFSET_COMMIT: self.on_offset_commit,
+            ApiKey.OFFSET_FETCH: self.on_offset_fetch,
+        }
+        for api_key in refusals.REFUSED_APIS:
+            stages[api_key] = self.on_refused
+        return stages
+
+    def response_stages(self) -> Mapping[int, tuple[int, Any]]:
+        keys = (ApiKey.METADATA, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.DESCRIBE_CONFIGS,
+                ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH)
+        return {api_key: (0, self._on_response) for api_key in keys}
+
+    # -- the cluster view ---------------------------------------------------------------------
+    async def _know(self, names) -> None:
+        """Make sure the view has seen every real topic a name could be, so a real topic
+        named like a virtual one is never taken for one (read at most every few seconds)."""
+        unknown = [name for name in names if name and name not in self.cluster.topics and self.names.split(name)]
+        if not unknown:
+            return
+        now = trio.current_time()
+        if now - self._last_refresh < _REFRESH_INTERVAL:
+            return
+        self._last_refresh = now
+        with trio.move_on_after(_LOAD_TIMEOUT):
+            try:
+                await self.cluster.refresh(None)
+            except Exception as exc:  # noqa: BLE001 - the view stays as it is
+                log.warning("metadata refresh failed reason=%r", str(exc))
+
+    def _remember(self, ctx: ConnectionContext, request: Request, what: str, plan: Any, body: Any) -> None:
+        header, _ = request.decoded()
+        request.replace(messages.encode_request(header, body), (header, body))
+        ctx.state(STATE).pending[request.correlation_id] = (what, plan)
+
+    def _on_response(self, ctx: ConnectionContext, response: DecodedResponse) -> None:
+        state = ctx.existing(STATE)
+        if state is None or not state.pending:
+            return
+        entry = state.pending.pop(response.header.correlation_id, None)
+        if entry is None:
+            return
+        what, plan = entry
+        body, version = response.body, response.version
+        if what == "metadata":
+            rewrite.metadata_response(body, version, plan, self.resolver)
+        elif what == "list_offsets":
+            rewrite.list_offsets_response(body, plan)
+        elif what == "leader_epoch":
+            rewrite.offsets_for_leader_epoch_response(body, plan)
+        elif what == "configs":
+            rewrite.describe_configs_response(body, plan)
+        elif what == "commit":
+            commits.commit_response(body, plan, self.table)
+        elif what == "offset_fetch":
+            commits.offset_fetch_response(body, version, plan, self.table, self.names.name)
+        response.changed = True
+
+    # -- Metadata and friends -------------------------------------------------------------------
+    async def on_metadata(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        if not body.topics:
+            return None
+        await self._know(t.name for t in body.topics)
+        plan = rewrite.metadata_request(body, request.version, self.resolver)
+        if plan is not None:
+            self._in_use = True
+            self._remember(ctx, request, "metadata", plan, body)
+        return None
+
+    async def on_list_offsets(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        await self._know(t.name for t in body.topics)
+        plan = rewrite.list_offsets_request(body, self.resolver)
+        if plan is not None:
+            self._remember(ctx, request, "list_offsets", plan, body)
+        return None
+
+    async def on_leader_epoch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        await self._know(t.topic for t in body.topics)
+        plan = rewrite.offsets_for_leader_epoch_request(body, self.resolver)
+        if plan is not None:
+            self._remember(ctx, request, "leader_epoch", plan, body)
+        return None
+
+    async def on_describe_configs(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        plan = rewrite.describe_configs_request(body, self.resolver)
+        if plan is not None:
+            self._remember(ctx, request, "configs", plan, body)
+        return None
+
+    async def on_refused(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        response = refusals.refuse(request.api_key, request.version, body, self.resolver.virtual)
+        if response is None:
+            return None
+        self._refused.labels(messages.api_name(request.api_key)).inc()
+        if request.api_key == ApiKey.PRODUCE and body.acks == 0:
+            return Route(None, expect_response=False)
+        return Route.answer(messages.encode_response(request.api_key, request.version,
+                                                     messages.new_response_header(request.correlation_id), response))
+
+    # -- Fetch -----------------------------------------------------------------------------------
+    def _describe(self, key) -> tuple[VirtualTopic | None, str, uuid.UUID | None] | None:
+        if isinstance(key, uuid.UUID):
+            vt = self.resolver.by_id(key)
+            if vt is not None:
+                return vt, vt.real, self.cluster.id_of(vt.real)
+            name = self.cluster.name_of(key)
+            return (None, name, key) if name else None
+        vt = self.resolver.virtual(key)
+        if vt is not None:
+            return vt, vt.real, self.cluster.id_of(vt.real)
+        return None, key, self.cluster.id_of(key)
+
+    async def on_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        state = ctx.existing(STATE)
+        if not self._in_use and (state is None or not state.sessions.sessions):
+            return None
+        header, body = request.decoded()
+        state = ctx.state(STATE)
+        version = request.version
+        if not state.sessions.owns(body.session_id):
+            ids = [t.topic_id for t in body.topics if version >= 13]
+            if ids:
+                await self.cluster.look_up_ids(ids)
+            described = [self._describe(fetch.topic_key(t)) for t in body.topics]
+            if not any(d is not None and d[0] is not None for d in described):
+                return None
+            if body.session_id != fetch.NO_SESSION:
+                # A session the broker holds cannot take a virtual partition: the client
+                # opens a new one, which is the proxy's.
+                return self._answer_fetch(request, fetch.Resolved([], None, False,
+                                                                  int(ErrorCode.FETCH_SESSION_ID_NOT_FOUND)), {})
+        resolved = state.sessions.resolve(body, self._describe)
+        answers: dict = {}
+        if resolved.error != ErrorCode.NONE:
+            return self._answer_fetch(request, resolved, answers)
+        now, now_ms = trio.current_time(), int(time.time() * 1000)
+        for part in resolved.parts:
+            if not part.real:
+                answers[part.key] = fetch.PartAnswer(error_code=int(
+                    ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            if part.share is None or (part.real, part.real_partition) not in state.sessions.served:
+                continue
+            share = self.shared.take((part.real, part.real_partition), part.share, part.fetch_offset, now)
+            if share is None:
+                continue
+            composed = fetch.compose(share.records, part.fetch_offset, share.next_offset, now_ms)
+            answers[part.key] = fetch.PartAnswer(
+                high_watermark=share.high_watermark, last_stable_offset=share.last_stable_offset,
+                log_start_offset=share.log_start_offset, aborted_transactions=list(share.aborted_transactions),
+                records=composed.records)
+            self._count(part, composed, hit=True)
+        reads = fetch.plan_reads(resolved.parts, set(answers))
+        if not reads:
+            return self._answer_fetch(request, resolved, answers)
+        upstream = fetch.upstream_request(body, version, reads, max_wait_ms=0 if answers else None)
+        for read in reads:
+            self._reads.labels(read.real).inc()
+
+        async def on_response(response: DecodedResponse) -> None:
+            self._complete(state, response.body, reads, answers, version)
+            response.body = fetch.client_response(version, resolved, answers, response.body.throttle_time_ms)
+            response.changed = True
+
+        return Route(messages.encode_request(header, upstream), on_response=on_response)
+
+    def _answer_fetch(self, request: Request, resolved: fetch.Resolved, answers: dict) -> Route:
+        response = fetch.client_response(request.version, resolved, answers)
+        return Route.answer(messages.encode_response(ApiKey.FETCH, request.version,
+                                                     messages.new_response_header(request.correlation_id), response))
+
+    def _complete(self, state: _Connection, body: Any, reads: list[fetch.Read], answers: dict, version: int) -> None:
+        now, now_ms = trio.current_time(), int(time.time() * 1000)
+        data = {}
+        for topic in body.responses:
+            name = topic.topic if version < 13 else self.cluster.name_of(topic.topic_id)
+            for partition in topic.partitions:
+                data[(name, partition.partition_index)] = partition
+        for read in reads:
+            partition = data.get((read.real, read.partition))
+            if partition is None or partition.error_code != ErrorCode.NONE:
+                error = partition.error_code if partition is not None else int(ErrorCode.UNKNOWN_SERVER_ERROR)
+                for part in read.parts:
+                    answers[part.key] = fetch.PartAnswer(error_code=error)
+                continue
+            state.sessions.served.add((read.real, read.partition))
+            aborted = list(partition.aborted_transactions or ())
+            metadata = {"high_watermark": partition.high_watermark,
+                        "last_stable_offset": partition.last_stable_offset,
+                        "log_start_offset": partition.log_start_offset, "aborted_transactions": aborted}
+            wanted: list = []
+            for part in read.parts:
+                if part.share is not None and part.share not in wanted:
+                    wanted.append(part.share)
+            outputs: list[bytes] = []
+            read_end = None
+            if wanted and partition.records:
+                outputs, read_end = self.shared.split((read.real, read.partition), wanted, read.fetch_offset,
+                                                      partition.records, metadata, now)
+            for part in read.parts:
+                answer = fetch.PartAnswer(high_watermark=partition.high_watermark,
+                                          last_stable_offset=partition.last_stable_offset,
+                                          log_start_offset=partition.log_start_offset, aborted_transactions=aborted)
+                if part.share is None:
+                    answer.records = bytes(partition.records or b"")
+                elif outputs:
+                    composed = fetch.compose(outputs[wanted.index(part.share)], part.fetch_offset, read_end, now_ms)
+                    answer.records = composed.records
+                    self._count(part, composed, hit=False)
+                answers[part.key] = answer
+
+    def _count(self, part: fetch.FetchPart, composed: fetch.Composed, *, hit: bool) -> None:
+        name = part.real
+        if composed.records_kept:
+            self._records.labels(name).inc(composed.records_kept)
+        if composed.control_added:
+            self._skips.labels(name).inc()
+        if hit:
+            self._hits.labels(name).inc()
+
+    # -- commits -----------------------------------------------------------------------------------
+    async def on_offset_commit(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        targets = commits.commit_targets(body, self.resolver)
+        if targets is None:
+            return None
+        group = body.group_id
+        missing = {key: shares for key, shares in targets.items()
+                   if self.table.get((group, *key), shares) is None}
+        if missing:
+            await self._load(group, missing)
+        plan = commits.commit_request(body, self.resolver, self.table)
+        if plan is None:
+            return None
+        for name, vt, parts in plan.topics:
+            if vt is not None:
+                self._commits.labels(vt.real).inc(len(parts))
+        self._remember(ctx, request, "commit", plan, body)
+        return None
+
+    async def _load(self, group: str, keys: dict[tuple[str, int], int]) -> None:
+        """Read what the coordinator holds of ``keys`` (after a proxy restart the table is
+        empty, and a commit must not drop the other shares' watermarks)."""
+        cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+        by_topic: dict[str, list[int]] = {}
+        for real, partition in keys:
+            by_topic.setdefault(real, []).append(partition)
+        body = messages.new_body(ApiKey.OFFSET_FETCH, _OFFSET_FETCH_VERSION, "request", groups=[
+            cls.OffsetFetchRequestGroup(group_id=group, topics=[
+                cls.OffsetFetchRequestTopics(name=topic, partition_indexes=parts) for topic, parts in by_topic.items()])])
+        find = messages.new_body(ApiKey.FIND_COORDINATOR, _FIND_COORDINATOR_VERSION, "request", key_type=0,
+                                 coordinator_keys=[group])
+        with trio.move_on_after(_LOAD_TIMEOUT):
+            try:
+                found = await self.pool.request_any(ApiKey.FIND_COORDINATOR, _FIND_COORDINATOR_VERSION, find)
+                (coordinator,) = found.coordinators
+                response = await self.pool.request((coordinator.host, coordinator.port), ApiKey.OFFSET_FETCH,
+                                                   _OFFSET_FETCH_VERSION, body)
+            except Exception as exc:  # noqa: BLE001 - the commit goes on with what is known
+                log.warning("cannot read share watermarks group=%s reason=%r", group, str(exc))
+                return
+            for entry in response.groups:
+                for topic in entry.topics:
+                    for part in topic.partitions:
+                        key = (topic.name, part.partition_index)
+                        if part.error_code == ErrorCode.NONE and key in keys:
+                            self.table.learn((group, *key), part.committed_offset, part.metadata, keys[key])
+
+    async def on_offset_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        version = request.version
+        groups = body.groups if version >= 8 else [body]
+        names = [t.name for group in groups for t in group.topics or ()]
+        every = any(group.topics is None for group in groups)
+        if not every and not any(self.resolver.virtual(name) for name in names):
+            return None
+        plan = commits.offset_fetch_request(body, version, self.resolver)
+        self._remember(ctx, request, "offset_fetch", plan, body)
+        return None

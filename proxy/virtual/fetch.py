@@ -1,0 +1,344 @@
+"""Fetch of virtual partitions by standard clients, without I/O: the proxy's own fetch
+sessions, one broker read per real partition, and answers every client accepts.
+
+Why the proxy keeps its own fetch sessions: several virtual partitions of one connection
+are shares of the same real partition, at different positions; a broker session cannot
+hold one partition twice. So a Fetch naming virtual topics is answered by the proxy: it
+reads each real partition once (sessionless, at the lowest position any of its shares
+asked), splits the records by share, and answers the client's session itself (full and
+incremental, KIP-227). A client that adds a virtual topic to a session the broker holds is
+told FETCH_SESSION_ID_NOT_FOUND and opens a new one, which is then the proxy's.
+
+The no-stall rule (docs/wire-contract.md#9-virtual-range-topics): a standard client must
+never get a partition made only of record-less batches (librdkafka doubles its fetch size
+on each such answer and fails after 14), yet its position must move past every record of
+other shares, up to the high watermark at the log end. ``compose`` therefore drops the
+batches filtering left empty and, where the read went past the share's last record, adds
+one control batch (a transaction COMMIT marker without a producer id) whose offsets span
+the rest of the read. Every client skips control records and moves its position past the
+batch's last offset; none counts it as an empty answer.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+from proxy.ranges import KeyRange
+
+RangeSet = tuple[KeyRange, ...]
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
+from proxy.records.batch import CONTROL_BIT, TRANSACTIONAL_BIT, LegacyBatch, PartialBatch, iter_batches
+from proxy.records.builder import build_batch, encode_record
+from proxy.virtual.names import VirtualTopic
+
+NO_SESSION = 0
+INITIAL_EPOCH = 0
+FINAL_EPOCH = -1
+MAX_SESSIONS = 64  # per connection; the oldest goes first
+
+_CONTROL_KEY = struct.Struct(">hh").pack(0, 1)  # version 0, type COMMIT
+_CONTROL_VALUE = struct.Struct(">hi").pack(0, 0)  # version 0, coordinator epoch 0
+
+TopicKey = Hashable  # the topic's name (Fetch v12 and older) or its id (v13+), as the client sent it
+
+
+@dataclass(slots=True)
+class FetchPart:
+    """One partition a client fetches, as the proxy serves it."""
+
+    topic: TopicKey
+    index: int  # the partition as the client numbers it
+    real: str
+    real_id: uuid.UUID | None
+    real_partition: int
+    share: RangeSet | None  # None: a real partition, whole
+    fetch_offset: int
+    max_bytes: int
+    current_leader_epoch: int = -1
+    last_fetched_epoch: int = -1
+
+    @property
+    def key(self) -> tuple[TopicKey, int]:
+        return self.topic, self.index
+
+
+@dataclass(slots=True)
+class Session:
+    id: int
+    epoch: int  # the epoch the next request must carry
+    parts: dict[tuple[TopicKey, int], FetchPart] = field(default_factory=dict)
+    sent: dict[tuple[TopicKey, int], tuple[int, int, int]] = field(default_factory=dict)  # hw, lso, log start
+
+
+@dataclass(slots=True)
+class Resolved:
+    """What one Fetch request asks: the partitions to answer, and how."""
+
+    parts: list[FetchPart]
+    session: Session | None  # None: sessionless
+    incremental: bool
+    error: int = ErrorCode.NONE
+
+
+# (topic name or id, as the client sent it) -> (virtual topic or None, real name, real id); None: unknown topic
+Describe = Callable[[TopicKey], "tuple[VirtualTopic | None, str, uuid.UUID | None] | None"]
+
+
+class VirtualSessions:
+    """The virtual-fetch state of one client connection."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.sessions: dict[int, Session] = {}
+        self.served: set[tuple[str, int]] = set()  # real partitions the broker served this connection
+        self._rng = rng or random.SystemRandom()
+
+    def owns(self, session_id: int) -> bool:
+        return session_id in self.sessions
+
+    def resolve(self, body: Any, describe: Describe) -> Resolved:
+        """The partitions of a Fetch request the proxy answers, its session updated."""
+        session_id, epoch = body.session_id, body.session_epoch
+        if session_id == NO_SESSION:
+            parts = _parts(body, describe)
+            if epoch == FINAL_EPOCH:
+                return Resolved(parts, None, False)
+            session = self._new_session()
+            for part in parts:
+                session.parts[part.key] = part
+            return Resolved(parts, session, False)
+        session = self.sessions.get(session_id)
+        if session is None:
+            return Resolved([], None, False, ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
+        if epoch == FINAL_EPOCH:
+            del self.sessions[session_id]
+            return Resolved(_parts(body, describe), None, False)
+        if epoch != session.epoch:
+            return Resolved([], None, False, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
+        session.epoch = _next_epoch(epoch)
+        for part in _parts(body, describe):
+            session.parts[part.key] = part
+        for forgotten in body.forgotten_topics_data or ():
+            key = forgotten.topic_id if getattr(forgotten, "topic_id", None) not in (None, _NO_ID) else forgotten.topic
+            for index in forgotten.partitions:
+                session.parts.pop((key, index), None)
+                session.sent.pop((key, index), None)
+        return Resolved(list(session.parts.values()), session, True)
+
+    def advance(self, part: FetchPart, next_offset: int) -> None:
+        """A session partition's position after an answer (its next incremental request
+        names it again only if the client's position differs)."""
+        part.fetch_offset = max(part.fetch_offset, next_offset)
+
+    def _new_session(self) -> Session:
+        while len(self.sessions) >= MAX_SESSIONS:
+            del self.sessions[next(iter(self.sessions))]
+        while True:
+            session_id = self._rng.randrange(1, 1 << 31)
+            if session_id not in self.sessions:
+                break
+        session = self.sessions[session_id] = Session(session_id, 1)
+        return session
+
+
+_NO_ID = uuid.UUID(int=0)
+
+
+def _next_epoch(epoch: int) -> int:
+    return 1 if epoch >= (1 << 31) - 1 else epoch + 1
+
+
+def topic_key(topic: Any) -> TopicKey:
+    """A requested topic's name, or its id when it has one (Fetch v13+)."""
+    topic_id = getattr(topic, "topic_id", None)
+    return topic_id if topic_id not in (None, _NO_ID) else topic.topic
+
+
+def _parts(body: Any, describe: Describe) -> list[FetchPart]:
+    parts = []
+    for topic in body.topics:
+        key = topic_key(topic)
+        described = describe(key)
+        for partition in topic.partitions:
+            if described is None:
+                vt, real, real_id = None, "", None
+            else:
+                vt, real, real_id = described
+            parts.append(FetchPart(
+                topic=key, index=partition.partition, real=real, real_id=real_id,
+                real_partition=vt.real_partition(partition.partition) if vt else partition.partition,
+                share=(vt.share_range(partition.partition),) if vt else None,
+                fetch_offset=partition.fetch_offset, max_bytes=partition.partition_max_bytes,
+                current_leader_epoch=getattr(partition, "current_leader_epoch", -1),
+                last_fetched_epoch=getattr(partition, "last_fetched_epoch", -1)))
+    return parts
+
+
+# -- the answer of one partition ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Composed:
+    records: bytes
+    next_offset: int  # where the client's position is after this answer
+    records_kept: int  # data records in the answer
+    control_added: bool
+
+
+def control_batch(first: int, last: int, timestamp_ms: int) -> bytes:
+    """A control batch spanning offsets [first, last], holding one COMMIT marker at
+    ``last``, without a producer id (so no client relates it to a transaction)."""
+    delta = last - first
+    record = encode_record(offset_delta=delta, key=_CONTROL_KEY, value=_CONTROL_VALUE)
+    return build_batch(base_offset=first, last_offset_delta=delta, records=record, record_count=1,
+                       base_timestamp=timestamp_ms, max_timestamp=timestamp_ms,
+                       attributes=CONTROL_BIT | TRANSACTIONAL_BIT)
+
+
+def compose(records: bytes | bytearray | memoryview, position: int, read_end: int | None,
+            timestamp_ms: int) -> Composed:
+    """A share's answer from its filtered records: the batches at or after ``position``
+    that still hold a record (control batches and legacy entries included), then, when
+    the read went further (``read_end``: the offset after its last complete batch), one
+    control batch spanning the rest, so the client's position reaches ``read_end``."""
+    kept: list[Any] = []
+    end = position
+    count = 0
+    for entry in iter_batches(records) if records else ():
+        if isinstance(entry, PartialBatch):
+            break
+        if isinstance(entry, LegacyBatch):
+            kept.append(entry.data)
+            count += 1
+            continue
+        header = entry.header
+        if header.last_offset < position or header.next_offset <= end:
+            continue
+        if header.record_count == 0 and not header.is_control:
+            continue
+        kept.append(entry.data)
+        if not header.is_control:
+            count += header.record_count
+        end = header.next_offset
+    added = False
+    if read_end is not None and read_end > end:
+        kept.append(control_batch(end, read_end - 1, timestamp_ms))
+        end = read_end
+        added = True
+    return Composed(b"".join(bytes(part) for part in kept), end, count, added)
+
+
+# -- the upstream read and the response ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Read:
+    """One real partition read for the request: from the lowest position of its parts."""
+
+    real: str
+    real_id: uuid.UUID | None
+    partition: int
+    fetch_offset: int
+    max_bytes: int
+    current_leader_epoch: int
+    parts: list[FetchPart] = field(default_factory=list)
+
+
+def plan_reads(parts: list[FetchPart], skip: set[tuple[TopicKey, int]]) -> list[Read]:
+    """The broker reads for ``parts`` (leaving out those in ``skip``, served otherwise)."""
+    reads: dict[tuple[str, int], Read] = {}
+    for part in parts:
+        if part.key in skip or not part.real:
+            continue
+        read = reads.get((part.real, part.real_partition))
+        if read is None:
+            reads[(part.real, part.real_partition)] = Read(part.real, part.real_id, part.real_partition,
+                                                           part.fetch_offset, part.max_bytes,
+                                                           part.current_leader_epoch, [part])
+            continue
+        read.fetch_offset = min(read.fetch_offset, part.fetch_offset)
+        read.max_bytes = max(read.max_bytes, part.max_bytes)
+        read.parts.append(part)
+    return list(reads.values())
+
+
+def upstream_request(client: Any, version: int, reads: list[Read], *, max_wait_ms: int | None = None) -> Any:
+    """A sessionless Fetch of ``reads``, at the client's version, limits and isolation."""
+    cls = messages.body_class(ApiKey.FETCH, "request")
+    by_topic: dict[str, Any] = {}
+    for read in reads:
+        topic = by_topic.get(read.real)
+        if topic is None:
+            topic = by_topic[read.real] = cls.FetchTopic(topic=read.real, partitions=[])
+            if version >= 13:
+                topic.topic_id = read.real_id
+        topic.partitions.append(cls.FetchPartition(
+            partition=read.partition, current_leader_epoch=read.current_leader_epoch, fetch_offset=read.fetch_offset,
+            last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=read.max_bytes))
+    body = messages.new_body(ApiKey.FETCH, version, "request")
+    body.replica_id = client.replica_id
+    body.max_wait_ms = client.max_wait_ms if max_wait_ms is None else max_wait_ms
+    body.min_bytes = client.min_bytes
+    body.max_bytes = client.max_bytes
+    body.isolation_level = client.isolation_level
+    body.session_id = NO_SESSION
+    body.session_epoch = FINAL_EPOCH
+    body.topics = list(by_topic.values())
+    body.forgotten_topics_data = []
+    body.rack_id = getattr(client, "rack_id", "") or ""
+    return body
+
+
+@dataclass(slots=True)
+class PartAnswer:
+    """What one partition of the client's request gets."""
+
+    error_code: int = ErrorCode.NONE
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    aborted_transactions: list = field(default_factory=list)
+    records: bytes = b""
+
+
+def client_response(version: int, resolved: Resolved, answers: dict[tuple[TopicKey, int], PartAnswer],
+                    throttle_ms: int = 0) -> Any:
+    """The client's Fetch response: every partition on a full request, on an incremental
+    one only those with records, an error or new offsets (as a broker session does)."""
+    cls = messages.body_class(ApiKey.FETCH, "response")
+    response = messages.new_body(ApiKey.FETCH, version, "response")
+    response.throttle_time_ms = throttle_ms
+    response.error_code = int(resolved.error)
+    session = resolved.session
+    response.session_id = session.id if session is not None else NO_SESSION
+    response.responses = []
+    if resolved.error != ErrorCode.NONE:
+        return response
+    topics: dict[TopicKey, Any] = {}
+    for part in resolved.parts:
+        answer = answers.get(part.key) or PartAnswer(error_code=int(ErrorCode.UNKNOWN_SERVER_ERROR))
+        offsets = (answer.high_watermark, answer.last_stable_offset, answer.log_start_offset)
+        if session is not None:
+            changed = session.sent.get(part.key) != offsets
+            session.sent[part.key] = offsets
+            if resolved.incremental and not changed and not answer.records and answer.error_code == ErrorCode.NONE:
+                continue
+        topic = topics.get(part.topic)
+        if topic is None:
+            if isinstance(part.topic, uuid.UUID):
+                topic = cls.FetchableTopicResponse(topic_id=part.topic, partitions=[])
+            else:
+                topic = cls.FetchableTopicResponse(topic=part.topic, partitions=[])
+            topics[part.topic] = topic
+            response.responses.append(topic)
+        topic.partitions.append(cls.PartitionData(
+            partition_index=part.index, error_code=int(answer.error_code), high_watermark=answer.high_watermark,
+            last_stable_offset=answer.last_stable_offset, log_start_offset=answer.log_start_offset,
+            aborted_transactions=list(answer.aborted_transactions) if answer.aborted_transactions else [],
+            preferred_read_replica=-1, records=answer.records))
+    return response

@@ -1,0 +1,88 @@
+"""Writes and topic administration naming a virtual topic are refused, without I/O.
+
+The proxy answers such a request itself (nothing reaches the broker): every topic of it
+gets INVALID_TOPIC_EXCEPTION, the virtual ones with a message naming the real topic, any
+real one alongside with a message saying the request was refused as a whole (a request
+is answered whole, and a write must not half-happen because of a typo in one name).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
+from proxy.virtual.names import VirtualTopic
+from proxy.virtual.rewrite import refusal_message
+
+_TOPIC_RESOURCE = 2
+_INVALID = int(ErrorCode.INVALID_TOPIC_EXCEPTION)
+
+Lookup = Callable[[str], "VirtualTopic | None"]
+
+_ACTIONS = {
+    ApiKey.PRODUCE: "producing",
+    ApiKey.DELETE_RECORDS: "deleting records",
+    ApiKey.CREATE_TOPICS: "creating it",
+    ApiKey.DELETE_TOPICS: "deleting it",
+    ApiKey.CREATE_PARTITIONS: "adding partitions",
+    ApiKey.ALTER_CONFIGS: "altering its configs",
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: "altering its configs",
+}
+REFUSED_APIS = tuple(_ACTIONS)
+
+
+def _names(api_key: int, body: Any) -> list[str]:
+    if api_key == ApiKey.PRODUCE:
+        return [t.name or "" for t in body.topic_data]
+    if api_key in (ApiKey.DELETE_RECORDS, ApiKey.CREATE_TOPICS, ApiKey.CREATE_PARTITIONS):
+        return [t.name for t in body.topics]
+    if api_key == ApiKey.DELETE_TOPICS:
+        if body.topics:
+            return [t.name or "" for t in body.topics]
+        return list(body.topic_names or ())
+    return [r.resource_name if r.resource_type == _TOPIC_RESOURCE else "" for r in body.resources]
+
+
+def refuse(api_key: int, version: int, body: Any, lookup: Lookup) -> Any | None:
+    """The response body refusing ``body`` when it names a virtual topic, else None."""
+    names = _names(api_key, body)
+    virtual = {name: vt for name in names if name and (vt := lookup(name)) is not None}
+    if not virtual:
+        return None
+    action = _ACTIONS[api_key]
+    first = next(iter(virtual.values()))
+
+    def message(name: str) -> str:
+        vt = virtual.get(name)
+        if vt is not None:
+            return refusal_message(vt, action)
+        return f"refused with {first.name}, a virtual range topic of {first.real} in the same request"
+
+    cls = messages.body_class(api_key, "response")
+    response = messages.new_body(api_key, version, "response")
+    if api_key == ApiKey.PRODUCE:
+        response.responses = [cls.TopicProduceResponse(
+            name=t.name, topic_id=t.topic_id,
+            partition_responses=[cls.PartitionProduceResponse(index=p.index, error_code=_INVALID, base_offset=-1,
+                                                              error_message=message(t.name or ""))
+                                 for p in t.partition_data]) for t in body.topic_data]
+    elif api_key == ApiKey.DELETE_RECORDS:
+        response.topics = [cls.DeleteRecordsTopicResult(name=t.name, partitions=[
+            cls.DeleteRecordsPartitionResult(partition_index=p.partition_index, low_watermark=-1, error_code=_INVALID)
+            for p in t.partitions]) for t in body.topics]
+    elif api_key == ApiKey.CREATE_TOPICS:
+        response.topics = [cls.CreatableTopicResult(name=t.name, error_code=_INVALID, error_message=message(t.name))
+                           for t in body.topics]
+    elif api_key == ApiKey.DELETE_TOPICS:
+        response.responses = [cls.DeletableTopicResult(name=name, error_code=_INVALID, error_message=message(name))
+                              for name in names]
+    elif api_key == ApiKey.CREATE_PARTITIONS:
+        response.results = [cls.CreatePartitionsTopicResult(name=t.name, error_code=_INVALID,
+                                                            error_message=message(t.name)) for t in body.topics]
+    else:
+        response.responses = [cls.AlterConfigsResourceResponse(
+            error_code=_INVALID, error_message=message(r.resource_name if r.resource_type == _TOPIC_RESOURCE else ""),
+            resource_type=r.resource_type, resource_name=r.resource_name) for r in body.resources]
+    return response

@@ -1,0 +1,304 @@
+"""Rewriting requests that name virtual topics into requests naming real ones, and their
+responses back, without I/O: Metadata, ListOffsets, OffsetsForLeaderEpoch, DescribeConfigs,
+and the refusals of writes and topic administration.
+
+Each ``*_request`` function changes the decoded request body in place and returns what
+its response rewrite needs (None when the request names no virtual topic, so the request
+goes on untouched). The broker never sees a virtual name.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
+from proxy.virtual.names import VirtualTopic
+
+_TOPIC_RESOURCE = 2  # ConfigResource type TOPIC
+
+
+class Resolver(Protocol):
+    """What the rewrites need to know of the cluster."""
+
+    def virtual(self, name: str) -> VirtualTopic | None:
+        """The virtual topic ``name`` stands for, None for a real or unknown name."""
+
+    def refusal(self, name: str) -> str | None:
+        """Why ``name`` has the virtual form but is not served (K out of bounds, the real
+        topic does not accept range fetches); None otherwise."""
+
+    def by_id(self, topic_id: uuid.UUID) -> VirtualTopic | None:
+        """The virtual topic of a derived id, None for any other id."""
+
+    def real_id(self, real: str) -> uuid.UUID | None:
+        """The real topic's id, when known."""
+
+
+# -- Metadata --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class MetadataPlan:
+    """The topics a client asked for, in order, and what each became upstream."""
+
+    asked: list[tuple[str | None, uuid.UUID | None, VirtualTopic | None, str | None]] = field(default_factory=list)
+    # (name asked, id asked, its virtual topic or None, refusal message or None)
+    reals_asked: set[str] = field(default_factory=set)  # real topics the client named itself
+    real_ids_asked: set[uuid.UUID] = field(default_factory=set)
+
+
+def metadata_request(body: Any, version: int, resolver: Resolver) -> MetadataPlan | None:
+    """Virtual names become their real topics (once each); a name of the virtual form that
+    is not served goes nowhere. When only virtual names are asked, auto-creation is off."""
+    if not body.topics:
+        return None  # every topic: virtual topics are never listed
+    plan = MetadataPlan()
+    request_topic = messages.body_class(ApiKey.METADATA, "request").MetadataRequestTopic
+    kept: list[Any] = []
+    upstream_names: set[str] = set()
+    any_virtual = any_real = False
+    for topic in body.topics:
+        name = topic.name
+        topic_id = getattr(topic, "topic_id", None)
+        vt = None
+        if name:
+            vt = resolver.virtual(name)
+            refusal = None if vt is not None else resolver.refusal(name)
+        else:
+            refusal = None
+            if topic_id is not None:
+                vt = resolver.by_id(topic_id)
+        if refusal is not None:
+            plan.asked.append((name, topic_id, None, refusal))
+            any_virtual = True
+            continue
+        if vt is None:
+            plan.asked.append((name, topic_id, None, None))
+            if name:
+                plan.reals_asked.add(name)
+                upstream_names.add(name)
+            elif topic_id is not None:
+                plan.real_ids_asked.add(topic_id)
+            kept.append(topic)
+            any_real = True
+            continue
+        any_virtual = True
+        plan.asked.append((name, topic_id, vt, None))
+        if vt.real not in upstream_names:
+            upstream_names.add(vt.real)
+            entry = request_topic(name=vt.real)
+            if hasattr(entry, "topic_id") and version >= 10:
+                entry.topic_id = uuid.UUID(int=0)
+            kept.append(entry)
+    if not any_virtual:
+        return None
+    body.topics = kept
+    if not any_real and version >= 4:
+        body.allow_auto_topic_creation = False
+    return plan
+
+
+def metadata_response(body: Any, version: int, plan: MetadataPlan, resolver: Resolver) -> None:
+    response_class = messages.body_class(ApiKey.METADATA, "response")
+    by_name = {t.name: t for t in body.topics or () if t.name}
+    by_id = {t.topic_id: t for t in body.topics or () if getattr(t, "topic_id", None) is not None}
+    out: list[Any] = []
+    done: set[str] = set()
+    for name, topic_id, vt, refusal in plan.asked:
+        if refusal is not None:
+            out.append(response_class.MetadataResponseTopic(
+                error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION), name=name, partitions=[]))
+            continue
+        if vt is None:
+            real = by_name.get(name) if name else by_id.get(topic_id)
+            if real is not None and id(real) not in done:
+                done.add(id(real))  # type: ignore[arg-type]
+                out.append(real)
+            continue
+        real = by_name.get(vt.real)
+        out.append(virtual_metadata_topic(real, vt, response_class, resolver))
+    for topic in body.topics or ():  # anything else the broker added (none expected)
+        if topic.name not in by_name or id(topic) in done:
+            continue
+        if topic.name in plan.reals_asked or getattr(topic, "topic_id", None) in plan.real_ids_asked:
+            if id(topic) not in done:
+                done.add(id(topic))  # type: ignore[arg-type]
+                out.append(topic)
+    body.topics = out
+
+
+def virtual_metadata_topic(real: Any, vt: VirtualTopic, response_class: Any, resolver: Resolver) -> Any:
+    """The virtual topic's Metadata entry from its real topic's: K partitions per real
+    partition, each led by the real partition's leader."""
+    if real is None or real.error_code != ErrorCode.NONE:
+        error = real.error_code if real is not None else int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        if error == ErrorCode.INVALID_TOPIC_EXCEPTION:
+            error = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        return response_class.MetadataResponseTopic(error_code=error, name=vt.name, partitions=[])
+    entry = copy.copy(real)
+    entry.name = vt.name
+    real_id = getattr(real, "topic_id", None)
+    if real_id is not None and real_id != uuid.UUID(int=0):
+        entry.topic_id = vt.topic_id(real_id)
+    entry.is_internal = False
+    partitions = []
+    for part in sorted(real.partitions or (), key=lambda p: p.partition_index):
+        for share in range(vt.shares):
+            virtual = copy.copy(part)
+            virtual.partition_index = vt.virtual_partition(part.partition_index, share)
+            partitions.append(virtual)
+    entry.partitions = partitions
+    return entry
+
+
+# -- partition-level requests: ListOffsets, OffsetsForLeaderEpoch ----------------------------
+
+
+@dataclass(slots=True)
+class PartitionPlan:
+    """Which virtual partitions a request asked for: per response topic position, the
+    virtual topic and its requested partitions, in order."""
+
+    topics: list[tuple[str, VirtualTopic | None, list[int]]] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # topic name -> message
+
+
+def _partition_request(topics: list, partition_field: str, topic_class: Callable[..., Any],
+                       resolver: Resolver) -> tuple[list, PartitionPlan] | None:
+    plan = PartitionPlan()
+    merged: dict[str, Any] = {}
+    out: list[Any] = []
+    any_virtual = False
+    for topic in topics:
+        vt = resolver.virtual(topic.name)
+        refusal = None if vt is not None else resolver.refusal(topic.name)
+        parts = [getattr(p, partition_field) for p in topic.partitions]
+        if refusal is not None:
+            any_virtual = True
+            plan.refused[topic.name] = refusal
+            plan.topics.append((topic.name, None, parts))
+            continue
+        if vt is None:
+            plan.topics.append((topic.name, None, parts))
+            out.append(topic)
+            continue
+        any_virtual = True
+        plan.topics.append((topic.name, vt, parts))
+        target = merged.get(vt.real)
+        if target is None:
+            target = merged[vt.real] = topic_class(name=vt.real, partitions=[])
+            out.append(target)
+        seen = {getattr(p, partition_field) for p in target.partitions}
+        for part in topic.partitions:
+            real_part = vt.real_partition(getattr(part, partition_field))
+            if real_part in seen:
+                continue  # another share of the same real partition: one question is enough
+            seen.add(real_part)
+            moved = copy.copy(part)
+            setattr(moved, partition_field, real_part)
+            target.partitions.append(moved)
+    if not any_virtual:
+        return None
+    return out, plan
+
+
+def list_offsets_request(body: Any, resolver: Resolver) -> PartitionPlan | None:
+    topic_class = messages.body_class(ApiKey.LIST_OFFSETS, "request").ListOffsetsTopic
+    done = _partition_request(body.topics, "partition_index", topic_class, resolver)
+    if done is None:
+        return None
+    body.topics, plan = done
+    return plan
+
+
+def list_offsets_response(body: Any, plan: PartitionPlan) -> None:
+    cls = messages.body_class(ApiKey.LIST_OFFSETS, "response")
+    _partition_response(body, plan, "topics", "name", "partitions", "partition_index",
+                        lambda name: cls.ListOffsetsTopicResponse(name=name, partitions=[]),
+                        lambda index: cls.ListOffsetsPartitionResponse(
+                            partition_index=index, error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION)))
+
+
+def offsets_for_leader_epoch_request(body: Any, resolver: Resolver) -> PartitionPlan | None:
+    topic_class = messages.body_class(ApiKey.OFFSET_FOR_LEADER_EPOCH, "request").OffsetForLeaderTopic
+    done = _partition_request(body.topics, "partition", topic_class, resolver)
+    if done is None:
+        return None
+    body.topics, plan = done
+    return plan
+
+
+def offsets_for_leader_epoch_response(body: Any, plan: PartitionPlan) -> None:
+    cls = messages.body_class(ApiKey.OFFSET_FOR_LEADER_EPOCH, "response")
+    _partition_response(body, plan, "topics", "topic", "partitions", "partition",
+                        lambda name: cls.OffsetForLeaderTopicResult(topic=name, partitions=[]),
+                        lambda index: cls.EpochEndOffset(partition=index,
+                                                         error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION)))
+
+
+def _partition_response(body: Any, plan: PartitionPlan, topics_field: str, name_field: str,
+                        partitions_field: str, index_field: str, new_topic, new_refused) -> None:
+    answered = {getattr(t, name_field): t for t in getattr(body, topics_field) or ()}
+    out = []
+    for name, vt, parts in plan.topics:
+        if name in plan.refused:
+            topic = new_topic(name)
+            setattr(topic, partitions_field, [new_refused(index) for index in parts])
+            out.append(topic)
+            continue
+        if vt is None:
+            real = answered.get(name)
+            if real is not None:
+                out.append(real)
+            continue
+        real = answered.get(vt.real)
+        by_index = {getattr(p, index_field): p for p in getattr(real, partitions_field) or ()} if real else {}
+        topic = new_topic(name)
+        entries = []
+        for index in parts:
+            source = by_index.get(vt.real_partition(index))
+            if source is None:
+                entry = new_refused(index)
+                entry.error_code = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            else:
+                entry = copy.copy(source)
+                setattr(entry, index_field, index)
+            entries.append(entry)
+        setattr(topic, partitions_field, entries)
+        out.append(topic)
+    setattr(body, topics_field, out)
+
+
+# -- DescribeConfigs ---------------------------------------------------------------------------
+
+
+def describe_configs_request(body: Any, resolver: Resolver) -> dict[int, str] | None:
+    """A virtual topic's configs are its real topic's: position in the request -> the name asked."""
+    renamed: dict[int, str] = {}
+    for number, resource in enumerate(body.resources or ()):
+        if resource.resource_type != _TOPIC_RESOURCE:
+            continue
+        vt = resolver.virtual(resource.resource_name)
+        if vt is not None:
+            renamed[number] = resource.resource_name
+            resource.resource_name = vt.real
+    return renamed or None
+
+
+def describe_configs_response(body: Any, renamed: dict[int, str]) -> None:
+    for number, result in enumerate(body.results or ()):
+        if number in renamed:
+            result.resource_name = renamed[number]
+
+
+# -- refusals ----------------------------------------------------------------------------------
+
+
+def refusal_message(vt: VirtualTopic, what: str) -> str:
+    return (f"{vt.name} is a virtual range topic of {vt.real} ({vt.shares} shares): {what} is refused; "
+            f"use {vt.real}")
