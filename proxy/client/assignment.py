@@ -95,6 +95,9 @@ class AssignmentState:
         self.ends: dict[TopicPartition, EndOffsets] = {}
         self.buffers = FairBuffers()
         self.progress: dict[TopicPartition, PartitionProgress] = {}
+        # assigned but neither fetched nor handed out: a group member's partition whose
+        # revocation (or growth) waits for the application's records in flight
+        self.paused: set[TopicPartition] = set()
 
     # -- the assignment ----------------------------------------------------------------
     def assign(self, new: Mapping[TopicPartition, list[KeyRange]]) -> None:
@@ -111,7 +114,15 @@ class AssignmentState:
         for tp in new:
             self.positions.setdefault(tp, None)
         self.ranges = {tp: list(ranges) for tp, ranges in new.items()}
-        self.buffers.set_partitions(list(new))
+        self.paused &= set(new)
+        self.buffers.set_partitions([tp for tp in new if tp not in self.paused])
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        """Stop fetching and handing out ``partitions`` (and only them); buffers go."""
+        self.paused = set(partitions) & set(self.ranges)
+        for tp in self.paused:
+            self.buffers.clear(tp)
+        self.buffers.set_partitions([tp for tp in self.ranges if tp not in self.paused])
 
     def __contains__(self, tp: object) -> bool:
         return tp in self.ranges
@@ -163,7 +174,8 @@ class AssignmentState:
     def fetchable(self, has_leader: Callable[[TopicPartition], bool]) -> list[TopicPartition]:
         """Partitions to fetch now: with a position, nothing buffered, and a leader."""
         return [tp for tp in self.ranges
-                if isinstance(self.positions.get(tp), int) and not self.buffers.has_buffered(tp) and has_leader(tp)]
+                if isinstance(self.positions.get(tp), int) and not self.buffers.has_buffered(tp) and has_leader(tp)
+                and tp not in self.paused]
 
     def any_buffered(self) -> bool:
         return any(self.buffers.has_buffered(tp) for tp in self.ranges)

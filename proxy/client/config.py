@@ -29,6 +29,11 @@ class ConsumerConfig:
     # Ranges per partition in one OffsetCommit; more go in further requests. The proxy
     # refuses more than its max.individual.commit.ranges (default 1000).
     individual_commit_max_ranges: int = 1000
+    # Group membership (subscribe; docs/wire-contract.md section 8, KIP-62, KIP-345)
+    group_instance_id: str | None = None
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000
 
     def __post_init__(self) -> None:
         validate(self)
@@ -66,6 +71,9 @@ _INT_MINIMUMS = {
     "request_timeout_ms": 1,
     "retry_backoff_ms": 0,
     "individual_commit_max_ranges": 1,
+    "session_timeout_ms": 1,
+    "heartbeat_interval_ms": 1,
+    "max_poll_interval_ms": 1,
 }
 _INT_MAXIMUM = (1 << 31) - 1
 
@@ -91,6 +99,11 @@ def validate(config: ConsumerConfig) -> None:
                           f"{type(config.allow_individual_commit).__name__} {config.allow_individual_commit!r}")
     if config.allow_individual_commit and config.group_id is None:
         raise ConfigError("allow_individual_commit=True needs a group_id: committed offsets belong to a group")
+    if config.group_instance_id is not None and (not isinstance(config.group_instance_id, str)
+                                                 or not config.group_instance_id):
+        raise ConfigError(f"group_instance_id must be a non-empty string or None, got {config.group_instance_id!r}")
+    if config.group_instance_id is not None and config.group_id is None:
+        raise ConfigError("group_instance_id needs a group_id")
     for field in fields(config):
         minimum = _INT_MINIMUMS.get(field.name)
         if minimum is None:
@@ -100,3 +113,6 @@ def validate(config: ConsumerConfig) -> None:
             raise ConfigError(f"{field.name} must be an int, got {type(value).__name__} {value!r}")
         if not minimum <= value <= _INT_MAXIMUM:
             raise ConfigError(f"{field.name} must be between {minimum} and {_INT_MAXIMUM}, got {value}")
+    if config.heartbeat_interval_ms >= config.session_timeout_ms:
+        raise ConfigError(f"heartbeat_interval_ms ({config.heartbeat_interval_ms}) must be below "
+                          f"session_timeout_ms ({config.session_timeout_ms})")

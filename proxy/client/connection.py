@@ -36,6 +36,8 @@ VERSION_CEILING: Mapping[int, int] = {ApiKey.FETCH: 17, ApiKey.LIST_OFFSETS: 9, 
 # Group requests, needed only with a group_id: negotiated where the node serves them.
 GROUP_VERSIONS: Mapping[int, tuple[int, int]] = {
     ApiKey.FIND_COORDINATOR: (4, 4), ApiKey.OFFSET_COMMIT: (8, 9), ApiKey.OFFSET_FETCH: (8, 9),
+    # group membership (docs/wire-contract.md section 8)
+    ApiKey.JOIN_GROUP: (9, 9), ApiKey.SYNC_GROUP: (5, 5), ApiKey.HEARTBEAT: (4, 4), ApiKey.LEAVE_GROUP: (5, 5),
 }
 
 # Failures after which a request may be retried over a new connection.

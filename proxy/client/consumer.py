@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections import Counter
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -61,16 +62,20 @@ from proxy.client.connection import RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Con
 from proxy.client.coordinator import Coordinator
 from proxy.client.errors import IllegalStateError, RangeFetchNotSupportedError
 from proxy.client.fetcher import Fetcher
+from proxy.client.group import GroupMember, RebalanceListener
 from proxy.client.metadata import ClusterMetadata, refresh_metadata
 from proxy.client.offsets import OffsetResolver
 from proxy.client.records import ConsumerRecord, ConsumerRecords, TopicPartition
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange
 
 log = logging.getLogger(__name__)
 
 METRIC_NAMES = ("records_outside_ranges", "unfiltered_range_responses", "aborted_records_dropped",
                 "records_returned", "fetch_requests", "metadata_refreshes", "offset_resets", "reconnects",
-                "retriable_errors", "records_already_committed", "range_commits", "plain_commits")
+                "retriable_errors", "records_already_committed", "range_commits", "plain_commits",
+                "partitions_lost", "revocations")
 
 
 @asynccontextmanager
@@ -120,6 +125,12 @@ class Consumer:
                                 partition_max_bytes=config.max_partition_fetch_bytes,
                                 isolation_level=config.isolation_code, auto_offset_reset=config.auto_offset_reset,
                                 metrics=self._metrics)
+        self._group: GroupMember | None = None
+        if config.group_id is not None and self._committer is not None:
+            self._group = GroupMember(config, self._connections, self._state, self._committer, metrics=self._metrics,
+                                      set_ranges=self._set_group_ranges, commit_supported=self._commit_supported)
+        self._subscribed = False
+        self._pattern: re.Pattern[str] | None = None
         self._started = False
         self._closed = False
         self._polling = False
@@ -150,10 +161,14 @@ class Consumer:
                 await self.start()
                 started = True
                 self._fetcher.attach(nursery)
+                if self._group is not None:
+                    nursery.start_soon(self._group.run)
                 try:
                     yield
                 finally:
                     self._fetcher.attach(None)
+                    if self._group is not None:
+                        await self._group.close()  # LeaveGroup before the connections go
         finally:
             if started:
                 await self.close()
@@ -171,6 +186,8 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        if self._group is not None:
+            await self._group.close()
         await self._connections.aclose()
         if self._coordinator is not None:
             await self._coordinator.aclose()
@@ -191,6 +208,8 @@ class Consumer:
         list: the whole partition); a plain sequence of partitions assigns them whole.
         Ranges must be sorted, disjoint and within [0, 2^63 - 1]."""
         bootstrap = self._bootstrap()
+        if self._subscribed:
+            raise IllegalStateError("the consumer is subscribed: its group assigns its partitions (unsubscribe first)")
         new = check_assignment(assignment)
         for tp, ranges in new.items():
             if ranges and not bootstrap.filters_ranges:
@@ -201,6 +220,80 @@ class Consumer:
         self._state.assign(new)
         if any(not self._metadata.knows(tp.topic) for tp in new):
             self._metadata.stale = True
+
+    # -- group membership -----------------------------------------------------------------
+    def subscribe(self, topics: Sequence[str] | str | re.Pattern[str],
+                  listener: RebalanceListener | None = None) -> None:
+        """Join ``group_id`` and let it share ``topics`` (names, or a regex pattern matched
+        against the cluster's topics at every join) among its members: whole partitions
+        while members <= partitions, key ranges beyond (docs/consumer.md, "Groups").
+        ``listener`` gets ``on_assigned``, ``on_revoked`` and ``on_lost`` inside ``poll``."""
+        self._require_started()
+        if self._group is None:
+            raise IllegalStateError("subscribe needs a group_id")
+        if self._state.partitions() and not self._subscribed:
+            raise IllegalStateError("the consumer has partitions assigned by assign(): assign({}) first")
+        if isinstance(topics, (str, re.Pattern)):
+            self._pattern = re.compile(topics) if isinstance(topics, str) else topics
+            names: list[str] = []
+        else:
+            names = [t for t in topics]
+            if not names or not all(isinstance(t, str) and t for t in names):
+                raise ValueError(f"topics must be a non-empty list of topic names or a pattern, got {topics!r}")
+            self._pattern = None
+        self._subscribed = True
+        self._group.subscribe(names, listener)
+        if self._pattern is not None:
+            self._group.pattern = self._pattern
+
+    async def unsubscribe(self) -> None:
+        """Leave the group (LeaveGroup) and drop every partition; nothing is revoked
+        cooperatively, so commit first."""
+        if self._group is not None and self._subscribed:
+            await self._group.unsubscribe()
+        self._subscribed = False
+
+    def subscription(self) -> list[str]:
+        return list(self._group.membership.topics) if self._group is not None and self._subscribed else []
+
+    def to_be_revoked(self) -> set[TopicPartition]:
+        """KIP-983: partitions with ranges being revoked: none of their records is handed
+        out any more, and the revocation completes at the start of a later poll, once the
+        records of them already handed out are marked processed (and committed)."""
+        return self._group.to_be_revoked() if self._group is not None else set()
+
+    def to_be_revoked_ranges(self) -> dict[TopicPartition, list[KeyRange]]:
+        return self._group.to_be_revoked_ranges() if self._group is not None else {}
+
+    def lost(self) -> set[TopicPartition]:
+        """KIP-983: partitions lost during the last poll (fenced, or the poll interval
+        expired): commit nothing of them."""
+        return self._group.lost() if self._group is not None else set()
+
+    def delay_revoke(self, partitions: Sequence[TopicPartition]) -> bool:
+        """KIP-983: keep ``partitions`` one more poll before their revocation completes.
+        False (and nothing delayed) when some of them are not being revoked (lost)."""
+        return self._group.delay_revoke(partitions) if self._group is not None else False
+
+    def group_metadata(self) -> dict[str, object]:
+        """The member's generation, id, protocol and whether it leads (for tests and tools)."""
+        if self._group is None:
+            return {}
+        m = self._group.membership
+        return {"generation": m.generation, "member_id": m.member_id, "protocol": m.protocol,
+                "leader": m.is_leader, "phase": m.phase.value, "rebalances": self._group.rebalances}
+
+    def _set_group_ranges(self, ranges: Mapping[TopicPartition, Sequence[KeyRange]],
+                          paused: Sequence[TopicPartition]) -> None:
+        """The group changed what this member fetches."""
+        new = {TopicPartition(*tp): list(r) for tp, r in ranges.items()}
+        self._state.assign(new)
+        self._state.pause(paused)
+        if any(not self._metadata.knows(tp.topic) for tp in new):
+            self._metadata.stale = True
+
+    async def _commit_supported(self) -> bool:
+        return (await self._connections.any()).commits_ranges
 
     def assignment(self) -> dict[TopicPartition, list[KeyRange]]:
         return {tp: list(ranges) for tp, ranges in self._state.ranges.items()}
@@ -288,6 +381,8 @@ class Consumer:
                 raise IllegalStateError(f"{tp.topic}-{tp.partition} offset {record.offset} was not handed out by "
                                         f"this consumer's poll")
             progress.mark(record.offset)
+            if self._group is not None:
+                self._group.marked(tp, record.offset)
 
     def pending_commit(self, tp: TopicPartition) -> list[Range]:
         """Offset ranges of ``tp`` marked processed (or amended gaps) that no acknowledged
@@ -334,9 +429,25 @@ class Consumer:
             raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
         self._polling = True
         try:
-            return await self._poll(trio.current_time() + timeout)
+            if self._group is not None and self._subscribed:
+                await self._group.before_poll(self._pattern_topics)
+            records = await self._poll(trio.current_time() + timeout)
+            if self._group is not None and self._state.tracking and records:
+                self._group.handed.handed(records)
+            return records
         finally:
             self._polling = False
+
+    async def _pattern_topics(self) -> list[str] | None:
+        """With a pattern subscription, the cluster's topics that match it now."""
+        if self._pattern is None:
+            return None
+        connection = await self._connections.any()
+        version = connection.versions[ApiKey.METADATA]
+        body = messages.new_body(ApiKey.METADATA, version, "request", topics=None, allow_auto_topic_creation=False)
+        response = await self._connections.request(connection, ApiKey.METADATA, version, body)
+        return sorted(t.name for t in response.topics if t.error_code == 0 and self._pattern.fullmatch(t.name)
+                      and not t.is_internal)
 
     async def _poll(self, deadline: float) -> ConsumerRecords:
         fetcher, state = self._fetcher, self._state

@@ -48,6 +48,7 @@ def must_find_again(response: Any) -> bool:
     is loading, or a pending transactional commit should settle first."""
     codes = {p.error_code for t in getattr(response, "topics", ()) for p in t.partitions}
     codes |= {g.error_code for g in getattr(response, "groups", ())}
+    codes.add(getattr(response, "error_code", 0))  # JoinGroup, SyncGroup, Heartbeat, LeaveGroup
     return bool(codes & COORDINATOR_RETRY_CODES)
 
 
@@ -61,25 +62,28 @@ class Coordinator:
         self._metrics = metrics
         self._connection: NodeConnection | None = None
 
-    async def request(self, api_key: int, build: Callable[[int], Any]) -> Any:
+    async def request(self, api_key: int, build: Callable[[int], Any], *, timeout: float | None = None) -> Any:
         """Send ``build(version)`` to the coordinator, finding it (again) while needed, for
-        at most the request timeout; ``RequestTimedOutError`` after that."""
-        timeout = self._connections.timeout
+        at most ``timeout`` (default: the request timeout); ``RequestTimedOutError`` after
+        that. A JoinGroup needs longer: the coordinator holds it for the rebalance."""
+        timeout = self._connections.timeout if timeout is None else timeout
         try:
             with trio.fail_after(timeout):
-                return await self._request_until_answered(api_key, build)
+                return await self._request_until_answered(api_key, build, timeout)
         except trio.TooSlowError:
             raise RequestTimedOutError(f"{ApiKey(api_key).name} for group {self.group!r} got no answer within "
                                        f"request_timeout_ms={int(timeout * 1000)}") from None
 
-    async def _request_until_answered(self, api_key: int, build: Callable[[int], Any]) -> Any:
+    async def _request_until_answered(self, api_key: int, build: Callable[[int], Any], timeout: float) -> Any:
         while True:
             try:
                 connection = await self._find()
                 version = connection.versions.get(api_key)
                 if version is None:
-                    raise UnsupportedVersionError(f"the coordinator serves no {ApiKey(api_key).name} v8+")
-                response = await self._connections.request(connection, api_key, version, build(version))
+                    raise UnsupportedVersionError(f"the coordinator serves no {ApiKey(api_key).name} in a version this "
+                                                 f"consumer speaks")
+                response = await self._connections.request(connection, api_key, version, build(version),
+                                                           timeout=timeout)
             except NETWORK_ERRORS as exc:
                 log.info("consumer: coordinator request failed (%r); finding it again", exc)
                 await self.aclose()

@@ -109,6 +109,19 @@ class IllegalGenerationError(KafkaError):
     code, name = ErrorCode.ILLEGAL_GENERATION, "ILLEGAL_GENERATION"
 
 
+class RebalanceInProgressError(RetriableError):
+    """A group request during a rebalance (for example a commit between JoinGroup and
+    SyncGroup); what it carried stays pending, so commit again shortly."""
+
+    code, name = ErrorCode.REBALANCE_IN_PROGRESS, "REBALANCE_IN_PROGRESS"
+
+
+class FencedInstanceIdError(KafkaError):
+    """Another consumer joined with the same group_instance_id (static membership)."""
+
+    code, name = ErrorCode.FENCED_INSTANCE_ID, "FENCED_INSTANCE_ID"
+
+
 class UnknownMemberIdError(KafkaError):
     code, name = ErrorCode.UNKNOWN_MEMBER_ID, "UNKNOWN_MEMBER_ID"
 
@@ -159,7 +172,7 @@ _BY_CODE: dict[int, type[KafkaError]] = {
         OffsetOutOfRangeError, CorruptRecordError, UnknownTopicOrPartitionError, LeaderNotAvailableError,
         NotLeaderOrFollowerError, RequestTimedOutError, ReplicaNotAvailableError, CoordinatorLoadInProgressError,
         CoordinatorNotAvailableError, NotCoordinatorError, IllegalGenerationError, UnknownMemberIdError,
-        GroupAuthorizationFailedError,
+        GroupAuthorizationFailedError, RebalanceInProgressError, FencedInstanceIdError,
         TopicAuthorizationFailedError, UnsupportedVersionError, InvalidRequestError, KafkaStorageError,
         FencedLeaderEpochError, UnknownLeaderEpochError, OffsetNotAvailableError, UnknownTopicIdError,
         InconsistentTopicIdError,

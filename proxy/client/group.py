@@ -1,0 +1,426 @@
+"""Group membership at the edge: the background task that joins, syncs and heartbeats, and
+the poll-side step that applies what it learned (docs/wire-contract.md section 8).
+
+The background task (``GroupMember.run``, in the consumer's nursery) sends what the sans-IO
+``Membership`` builds over a coordinator connection of its own, so a JoinGroup the
+coordinator holds for the whole rebalance never delays the application's commits. It
+heartbeats every ``heartbeat_interval_ms`` whatever the application does (KIP-62), and when
+the application has not polled for ``max_poll_interval_ms`` it leaves the group: fetching
+stops, and the next poll reports the partitions lost and joins again.
+
+Everything the application sees happens inside ``poll`` (``before_poll``), in its own
+task, as Java does: new ranges start fetching and ``on_assigned`` runs; ranges to be
+revoked stop being handed out at once, and their revocation completes at the start of a
+later poll (KIP-983) once every record of them that poll handed out is marked processed
+and committed (individual commit), then ``on_revoked`` runs and the member rejoins so the
+follow-up rebalance hands them on. ``delay_revoke`` holds a revocation one more poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+
+import trio
+
+from proxy.client.assignment import AssignmentState
+from proxy.client.commit_protocol import SIMPLE_GROUP, GroupMember as CommitIdentity
+from proxy.client.committer import Committer
+from proxy.client.config import ConsumerConfig
+from proxy.client.connection import RETRIABLE_FAILURES, Connections
+from proxy.client.coordinator import Coordinator
+from proxy.client.errors import KafkaError
+from proxy.client.group_assignor import Assignment, intersect, to_intervals, to_ranges
+from proxy.client.group_protocol import leave_error
+from proxy.client.membership import Answer, Change, Membership, Phase, difference, union
+from proxy.client.records import ConsumerRecord, TopicPartition
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
+from proxy.ranges import KeyRange
+from proxy.records.keyhash import key_hash
+
+log = logging.getLogger(__name__)
+
+
+class RebalanceListener:
+    """Override what you need; each runs inside ``poll``, in the application's task, with
+    the partitions and their key ranges ([] = the whole partition)."""
+
+    async def on_assigned(self, assignment: Assignment) -> None:
+        """New ranges; they are fetched from the group's committed state."""
+
+    async def on_revoked(self, assignment: Assignment) -> None:
+        """Ranges handed on: with individual commit, every record of them this member was
+        handed is processed and committed by now; without it, commit here."""
+
+    async def on_lost(self, assignment: Assignment) -> None:
+        """Ranges lost (the member was fenced, or did not poll in time): others may be
+        processing them already; commit nothing of them."""
+
+
+class HandedOut:
+    """Records ``poll`` handed out and the application has not marked processed yet, by
+    partition, with their key hashes: a range is done when none of them falls in it."""
+
+    def __init__(self) -> None:
+        self._by_tp: dict[TopicPartition, dict[int, int]] = {}
+
+    def handed(self, records: Iterable[ConsumerRecord]) -> None:
+        for r in records:
+            self._by_tp.setdefault(TopicPartition(r.topic, r.partition), {})[r.offset] = key_hash(r.key, r.offset)
+
+    def done(self, tp: TopicPartition, offset: int) -> None:
+        out = self._by_tp.get(tp)
+        if out is not None:
+            out.pop(offset, None)
+
+    def busy(self, tp: TopicPartition, ranges: Sequence[KeyRange]) -> bool:
+        """Whether a handed-out record of ``tp`` in ``ranges`` ([] = all) is unfinished."""
+        out = self._by_tp.get(tp)
+        if not out:
+            return False
+        if not ranges:
+            return True
+        return any(any(h in r for r in ranges) for h in out.values())
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self._by_tp.pop(tp, None)
+
+    def count(self) -> int:
+        return sum(len(v) for v in self._by_tp.values())
+
+
+Listener = RebalanceListener
+RangesChanged = Callable[[Mapping[TopicPartition, Sequence[KeyRange]], Iterable[TopicPartition]], None]
+
+
+class GroupMember:
+    """A consumer's membership in its group: the background task and the poll-side step."""
+
+    def __init__(self, config: ConsumerConfig, connections: Connections, state: AssignmentState,
+                 committer: Committer, *, metrics: Counter[str],
+                 set_ranges: RangesChanged, commit_supported: Callable[[], Awaitable[bool]]) -> None:
+        assert config.group_id is not None
+        self.config = config
+        self.membership = Membership(
+            config.group_id, config.group_instance_id, config.session_timeout_ms, config.max_poll_interval_ms,
+            allows_ranges=config.allow_individual_commit)
+        # a connection of its own: the coordinator holds a JoinGroup for the whole rebalance
+        self._coordinator = Coordinator(config.group_id, connections, retry_backoff=config.retry_backoff_ms / 1000,
+                                        metrics=metrics)
+        self._connections = connections
+        self._state = state
+        self._committer = committer
+        self._metrics = metrics
+        self._set_ranges = set_ranges
+        self._commit_supported = commit_supported
+        self.handed = HandedOut()
+        self.listener: RebalanceListener = RebalanceListener()
+        self._changes: list[Change] = []
+        self._to_revoke: Assignment = {}
+        self._delayed: set[TopicPartition] = set()
+        self._growing: Assignment = {}  # partitions waiting to take on more ranges
+        self._lost_last: set[TopicPartition] = set()
+        self._wake = trio.Event()
+        self._last_poll = trio.current_time()
+        self._expired = False
+        self._error: BaseException | None = None
+        self._next_heartbeat = 0.0
+        self.rebalances = 0
+        self.assigned_event = trio.Event()
+        self.pattern: Any = None  # a pattern subscription: the topics are listed at each join
+
+    # -- the background task -------------------------------------------------------------
+    async def run(self) -> None:
+        backoff = self.config.retry_backoff_ms / 1000
+        while True:
+            try:
+                await self._step()
+            except RETRIABLE_FAILURES as exc:
+                log.info("group %s: %r; retrying", self.membership.group, exc)
+                self._metrics["retriable_errors"] += 1
+                if self.membership.phase in (Phase.JOINING, Phase.SYNCING):
+                    self.membership.phase = Phase.UNJOINED
+                await trio.sleep(backoff)
+            except KafkaError as exc:
+                log.warning("group %s: %r", self.membership.group, exc)
+                self._error = exc  # the next poll raises it
+                self._wake_poll()
+                return
+
+    async def _step(self) -> None:
+        m, config = self.membership, self.config
+        now = trio.current_time()
+        poll_deadline = self._last_poll + config.max_poll_interval_ms / 1000
+        if not self._expired and m.phase != Phase.UNJOINED and now >= poll_deadline:
+            log.warning("group %s: no poll within max_poll_interval_ms=%d; leaving the group",
+                        m.group, config.max_poll_interval_ms)
+            self._expired = True
+            await self._leave("the consumer poll timeout has expired")
+            return
+        if self._expired:
+            await self._sleep(math.inf)  # until the next poll
+            return
+        if m.needs_join:
+            await self._join()
+            return
+        if m.phase == Phase.STABLE and now >= self._next_heartbeat:
+            await self._heartbeat()
+            return
+        wake_at = min(poll_deadline, self._next_heartbeat if m.phase == Phase.STABLE else math.inf)
+        await self._sleep(wake_at - now)
+
+    async def _sleep(self, seconds: float) -> None:
+        with trio.move_on_after(max(0.0, seconds)):
+            await self._wake.wait()
+        if self._wake.is_set():
+            self._wake = trio.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _wake_poll(self) -> None:
+        self.assigned_event.set()
+
+    async def _request(self, api_key: int, build: Callable[[int], Any], timeout: float | None = None) -> Any:
+        return await self._coordinator.request(api_key, build, timeout=timeout)
+
+    async def _join(self) -> None:
+        m, config = self.membership, self.config
+        answer = Answer.JOIN
+        # the coordinator holds a JoinGroup until every member rejoined, for up to the
+        # rebalance timeout
+        join_timeout = (config.max_poll_interval_ms + config.request_timeout_ms) / 1000
+        while answer == Answer.JOIN:
+            response = await self._request(ApiKey.JOIN_GROUP, lambda v: m.join_request(v), join_timeout)
+            answer = m.on_join(response)
+        if answer == Answer.LOST:
+            self._committer.member = SIMPLE_GROUP
+            self._wake_poll()
+            return
+        self._committer.member = CommitIdentity(m.generation, m.member_id, m.instance_id)
+        assignments: dict[str, bytes] = {}
+        if m.is_leader:
+            assignments = m.assignments(await self._partitions(m.subscribed_topics()))
+        response = await self._request(ApiKey.SYNC_GROUP, lambda v: m.sync_request(v, assignments))
+        answer, change = m.on_sync(response)
+        if change is not None:
+            self.rebalances += 1
+            self._changes.append(change)
+            self._next_heartbeat = trio.current_time() + config.heartbeat_interval_ms / 1000
+            log.info("group %s: generation %d, member %s%s, assigned %s", m.group, m.generation, m.member_id,
+                     " (leader)" if m.is_leader else "", describe(change.assignment))
+        elif answer == Answer.LOST:
+            self._committer.member = SIMPLE_GROUP
+        self._wake_poll()
+
+    async def _partitions(self, topics: Sequence[str]) -> dict[str, list[int]]:
+        """Partition ids of ``topics`` (the leader's assignment input), from Metadata."""
+        if not topics:
+            return {}
+        connection = await self._connections.any()
+        version = connection.versions[ApiKey.METADATA]
+        cls: Any = messages.body_class(ApiKey.METADATA, "request")
+        body = messages.new_body(ApiKey.METADATA, version, "request", allow_auto_topic_creation=False,
+                                 topics=[cls.MetadataRequestTopic(name=t) for t in topics])
+        response = await self._connections.request(connection, ApiKey.METADATA, version, body)
+        return {t.name: sorted(p.partition_index for p in t.partitions) for t in response.topics
+                if t.error_code == 0}
+
+    async def _heartbeat(self) -> None:
+        m = self.membership
+        response = await self._request(ApiKey.HEARTBEAT, m.heartbeat_request)
+        self._next_heartbeat = trio.current_time() + self.config.heartbeat_interval_ms / 1000
+        answer = m.on_heartbeat(response)
+        if answer == Answer.LOST:
+            self._committer.member = SIMPLE_GROUP
+            self._wake_poll()
+
+    async def _leave(self, reason: str) -> None:
+        m = self.membership
+        try:
+            request_built = m.leave_request(5, reason) is not None
+            if request_built:
+                with trio.move_on_after(self.config.request_timeout_ms / 1000):
+                    response = await self._request(ApiKey.LEAVE_GROUP, lambda v: m.leave_request(v, reason))
+                    code = leave_error(response)
+                    if code:
+                        log.info("group %s: LeaveGroup answered error %d", m.group, code)
+        except RETRIABLE_FAILURES as exc:
+            log.info("group %s: LeaveGroup failed (%r)", m.group, exc)
+        finally:
+            m.left()
+            self._committer.member = SIMPLE_GROUP
+            self._wake_poll()
+
+    async def close(self) -> None:
+        """Leave cleanly (LeaveGroup; a static member just stops) and drop the connection."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self.config.request_timeout_ms / 1000):
+                if self.membership.phase != Phase.UNJOINED:
+                    await self._leave("the consumer is being closed")
+            await self._coordinator.aclose()
+
+    # -- the poll side ---------------------------------------------------------------------
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener | None) -> None:
+        self.listener = listener or RebalanceListener()
+        self.membership.subscribe(topics)
+        self.wake()
+
+    async def unsubscribe(self) -> None:
+        await self._leave("the consumer unsubscribed")
+        self.membership.topics = []
+        self._drop(self._state_assignment())
+        self._to_revoke, self._changes, self._growing = {}, [], {}
+
+    def _state_assignment(self) -> Assignment:
+        return {tp: list(r) for tp, r in self._state.ranges.items()}
+
+    async def before_poll(self, pattern_topics: Callable[[], Awaitable[list[str] | None]]) -> None:
+        """Apply what the background learned, complete revocations, note the poll."""
+        self._last_poll = trio.current_time()
+        if self.pattern is not None and (self.membership.phase == Phase.UNJOINED or self.membership.rejoin_needed
+                                         or not self.membership.topics):
+            try:
+                topics = await pattern_topics()
+            except RETRIABLE_FAILURES as exc:
+                log.info("group %s: listing topics failed (%r)", self.membership.group, exc)
+                topics = None
+            if topics is not None:
+                self.membership.subscribe(topics)
+                self.wake()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._expired:
+            self._expired = False  # the member left; this poll joins again
+            self.wake()
+        self._lost_last = set()
+        lost = self.membership.take_lost()
+        if lost:
+            await self._lose(lost)
+        changes, self._changes = self._changes, []
+        for change in changes:
+            await self._apply(change)
+        await self._complete_revocations()
+        self._delayed = set()
+
+    async def _lose(self, lost: Assignment) -> None:
+        self._lost_last = set(lost)
+        self._drop(union(lost, self._to_revoke))
+        self._to_revoke, self._growing = {}, {}
+        self._metrics["partitions_lost"] += len(lost)
+        await self.listener.on_lost(lost)
+
+    def _drop(self, gone: Mapping[TopicPartition, Sequence[KeyRange]]) -> None:
+        """Stop fetching ``gone`` and forget its records and marks (nothing of it is
+        committed any more)."""
+        current = self._state_assignment()
+        rest = difference(current, gone)
+        removed = [tp for tp in current if tp not in rest]
+        for tp in removed:
+            progress = self._state.progress.get(tp)
+            if progress is not None:
+                progress.pending = type(progress.pending)()
+        self.handed.forget(removed)
+        self._set_ranges(rest, ())
+
+    async def _apply(self, change: Change) -> None:
+        self._to_revoke = union(self._to_revoke, change.revoked)
+        current = self._state_assignment()
+        keep: Assignment = {}
+        for tp, ranges in change.assignment.items():
+            if tp in current and difference({tp: ranges}, {tp: current[tp]}):
+                # more ranges of a partition already fetched: they start from the group's
+                # committed state, below this member's position, so they wait until what
+                # this member was handed of the partition is committed (see _grow)
+                self._growing[tp] = list(ranges)
+                kept = intersect(to_intervals(current[tp]), to_intervals(ranges))
+                keep[tp] = to_ranges(kept) if kept else current[tp]
+            else:
+                keep[tp] = list(ranges)
+        # revoked ranges stop being handed out now; a partition revoked whole stays (paused)
+        # until its revocation completes, so its marks can still be committed
+        for tp in self._to_revoke:
+            if tp not in keep and tp in current:
+                keep[tp] = current[tp]
+        self._set_ranges(keep, self._paused(keep))
+        if change.added:
+            await self.listener.on_assigned(change.added)
+
+    def _paused(self, ranges: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[TopicPartition]:
+        assigned = difference(self.membership.owned, self.membership.revoking)
+        return [tp for tp in ranges if tp not in assigned or tp in self._growing]
+
+    async def _commit(self) -> bool:
+        """Commit what is marked (individual commit); False when it must wait for a later poll."""
+        if not self._state.tracking:
+            return True
+        try:
+            await self._committer.commit_processed(await self._commit_supported())
+        except (KafkaError, *RETRIABLE_FAILURES) as exc:
+            log.info("group %s: commit before a hand-off failed (%r); retrying on the next poll",
+                     self.membership.group, exc)
+            self._metrics["retriable_errors"] += 1
+            return False
+        return True
+
+    async def _complete_revocations(self) -> None:
+        tracking = self._state.tracking
+        done = {tp: ranges for tp, ranges in self._to_revoke.items()
+                if tp not in self._delayed and not (tracking and self.handed.busy(tp, ranges))}
+        grown = [tp for tp in self._growing if not self.handed.busy(tp, [])]
+        if not done and not grown:
+            return
+        if not await self._commit():
+            return
+        if done:
+            await self.listener.on_revoked(done)
+            self._to_revoke = difference(self._to_revoke, done)
+            self.membership.revoked(done)
+            self._metrics["revocations"] += 1
+            self.wake()
+        current = self._state_assignment()
+        rest = difference(current, {tp: r for tp, r in done.items() if tp not in self._growing})
+        for tp in grown:
+            rest[tp] = self._growing.pop(tp)
+            # start over from the group's (S, R): everything this member was handed is in it
+            self._state.progress.pop(tp, None)
+            self._state.positions[tp] = None
+            self._state.buffers.clear(tp)
+        self.handed.forget(tp for tp in current if tp not in rest)
+        self._set_ranges(rest, self._paused(rest))
+
+    def marked(self, tp: TopicPartition, offset: int) -> None:
+        self.handed.done(tp, offset)
+
+    # -- KIP-983 -------------------------------------------------------------------------
+    def to_be_revoked(self) -> set[TopicPartition]:
+        return set(self._to_revoke)
+
+    def to_be_revoked_ranges(self) -> Assignment:
+        return {tp: list(r) for tp, r in self._to_revoke.items()}
+
+    def lost(self) -> set[TopicPartition]:
+        return set(self._lost_last)
+
+    def delay_revoke(self, partitions: Iterable[TopicPartition]) -> bool:
+        partitions = set(partitions)
+        if not partitions <= set(self._to_revoke):
+            return False
+        self._delayed |= partitions
+        return True
+
+
+def describe(assignment: Mapping[TopicPartition, Sequence[KeyRange]]) -> str:
+    """``topic-0[whole] topic-1[0.33]``: each partition and the share of it held."""
+    from proxy.client.group_assignor import UNIT, length
+
+    parts = []
+    for tp in sorted(assignment):
+        share = length(intersect(to_intervals(assignment[tp]), [(0, UNIT)])) / UNIT
+        parts.append(f"{tp.topic}-{tp.partition}[{'whole' if not assignment[tp] else f'{share:.2f}'}]")
+    return " ".join(parts) or "nothing"

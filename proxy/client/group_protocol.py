@@ -1,0 +1,178 @@
+"""The classic group protocol as the consumer speaks it, sans I/O (docs/wire-contract.md section 8).
+
+JoinGroup, SyncGroup, Heartbeat and LeaveGroup bodies, and the standard consumer-protocol
+Subscription and Assignment (Kafka's ``ConsumerProtocolSubscription`` /
+``ConsumerProtocolAssignment``) that travel inside them. Our ranges ride in their UserData
+(``KeyRangeSubscriptionUserData`` / ``KeyRangeAssignmentUserData`` in ``protocol_schemas/``),
+so a standard tool still reads the partitions; for ``cooperative-sticky`` the UserData is
+what Java's assignor writes there (the generation as an int32), so a Java leader reads us.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Mapping, Sequence
+
+from proxy.client.group_assignor import Assignment, MemberInfo
+from proxy.client.records import TopicPartition
+from proxy.protocol import messages
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.messages import ApiKey
+from proxy.ranges import KeyRange, validate_ranges
+
+PROTOCOL_TYPE = "consumer"
+KEYRANGE = "keyrange"
+COOPERATIVE_STICKY = "cooperative-sticky"
+ASSIGNORS = (KEYRANGE, COOPERATIVE_STICKY)  # our preference order
+SUBSCRIPTION = "ConsumerProtocolSubscription"
+ASSIGNMENT = "ConsumerProtocolAssignment"
+SUBSCRIPTION_DATA = "KeyRangeSubscriptionUserData"
+ASSIGNMENT_DATA = "KeyRangeAssignmentUserData"
+SUBSCRIPTION_VERSION = 3  # OwnedPartitions (v1), GenerationId (v2), RackId (v3)
+ASSIGNMENT_VERSION = 3
+_INT32 = struct.Struct(">i")
+
+# the versions of docs/wire-contract.md section 8: JoinGroup v9+, SyncGroup v5+, Heartbeat v4+, LeaveGroup v5+
+GROUP_VERSIONS: Mapping[int, tuple[int, int]] = {
+    ApiKey.JOIN_GROUP: (9, 9), ApiKey.SYNC_GROUP: (5, 5), ApiKey.HEARTBEAT: (4, 4), ApiKey.LEAVE_GROUP: (5, 5),
+}
+
+
+def _by_topic(assignment: Mapping[TopicPartition, Sequence[KeyRange]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for tp in sorted(assignment):
+        out.setdefault(tp.topic, []).append(tp.partition)
+    return out
+
+
+def _split_by_topic(assignment: Mapping[TopicPartition, Sequence[KeyRange]], topic_cls: Any, part_cls: Any,
+                    range_cls: Any) -> list[Any]:
+    """The partitions assigned only in part, with their ranges, as UserData topics."""
+    topics: dict[str, list[Any]] = {}
+    for tp in sorted(assignment):
+        ranges = assignment[tp]
+        if ranges:
+            topics.setdefault(tp.topic, []).append(
+                part_cls(partition=tp.partition, ranges=[range_cls(start=r.start, end=r.end) for r in ranges]))
+    return [topic_cls(topic=name, partitions=parts) for name, parts in topics.items()]
+
+
+def _ranges_of(data_topics: Sequence[Any], where: str) -> dict[TopicPartition, list[KeyRange]]:
+    out: dict[TopicPartition, list[KeyRange]] = {}
+    for topic in data_topics:
+        for part in topic.partitions:
+            ranges = [KeyRange(r.start, r.end) for r in part.ranges]
+            reason = validate_ranges(ranges)
+            if reason or not ranges:
+                raise ProtocolError(f"{where}: {topic.topic}-{part.partition}: {reason or 'no ranges'}")
+            out[TopicPartition(topic.topic, part.partition)] = ranges
+    return out
+
+
+# -- subscription -------------------------------------------------------------------------
+def encode_subscription(protocol: str, topics: Sequence[str], owned: Mapping[TopicPartition, Sequence[KeyRange]],
+                        *, allows_ranges: bool, generation: int) -> bytes:
+    """A member's JoinGroup metadata for ``protocol``: the topics, the partitions it owns,
+    and (keyrange) its ranges and whether it allows individual commit."""
+    cls: Any = messages.data_class(SUBSCRIPTION)
+    if protocol == KEYRANGE:
+        data_cls: Any = messages.data_class(SUBSCRIPTION_DATA)
+        user_data = messages.encode_data(SUBSCRIPTION_DATA, messages.new_data(
+            SUBSCRIPTION_DATA, allow_individual_commit=allows_ranges,
+            owned_ranges=_split_by_topic(owned, data_cls.OwnedTopic, data_cls.OwnedPartition, data_cls.OwnedRange)))
+    else:
+        user_data = _INT32.pack(generation)  # what Java's CooperativeStickyAssignor writes
+    value = messages.new_data(
+        SUBSCRIPTION, topics=sorted(topics), user_data=user_data, generation_id=generation, rack_id=None,
+        owned_partitions=[cls.TopicPartition(topic=t, partitions=p) for t, p in _by_topic(owned).items()])
+    return messages.encode_data(SUBSCRIPTION, value, SUBSCRIPTION_VERSION)
+
+
+def decode_subscription(protocol: str, member_id: str, metadata: bytes) -> MemberInfo:
+    """A member's subscription as the leader's assignor needs it. A member without our
+    UserData (a standard client) owns whole partitions and does not share by range."""
+    value = messages.decode_data(SUBSCRIPTION, metadata)
+    owned: dict[TopicPartition, list[KeyRange]] = {
+        TopicPartition(t.topic, p): [] for t in value.owned_partitions or () for p in t.partitions}
+    allows_ranges = False
+    generation = value.generation_id if value.generation_id is not None else -1
+    user_data = bytes(value.user_data) if value.user_data is not None else b""
+    if protocol == KEYRANGE and user_data:
+        data = messages.decode_data(SUBSCRIPTION_DATA, user_data)
+        allows_ranges = bool(data.allow_individual_commit)
+        for tp, ranges in _ranges_of(data.owned_ranges, f"subscription of {member_id}").items():
+            if tp in owned:
+                owned[tp] = ranges
+    elif generation < 0 and len(user_data) == 4:
+        generation = _INT32.unpack(user_data)[0]
+    return MemberInfo(member_id, frozenset(value.topics), owned, allows_ranges, generation)
+
+
+# -- assignment ---------------------------------------------------------------------------
+def encode_assignment(protocol: str, assignment: Mapping[TopicPartition, Sequence[KeyRange]]) -> bytes:
+    cls: Any = messages.data_class(ASSIGNMENT)
+    user_data = None
+    if protocol == KEYRANGE:
+        data_cls: Any = messages.data_class(ASSIGNMENT_DATA)
+        user_data = messages.encode_data(ASSIGNMENT_DATA, messages.new_data(
+            ASSIGNMENT_DATA, assigned_ranges=_split_by_topic(assignment, data_cls.AssignedTopic,
+                                                             data_cls.AssignedPartition, data_cls.AssignedRange)))
+    value = messages.new_data(
+        ASSIGNMENT, user_data=user_data,
+        assigned_partitions=[cls.TopicPartition(topic=t, partitions=p) for t, p in _by_topic(assignment).items()])
+    return messages.encode_data(ASSIGNMENT, value, ASSIGNMENT_VERSION)
+
+
+def decode_assignment(protocol: str, data: bytes) -> Assignment:
+    """What SyncGroup gave this member: each partition's ranges, [] for a whole one. An
+    empty answer (a member the leader left out) is an empty assignment."""
+    if not data:
+        return {}
+    value = messages.decode_data(ASSIGNMENT, data)
+    out: Assignment = {TopicPartition(t.topic, p): [] for t in value.assigned_partitions for p in t.partitions}
+    if protocol == KEYRANGE and value.user_data:
+        ranges = messages.decode_data(ASSIGNMENT_DATA, bytes(value.user_data))
+        for tp, rs in _ranges_of(ranges.assigned_ranges, "assignment").items():
+            if tp not in out:
+                raise ProtocolError(f"assignment: ranges for {tp.topic}-{tp.partition}, which is not assigned")
+            out[tp] = rs
+    return out
+
+
+# -- requests -----------------------------------------------------------------------------
+def join_group_request(version: int, group: str, member_id: str, instance_id: str | None, *,
+                       session_timeout_ms: int, rebalance_timeout_ms: int, protocols: Sequence[tuple[str, bytes]],
+                       reason: str | None = None) -> Any:
+    cls: Any = messages.body_class(ApiKey.JOIN_GROUP, "request")
+    return messages.new_body(
+        ApiKey.JOIN_GROUP, version, "request", group_id=group, session_timeout_ms=session_timeout_ms,
+        rebalance_timeout_ms=rebalance_timeout_ms, member_id=member_id, group_instance_id=instance_id,
+        protocol_type=PROTOCOL_TYPE, reason=reason,
+        protocols=[cls.JoinGroupRequestProtocol(name=name, metadata=metadata) for name, metadata in protocols])
+
+
+def sync_group_request(version: int, group: str, generation: int, member_id: str, instance_id: str | None,
+                       protocol: str, assignments: Mapping[str, bytes]) -> Any:
+    cls: Any = messages.body_class(ApiKey.SYNC_GROUP, "request")
+    return messages.new_body(
+        ApiKey.SYNC_GROUP, version, "request", group_id=group, generation_id=generation, member_id=member_id,
+        group_instance_id=instance_id, protocol_type=PROTOCOL_TYPE, protocol_name=protocol,
+        assignments=[cls.SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in sorted(assignments.items())])
+
+
+def heartbeat_request(version: int, group: str, generation: int, member_id: str, instance_id: str | None) -> Any:
+    return messages.new_body(ApiKey.HEARTBEAT, version, "request", group_id=group, generation_id=generation,
+                             member_id=member_id, group_instance_id=instance_id)
+
+
+def leave_group_request(version: int, group: str, member_id: str, instance_id: str | None, reason: str) -> Any:
+    cls: Any = messages.body_class(ApiKey.LEAVE_GROUP, "request")
+    return messages.new_body(ApiKey.LEAVE_GROUP, version, "request", group_id=group, members=[
+        cls.MemberIdentity(member_id=member_id, group_instance_id=instance_id, reason=reason)])
+
+
+def leave_error(response: Any) -> int:
+    """The first error of a LeaveGroup response (the group's, else the member's)."""
+    if response.error_code:
+        return int(response.error_code)
+    return next((int(m.error_code) for m in response.members or () if m.error_code), 0)

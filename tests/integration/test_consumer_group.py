@@ -1,0 +1,102 @@
+"""Consumer groups that split partitions by key range (docs/wire-contract.md section 8),
+through the real proxy against a real broker."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import trio
+
+from proxy.client import Consumer, RetriableError, TopicPartition
+from proxy.client.group import RebalanceListener
+from proxy.testing.java_tools import describe_group
+from proxy.testing.wait import wait_until
+
+DEADLINE = 90  # seconds any one group test may spend consuming
+
+
+def _produce(bootstrap: str, topic: str, partitions: int, count: int, keys: int = 60) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    for i in range(count):
+        producer.send(topic, key=f"key-{i % keys}".encode(), value=str(i).encode(), partition=i % partitions)
+    producer.flush(30)
+    producer.close()
+
+
+class Recorder(RebalanceListener):
+    def __init__(self) -> None:
+        self.assigned: list[dict] = []
+        self.revoked: list[dict] = []
+        self.lost: list[dict] = []
+
+    async def on_assigned(self, assignment):
+        self.assigned.append(assignment)
+
+    async def on_revoked(self, assignment):
+        self.revoked.append(assignment)
+
+    async def on_lost(self, assignment):
+        self.lost.append(assignment)
+
+
+async def _commit(consumer: Consumer) -> None:
+    try:
+        await consumer.commit()
+    except RetriableError:
+        pass  # a rebalance is completing: the marks stay pending for the next commit
+
+
+async def test_six_members_on_two_partitions_each_get_a_third(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka, partitions=2)
+    group = f"g-{topic}"
+    total = 1200
+    _produce(kafka.bootstrap_servers, topic, 2, total)
+    seen: dict[tuple[int, int], list[str]] = defaultdict(list)
+    shares: dict[str, dict] = {}
+    stop = trio.Event()
+    formed = trio.Event()
+
+    async def member(i: int) -> None:
+        listener = Recorder()
+        async with Consumer(proxy.bootstrap_servers, group_id=group, client_id=f"member-{i}",
+                            allow_individual_commit=True, auto_offset_reset="earliest",
+                            heartbeat_interval_ms=500, session_timeout_ms=10_000, max_poll_records=20) as consumer:
+            consumer.subscribe([topic], listener)
+            while not stop.is_set():
+                records = await consumer.poll(0.2)
+                for record in records:
+                    seen[record.partition, record.offset].append(f"member-{i}")
+                    consumer.mark_processed(record)
+                await _commit(consumer)
+                shares[f"member-{i}"] = consumer.assignment()
+                if formed.is_set() is False and len(shares) == 6 and all(
+                        len(a) == 1 and next(iter(a.values())) for a in shares.values()):
+                    formed.set()
+            assert not listener.lost
+
+    async with trio.open_nursery() as nursery:
+        for i in range(6):
+            nursery.start_soon(member, i)
+        with trio.fail_after(DEADLINE):
+            await formed.wait()
+            while len(seen) < total:
+                await trio.sleep(0.2)
+            # the group's committed offsets reach the end, as standard tools read them
+            while True:
+                rows = await trio.to_thread.run_sync(lambda: describe_group(kafka.bootstrap_servers, group))
+                ends = {int(r["PARTITION"]): (r["CURRENT-OFFSET"], r["LOG-END-OFFSET"]) for r in rows
+                        if r.get("TOPIC") == topic}
+                if len(ends) == 2 and all(c == e for c, e in ends.values()):
+                    break
+                await trio.sleep(0.5)
+        stop.set()
+
+    assert sorted(seen) == sorted((p, o) for p in range(2) for o in range(total // 2))
+    assert all(len(who) == 1 for who in seen.values()), "a record reached two members"
+    # each member held a third of one partition
+    third = (1 << 63) // 3
+    for name, assignment in shares.items():
+        (tp, ranges), = assignment.items()
+        assert abs(sum(r.size for r in ranges) - third) <= 1, (name, assignment)
