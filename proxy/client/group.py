@@ -125,7 +125,7 @@ class GroupMember:
         self._growing: Assignment = {}  # partitions waiting to take on more ranges
         self._lost_last: set[TopicPartition] = set()
         self._wake = trio.Event()
-        self._last_poll = trio.current_time()
+        self._last_poll = -math.inf  # set when the background starts (consumers may be built outside trio)
         self._expired = False
         self._error: BaseException | None = None
         self._next_heartbeat = 0.0
@@ -136,6 +136,7 @@ class GroupMember:
     # -- the background task -------------------------------------------------------------
     async def run(self) -> None:
         backoff = self.config.retry_backoff_ms / 1000
+        self._last_poll = max(self._last_poll, trio.current_time())
         while True:
             try:
                 await self._step()
