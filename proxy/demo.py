@@ -21,9 +21,9 @@ import sys
 import urllib.request
 from collections import defaultdict
 
+import trio
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
-import trio
 
 from proxy.client import Consumer, TopicPartition
 from proxy.ranges import equal_shares

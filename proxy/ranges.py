@@ -8,8 +8,8 @@ decides which error code the partition gets.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 HASH_MIN = 0
 HASH_MAX = (1 << 63) - 1

@@ -15,7 +15,8 @@ and says whether it changed anything, so the response is encoded again only when
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from proxy.net.streams import Relay
 from proxy.pipeline.context import ConnectionContext

@@ -6,7 +6,7 @@ they are replaced by the proxy's.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from proxy.pipeline.cluster import ClusterView
 from proxy.pipeline.context import ConnectionContext

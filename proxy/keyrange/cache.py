@@ -17,8 +17,9 @@ Pure state: the caller passes the clock in, so eviction is deterministic in test
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable
+from typing import Any
 
 from proxy.ranges import KeyRange
 
@@ -103,7 +104,7 @@ class ShareCache:
         """The share of ``ranges`` that covers ``position``, removed from the cache."""
         starts = self._by_set.get((partition, ranges))
         if starts:
-            for start, key in list(starts.items()):
+            for key in list(starts.values()):
                 share = self._lru.get(key)
                 if share is not None and share.start_offset <= position < share.next_offset:
                     self._remove(key)
@@ -114,10 +115,6 @@ class ShareCache:
                     self._remove(key)
         self.stats.misses += 1
         return None
-
-    def drop_partition(self, partition: PartitionId) -> None:
-        for key in [k for k, share in self._lru.items() if share.partition == partition]:
-            self._remove(key)
 
     def _remove(self, key: Hashable) -> None:
         share = self._lru.pop(key)

@@ -4,8 +4,7 @@ consumers, and its metrics. The filtering and the cache are ``engine``'s (sans-I
 from __future__ import annotations
 
 import logging
-
-from typing import Mapping
+from collections.abc import Mapping
 
 import trio
 from prometheus_client import Counter, Gauge

@@ -15,8 +15,9 @@ Rules (docs/wire-contract.md#32-fetch):
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any
 
 from proxy.ranges import KeyRange, validate_ranges
 

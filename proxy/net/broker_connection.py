@@ -15,11 +15,11 @@ from typing import Any
 
 import trio
 
+from proxy.net.connect import connect
+from proxy.net.streams import FrameStream
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import peek_correlation_id
-from proxy.net.streams import FrameStream
-from proxy.net.connect import connect
 
 
 class BrokerConnectionError(Exception):
@@ -43,7 +43,7 @@ class BrokerConnection:
         client_id: str = "keyrange-proxy",
         timeout: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
-    ) -> "BrokerConnection":
+    ) -> BrokerConnection:
         stream = await connect(host, port, timeout=timeout, ssl_context=ssl_context)
         return cls(stream, client_id=client_id)
 
@@ -80,7 +80,7 @@ class BrokerConnection:
             self.closed = True
             await self._frames.aclose()
 
-    async def __aenter__(self) -> "BrokerConnection":
+    async def __aenter__(self) -> BrokerConnection:
         return self
 
     async def __aexit__(self, *exc_info) -> None:

@@ -9,7 +9,8 @@ ones per broker, each carrying one request at a time.
 from __future__ import annotations
 
 import ssl
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import trio
 

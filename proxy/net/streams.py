@@ -46,7 +46,6 @@ import contextlib
 import os
 import socket
 import ssl
-
 from typing import Any
 
 try:
@@ -225,7 +224,7 @@ class FrameStream:
             if self._lowat != 1:
                 self._set_lowat(1)
 
-    async def pass_on(self, partial: PartialFrame, destination: "FrameStream") -> None:
+    async def pass_on(self, partial: PartialFrame, destination: FrameStream) -> None:
         """Send a ``PartialFrame`` to ``destination`` (a plain TCP stream): its size prefix
         and head, then the rest spliced from this socket as it arrives."""
         out = _Outbox(self, destination)
@@ -236,7 +235,7 @@ class FrameStream:
             await out.flush()
 
     @contextlib.contextmanager
-    def _passing(self, out: "_Outbox"):
+    def _passing(self, out: _Outbox):
         """Around passing a frame on through ``out``: on any failure the pipe is dropped
         with what it holds; the socket's wake-up threshold is reset either way."""
         try:
@@ -257,7 +256,7 @@ class FrameStream:
             return  # closed under us; the next read reports it
         self._lowat = lowat
 
-    async def relay_frame(self, destination: "FrameStream", correlation_id: int, relay: Relay) -> int | None:
+    async def relay_frame(self, destination: FrameStream, correlation_id: int, relay: Relay) -> int | None:
         """Forward the next frame to ``destination`` while it arrives; its size, or None at a
         clean end of stream between frames.
 
@@ -333,7 +332,7 @@ class FrameStream:
             await out.flush()
         return size
 
-    async def _splice_into(self, out: "_Outbox", count: int) -> None:
+    async def _splice_into(self, out: _Outbox, count: int) -> None:
         """Move the next ``count`` bytes of this socket into ``out`` through this stream's
         pipe, without copying them into user space. The pipe is passed on to the client
         whenever a good piece (``_SPLICE_CHUNK``) has gathered and before waiting for more;
@@ -395,7 +394,7 @@ class FrameStream:
         available = splitter.take_start(memoryview(frame)[:size])
         return size, frame, available
 
-    async def _read_some(self, view: memoryview, filled: int, size: int, chunk: int, out: "_Outbox | None" = None) -> int:
+    async def _read_some(self, view: memoryview, filled: int, size: int, chunk: int, out: _Outbox | None = None) -> int:
         """Read at least one byte into ``view[filled:size]``. When it has to wait, it first
         flushes ``out`` (a relay never holds bytes back while it waits), and asks the kernel
         (SO_RCVLOWAT) not to wake it before ``chunk`` bytes, or the rest of the frame, are

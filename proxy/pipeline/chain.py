@@ -14,7 +14,8 @@ decode a version it does not know), and adds the features' SupportedFeatures ent
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from proxy.net.streams import OPAQUE
 from proxy.pipeline.context import ConnectionContext

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any
 
 import trio
 
@@ -80,11 +81,6 @@ class ClusterView:
                 self._names_by_id[topic_id] = name
             view.leaders = {part.partition_index: part.leader_id for part in topic.partitions or ()}
         self.answered.set()
-
-    def forget_topic(self, name: str) -> None:
-        view = self.topics.pop(name, None)
-        if view is not None and view.topic_id is not None:
-            self._names_by_id.pop(view.topic_id, None)
 
     # -- reading -------------------------------------------------------------------------------
     def name_of(self, topic_id: uuid.UUID) -> str | None:

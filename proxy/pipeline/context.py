@@ -8,7 +8,8 @@ feature's per-connection state (``StateKey``), closed when the connection ends.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Generic, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 import trio
 

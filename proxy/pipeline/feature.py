@@ -16,7 +16,7 @@ response stages in that order. Nothing else about a feature is known to the serv
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from proxy.pipeline.context import ConnectionContext
 from proxy.pipeline.request import Request

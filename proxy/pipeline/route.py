@@ -14,8 +14,9 @@ feature (and finally the default route) have it. The connection then sends
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -56,7 +57,7 @@ class LocalAnswer:
         self._error: BaseException | None = None
 
     @classmethod
-    def ready(cls, frame: bytes | bytearray) -> "LocalAnswer":
+    def ready(cls, frame: bytes | bytearray) -> LocalAnswer:
         answer = cls()
         answer.set(frame)
         return answer
@@ -116,6 +117,6 @@ class Route:
     settle: Callable[[], None] | None = None
 
     @classmethod
-    def answer(cls, frame: bytes | bytearray) -> "Route":
+    def answer(cls, frame: bytes | bytearray) -> Route:
         """The proxy answers with ``frame``; nothing goes to the broker."""
         return cls(None, local=LocalAnswer.ready(frame))

@@ -7,7 +7,8 @@ anything, so the caller re-encodes only when it must.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def clamp_api_versions(

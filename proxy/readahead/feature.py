@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 import trio
 from prometheus_client import Counter, Gauge

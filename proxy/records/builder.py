@@ -17,7 +17,7 @@ section 3 lists FirstTimestamp among the kept fields).
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 import crc32c
 

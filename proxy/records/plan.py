@@ -8,7 +8,7 @@ whatever the number of sets and ranges, which is what the split hot loop needs.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Sequence
+from collections.abc import Sequence
 
 from proxy.ranges import HASH_MAX, KeyRange, effective_ranges
 

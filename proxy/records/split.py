@@ -28,8 +28,8 @@ filtered batches from a fresh read given those offsets, without hashing again.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Collection
 
 from proxy.protocol.errors import ProtocolError
 from proxy.records import kernels

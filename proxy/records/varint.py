@@ -14,11 +14,6 @@ VARINT_MAX_BYTES = 5
 VARLONG_MAX_BYTES = 10
 
 
-def zigzag_decode(u: int) -> int:
-    """Unsigned LEB128 payload to the signed value it encodes."""
-    return (u >> 1) ^ -(u & 1)
-
-
 def zigzag_encode(n: int) -> int:
     """Signed value to its zig-zag unsigned form (64-bit domain)."""
     return ((n << 1) ^ (n >> 63)) & 0xFFFF_FFFF_FFFF_FFFF

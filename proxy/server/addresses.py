@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from proxy.pipeline.cluster import ClusterView
 

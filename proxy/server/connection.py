@@ -20,7 +20,7 @@ import itertools
 import logging
 import math
 import ssl
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 

@@ -12,8 +12,8 @@ upstream; their responses go to a sink in the proxy, never to the client.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from proxy.net.streams import Relay
 from proxy.pipeline.route import LocalAnswer, OwnRequest, ResponseSink, ResponseTransform
@@ -33,6 +33,6 @@ class Exchange:
     settle: Callable[[], None] | None = None  # the route's, run once when the exchange is over
 
     @classmethod
-    def own(cls, own: OwnRequest, now: float) -> "Exchange":
+    def own(cls, own: OwnRequest, now: float) -> Exchange:
         return cls(api_key=own.api_key, api_version=own.api_version, correlation_id=own.correlation_id,
                    received_at=now, request_bytes=len(own.frame) + 4, sink=own.sink)

@@ -65,7 +65,7 @@ class CommitClient:
     def close(self) -> None:
         self.client.close()
 
-    def __enter__(self) -> "CommitClient":
+    def __enter__(self) -> CommitClient:
         return self
 
     def __exit__(self, *exc) -> None:

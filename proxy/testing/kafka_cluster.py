@@ -384,9 +384,10 @@ _spawner = _Spawner()
 
 def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
     """Start ``cmd`` in its own session, to be SIGKILLed if this process dies."""
+    parent = os.getpid()
     return _spawner.popen(
         list(cmd),
-        preexec_fn=lambda parent=os.getpid(): _die_with_parent(parent),
+        preexec_fn=lambda: _die_with_parent(parent),
         start_new_session=True,
         **kwargs,
     )

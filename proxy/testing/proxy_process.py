@@ -66,7 +66,7 @@ class ProxyProcess:
         workdir: Path | None = None,
         listen_port: int = 0,
         timeout: float = 30.0,
-    ) -> "ProxyProcess":
+    ) -> ProxyProcess:
         workdir = Path(workdir or tempfile.mkdtemp(prefix="keyrange-proxy-"))
         workdir.mkdir(parents=True, exist_ok=True)
         ready = workdir / f"ready-{time.monotonic_ns()}.json"
@@ -117,7 +117,7 @@ class ProxyProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def __enter__(self) -> "ProxyProcess":
+    def __enter__(self) -> ProxyProcess:
         return self
 
     def __exit__(self, *exc_info) -> None:

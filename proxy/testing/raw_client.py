@@ -24,7 +24,7 @@ class RawClient:
         self.correlation = 0
 
     @classmethod
-    def connect(cls, bootstrap: str, **kwargs) -> "RawClient":
+    def connect(cls, bootstrap: str, **kwargs) -> RawClient:
         host, _, port = bootstrap.split(",")[0].rpartition(":")
         return cls(host, int(port), **kwargs)
 
@@ -63,7 +63,7 @@ class RawClient:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> "RawClient":
+    def __enter__(self) -> RawClient:
         return self
 
     def __exit__(self, *exc_info) -> None:

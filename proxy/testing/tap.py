@@ -420,11 +420,6 @@ class TappedKafka:
         """The tap's address: use it for every client under test."""
         return self.tap.address
 
-    @property
-    def real_bootstrap_servers(self) -> str:
-        """The broker's own listener (bypasses the tap for bootstrap only)."""
-        return self.cluster.bootstrap_servers
-
     def close(self) -> None:
         try:
             self.cluster.close()

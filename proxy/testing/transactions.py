@@ -4,7 +4,7 @@ aborted, written with librdkafka (confluent-kafka)."""
 from __future__ import annotations
 
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 Record = tuple[bytes | None, bytes | None]
 

@@ -40,7 +40,8 @@ def test_reader_keeps_the_newest_record_per_key_and_tombstones_delete():
 
 
 def test_fast_value_encoder_writes_exactly_what_the_schema_codec_writes():
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     from proxy.commits.codec import encode_value_generic
     from proxy.commits.state import apply_ranges
@@ -89,7 +90,8 @@ def test_values_with_tagged_fields_are_read_through_the_codec():
 
 
 def test_fast_key_and_record_encoders_write_exactly_what_the_generic_ones_write():
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     from proxy.commits.codec import encode_key_generic
     from proxy.commits.producer import encode_records

@@ -4,7 +4,8 @@ and the reference follows the merge rule and validation of docs/wire-contract.md
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.commits import _packed_py as reference
 from proxy.commits import packed

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from proxy.commits.codec import group_partition, java_string_hash
 from proxy.commits.state import (
     CommitState,
     apply_plain,
@@ -15,7 +17,6 @@ from proxy.commits.state import (
     rebase,
     validate,
 )
-from proxy.commits.codec import java_string_hash, group_partition
 
 
 def _expand(state: CommitState, limit: int) -> set[int]:
@@ -156,7 +157,8 @@ def test_java_string_hash_and_group_partition():
 
 
 def test_stable_after_is_the_stable_offset_of_the_merge():
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     from proxy.commits.packed import pack
     from proxy.commits.state import check, check_packed, normalise, stable_after
@@ -180,7 +182,8 @@ def test_stable_after_is_the_stable_offset_of_the_merge():
 
 
 def test_validation_accepts_exactly_the_sorted_disjoint_non_negative_ranges():
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     from proxy.commits.state import MAX_OFFSET
 

@@ -30,8 +30,8 @@ from proxy.client.commit_protocol import (
     offset_commit_request,
     offset_fetch_request,
 )
-from proxy.client.connection import INDIVIDUAL_COMMIT_FEATURE, RANGE_FETCH_FEATURE, NodeConnection, negotiate
 from proxy.client.committer import Committer
+from proxy.client.connection import INDIVIDUAL_COMMIT_FEATURE, RANGE_FETCH_FEATURE, NodeConnection, negotiate
 from proxy.client.consumer import Consumer, background_nursery
 from proxy.client.coordinator import coordinator_address, must_find_again
 from proxy.client.errors import RangeFetchNotSupportedError, UnsupportedVersionError

@@ -3,7 +3,8 @@
 import struct
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import FrameSplitter, frame_bytes, peek_correlation_id, peek_request_header

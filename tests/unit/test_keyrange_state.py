@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.keyrange.cache import ActiveRangeSets, CachedShare, ShareCache
 from proxy.keyrange.requests import FetchRangeSessions

@@ -278,7 +278,7 @@ def test_mutated_input_raises_only_protocol_error(impl, muts, cut, fix_crc) -> N
 def test_c_and_python_kernels_agree(muts, cut, n, base) -> None:
     from proxy.records import _ckernels
 
-    recs = [Rec(i * 2, [None, b"k%d" % i, b"", b"x" * 70][i % 4], b"v" * (i * 7 % 150), 
+    recs = [Rec(i * 2, [None, b"k%d" % i, b"", b"x" * 70][i % 4], b"v" * (i * 7 % 150),
                 1_700_000_000_000 + i * 40, [("h", b"1")] if i % 3 else []) for i in range(25)]
     section = kafka_python_batch(recs)[61:]
     buf = b"junk" + _mutate(section, muts, cut, False) + b"\x80\x80"

@@ -13,12 +13,12 @@ import uuid
 import pytest
 import trio
 
+from proxy.features.addresses import PADDING_TAG, rewrite_fetch_tail
+from proxy.net.streams import OPAQUE, FrameStream, PartialFrame, Relay
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.messages import ApiKey
 from proxy.protocol.peek import fetch_response_tail, has_tag, walk_fetch_response
-from proxy.features.addresses import PADDING_TAG, rewrite_fetch_tail
-from proxy.net.streams import OPAQUE, FrameStream, PartialFrame, Relay
 
 FETCH = messages.body_class(ApiKey.FETCH, "response")
 
