@@ -11,7 +11,7 @@ PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
 # split kernel needs), so the virtualenv and its C accelerators are rebuilt exactly then.
 SYSDEPS := build/system-deps.stamp
 
-.PHONY: venv jars test demo clean system-deps FORCE
+.PHONY: venv jars lint test demo clean system-deps FORCE
 
 system-deps: $(SYSDEPS)
 
@@ -33,7 +33,13 @@ $(STAMP): pyproject.toml setup.py proxy/records/_ckernels.c proxy/commits/_cpack
 jars: $(STAMP)
 	$(PY) -m proxy.testing.kafka_cluster fetch-jars
 
-test: venv jars
+# ruff (style, imports, likely bugs) and mypy (types) over the code; before the suite, so a
+# slip fails in seconds rather than after it.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check proxy tests benchmarks
+	$(VENV)/bin/mypy
+
+test: venv jars lint
 	$(PY) -m pytest $(PYTEST_FLAGS)
 
 demo: venv jars
