@@ -43,8 +43,8 @@ import logging
 import math
 import re
 from collections import Counter
-from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 
 import trio
 
@@ -60,7 +60,13 @@ from proxy.client.committer import Committer
 from proxy.client.config import ConsumerConfig
 from proxy.client.connection import RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Connections, NodeConnection
 from proxy.client.coordinator import Coordinator
-from proxy.client.errors import IllegalStateError, RangeFetchNotSupportedError
+from proxy.client.errors import (
+    IllegalGenerationError,
+    IllegalStateError,
+    RangeFetchNotSupportedError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 from proxy.client.fetcher import Fetcher
 from proxy.client.group import GroupMember, RebalanceListener
 from proxy.client.metadata import ClusterMetadata, refresh_metadata
@@ -365,7 +371,8 @@ class Consumer:
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"{tp[0]}-{tp[1]}: offset must be a non-negative int, got {offset!r}")
         if offsets:
-            await committer.commit_offsets(offsets)
+            with self._generation_races():
+                await committer.commit_offsets(offsets)
 
     def mark_processed(self, *records: ConsumerRecord) -> None:
         """Mark records processed, in any order; the next ``commit`` carries them. Needs
@@ -401,7 +408,21 @@ class Consumer:
         committer = self._require_group()
         if not self._state.tracking:
             raise IllegalStateError("commit_processed needs allow_individual_commit=True")
-        await committer.commit_processed((await self._connections.any()).commits_ranges)
+        with self._generation_races():
+            await committer.commit_processed((await self._connections.any()).commits_ranges)
+
+    @contextmanager
+    def _generation_races(self) -> Iterator[None]:
+        """A group member's commit that races a rebalance (the coordinator moved to the next
+        generation before this member heard of it) fails with ILLEGAL_GENERATION: raised as
+        the retriable ``RebalanceInProgressError``, since nothing was lost (the marks stay
+        pending). A member really fenced learns it from its heartbeat and drops them."""
+        try:
+            yield
+        except (IllegalGenerationError, UnknownMemberIdError) as exc:
+            if self._group is None or not self._subscribed:
+                raise
+            raise RebalanceInProgressError(f"commit raced a rebalance ({exc})") from exc
 
     async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The group's committed offset of each partition (None where nothing is committed),
