@@ -318,6 +318,7 @@ class IndividualCommitFeature(Feature):
         try:
             while not isinstance(step, Answer):
                 if isinstance(step, ReadLogEnd):
+                    assert check is not None  # a commit reads the log end only when a check runs
                     await check.done.wait()
                     if check.error is not None:
                         log.warning("individual-commit log end unknown group=%s reason=%r", group, str(check.error))

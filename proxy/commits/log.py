@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import trio
 
@@ -176,7 +176,10 @@ class CommitLog:
         newest record of a key, so one shadowed by a later write is seen only there. Returns
         them with the offset read up to (at least ``stop``). Everything read is applied to
         memory as well."""
-        index = group_partition(group, self.partitions)
+        partitions = self.partitions
+        if partitions is None:
+            raise CommitLogError(f"{LOG_TOPIC} has not been read yet")
+        index = group_partition(group, partitions)
         part = self._part(index)
         found: dict[Key, tuple[int, CommitState | None]] = {}
 
@@ -227,7 +230,7 @@ class CommitLog:
             return [], None, data.high_watermark, data.log_start_offset
         if data.error_code != ErrorCode.NONE:
             raise CommitLogError(f"Fetch {LOG_TOPIC}-{index} error {ErrorCode.name_of(data.error_code)}")
-        records = []
+        records: list = []
         after = None
         for entry in iter_batches(data.records or b""):
             if not isinstance(entry, RecordBatch) or entry.header.next_offset <= offset:
@@ -252,7 +255,7 @@ class CommitLog:
         return entry.offset
 
     # -- writing ---------------------------------------------------------------------------------
-    async def write(self, group: str, updates: dict[Key, CommitState | None],
+    async def write(self, group: str, updates: Mapping[Key, CommitState | None],
                     encoded: dict[Key, tuple[CommitState, bytes]] | None = None) -> int:
         """Write the new states (None: a tombstone) with acks=all; returns once they are in the
         log, with the log offset of the first of them (-1: unknown, the broker had them from an
@@ -261,6 +264,7 @@ class CommitLog:
         if not updates:
             return -1
         partitions = await self.topic.partition_count(create=True)
+        assert partitions is not None  # created if it was missing
         index = group_partition(group, partitions)
         part = self._part(index)
         keys = list(updates)

@@ -224,7 +224,7 @@ class RangeCommit:
             return ReadLogEnd()
         return self._write()
 
-    def on_log_end(self, position: int, records: dict[Key, Record]) -> Correct | Write | Answer:
+    def on_log_end(self, position: int, records: dict[Key, Record]) -> Correct | Write | ReadWindow | Answer:
         """The end read finished at ``position``; ``records``: what this instance holds now.
         A key whose newest record is no longer the one its state came from was written by
         another instance: the state is brought up to that record before anything is
@@ -277,7 +277,8 @@ class RangeCommit:
             return self._answer()
         return self._window()
 
-    def on_window(self, window: dict[Key, tuple[int, CommitState | None]], read_to: int) -> Correct | Write | Answer:
+    def on_window(self, window: dict[Key, tuple[int, CommitState | None]],
+                  read_to: int) -> Correct | Write | ReadWindow | Answer:
         """The newest record of each key in the window (offset, state; None a tombstone),
         and the offset the read reached."""
         self._expect(_Phase.WINDOW)

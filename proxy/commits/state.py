@@ -38,6 +38,9 @@ class CommitState:
     without losing what either acknowledged."""
 
     __slots__ = ("stable", "packed", "epoch")
+    stable: int
+    packed: bytes
+    epoch: int
 
     def __init__(self, stable: int, ranges: Iterable[Range] = (), epoch: int = 0) -> None:
         object.__setattr__(self, "stable", stable)
@@ -91,9 +94,14 @@ def normalise(ranges: Iterable[Range]) -> list[Range]:
     return [(start, end) for start, end in out]
 
 
+def _state(stable_and_packed: tuple[int, bytes], epoch: int) -> CommitState:
+    stable, packed = stable_and_packed
+    return CommitState.from_packed(stable, packed, epoch)
+
+
 def apply_packed(state: CommitState, commit: bytes) -> CommitState:
     """The merge rule: union, drop everything below S, then advance S over a range at S."""
-    return CommitState.from_packed(*kernels.merge(state.stable, state.packed, commit), state.epoch)
+    return _state(kernels.merge(state.stable, state.packed, commit), state.epoch)
 
 
 def join(a: CommitState, b: CommitState) -> CommitState:
@@ -108,7 +116,7 @@ def join(a: CommitState, b: CommitState) -> CommitState:
         high, low = b, a
     if not low.packed:
         return high
-    return CommitState.from_packed(*kernels.merge(high.stable, high.packed, low.packed), a.epoch)
+    return _state(kernels.merge(high.stable, high.packed, low.packed), a.epoch)
 
 
 def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
@@ -147,7 +155,7 @@ def rebase(state: CommitState, stable: int) -> CommitState:
     larger of the two, and ranges below it are dropped (then S advances as usual)."""
     if stable <= state.stable:
         return state
-    return CommitState.from_packed(*kernels.merge(stable, b"", state.packed), state.epoch)
+    return _state(kernels.merge(stable, b"", state.packed), state.epoch)
 
 
 def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> str | None:

@@ -67,7 +67,7 @@ class ConnectionContext:
     def state(self, key: StateKey[T]) -> T:
         """This connection's state for ``key``, made on first use."""
         try:
-            return self._states[key]  # type: ignore[no-any-return]
+            return self._states[key]
         except KeyError:
             value = self._states[key] = key.factory()
             return value

@@ -466,7 +466,7 @@ class CompiledTree:
     construct: Any
 
 
-class _TreeRoot(Construct):  # type: ignore[misc]  # construct ships no type hints
+class _TreeRoot(Construct):  # construct ships no type hints: Construct is Any
     """Construct's compile hooks for a codec tree: the root struct's generated functions,
     wrapped in construct's stream calling convention (for ``parse``/``build`` on the
     compiled construct). The proxy itself calls the buffer-level functions directly."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
+from typing import Any
 
 import xxhash
 
@@ -84,6 +85,7 @@ def split(buf, start: int, end: int, base_offset: int, bounds, members, nsets: i
     """Route every record to the sets containing its key hash; copy raw bytes per set."""
     _check_base(base_offset, start)
     outs: list[list] = [[] for _ in range(nsets)]
+    table: list[Any]
     if all(len(m) <= 1 for m in members):
         table = [outs[m[0]].append if m else None for m in members]
         total = _split_disjoint(buf, start, end, base_offset, bounds, table)

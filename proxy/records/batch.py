@@ -247,7 +247,7 @@ class RecordBatch:
                     f"{exc.reason} (byte {exc.offset} of decompressed records)",
                     offset=self.position,
                 ) from None
-            raise ProtocolError(exc.reason, offset=self.position + RECORDS_OFFSET + exc.offset) from None
+            raise ProtocolError(exc.reason, offset=self.position + RECORDS_OFFSET + (exc.offset or 0)) from None
 
     def control_records(self) -> Iterator[ControlRecord]:
         """The control records of a control batch (commit/abort markers)."""

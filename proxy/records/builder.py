@@ -69,6 +69,7 @@ def build_batch(
     """
     if not isinstance(records, (bytes, bytearray, memoryview)):
         records = b"".join(records)
+    section: bytes | bytearray | memoryview
     if record_count == 0:
         codec = Codec.NONE
         section = b""
@@ -138,7 +139,7 @@ class Rebuilder:
         """The batch holding ``records`` (concatenated raw records, ``record_count`` of them)."""
         if record_count == 0:
             tail = self._empty_tail
-            section = b""
+            section: bytes | bytearray | memoryview = b""
         else:
             tail = self._tail + _COUNT.pack(record_count)
             section = compress(self._codec, records) if self._codec else records

@@ -140,6 +140,7 @@ def split_records(
             else:
                 if rebuild is None:
                     rebuild = Rebuilder(header, codec)
+                assert outs is not None  # not every record kept: the batch was split
                 parts[k].append(rebuild(outs[k], kept))
             kept_counts[k] += kept
             if kept == 0 and total:

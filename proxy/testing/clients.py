@@ -29,7 +29,7 @@ def confluent_roundtrip(config: dict, topic: str, count: int = 100) -> tuple[set
             if message.error():
                 errors.append(str(message.error()))
             else:
-                values.append(message.value())
+                values.append(message.value() or b"")
         return len(values) >= count
 
     try:

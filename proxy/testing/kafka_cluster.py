@@ -778,7 +778,7 @@ class KafkaCluster:
         try:
             for node in self.nodes:
                 self._write_config(node)
-                out = open(node.workdir / "format.log", "wb")
+                out: IO[bytes] = open(node.workdir / "format.log", "wb")
                 cmd = [
                     *java,
                     "kafka.tools.StorageTool",

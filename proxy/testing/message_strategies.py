@@ -81,7 +81,7 @@ def struct_values(codec: StructCodec) -> st.SearchStrategy:
         # often the default, so the field is left off the wire
         fields[m.attr] = st.just(m.default) | codec_values(m.codec)
     if codec.flexible:
-        fields[UNKNOWN_TAGGED] = st.just(()) | _unknown_tags({m.tag for m in codec.tagged})
+        fields[UNKNOWN_TAGGED] = st.just(()) | _unknown_tags({m.tag for m in codec.tagged if m.tag is not None})
     return st.builds(codec.cls, **fields)
 
 
