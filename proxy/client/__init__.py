@@ -11,14 +11,17 @@ from proxy.client.errors import (
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     RangeFetchNotSupportedError,
+    RebalanceInProgressError,
     RetriableError,
 )
+from proxy.client.group import RebalanceListener
 from proxy.client.records import ConsumerRecord, ConsumerRecords, FetchMetadata, TopicPartition
 from proxy.ranges import KeyRange, equal_share, equal_shares
 
 __all__ = [
     "ConfigError", "Consumer", "ConsumerConfig", "ConsumerConnectionError", "ConsumerError", "ConsumerRecord",
     "ConsumerRecords", "FetchMetadata", "IllegalStateError", "KafkaError", "KeyRange",
-    "NoOffsetForPartitionError", "OffsetOutOfRangeError", "RangeFetchNotSupportedError", "RetriableError",
+    "NoOffsetForPartitionError", "OffsetOutOfRangeError", "RangeFetchNotSupportedError", "RebalanceInProgressError",
+    "RebalanceListener", "RetriableError",
     "TopicPartition", "equal_share", "equal_shares",
 ]
