@@ -1,0 +1,38 @@
+"""One PNG per benchmark: each row's ratio to its baseline (the median over rounds) as a
+bar, the lowest and highest round ratio as its error bar, rows grouped as in the table,
+and a dashed line at 1 (the baseline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def draw(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["rows"] if r.get("ratio") is not None]
+    if not rows:
+        return
+    labels = [f"{r['group']}: {r['name']} / {r['baseline']}" for r in rows]
+    ratios = [r["ratio"] for r in rows]
+    low = [r["ratio"] - r["ratio_spread"][0] for r in rows]
+    high = [r["ratio_spread"][1] - r["ratio"] for r in rows]
+    groups = sorted({r["group"] for r in rows}, key=[r["group"] for r in rows].index)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = [colours[groups.index(r["group"]) % len(colours)] for r in rows]
+    figure, axes = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.6))
+    positions = list(range(len(rows)))[::-1]
+    axes.barh(positions, ratios, xerr=[low, high], color=colour, capsize=3)
+    axes.set_yticks(positions, labels, fontsize=8)
+    axes.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    for y, ratio in zip(positions, ratios):
+        axes.text(ratio, y, f" {ratio:.2f}", va="center", fontsize=7)
+    rounds = max(len(r["round_ratios"]) for r in rows)
+    axes.set_xlabel(f"ratio to the baseline of the same round (median of {rounds} rounds; bars: lowest-highest)")
+    axes.set_title(report["title"], fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,42 @@
+"""Test data every key-ordered peer can check: record ``i`` has key ``key-<i mod keys>``
+and a value starting ``<i mod keys>:<i div keys>:``, the second number being the record's
+sequence within its key, padded to ``value_size`` bytes."""
+
+from __future__ import annotations
+
+
+def value_of(i: int, keys: int, value_size: int) -> bytes:
+    head = b"%d:%d:" % (i % keys, i // keys)
+    return head + b"v" * max(0, value_size - len(head))
+
+
+def key_of(i: int, keys: int) -> bytes:
+    return b"key-%d" % (i % keys)
+
+
+def sequence_of(value: bytes) -> tuple[bytes, int]:
+    """(key number, sequence) from a value made by :func:`value_of`."""
+    key, sequence, _ = value.split(b":", 2)
+    return key, int(sequence)
+
+
+def produce_keyed(bootstrap: str, topic: str, records: int, *, keys: int, value_size: int = 100,
+                  partition: int = 0) -> None:
+    """Write ``records`` records to one partition, in order (librdkafka, idempotent)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                         "compression.type": "none", "enable.idempotence": True,
+                         "queue.buffering.max.messages": 500_000})
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, key=key_of(i, keys), value=value_of(i, keys, value_size),
+                                 partition=partition)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(300) != 0:
+        raise RuntimeError(f"records left unsent to {topic}")
