@@ -130,7 +130,7 @@ def commit_request(body: Any, resolver: Resolver, table: WatermarkTable) -> Comm
     cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
     plan = CommitPlan(body.group_id)
     kept = []
-    merged: dict[str, Any] = {}
+    merged: dict[str, Any] = {t.name: t for t in body.topics if not (t.name and resolver.virtual(t.name))}
     any_virtual = False
     for topic in body.topics:
         vt = resolver.virtual(topic.name) if topic.name else None
@@ -185,7 +185,9 @@ def commit_response(body: Any, plan: CommitPlan, table: WatermarkTable) -> None:
     for name, vt, parts in plan.topics:
         if vt is None:
             if name in answered:
-                out.append(answered[name])
+                entry = copy.copy(answered[name])
+                entry.partitions = [p for p in entry.partitions if p.partition_index in set(parts)]
+                out.append(entry)
             continue
         out.append(cls.OffsetCommitResponseTopic(name=name, partitions=[
             cls.OffsetCommitResponsePartition(
@@ -211,7 +213,8 @@ def _rewrite_topics(topics: list | None, topic_class, names_field: str, resolver
                     asked: list) -> tuple[list | None, bool]:
     if topics is None:
         return None, False
-    out, merged, any_virtual = [], {}, False
+    out, any_virtual = [], False
+    merged = {t.name: t for t in topics if not (t.name and resolver.virtual(t.name))}
     for topic in topics:
         vt = resolver.virtual(topic.name) if topic.name else None
         parts = list(getattr(topic, names_field))
@@ -303,7 +306,10 @@ def _answer(group: str, topics: list, asked: list, every: bool, table: Watermark
     for name, vt, parts in asked:
         if vt is None:
             if name in answered:
-                out.append(answered[name])
+                entry = copy.copy(answered[name])
+                wanted = set(parts or ())
+                entry.partitions = [p for p in entry.partitions if p.partition_index in wanted]
+                out.append(entry)
             continue
         entries = []
         for index in parts or ():

@@ -138,6 +138,7 @@ class VirtualTopicsFeature(Feature):
             ApiKey.LIST_OFFSETS: self.on_list_offsets,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.on_leader_epoch,
             ApiKey.DESCRIBE_CONFIGS: self.on_describe_configs,
+            ApiKey.DESCRIBE_TOPIC_PARTITIONS: self.on_describe_topic_partitions,
             ApiKey.FETCH: self.on_fetch,
             ApiKey.OFFSET_COMMIT: self.on_offset_commit,
             ApiKey.OFFSET_FETCH: self.on_offset_fetch,
@@ -148,7 +149,7 @@ class VirtualTopicsFeature(Feature):
 
     def response_stages(self) -> Mapping[int, tuple[int, Any]]:
         keys = (ApiKey.METADATA, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.DESCRIBE_CONFIGS,
-                ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH)
+                ApiKey.DESCRIBE_TOPIC_PARTITIONS, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH)
         return {api_key: (0, self._on_response) for api_key in keys}
 
     # -- the cluster view ---------------------------------------------------------------------
@@ -188,6 +189,8 @@ class VirtualTopicsFeature(Feature):
             rewrite.list_offsets_response(body, plan)
         elif what == "leader_epoch":
             rewrite.offsets_for_leader_epoch_response(body, plan)
+        elif what == "partitions":
+            rewrite.describe_topic_partitions_response(body, plan, self.resolver)
         elif what == "configs":
             rewrite.describe_configs_response(body, plan)
         elif what == "commit":
@@ -229,6 +232,14 @@ class VirtualTopicsFeature(Feature):
         plan = rewrite.describe_configs_request(body, self.resolver)
         if plan is not None:
             self._remember(ctx, request, "configs", plan, body)
+        return None
+
+    async def on_describe_topic_partitions(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        await self._know(t.name for t in body.topics or ())
+        plan = rewrite.describe_topic_partitions_request(body, self.resolver)
+        if plan is not None:
+            self._remember(ctx, request, "partitions", plan, body)
         return None
 
     async def on_refused(self, ctx: ConnectionContext, request: Request) -> Route | None:

@@ -171,7 +171,9 @@ class PartitionPlan:
 def _partition_request(topics: list, partition_field: str, topic_class: Callable[..., Any],
                        resolver: Resolver) -> tuple[list, PartitionPlan] | None:
     plan = PartitionPlan()
-    merged: dict[str, Any] = {}
+    # A real topic the client names itself takes its virtual topics' partitions too: the
+    # broker refuses a request naming one topic twice.
+    merged: dict[str, Any] = {t.name: t for t in topics if resolver.virtual(t.name) is None}
     out: list[Any] = []
     any_virtual = False
     for topic in topics:
@@ -254,7 +256,11 @@ def _partition_response(body: Any, plan: PartitionPlan, topics_field: str, name_
         if vt is None:
             real = answered.get(name)
             if real is not None:
-                out.append(real)
+                entry = copy.copy(real)
+                asked = set(parts)
+                setattr(entry, partitions_field,
+                        [p for p in getattr(real, partitions_field) or () if getattr(p, index_field) in asked])
+                out.append(entry)
             continue
         real = answered.get(vt.real)
         by_index = {getattr(p, index_field): p for p in getattr(real, partitions_field) or ()} if real else {}
@@ -302,3 +308,72 @@ def describe_configs_response(body: Any, renamed: dict[int, str]) -> None:
 def refusal_message(vt: VirtualTopic, what: str) -> str:
     return (f"{vt.name} is a virtual range topic of {vt.real} ({vt.shares} shares): {what} is refused; "
             f"use {vt.real}")
+
+
+# -- DescribeTopicPartitions (the admin client's describeTopics) --------------------------------
+
+
+def describe_topic_partitions_request(body: Any, resolver: Resolver) -> list | None:
+    """Virtual names become their real topics; the names asked, in order, with their
+    virtual topic or refusal. A cursor naming a virtual topic starts at its real one."""
+    cls = messages.body_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS, "request")
+    asked: list[tuple[str, VirtualTopic | None, str | None]] = []
+    kept, upstream, any_virtual = [], set(), False
+    for topic in body.topics or ():
+        vt = resolver.virtual(topic.name)
+        refusal = None if vt is not None else resolver.refusal(topic.name)
+        asked.append((topic.name, vt, refusal))
+        if refusal is not None:
+            any_virtual = True
+            continue
+        real = vt.real if vt is not None else topic.name
+        any_virtual |= vt is not None
+        if real not in upstream:
+            upstream.add(real)
+            kept.append(topic if vt is None else cls.TopicRequest(name=real))
+    if not any_virtual:
+        return None
+    body.topics = kept
+    if body.cursor is not None:
+        vt = resolver.virtual(body.cursor.topic_name)
+        if vt is not None:
+            body.cursor.topic_name = vt.real
+            body.cursor.partition_index = vt.real_partition(body.cursor.partition_index)
+    return asked
+
+
+def describe_topic_partitions_response(body: Any, asked: list, resolver: Resolver) -> None:
+    cls = messages.body_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS, "response")
+    by_name = {t.name: t for t in body.topics or ()}
+    out = []
+    for name, vt, refusal in asked:
+        if refusal is not None:
+            out.append(cls.DescribeTopicPartitionsResponseTopic(
+                error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION), name=name, partitions=[]))
+        elif vt is None:
+            if name in by_name:
+                out.append(by_name[name])
+        else:
+            real = by_name.get(vt.real)
+            if real is None or real.error_code != ErrorCode.NONE:
+                out.append(cls.DescribeTopicPartitionsResponseTopic(
+                    error_code=real.error_code if real is not None else int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                    name=name, partitions=[]))
+                continue
+            entry = copy.copy(real)
+            entry.name = name
+            if real.topic_id is not None and real.topic_id != uuid.UUID(int=0):
+                entry.topic_id = vt.topic_id(real.topic_id)
+            entry.is_internal = False
+            entry.partitions = [_moved(part, vt.virtual_partition(part.partition_index, share))
+                                for part in sorted(real.partitions or (), key=lambda p: p.partition_index)
+                                for share in range(vt.shares)]
+            out.append(entry)
+    body.topics = out
+    body.next_cursor = None
+
+
+def _moved(part: Any, index: int) -> Any:
+    moved = copy.copy(part)
+    moved.partition_index = index
+    return moved

@@ -48,6 +48,19 @@ def _check_order(received: list[tuple[int, int, bytes, bytes]]) -> None:
         last[key] = offset
 
 
+def _at_end(consumer) -> bool:
+    """Every assigned partition's position is its high watermark (control batches moved
+    it past the other shares' records)."""
+    assigned = consumer.assignment()
+    if not assigned:
+        return False
+    for tp in consumer.position(assigned):
+        high = consumer.get_watermark_offsets(tp, timeout=5)[1]
+        if tp.offset < 0 or tp.offset != high:
+            return False
+    return True
+
+
 def _run_confluent_members(proxy, topic: str, group: str, members: int, total: int,
                            deadline: float) -> list[list[tuple[int, int, bytes, bytes]]]:
     from confluent_kafka import Consumer
@@ -65,7 +78,9 @@ def _run_confluent_members(proxy, topic: str, group: str, members: int, total: i
                              "partition.assignment.strategy": "range"})
         consumer.subscribe([f"{topic}.kr{SHARES}"])
         try:
-            while not stop.is_set() and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                if stop.is_set() and _at_end(consumer):
+                    break
                 message = consumer.poll(0.2)
                 if message is None:
                     continue
@@ -83,9 +98,9 @@ def _run_confluent_members(proxy, topic: str, group: str, members: int, total: i
     for thread in threads:
         thread.start()
     wait_until(lambda: seen[0] >= total, timeout=max(1.0, deadline - time.monotonic()),
-               message=lambda: f"{seen[0]} of {total} records received")
-    # Let the members settle at the log end (control batches move their positions) then commit.
-    time.sleep(0)  # no sleeping for synchronisation: the members poll until told to stop
+               what=lambda: f"{seen[0]} of {total} records received")
+    # Each member goes on polling until its positions reach the log end (control batches
+    # move them past the other shares' records), then commits them.
     stop.set()
     for thread in threads:
         thread.join(60)
