@@ -18,8 +18,9 @@ The flow for one FetchRequest carrying ranges:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from proxy.keyrange.cache import ActiveRangeSets, CachedShare, RangeSet, ShareCache, copy_metadata
 from proxy.keyrange.requests import (
@@ -33,14 +34,14 @@ from proxy.keyrange.requests import (
     topic_key,
 )
 from proxy.protocol import messages
+from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
 from proxy.protocol.values import strip_extensions
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
 from proxy.records.split import filter_by_offsets, match_offsets, split_records
 
-FETCH_SESSION_ID_NOT_FOUND = 70
-INVALID_FETCH_SESSION_EPOCH = 71
+_SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
 _EMPTY_RECORDS = b""
 
 
@@ -183,10 +184,10 @@ class KeyRangeEngine:
         if response is None:
             response = messages.new_body(ApiKey.FETCH, version, "response", session_id=NO_SESSION)
         ranges = plan.ranges
-        if response.error_code in (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH):
+        if response.error_code in _SESSION_ERRORS:
             conn.sessions.forget_session(ranges.session_id)
             return response
-        if ranges.session_id == NO_SESSION and ranges.epoch == INITIAL_EPOCH and response.error_code == 0:
+        if ranges.session_id == NO_SESSION and ranges.epoch == INITIAL_EPOCH and response.error_code == ErrorCode.NONE:
             conn.sessions.bind_new_session(response.session_id, ranges)
         response_class = messages.body_class(ApiKey.FETCH, "response")
         topics = {topic_key(t): t for t in response.responses}
@@ -194,7 +195,7 @@ class KeyRangeEngine:
             for partition in topic.partitions:
                 pk = (key, partition.partition_index)
                 name = plan.names.get(pk) or self._name(key)
-                if partition.error_code == 0:
+                if partition.error_code == ErrorCode.NONE:
                     conn.served.add((name, pk[1]))
                 if pk in ranges.invalid:
                     self._refuse(partition)
@@ -228,7 +229,7 @@ class KeyRangeEngine:
         response_class = messages.body_class(ApiKey.FETCH, "response")
         applied = [response_class.KeyRange(start=r.start, end=r.end) for r in chosen]
         partition.key_ranges_applied = applied
-        if partition.error_code != 0 or not partition.records:
+        if partition.error_code != ErrorCode.NONE or not partition.records:
             return
         blob = partition.records
         partition_id = (name, partition.partition_index)

@@ -19,14 +19,19 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.protocol.constants import (
+    FETCH_SESSION_FINAL_EPOCH,
+    FETCH_SESSION_INITIAL_EPOCH,
+    FETCH_SESSIONLESS_ID,
+    ErrorCode,
+)
 from proxy.ranges import KeyRange, validate_ranges
 
-INVALID_REQUEST = 42
-
-# Session ids and epochs as Kafka defines them.
-INITIAL_EPOCH = 0
-FINAL_EPOCH = -1
-NO_SESSION = 0
+# Session ids and epochs as Kafka defines them (KIP-227).
+INITIAL_EPOCH = FETCH_SESSION_INITIAL_EPOCH
+FINAL_EPOCH = FETCH_SESSION_FINAL_EPOCH
+NO_SESSION = FETCH_SESSIONLESS_ID
+INVALID_REQUEST = ErrorCode.INVALID_REQUEST
 
 TopicKey = Hashable  # a topic name (Fetch v12) or a topic id (v13+)
 PartitionKey = tuple[TopicKey, int]

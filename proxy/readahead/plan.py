@@ -17,6 +17,13 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+from proxy.protocol.constants import (
+    FETCH_SESSION_FINAL_EPOCH,
+    FETCH_SESSION_INITIAL_EPOCH,
+    FETCH_SESSIONLESS_ID,
+    ErrorCode,
+)
+
 # Bytes of a record batch (any magic) up to the fields read here: base offset, length,
 # partition leader epoch (v2; CRC in v0/v1), magic.
 _BATCH_START = struct.Struct(">qiib")
@@ -25,9 +32,9 @@ _V2_LAST_OFFSET_DELTA = struct.Struct(">i")
 _V2_LAST_OFFSET_DELTA_AT = 23
 _V2_HEADER_SIZE = 61
 NO_EPOCH = -1
-NO_SESSION = 0
-SESSIONLESS_EPOCH = -1  # FINAL_EPOCH with session 0: a full fetch that opens no session
-INITIAL_EPOCH = 0
+NO_SESSION = FETCH_SESSIONLESS_ID
+SESSIONLESS_EPOCH = FETCH_SESSION_FINAL_EPOCH  # with session 0: a full fetch that opens no session
+INITIAL_EPOCH = FETCH_SESSION_INITIAL_EPOCH
 READ_COMMITTED = 1
 
 
@@ -99,7 +106,7 @@ def next_request(request, response):
     a partition missing from the response, or no partition with data beyond what came
     back (a consumer at the log end waits for new records; asking early gains nothing).
     """
-    if response.error_code != 0:
+    if response.error_code != ErrorCode.NONE:
         return None
     returned = {}
     for topic in response.responses:
@@ -111,7 +118,7 @@ def next_request(request, response):
         partitions = []
         for wanted in topic.partitions:
             got = returned.get((topic.topic, topic.topic_id, wanted.partition))
-            if got is None or got.error_code != 0 or got.preferred_read_replica >= 0:
+            if got is None or got.error_code != ErrorCode.NONE or got.preferred_read_replica >= 0:
                 return None
             if got.diverging_epoch is not None and got.diverging_epoch.epoch >= 0:
                 return None
