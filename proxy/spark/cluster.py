@@ -10,8 +10,9 @@ raises ``SourceReadError`` with Kafka's error name.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import trio
 
@@ -79,7 +80,7 @@ class Cluster:
     _open: dict[Any, Node] = field(default_factory=dict)  # node id, or ('coordinator', group)
 
     @classmethod
-    async def connect(cls, bootstrap: str, *, timeout: float = 30.0, client_id: str = "keyrange-spark") -> "Cluster":
+    async def connect(cls, bootstrap: str, *, timeout: float = 30.0, client_id: str = "keyrange-spark") -> Cluster:
         errors = []
         for host, port in parse_bootstrap(bootstrap):
             try:
@@ -99,7 +100,7 @@ class Cluster:
                 await node.conn.aclose()
         self._open.clear()
 
-    async def __aenter__(self) -> "Cluster":
+    async def __aenter__(self) -> Cluster:
         return self
 
     async def __aexit__(self, *exc_info) -> None:

@@ -12,8 +12,8 @@ the proxy filtered (``KeyRangesApplied``), so a task can never emit another shar
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from proxy.protocol.errors import ProtocolError
 from proxy.ranges import HASH_MAX, KeyRange

@@ -7,10 +7,11 @@ driver side from a plain thread, between which no trio state can live.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import trio
 
+from proxy.protocol.constants import ErrorCode
 from proxy.spark.cluster import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -19,7 +20,6 @@ from proxy.spark.cluster import (
     Cluster,
     Retry,
 )
-from proxy.protocol.constants import ErrorCode
 from proxy.spark.offsets import TopicPartitionKey, Unit, partition_minimums
 from proxy.spark.options import KeyRangeSourceError, SourceOptions
 from proxy.spark.reader import ShareRead

@@ -13,7 +13,7 @@ JSON shape (recursive dicts of primitives, as Spark's Python sources need)::
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from proxy.spark.options import KeyRangeSourceError
 

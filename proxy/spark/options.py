@@ -9,8 +9,8 @@ every task on an executor. Names follow Spark's Kafka source where they mean the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 # Each share is one Spark task holding one connection to the proxy for its whole read,
 # and one more copy of the partition's data crossing the proxy's split: past this the

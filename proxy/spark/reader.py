@@ -9,10 +9,11 @@ held in memory. Closing the iterator early (a ``limit``, a failed task) stops th
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import trio
 
@@ -120,9 +121,9 @@ async def fetch_share(options: SourceOptions, task: ShareRead, emit) -> None:
         stalled_since = trio.current_time()
         while position < task.end:
             part = await cluster.retrying(
-                lambda: cluster.fetch(tp, position, None if task.splits == 1 else share,
-                                      isolation_level=options.isolation_level, max_bytes=max_bytes,
-                                      wait_ms=FETCH_WAIT_MS),
+                functools.partial(cluster.fetch, tp, position, None if task.splits == 1 else share,
+                                  isolation_level=options.isolation_level, max_bytes=max_bytes,
+                                  wait_ms=FETCH_WAIT_MS),
                 [task.topic])
             if part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 raise SourceReadError(

@@ -14,7 +14,7 @@ the parsed options and plain offsets, never a connection.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (

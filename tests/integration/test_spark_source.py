@@ -29,7 +29,7 @@ def _produce_mixed(bootstrap: str, topic: str) -> None:
     n = 0
     for codec in (None, "gzip", "lz4", "zstd"):
         producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, compression_type=codec)
-        for i in range(150):
+        for _ in range(150):
             n += 1
             key = None if n % 9 == 0 else HOT_KEY if n % 3 == 0 else f"key-{n % 53}".encode()
             producer.send(topic, key=key, value=f"{codec}:{n}".encode(), partition=n % 2)
@@ -173,7 +173,7 @@ def test_stream_stopped_mid_way_restarts_from_its_checkpoint_exactly(spark, kafk
         return {int(r["PARTITION"]): r for r in rows if r.get("TOPIC") == topic}
 
     by_partition = wait_until(lambda: len(committed()) == 2 and committed(), timeout=60, what="group offsets")
-    for partition, row in by_partition.items():
+    for row in by_partition.values():
         assert row["CURRENT-OFFSET"] == row["LOG-END-OFFSET"] == "450" and row["LAG"] == "0", row
 
 
@@ -212,7 +212,7 @@ def test_broker_without_keyrange_fetch_is_refused_for_shares(spark, kafka, mixed
         return (spark.read.format("keyrange").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
                 .option("subscribe", mixed_topic).option("splits.per.partition", str(splits)).load())
 
-    assert f"does not advertise keyrange.fetch" in _error_of(lambda: read(4).collect())
+    assert "does not advertise keyrange.fetch" in _error_of(lambda: read(4).collect())
     assert read(1).count() == 4 * 150 + 6 * 40  # one share is the whole partition: any Kafka will do
 
 
