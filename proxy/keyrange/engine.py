@@ -226,10 +226,16 @@ class KeyRangeEngine:
         self.stats.partitions_refused += 1
 
     def _filter(self, partition: Any, name: str, chosen: RangeSet, fetch_offset: int | None, now: float) -> None:
+        """Filter one partition of a broker response to ``chosen``, caching the other active
+        sets' shares. ``KeyRangesApplied`` is set exactly when the partition was filtered:
+        not on an error, and not when magic 0/1 entries passed through unfiltered (that
+        format cannot be emptied safely; the client filters those records itself)."""
+        if partition.error_code != ErrorCode.NONE:
+            return
         response_class = messages.body_class(ApiKey.FETCH, "response")
         applied = [response_class.KeyRange(start=r.start, end=r.end) for r in chosen]
-        partition.key_ranges_applied = applied
-        if partition.error_code != ErrorCode.NONE or not partition.records:
+        if not partition.records:
+            partition.key_ranges_applied = applied
             return
         blob = partition.records
         partition_id = (name, partition.partition_index)
@@ -246,6 +252,7 @@ class KeyRangeEngine:
             result = split_records(blob, plan, codec=self.codec)
             mine = result.outputs[index]
             partition.records = mine.records
+            self._mark_applied(partition, applied, mine.stats)
             self.stats.records_kept += mine.stats.records_kept
             self.stats.records_dropped += mine.stats.records_dropped
             if fetch_offset is not None and result.next_offset is not None:
@@ -260,12 +267,14 @@ class KeyRangeEngine:
                 # The same read was hashed for another consumer: look offsets up instead.
                 output = filter_by_offsets(blob, set(cached.offsets), codec=self.codec)
                 partition.records = output.records
+                self._mark_applied(partition, applied, output.stats)
                 self.stats.records_kept += output.stats.records_kept
                 self.stats.records_dropped += output.stats.records_dropped
                 return
             match = match_offsets(blob, plan)
             mine = filter_by_offsets(blob, set(match.offsets[index]), codec=self.codec)
             partition.records = mine.records
+            self._mark_applied(partition, applied, mine.stats)
             self.stats.records_kept += mine.stats.records_kept
             self.stats.records_dropped += mine.stats.records_dropped
             if fetch_offset is not None and match.next_offset is not None:
@@ -274,6 +283,11 @@ class KeyRangeEngine:
                         self.cache.put(CachedShare(partition_id, other, fetch_offset, match.next_offset,
                                                    offsets=tuple(match.offsets[k])))
         self.stats.partitions_filtered += 1
+
+    @staticmethod
+    def _mark_applied(partition: Any, applied: list, stats: Any) -> None:
+        if not stats.unfiltered:
+            partition.key_ranges_applied = applied
 
     def _partition_entry(self, response: Any, topics: dict, pk: PartitionKey, response_class) -> Any:
         key, index = pk

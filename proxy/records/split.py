@@ -55,6 +55,7 @@ class SetStats:
     batches_out: int = 0
     empty_batches: int = 0  # filtered batches left with no record
     passed_through: int = 0  # control batches and magic 0/1 entries forwarded unchanged
+    unfiltered: int = 0  # of those, magic 0/1 entries: records that reach the client unfiltered
 
 
 @dataclass(slots=True)
@@ -255,9 +256,11 @@ def _pass_through(entry, parts, stats, verify_crc: bool) -> int:
         next_offset = entry.header.next_offset
     else:
         next_offset = entry.base_offset + 1
+    legacy = not isinstance(entry, RecordBatch)
     for p, s in zip(parts, stats):
         p.append(entry.data)
         s.passed_through += 1
+        s.unfiltered += legacy
         s.batches_out += 1
     return next_offset
 

@@ -116,3 +116,31 @@ def test_active_range_sets_expire():
     active.touch(("t", 0), (B,), now=5)
     assert active.active(("t", 0), now=9) == [(A,), (B,)]
     assert active.active(("t", 0), now=12) == [(B,)]
+
+
+def _engine_response(records: bytes, error_code: int = 0):
+    from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+                            topic_name=lambda key: key)
+    conn = ConnectionRanges()
+    request = _request(0, -1, [(0, [A])])
+    plan = engine.plan(conn, 12, request, now=0.0)
+    engine.upstream_reads(plan)
+    engine.finish(plan)
+    P = messages.body_class(ApiKey.FETCH, "response")
+    response = messages.new_body(ApiKey.FETCH, 12, "response", responses=[P.FetchableTopicResponse(
+        topic="t", partitions=[P.PartitionData(partition_index=0, error_code=error_code, high_watermark=10,
+                                               records=records)])])
+    return engine.complete(conn, plan, response, now=0.0).responses[0].partitions[0]
+
+
+def test_key_ranges_applied_is_present_exactly_when_the_partition_was_filtered():
+    from proxy.testing.batches import Rec, kafka_python_batch, legacy_batch
+
+    current = _engine_response(kafka_python_batch([Rec(i, f"k{i}".encode(), b"v") for i in range(20)]))
+    assert [KeyRange(r.start, r.end) for r in current.key_ranges_applied] == [A]
+    legacy = _engine_response(legacy_batch([Rec(i, f"k{i}".encode(), b"v") for i in range(3)], magic=1))
+    assert not legacy.key_ranges_applied  # passed unfiltered: the client filters it itself
+    failed = _engine_response(b"", error_code=6)
+    assert not failed.key_ranges_applied

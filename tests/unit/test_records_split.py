@@ -333,4 +333,7 @@ def test_legacy_and_partial_entries() -> None:
         assert all(isinstance(e, LegacyBatch) for e in entries[:2])
         assert b"".join(bytes(e.data) for e in entries[:2]) == old
         assert out.stats.passed_through == 2
+        assert out.stats.unfiltered == 2  # the caller must not claim it filtered them
     assert result.partial_bytes == 30 and result.next_offset == 3
+    only_new = split_records(new, RangePlan([[KeyRange(0, 1)]]))
+    assert only_new.outputs[0].stats.unfiltered == 0
