@@ -54,7 +54,7 @@ def to_record_batch(columns: Columns, *, topic: str, partition: int, range_start
         pa.array([ms * 1000 for ms in columns.timestamps], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         pa.array(columns.timestamp_types, pa.int32()),
     ]
-    if include_headers:
+    if include_headers and columns.headers is not None:
         arrays.append(pa.array([[{"key": k, "value": v} for k, v in row] for row in columns.headers],
                                pa.list_(_HEADER)))
     arrays += [pa.array([range_start] * n, pa.int64()), pa.array([range_end] * n, pa.int64())]

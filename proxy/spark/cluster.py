@@ -339,9 +339,9 @@ async def _open_node(host: str, port: int, timeout: float, client_id: str) -> No
         if response.error_code:
             raise SourceReadError(f"ApiVersions from {host}:{port}", response.error_code)
         theirs = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
-        versions = {}
+        versions: dict[int, int] = {}
         for api_key, (floor, ceiling) in _VERSIONS.items():
-            ours_low, ours_high = messages.supported_versions(api_key)
+            ours_low, ours_high = messages.supported_versions(api_key) or (0, -1)
             low, high = theirs.get(api_key, (0, -1))
             version = min(ceiling, ours_high, high)
             if version >= max(floor, low, ours_low):

@@ -106,7 +106,7 @@ def decode_partition(
             columns.offsets.append(offset)
             columns.timestamps.append(record.timestamp)
             columns.timestamp_types.append(timestamp_type)
-            if include_headers:
+            if columns.headers is not None:
                 columns.headers.append([(bytes(h.key).decode("utf-8", "replace"),
                                          None if h.value is None else bytes(h.value)) for h in record.headers])
     out.next_offset = min(out.next_offset, max(end_offset, fetch_offset))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Each share is one Spark task holding one connection to the proxy for its whole read,
 # and one more copy of the partition's data crossing the proxy's split: past this the
@@ -123,7 +124,7 @@ def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
     return out
 
 
-def _text(options: Mapping[str, str], name: str, *, required: bool = False, default: str | None = None) -> str:
+def _text(options: Mapping[str, str], name: str, *, required: bool = False, default: str | None = None) -> Any:
     value = options.get(name.lower())
     if value is None:
         if required:

@@ -29,6 +29,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 TOPIC = "orders"
 TOTALS_TOPIC = "customer-totals"
@@ -83,7 +84,8 @@ def run(bootstrap: str, orders: int, customers: int, batch_orders: int, workdir:
     expected = produce_orders(bootstrap, orders, customers)
     spark = local_session("keyrange-pipeline", shuffle_partitions=2)
     state_path = workdir / "totals.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {"batch": -1, "totals": {}, "violations": 0}
+    state: dict[str, Any] = (json.loads(state_path.read_text()) if state_path.exists()
+                             else {"batch": -1, "totals": {}, "violations": 0})
     started = time.monotonic()
 
     def each_batch(batch, batch_id: int) -> None:

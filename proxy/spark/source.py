@@ -117,7 +117,7 @@ class KeyRangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin = offsets.from_json(start, self.options.splits)
-        out = []
+        out: list[InputPartition] = []
         for unit, stop in sorted(offsets.from_json(end, self.options.splits).items()):
             first = begin.get(unit, offsets.EARLIEST)
             if first == offsets.EARLIEST or first < stop:
