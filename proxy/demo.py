@@ -42,7 +42,9 @@ def step(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def _metric(url: str, name: str) -> float:
+def _metric(url: str | None, name: str) -> float:
+    if url is None:
+        raise RuntimeError("the proxy was started without a metrics port")
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     total = 0.0
     for match in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
@@ -65,7 +67,7 @@ async def _range_members(bootstrap: str) -> list[list[tuple[str, str]]]:
                 while consumer.position(tp) != RECORDS or consumer.pending_commit(tp):
                     for record in await consumer.poll(0.5):
                         await trio.sleep(0.005)  # the slow service call
-                        per_consumer[i].append((record.key.decode(), record.value.decode()))
+                        per_consumer[i].append((bytes(record.key or b"").decode(), bytes(record.value or b"").decode()))
                         consumer.mark_processed(record)
                     await consumer.commit()
 
