@@ -202,35 +202,52 @@ def control_batch(first: int, last: int, timestamp_ms: int) -> bytes:
 
 def compose(records: bytes | bytearray | memoryview, position: int, read_end: int | None,
             timestamp_ms: int) -> Composed:
-    """A share's answer from its filtered records: the batches at or after ``position``
-    that still hold a record (control batches and legacy entries included), then, when
-    the read went further (``read_end``: the offset after its last complete batch), one
-    control batch spanning the rest, so the client's position reaches ``read_end``."""
-    kept: list[Any] = []
-    end = position
-    count = 0
+    """A share's answer from its filtered records: the batches holding a record at or
+    after ``position`` (control batches and legacy entries included), then, when the read
+    went past the last such record (``read_end``: the offset after its last complete
+    batch), one control batch from there to ``read_end - 1``.
+
+    Clients differ in what moves a position: Java moves to the last batch's end, librdkafka
+    only past a delivered record or a control record. Ending every answer that went
+    further than its last record with a control record at ``read_end - 1`` moves both.
+    """
+    candidates: list[Any] = []
     for entry in iter_batches(records) if records else ():
         if isinstance(entry, PartialBatch):
             break
         if isinstance(entry, LegacyBatch):
-            kept.append(entry.data)
-            count += 1
+            candidates.append(entry)
             continue
         header = entry.header
-        if header.last_offset < position or header.next_offset <= end:
-            continue
-        if header.record_count == 0 and not header.is_control:
-            continue
-        kept.append(entry.data)
-        if not header.is_control:
-            count += header.record_count
-        end = header.next_offset
+        if header.last_offset >= position and (header.record_count or header.is_control):
+            candidates.append(entry)
+    # Only the first batch can hold records behind the position, and only the last one's
+    # final record decides where the answer ends: parse those two, not the rest.
+    if candidates and not isinstance(candidates[0], LegacyBatch) and candidates[0].header.base_offset < position:
+        if _last_record(candidates[0]) < position:
+            candidates.pop(0)
+    kept = [entry.data for entry in candidates]
+    count = sum(1 if isinstance(entry, LegacyBatch) else 0 if entry.header.is_control else entry.header.record_count
+                for entry in candidates)
+    end = position  # the offset after the last record kept
+    if candidates:
+        last = candidates[-1]
+        end = last.base_offset + 1 if isinstance(last, LegacyBatch) else max(position, _last_record(last) + 1)
     added = False
     if read_end is not None and read_end > end:
         kept.append(control_batch(end, read_end - 1, timestamp_ms))
         end = read_end
         added = True
     return Composed(b"".join(bytes(part) for part in kept), end, count, added)
+
+
+def _last_record(batch: Any) -> int:
+    """The offset of a batch's last record (-1 if none); compaction and filtering leave
+    it below the batch's last offset."""
+    last = -1
+    for record in batch.records():
+        last = record.offset
+    return last
 
 
 # -- the upstream read and the response ---------------------------------------------------------
