@@ -1,5 +1,5 @@
 """The I/O edge of individual commit: OffsetCommit, OffsetFetch, DeleteGroups and
-OffsetDelete hooks on the router, and their metrics (docs/wire-contract.md#33-offsetcommit to #4-individual-commit-log).
+OffsetDelete request stages, and their metrics (docs/wire-contract.md#33-offsetcommit to #4-individual-commit-log).
 
 Write order of a range commit (docs/individual-commit.md explains why):
 
@@ -26,22 +26,21 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Mapping
+from collections.abc import Mapping
 
 import trio
 from prometheus_client import Counter, Gauge, Histogram
 
 from proxy.commits.cluster import Cluster, CommitLogError
 from proxy.commits.log import CommitLog
-from proxy.net.pool import BrokerPool
 from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
 from proxy.commits.state import CommitState, check_packed, rebase
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
+from proxy.net.pool import BrokerPool
+from proxy.pipeline import ClusterView, ConnectionContext, Feature, LocalAnswer, Request, RequestStage, Route
 from proxy.protocol import messages
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, ErrorCode
-from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.messages import ApiKey
-from proxy.pipeline import ClusterView, ConnectionContext, Feature, LocalAnswer, Request, RequestStage, Route
 
 log = logging.getLogger("proxy.commits")
 
@@ -138,18 +137,11 @@ class IndividualCommitFeature(Feature):
         self._log_looked_up_at = -_LOG_LOOKUP_INTERVAL
 
     def request_stages(self) -> Mapping[int, RequestStage]:
-        hooks = {ApiKey.OFFSET_COMMIT: self.on_offset_commit}
+        stages: dict[int, RequestStage] = {ApiKey.OFFSET_COMMIT: self.on_offset_commit}
         if self.enabled:
-            hooks.update({ApiKey.OFFSET_FETCH: self.on_offset_fetch, ApiKey.DELETE_GROUPS: self.on_delete_groups,
-                          ApiKey.OFFSET_DELETE: self.on_offset_delete})
-
-        def stage(hook):
-            async def on_request(ctx: ConnectionContext, request: Request) -> Route | None:
-                return await hook(ctx, request.peek, request.frame)
-
-            return on_request
-
-        return {api_key: stage(hook) for api_key, hook in hooks.items()}
+            stages.update({ApiKey.OFFSET_FETCH: self.on_offset_fetch, ApiKey.DELETE_GROUPS: self.on_delete_groups,
+                           ApiKey.OFFSET_DELETE: self.on_offset_delete})
+        return stages
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:
         return {FEATURE: (1, 1)} if self.enabled else {}
@@ -166,7 +158,8 @@ class IndividualCommitFeature(Feature):
         self._held.set(self.log.ranges_held())
 
     # -- OffsetCommit ---------------------------------------------------------------------------
-    async def on_offset_commit(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+    async def on_offset_commit(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+        peek, frame = incoming.peek, incoming.frame
         version = peek.api_version
         if version < _FIRST_RANGE_COMMIT:
             return None
@@ -208,7 +201,7 @@ class IndividualCommitFeature(Feature):
         done = trio.Event()
         if locked:
             await self._locks.acquire(locked)
-            conn.nursery.start_soon(self._hold, locked, done)
+            ctx.start_soon(self._hold, locked, done)
         commit = RangeCommit(range_commits, plain)
         stable: dict[Key, int] = {}  # S' of each range commit, what the broker gets
         check: _EndCheck | None = None
@@ -219,7 +212,7 @@ class IndividualCommitFeature(Feature):
                     # log's end concurrently with the broker's commit (merged before any
                     # log write; see docs/individual-commit.md).
                     check = _EndCheck()
-                    conn.nursery.start_soon(self._check_end, group, check)
+                    ctx.start_soon(self._check_end, group, check)
                 else:
                     await self.log.catch_up(group)  # first use: read to the log's end first
                 step = commit.begin(self.log.position(group), self.log.records(group), end_read=check is not None)
@@ -253,7 +246,7 @@ class IndividualCommitFeature(Feature):
         prepared = None
         if commit.needs_prepare:
             prepared = trio.Event()
-            conn.nursery.start_soon(self._prepare, commit, prepared)
+            ctx.start_soon(self._prepare, commit, prepared)
 
         async def transform(raw: bytes) -> bytes:
             try:
@@ -303,7 +296,7 @@ class IndividualCommitFeature(Feature):
         finally:
             ready.set()
 
-    async def _check_end(self, group: str, check: "_EndCheck") -> None:
+    async def _check_end(self, group: str, check: _EndCheck) -> None:
         try:
             await self.log.catch_up(group)
             check.position = self.log.position(group)
@@ -394,7 +387,8 @@ class IndividualCommitFeature(Feature):
                 response.topics.append(cls.OffsetCommitResponseTopic(name=name, partitions=parts))
 
     # -- OffsetFetch ----------------------------------------------------------------------------
-    async def on_offset_fetch(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+    async def on_offset_fetch(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+        peek, frame = incoming.peek, incoming.frame
         version = peek.api_version
         if version < _FIRST_RANGE_FETCH:
             return None
@@ -452,7 +446,8 @@ class IndividualCommitFeature(Feature):
         return changed
 
     # -- deletion ---------------------------------------------------------------------------------
-    async def on_delete_groups(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+    async def on_delete_groups(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+        peek, frame = incoming.peek, incoming.frame
         version = peek.api_version
 
         async def transform(raw: bytes) -> bytes:
@@ -464,7 +459,8 @@ class IndividualCommitFeature(Feature):
 
         return Route(frame, transform=transform)
 
-    async def on_offset_delete(self, conn, peek: RequestHeaderPeek, frame: bytes) -> Route | None:
+    async def on_offset_delete(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+        peek, frame = incoming.peek, incoming.frame
         version = peek.api_version
         _, request = messages.decode_request(frame)
         group = request.group_id

@@ -63,7 +63,7 @@ class CommitRequest:
     member: str
     instance_id: str | None
     topics: list[CommitTopic]
-    frame: bytes
+    frame: bytes | bytearray
     body_head: int  # end of the header and fixed body fields: where the topic array starts
     body_tail: int  # the body's tagged-field section
 
@@ -114,7 +114,7 @@ def _topic_head(buf, pos: int, end: int, version: int):
 _skip_tags = skip_tagged_fields
 
 
-def parse_request(frame: bytes) -> CommitRequest:
+def parse_request(frame: bytes | bytearray) -> CommitRequest:
     """An OffsetCommit request frame, version 8 or later."""
     buf = memoryview(frame)
     end = len(buf)
