@@ -45,5 +45,11 @@ test: venv jars lint
 demo: venv jars
 	$(PY) -m proxy.demo
 
+# The comparison benchmarks against share groups, Parallel Consumer, Kroxylicious and a bare
+# relay (python -m benchmarks; about 35 minutes on 2 cores); writes benchmarks/results/.
+.PHONY: bench
+bench: venv jars
+	$(PY) -m benchmarks
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,216 @@
+"""``python -m benchmarks``: the comparison benchmarks, one after another, with a progress
+display; each writes ``benchmarks/results/<name>.json`` and ``<name>.png``, and the results
+table ``benchmarks/results/README.md`` is regenerated from every JSON file after each.
+
+    python -m benchmarks                     # passthrough, key_ordered, keyrange_delivery
+    python -m benchmarks key_ordered         # only those named
+    python -m benchmarks --quick             # small sizes: checks the harness, not the figures
+    python -m benchmarks --list
+
+Each benchmark holds ``/tmp/keyrange-bench.lock`` (flock) while it runs, so benchmarks
+started by different people on one machine never overlap (a second one waits).
+The older single-purpose benchmarks keep their own commands and JSON layout
+(``python -m benchmarks.bench_codecs`` ...); ``python -m benchmarks --all`` runs them after
+the comparison with their defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import importlib
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import report as tables
+from benchmarks import results
+
+LOCK = Path("/tmp/keyrange-bench.lock")
+OLDER = ("bench_proxy", "bench_hop", "bench_keyrange", "bench_consumer", "bench_commits", "bench_codecs",
+         "bench_split")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    title: str
+    method: str
+    steps: Callable[[argparse.Namespace], int]
+    run: Callable[[dict, object, argparse.Namespace], None]
+
+
+def _passthrough(report: dict, progress, args: argparse.Namespace) -> None:
+    from benchmarks.workloads import passthrough
+
+    passthrough.run(report, progress, consume_mb=args.consume_mb, produce_mb=args.produce_mb,
+                    rounds=args.rounds, latency_seconds=args.latency_seconds)
+
+
+def _key_ordered(report: dict, progress, args: argparse.Namespace) -> None:
+    from benchmarks.workloads import key_ordered
+
+    key_ordered.run(report, progress, workers=args.workers, rounds=args.rounds, work_ms=1.0, keys=10_000,
+                    warmup=args.warmup, window=args.window)
+
+
+def _keyrange_delivery(report: dict, progress, args: argparse.Namespace) -> None:
+    from benchmarks.workloads import keyrange_delivery
+
+    keyrange_delivery.run(report, progress, mb=args.delivery_mb, value_size=100, consumers=args.workers,
+                          rounds=args.rounds, share_records=args.share_records)
+
+
+BENCHMARKS = {b.name: b for b in (
+    Benchmark("passthrough", "Passthrough: direct, bare relay, Kroxylicious, our proxy",
+              "Kafka's ConsumerPerformance and ProducerPerformance, 1 KB records, one partition; per round every "
+              "path once, order rotating; one unrecorded consume per path first. CPU = user + system seconds of "
+              "the hop's process per MB moved.",
+              lambda a: 6 + a.rounds * 12, _passthrough),
+    Benchmark("key_ordered", "Key-ordered, processing-bound: 1 ms of work per record, one partition, 10,000 keys",
+              "Each worker paces 1 ms per record (deadlines chained within a poll) and checks every key's sequence "
+              "numbers; records/s over a window after a warm-up; the baseline is a plain consumer group on the "
+              "same partition in the same round (one member works).",
+              lambda a: 2 + a.rounds * len(a.workers) * 4, _key_ordered),
+    Benchmark("keyrange_delivery", "Key-range delivery: N range consumers on one partition against one direct reader",
+              "No work per record. Same-kind pairs: N trio Consumers through the proxy against one trio Consumer "
+              "direct; N raw header-counting clients against one direct; N share consumers "
+              "(ShareConsumerPerformance) against Kafka's ConsumerPerformance. A fresh proxy per range run.",
+              lambda a: 3 + a.rounds * 3 * (1 + len(a.workers)), _keyrange_delivery),
+)}
+
+
+@contextlib.contextmanager
+def _bench_lock(say: Callable[[str], None]) -> Iterator[None]:
+    with open(LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for {LOCK} (another benchmark is running)")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class _Progress:
+    """What a workload reports through: ``step(text)`` at the start of each step."""
+
+    def __init__(self, display, task) -> None:
+        self.display, self.task = display, task
+
+    def step(self, text: str) -> None:
+        if self.display is None:
+            print(f"  {time.strftime('%H:%M:%S')} {text}", flush=True)
+        else:
+            self.display.update(self.task, advance=1, description=text)
+            self.display.console.log(text)
+
+
+@contextlib.contextmanager
+def _display(plain: bool) -> Iterator[object]:
+    if plain:
+        yield None
+        return
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError:  # the bench extra is not installed: plain lines
+        yield None
+        return
+    with Progress(TextColumn("[bold]{task.fields[bench]}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.description}")) as display:
+        yield display
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument("--all", action="store_true", help="also run the older single-purpose benchmarks")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and one round: checks that everything runs, the figures mean little")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--consume-mb", type=int, default=1024, help="passthrough: consume topic size")
+    parser.add_argument("--produce-mb", type=int, default=512, help="passthrough: size of each produce run")
+    parser.add_argument("--latency-seconds", type=int, default=15, help="passthrough: length of a 10 MB/s run")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--warmup", type=float, default=3.0, help="key_ordered: seconds before the window")
+    parser.add_argument("--window", type=float, default=8.0, help="key_ordered: seconds counted")
+    parser.add_argument("--delivery-mb", type=int, default=320, help="keyrange_delivery: partition size")
+    parser.add_argument("--share-records", type=int, default=300_000,
+                        help="keyrange_delivery: records the share group rows (and their baseline) read")
+    parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
+    parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in BENCHMARKS and n not in OLDER]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; known: {', '.join([*BENCHMARKS, *OLDER])}")
+    if args.quick:
+        args.rounds, args.consume_mb, args.produce_mb, args.latency_seconds = 1, 32, 16, 3
+        args.warmup, args.window, args.delivery_mb = 1.0, 2.0, 8
+    if args.rounds < 1 or min(args.workers) < 1:
+        parser.error("--rounds and every --workers count must be at least 1")
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    if args.list:
+        for bench in BENCHMARKS.values():
+            print(f"{bench.name:18} {bench.title}")
+        for name in OLDER:
+            print(f"{name:18} (older) python -m benchmarks.{name}")
+        return 0
+    names = args.names or list(BENCHMARKS) + (list(OLDER) if args.all else [])
+    failed = []
+    with _display(args.plain or not sys.stdout.isatty()) as display:
+        say = print if display is None else display.console.log
+        for name in names:
+            with _bench_lock(say):
+                began = time.monotonic()
+                try:
+                    if name in OLDER:
+                        say(f"{name}: python -m benchmarks.{name}")
+                        code = importlib.import_module(f"benchmarks.{name}").main([])
+                        if code:
+                            raise RuntimeError(f"exited with {code}")
+                    else:
+                        _run_one(BENCHMARKS[name], args, display, say)
+                except Exception:  # one benchmark failing must not lose the others' results
+                    failed.append(name)
+                    say(f"{name} FAILED:\n{traceback.format_exc()}")
+                say(f"{name}: {time.monotonic() - began:.0f} s")
+    readme = tables.regenerate(args.output_dir)
+    print(f"results table: {readme}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_one(bench: Benchmark, args: argparse.Namespace, display, say) -> None:
+    command = " ".join(["python -m benchmarks", bench.name,
+                        *[a for a in args.argv if a not in BENCHMARKS and a not in ("--plain",)]])
+    report = results.new_report(bench.name, bench.title, command, bench.method, {})
+    task = None if display is None else display.add_task("", total=bench.steps(args), bench=bench.name)
+    if display is None:
+        say(f"{bench.name}: {bench.title}")
+    bench.run(report, _Progress(display, task), args)
+    if display is not None:
+        display.update(task, completed=bench.steps(args), description="done")
+    path = results.finish(report, args.output_dir)
+    tables.regenerate(args.output_dir)
+    for goal in report["goals"]:
+        say(f"  {'met   ' if goal['met'] else 'MISSED'} {goal['goal']}: {goal['measured']}")
+    say(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

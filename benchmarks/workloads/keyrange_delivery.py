@@ -1,0 +1,212 @@
+"""Workload 3, key-range delivery (no work): N = 1, 4, 16 range consumers share one
+partition through the proxy, against one consumer of the same kind reading the whole
+partition straight from the broker, in the same round:
+
+- ``trio Consumer``: ``proxy.client.Consumer`` tasks of one process (assign mode, equal
+  shares), against one such Consumer direct;
+- ``raw client``: the minimal wire client (``proxy.testing.raw_client``), one thread and
+  connection each, counting records from batch headers, against itself direct;
+- ``share group``: ShareConsumerPerformance with N share consumers, against Kafka's
+  ConsumerPerformance direct (both Java; no key ranges, the share group splits by record).
+
+Every range run gets a fresh proxy (cold records cache, ``reserve.message.value.range.fetch``
+on for the topic), so its broker read amplification (record bytes the proxy read from the
+broker for the partition / the partition's size) is that run's alone.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+import uuid
+
+import trio
+
+from benchmarks.peers import share_groups
+from benchmarks.rounds import Row, goal, rotation
+from benchmarks.workloads import data
+from benchmarks.workloads.passthrough import consume as java_consume
+from proxy.ranges import equal_shares
+from proxy.records.batch import RecordBatch, iter_batches
+from proxy.testing import java_tools
+from proxy.testing.kafka_cluster import KafkaCluster
+from proxy.testing.proxy_process import ProxyProcess
+from proxy.testing.raw_client import RawClient
+from proxy.testing.scratch import scratch_dir
+
+TOPIC = "krd-delivery"
+KINDS = ("trio Consumer", "raw client", "share group")
+
+
+def raw_clients(bootstrap: str, n: int | None, end: int, *, max_bytes: int = 1 << 20) -> tuple[float, int]:
+    """``n`` raw clients (None: one, without ranges) reading offsets [0, end); (seconds, records)."""
+    shares = [None] if n is None else [[share] for share in equal_shares(n)]
+    counts = [0] * len(shares)
+    errors: list[BaseException] = []
+
+    def read(slot: int, ranges) -> None:
+        try:
+            with RawClient.connect(bootstrap, client_id=f"bench-{slot}") as client:
+                topic_id = client.topic_id(TOPIC)
+                position = delivered = 0
+                while position < end:
+                    entry = client.range_fetch(topic_id, 0, position, ranges, max_bytes=max_bytes, max_wait_ms=100)
+                    if entry.error_code:
+                        raise RuntimeError(f"fetch error {entry.error_code}")
+                    for batch in iter_batches(entry.records or b""):
+                        if isinstance(batch, RecordBatch):
+                            if batch.header.base_offset + batch.header.last_offset_delta >= position:
+                                delivered += batch.header.record_count
+                            position = max(position, batch.header.next_offset)
+                counts[slot] = delivered
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read, args=(i, ranges)) for i, ranges in enumerate(shares)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - began, sum(counts)
+
+
+def trio_consumers(bootstrap: str, n: int | None, end: int, *, timeout: float = 600) -> tuple[float, int]:
+    """``n`` trio Consumers (None: one, without ranges) reading offsets [0, end)."""
+    return trio.run(_trio_consumers, bootstrap, n, end, timeout)
+
+
+async def _trio_consumers(bootstrap: str, n: int | None, end: int, timeout: float) -> tuple[float, int]:
+    from proxy.client import Consumer, TopicPartition
+
+    tp = TopicPartition(TOPIC, 0)
+    shares = [[]] if n is None else [[share] for share in equal_shares(n)]
+    counts = [0] * len(shares)
+
+    async def read(slot: int) -> None:
+        async with Consumer(bootstrap, client_id=f"bench-{slot}", auto_offset_reset="earliest") as consumer:
+            consumer.assign({tp: shares[slot]})
+            while (consumer.position(tp) or 0) < end:
+                counts[slot] += len(await consumer.poll(0.5))
+
+    began = time.perf_counter()
+    with trio.fail_after(timeout):
+        async with trio.open_nursery() as nursery:
+            for slot in range(len(shares)):
+                nursery.start_soon(read, slot)
+    return time.perf_counter() - began, sum(counts)
+
+
+def _broker_bytes(proxy: ProxyProcess) -> float:
+    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
+    pattern = rf'^kafka_proxy_keyrange_broker_bytes_total\{{[^}}]*topic="{TOPIC}"[^}}]*\}} ([0-9.e+]+)$'
+    return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+
+
+def _partition_bytes(bootstrap: str, end: int) -> int:
+    size = position = 0
+    with RawClient.connect(bootstrap) as client:
+        topic_id = client.topic_id(TOPIC)
+        while position < end:
+            entry = client.range_fetch(topic_id, 0, position, None, max_bytes=4 << 20)
+            for batch in iter_batches(entry.records or b""):
+                if isinstance(batch, RecordBatch):
+                    size += batch.header.size
+                    position = batch.header.next_offset
+    return size
+
+
+def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int], rounds: int,
+        share_records: int, kinds: list[str] | None = None) -> None:
+    kinds = list(kinds or KINDS)
+    records = mb * 2**20 // (value_size + 30)
+    share_records = min(share_records, records)
+    report["sizes"] = {"partition MB": mb, "records": records, "value bytes": value_size, "keys": 10007,
+                       "consumers": consumers, "rounds": rounds,
+                       "share group rows and their baseline read the first": f"{share_records:,} records"}
+    workdir = scratch_dir("bench-keyrange-delivery-")
+    progress.step("starting Kafka")
+    values: dict[tuple[str, str], list[float]] = {}
+    amplification: dict[int, list[float]] = {n: [] for n in consumers}
+    with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties=share_groups.BROKER_PROPERTIES) as cluster:
+        progress.step(f"writing {records:,} records ({mb} MB)")
+        java_tools.create_topic(cluster.bootstrap_servers, TOPIC, partitions=1)
+        data.produce_keyed(cluster.bootstrap_servers, TOPIC, records, keys=10007, value_size=value_size)
+        partition_bytes = _partition_bytes(cluster.bootstrap_servers, records)
+        report["sizes"]["partition MB"] = round(partition_bytes / 2**20, 1)
+        overrides = {"metrics.port": "0", f"topic.{TOPIC}.reserve.message.value.range.fetch": "true"}
+
+        def through_proxy(kind: str, n: int) -> float:
+            proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides=overrides,
+                                       workdir=workdir / f"proxy-{uuid.uuid4().hex[:6]}")
+            try:
+                if kind == "raw client":
+                    seconds, delivered = raw_clients(proxy.bootstrap_servers, n, records)
+                else:
+                    seconds, delivered = trio_consumers(proxy.bootstrap_servers, n, records)
+                amplification[n].append(_broker_bytes(proxy) / partition_bytes)
+            finally:
+                proxy.stop()
+            if delivered != records:
+                raise RuntimeError(f"{kind} N={n} delivered {delivered} of {records} records")
+            return delivered / seconds
+
+        def direct(kind: str) -> float:
+            if kind == "raw client":
+                seconds, delivered = raw_clients(cluster.bootstrap_servers, None, records)
+            elif kind == "trio Consumer":
+                seconds, delivered = trio_consumers(cluster.bootstrap_servers, None, records)
+            else:
+                # the share group's pair reads a prefix: share consumers are too slow for the whole
+                return java_consume(cluster.bootstrap_servers, TOPIC, share_records)["records_per_s"]
+            return delivered / seconds
+
+        def share(n: int) -> float:
+            result = share_groups.consumer_performance(cluster.bootstrap_servers, TOPIC, f"krd-{uuid.uuid4().hex[:6]}",
+                                                       share_records, threads=n)
+            return result["records_per_s"]
+
+        progress.step("warm-up: one direct read")
+        direct("raw client")
+        for number in range(rounds):
+            for kind in kinds:
+                contenders = ["direct", *map(str, consumers)]
+                for contender in rotation(contenders, number):
+                    progress.step(f"round {number + 1}/{rounds}: {kind}, "
+                                  f"{'direct' if contender == 'direct' else 'N=' + contender}")
+                    if contender == "direct":
+                        rate = direct(kind)
+                    elif kind == "share group":
+                        rate = share(int(contender))
+                    else:
+                        rate = through_proxy(kind, int(contender))
+                    values.setdefault((kind, contender), []).append(rate)
+
+    rows = []
+    for kind in kinds:
+        baseline = "Java ConsumerPerformance direct" if kind == "share group" else f"{kind} direct"
+        for n in consumers:
+            rows.append(Row(kind, f"N={n}" + (" share consumers" if kind == "share group" else " range consumers"),
+                            "records/s", values[(kind, str(n))], baseline, values[(kind, "direct")]))
+    for n in consumers:
+        if amplification[n]:
+            ones = [1.0] * len(amplification[n])
+            rows.append(Row("broker read amplification (lower is better)", f"N={n}", "x", amplification[n],
+                            "partition size", ones, higher_is_better=False))
+    report["rows"] = [row.as_dict() for row in rows]
+    by = {(r.group, r.name): r for r in rows}
+    goals = []
+    for kind in kinds:
+        if kind != "share group" and 4 in consumers:
+            goals.append(goal(f"{kind}: N=4 aggregate >= 0.5 x direct", by[(kind, "N=4 range consumers")].ratio, 0.5))
+    for n in (4, 16):
+        if n in consumers and amplification[n]:
+            goals.append(goal(f"broker read amplification at N={n} <= 1.1",
+                              by[("broker read amplification (lower is better)", f"N={n}")].value, 1.1,
+                              at_least=False))
+    report["goals"] = goals
+    report["partition_bytes"] = partition_bytes
