@@ -1,0 +1,50 @@
+"""The benchmark runner's pure parts: round order, paired ratios, goals and the table."""
+
+from __future__ import annotations
+
+from benchmarks import report
+from benchmarks.rounds import Row, goal, rotation
+
+
+def test_rotation_gives_every_contender_every_slot():
+    names = ["direct", "relay", "proxy"]
+    orders = [rotation(names, n) for n in range(3)]
+    assert orders[0] == names
+    assert orders[1] == ["relay", "proxy", "direct"]
+    for slot in range(3):
+        assert {order[slot] for order in orders} == set(names)
+
+
+def test_ratio_is_the_median_of_paired_round_ratios():
+    row = Row("consume", "proxy", "MB/s", [90.0, 50.0, 99.0], "direct", [100.0, 100.0, 100.0])
+    assert row.ratios == [0.9, 0.5, 0.99]
+    assert row.ratio == 0.9
+    assert row.as_dict()["ratio_spread"] == [0.5, 0.99]
+    assert Row("x", "y", "u", [1.0]).ratio is None
+
+
+def test_goal_direction_and_missing_measurement():
+    assert goal("at least", 0.97, 0.97)["met"]
+    assert not goal("at least", 0.96, 0.97)["met"]
+    assert goal("at most", 1.05, 1.1, at_least=False)["met"]
+    assert not goal("at most", 1.46, 1.1, at_least=False)["met"]
+    assert not goal("nothing measured", None, 1.0)["met"]
+
+
+def test_table_lists_rows_goals_and_quoted_figures():
+    result = {
+        "benchmark": "passthrough", "title": "Passthrough", "command": "python -m benchmarks passthrough",
+        "started": "2026-01-01T00:00:00+00:00",
+        "machine": {"cpus": 2, "load_average_at_start": [1.5, 1, 1], "load_average_at_end": [2.0, 1, 1]},
+        "method": "rounds", "sizes": {"consume MB": 1024},
+        "rows": [Row("consume MB/s", "proxy", "MB/s", [300.0, 320.0], "direct", [400.0, 400.0]).as_dict()],
+        "goals": [goal("consume: proxy >= 0.97 x bare relay", 0.95, 0.97)],
+        "quoted": {"source": "issue", "consume": {"kroxylicious": [0.57, 0.6]}},
+        "notes": ["a note"],
+    }
+    text = report.render([result], others=["codecs.json"])
+    assert "| consume MB/s | proxy | 310.0 MB/s | 300.0, 320.0 | direct | 0.775 | 0.75 – 0.8 |" in text
+    assert "| consume: proxy >= 0.97 x bare relay | 0.95 | **no** |" in text
+    assert "kroxylicious 0.57 / 0.60" in text
+    assert "[codecs.json](codecs.json)" in text
+    assert "![passthrough](passthrough.png)" in text
