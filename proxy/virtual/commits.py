@@ -85,7 +85,12 @@ class WatermarkTable:
         return marks
 
     def learn(self, key: Key, committed: int, metadata: str | None, shares: int | None = None) -> Watermarks | None:
-        """The coordinator's word on ``key``: its committed offset and metadata."""
+        """The coordinator's word on ``key``: its committed offset and metadata. What this
+        instance holds already stays (it has every commit it accepted; the coordinator's
+        copy may be one written before another share's commit landed)."""
+        held = self.entries.get(key)
+        if held is not None and (shares is None or held.shares == shares):
+            return held
         marks = decode_marks(metadata, committed)
         if marks is None:
             if shares is None:

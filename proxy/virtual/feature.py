@@ -47,8 +47,15 @@ class _Connection:
     def __init__(self) -> None:
         self.sessions = fetch.VirtualSessions()
         self.pending: dict[int, tuple[str, Any]] = {}  # correlation id -> (what, plan) for the response
+        self.held: dict[int, list[trio.Semaphore]] = {}  # correlation id -> commit locks it holds
+
+    def release(self, correlation_id: int) -> None:
+        for lock in self.held.pop(correlation_id, ()):
+            lock.release()
 
     def close(self) -> None:
+        for correlation_id in list(self.held):
+            self.release(correlation_id)
         self.pending.clear()
         self.sessions.sessions.clear()
 
@@ -115,7 +122,7 @@ class VirtualTopicsFeature(Feature):
         self.shared = shared
         self.pool = pool
         self.table = commits.WatermarkTable()
-        self._locks: dict[tuple, trio.Lock] = {}
+        self._locks: dict[tuple, trio.Semaphore] = {}
         self._last_refresh = -float("inf")
         self._in_use = False  # decode Fetches only once some client named a virtual topic
         registry = metrics.registry
@@ -183,6 +190,13 @@ class VirtualTopicsFeature(Feature):
             return
         what, plan = entry
         body, version = response.body, response.version
+        try:
+            self._rewrite_response(what, plan, body, version)
+        finally:
+            state.release(response.header.correlation_id)
+        response.changed = True
+
+    def _rewrite_response(self, what: str, plan: Any, body: Any, version: int) -> None:
         if what == "metadata":
             rewrite.metadata_response(body, version, plan, self.resolver)
         elif what == "list_offsets":
@@ -197,7 +211,6 @@ class VirtualTopicsFeature(Feature):
             commits.commit_response(body, plan, self.table)
         elif what == "offset_fetch":
             commits.offset_fetch_response(body, version, plan, self.table, self.names.name)
-        response.changed = True
 
     # -- Metadata and friends -------------------------------------------------------------------
     async def on_metadata(self, ctx: ConnectionContext, request: Request) -> Route | None:
@@ -381,12 +394,30 @@ class VirtualTopicsFeature(Feature):
         if targets is None:
             return None
         group = body.group_id
+        # One commit per (group, real partition) at a time, from request to response: each
+        # carries every share's watermark accepted before it, so the coordinator's copy
+        # (read back after a restart) never lacks one.
+        locks = [self._locks.setdefault((group, *key), trio.Semaphore(1)) for key in sorted(targets)]
+        taken = []
+        try:
+            with trio.fail_after(_LOAD_TIMEOUT * 3):
+                for lock in locks:
+                    await lock.acquire()
+                    taken.append(lock)
+        except trio.TooSlowError:
+            log.warning("share watermark lock wait timed out group=%s", group)
+        except BaseException:
+            for lock in taken:
+                lock.release()
+            raise
+        ctx.state(STATE).held[request.correlation_id] = taken
         missing = {key: shares for key, shares in targets.items()
                    if self.table.get((group, *key), shares) is None}
         if missing:
             await self._load(group, missing)
         plan = commits.commit_request(body, self.resolver, self.table)
         if plan is None:
+            ctx.state(STATE).release(request.correlation_id)
             return None
         for name, vt, parts in plan.topics:
             if vt is not None:
