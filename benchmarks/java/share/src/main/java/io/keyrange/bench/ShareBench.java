@@ -23,7 +23,7 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * </ul>
  *
  * Usage: {@code ShareBench --bootstrap H:P --topic T --group G --workers N --mode share|plain
- * [--work-ms 1] [--warmup 3 --window 8 | --records R] [--timeout 120]}.
+ * [--max-poll-records 500] [--acquire-mode record_limit|batch_optimized] [--work-ms 1] [--warmup 3 --window 8 | --records R] [--timeout 120]}.
  */
 public final class ShareBench {
     public static void main(String[] args) throws Exception {
@@ -41,6 +41,9 @@ public final class ShareBench {
             props.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, bench.option("max-poll-records", "500"));
             Runnable loop;
             if (mode.equals("share")) {
+                // record_limit: a poll returns at most max.poll.records, instead of whole producer
+                // batches, so the members of the group can share the records of one partition
+                props.put("share.acquire.mode", bench.option("acquire-mode", "record_limit"));
                 loop = () -> {
                     try (KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(props)) {
                         consumer.subscribe(List.of(bench.option("topic")));
