@@ -102,13 +102,13 @@ def fetch_request(version: int):
 
 
 def offset_commit_request(version: int):
-    O = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+    oc = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
     topics = [
-        O.OffsetCommitRequestTopic(
+        oc.OffsetCommitRequestTopic(
             name=f"topic-{t}" if version <= 9 else "",  # v10+ names topics by id
             topic_id=uuid.UUID(int=t + 1),
             partitions=[
-                O.OffsetCommitRequestPartition(
+                oc.OffsetCommitRequestPartition(
                     partition_index=p, committed_offset=123_456 + p, committed_leader_epoch=5,
                     committed_metadata="",
                 )
@@ -136,6 +136,7 @@ def stock_construct_metadata_v13():
     beyond skipping, no bounds checks beyond construct's."""
     from construct import (
         Bytes,
+        ExprAdapter,
         Flag,
         GreedyBytes,
         Int16sb,
@@ -145,7 +146,6 @@ def stock_construct_metadata_v13():
         PrefixedArray,
         Struct,
         VarInt,
-        ExprAdapter,
     )
 
     compact_len = ExprAdapter(VarInt, lambda obj, ctx: obj - 1, lambda obj, ctx: obj + 1)

@@ -51,7 +51,7 @@ def _consume(bootstrap: str, topic: str, records: int) -> dict:
     result = java_tools.consumer_performance(bootstrap, topic, records, timeout=900,
                                              consumer_config={"fetch.max.bytes": "52428800"})
     # CSV: start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, rebalance, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
-    line = [l for l in result.stdout.splitlines() if re.match(r"^\d{4}-", l)][-1]
+    line = [row for row in result.stdout.splitlines() if re.match(r"^\d{4}-", row)][-1]
     cells = [c.strip() for c in line.split(",")]
     return {"mb": float(cells[2]), "mb_per_s": float(cells[3]), "records": int(cells[4]),
             "records_per_s": float(cells[5]), "fetch_mb_per_s": float(cells[8])}
@@ -74,7 +74,7 @@ def _produce(bootstrap: str, topic: str, records: int, throughput: int = -1) -> 
     result = java_tools.producer_performance(bootstrap, topic, records, record_size=RECORD_SIZE,
                                              throughput=throughput, timeout=900,
                                              producer_props={"acks": "1", "linger.ms": "5", "batch.size": "262144"})
-    line = [l for l in result.stdout.splitlines() if "records sent" in l][-1]
+    line = [row for row in result.stdout.splitlines() if "records sent" in row][-1]
     # "N records sent, X records/sec (Y MB/sec), A ms avg latency, M ms max latency,
     #  P50 ms 50th, P95 ms 95th, P99 ms 99th, P999 ms 99.9th."
     def number(pattern: str) -> float:

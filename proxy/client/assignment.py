@@ -11,8 +11,8 @@ over, lag comes from the cache) is testable with plain values.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence, Union
 
 from proxy.client.errors import NoOffsetForPartitionError
 from proxy.client.progress import PartitionProgress
@@ -33,9 +33,9 @@ class PendingReset:
 
 # A partition's position: the next offset to fetch, a reset to resolve, or None while the
 # group's committed offset (then ``auto_offset_reset``) has not been asked yet.
-Position = Union[int, PendingReset, None]
+Position = int | PendingReset | None
 
-AssignmentInput = Union[Mapping[TopicPartition, Sequence[KeyRange]], Sequence[TopicPartition]]
+AssignmentInput = Mapping[TopicPartition, Sequence[KeyRange]] | Sequence[TopicPartition]
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ membership will pass its generation and member id through the same builder.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any
 
 from proxy.client.errors import KafkaError
 from proxy.client.records import TopicPartition
@@ -18,7 +19,7 @@ from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
 
 Range = tuple[int, int]
-CommitEntry = Union[int, Sequence[Range]]
+CommitEntry = int | Sequence[Range]
 NO_OFFSET = -1
 NO_EPOCH = -1
 

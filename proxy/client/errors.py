@@ -47,7 +47,7 @@ class KafkaError(ConsumerError):
         super().__init__(f"{self.name} ({self.code}){detail}")
 
     @staticmethod
-    def for_code(code: int, message: str = "") -> "KafkaError":
+    def for_code(code: int, message: str = "") -> KafkaError:
         """The typed error for a broker error code (a plain ``KafkaError`` when unlisted)."""
         cls = _BY_CODE.get(code)
         if cls is not None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from proxy.client.assignment import AssignmentState, EndOffsets, PendingReset, reset_timestamp
 from proxy.client.errors import METADATA_REFRESH_CODES, KafkaError, OffsetOutOfRangeError

@@ -9,8 +9,9 @@ refresh before the next fetch; anything that learns a leader moved sets it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from proxy.client.connection import Connections
 from proxy.client.errors import METADATA_REFRESH_CODES, KafkaError

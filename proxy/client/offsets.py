@@ -9,8 +9,9 @@ sends the requests, to each partition's leader.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from proxy.client.assignment import AssignmentState, PendingReset, reset_timestamp
 from proxy.client.committer import Committer

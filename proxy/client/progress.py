@@ -17,7 +17,7 @@ sorted lists with a bisect per operation: appending the next offset extends the 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 Range = tuple[int, int]
 

@@ -5,8 +5,9 @@ rotation (KIP-387), and lag from cached fetch metadata (KIP-695)."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, NamedTuple, Sequence, Union
+from typing import NamedTuple
 
 from proxy.client.errors import KafkaError
 from proxy.protocol.constants import ErrorCode
@@ -14,9 +15,8 @@ from proxy.ranges import KeyRange, contains
 from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, Record, iter_batches
 from proxy.records.keyhash import key_hash
 
-
 # The Records field of a fetched partition, as the response decoder hands it over.
-RecordsBlob = Union[bytes, bytearray, memoryview]
+RecordsBlob = bytes | bytearray | memoryview
 
 
 class TopicPartition(NamedTuple):

@@ -18,7 +18,7 @@ a Python object per range. ``ranges`` gives the tuples for everything else.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from proxy.commits import packed as kernels
 from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
@@ -48,7 +48,7 @@ class CommitState:
         object.__setattr__(self, "epoch", epoch)
 
     @classmethod
-    def from_packed(cls, stable: int, packed: bytes, epoch: int = 0) -> "CommitState":
+    def from_packed(cls, stable: int, packed: bytes, epoch: int = 0) -> CommitState:
         state = object.__new__(cls)
         object.__setattr__(state, "stable", stable)
         object.__setattr__(state, "packed", packed)

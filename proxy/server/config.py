@@ -9,9 +9,10 @@ matched as a suffix).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -205,10 +206,8 @@ def parse_properties(text: str, source: str = "<properties>") -> dict[str, str]:
         if line.endswith("\\"):
             pending = line[:-1]
             continue
-        for separator_index, char in enumerate(line):
-            if char in "=:":
-                break
-        else:
+        separator_index = next((i for i, char in enumerate(line) if char in "=:"), -1)
+        if separator_index < 0:
             raise ConfigError(f"{source}:{number}: expected key=value, got {raw.strip()!r}")
         key = line[:separator_index].strip()
         if not key:

@@ -93,7 +93,7 @@ def test_every_record_reaches_exactly_its_range(kafka, proxy, topic_factory, com
         assert offsets == sorted(offsets), "log order broken within a share"
     assert sorted(seen_offsets) == list(range(len(sent)))
     assert all(len(owners) == 1 for owners in seen_offsets.values())
-    for i, got in enumerate(per_share):
+    for got in per_share:
         for record in got:
             assert (record.key, record.value) == sent[record.offset]
 

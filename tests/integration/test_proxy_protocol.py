@@ -9,7 +9,6 @@ import pytest
 
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
-
 from proxy.testing.raw_client import RawClient
 from proxy.testing.wait import wait_until
 
