@@ -1,0 +1,200 @@
+"""A consumer-group member in a process of its own, for tests that SIGKILL members.
+
+    python -m proxy.testing.group_member --bootstrap HOST:PORT --group G --topic T \
+        --name m1 --events /tmp/m1.events --stop /tmp/stop
+
+It subscribes, processes each record for a random time (``--delay-max-ms``), marks it
+processed and commits after every poll, and appends one line per event to ``--events``:
+
+    H <name> <partition> <offset> <key-hex> <time>   handed out by poll
+    F <name> <partition> <offset> <key-hex> <time>   finished processing
+    A|R|L <name> <time> <assignment>                 assigned, revoked, lost
+
+Times are ``time.monotonic()``: one system-wide clock on Linux, so the events of several
+processes lie on one timeline. Each write is a single ``os.write`` on an O_APPEND file
+descriptor, so a SIGKILL leaves whole lines only. The member stops cleanly (commits what
+it processed, then LeaveGroup) once the ``--stop`` file exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from typing import Any, NamedTuple
+
+import trio
+
+from proxy.client import Consumer, RebalanceListener, RetriableError
+from proxy.client.group import describe
+
+
+class _Events:
+    def __init__(self, path: str, name: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.name = name
+
+    def write(self, lines: list[str]) -> None:
+        if lines:
+            os.write(self._fd, "".join(line + "\n" for line in lines).encode())
+
+    def records(self, kind: str, records: Any) -> None:
+        now = time.monotonic()
+        self.write([f"{kind} {self.name} {r.partition} {r.offset} {(r.key or b'').hex()} {now:.6f}" for r in records])
+
+    def change(self, kind: str, assignment: Any) -> None:
+        self.write([f"{kind} {self.name} {time.monotonic():.6f} {describe(assignment)}"])
+
+
+class _Listener(RebalanceListener):
+    def __init__(self, events: _Events) -> None:
+        self.events = events
+
+    async def on_assigned(self, assignment: Any) -> None:
+        self.events.change("A", assignment)
+
+    async def on_revoked(self, assignment: Any) -> None:
+        self.events.change("R", assignment)
+
+    async def on_lost(self, assignment: Any) -> None:
+        self.events.change("L", assignment)
+
+
+async def run(args: argparse.Namespace) -> None:
+    events = _Events(args.events, args.name)
+    rng = random.Random(args.seed)
+    settings = dict(group_id=args.group, client_id=args.name, allow_individual_commit=True,
+                    auto_offset_reset="earliest", max_poll_records=args.max_poll_records,
+                    heartbeat_interval_ms=args.heartbeat_interval_ms, session_timeout_ms=args.session_timeout_ms,
+                    max_poll_interval_ms=args.max_poll_interval_ms)
+    async with Consumer(args.bootstrap, **settings) as consumer:
+        consumer.subscribe([args.topic], _Listener(events))
+        while not os.path.exists(args.stop):
+            records = await consumer.poll(0.2)
+            events.records("H", records)
+            for record in records:
+                await trio.sleep(rng.random() * args.delay_max_ms / 1000)
+                events.records("F", [record])
+                consumer.mark_processed(record)
+            await _commit(consumer)
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await consumer.commit()
+                    break
+                except RetriableError:
+                    await trio.sleep(0.1)
+
+
+async def _commit(consumer: Consumer) -> None:
+    try:
+        await consumer.commit()
+    except RetriableError:
+        pass  # a rebalance is completing; the marks stay pending
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--events", required=True)
+    parser.add_argument("--stop", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--delay-max-ms", type=float, default=4.0)
+    parser.add_argument("--max-poll-records", type=int, default=10)
+    parser.add_argument("--heartbeat-interval-ms", type=int, default=500)
+    parser.add_argument("--session-timeout-ms", type=int, default=6000)
+    parser.add_argument("--max-poll-interval-ms", type=int, default=30000)
+    trio.run(run, parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+# -- reading the events back and checking them (the parent test) -------------------------
+class Event(NamedTuple):
+    """An H (handed out) or F (finished) line."""
+
+    kind: str
+    member: str
+    partition: int
+    offset: int
+    key: str
+    time: float
+
+
+def read_events(paths: list[str]) -> list[Event]:
+    """The H and F events of every file (a missing file has none yet)."""
+    out: list[Event] = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            cells = line.split()
+            if len(cells) == 6 and cells[0] in ("H", "F"):
+                out.append(Event(cells[0], cells[1], int(cells[2]), int(cells[3]), cells[4], float(cells[5])))
+    return out
+
+
+def finished_count(events: list[Event]) -> int:
+    return len({(e.partition, e.offset) for e in events if e.kind == "F"})
+
+
+def order_violations(events: list[Event], ends: dict[int, int], killed: set[str]) -> list[str]:
+    """What breaks the hand-off contract, on the events' global timeline:
+
+    - a record of ``ends`` (partition -> end offset, all from 0) never finished: lost;
+    - a record handed out again, though the member that had it was not killed;
+    - a record handed out (the first time) before an earlier record of its key finished,
+      unless that earlier record was handed to the same member no later and that member
+      finished it first (a member processes what it is handed in order).
+
+    Records handed out again after their member was killed are exempt from the last rule:
+    re-delivery is what losing a member means.
+    """
+    handed: dict[tuple[int, int], list[tuple[float, str]]] = {}
+    finished: dict[tuple[int, int], list[tuple[float, str]]] = {}
+    keys: dict[tuple[int, int], str] = {}
+    for e in events:
+        (handed if e.kind == "H" else finished).setdefault((e.partition, e.offset), []).append((e.time, e.member))
+        keys[e.partition, e.offset] = e.key
+    problems: list[str] = []
+    for p, end in sorted(ends.items()):
+        missing = [o for o in range(end) if (p, o) not in finished]
+        if missing:
+            problems.append(f"partition {p}: {len(missing)} records never finished, first {missing[:5]}")
+    for tp, outs in sorted(handed.items()):
+        outs.sort()
+        again = [who for _, who in outs[:-1] if who not in killed]
+        if again:
+            problems.append(f"{tp} handed out again although {again} was not killed: {outs}")
+    by_key: dict[tuple[int, str], list[int]] = {}
+    for (p, o), key in keys.items():
+        if (p, o) in handed:
+            by_key.setdefault((p, key), []).append(o)
+    for (p, key), offsets in by_key.items():
+        offsets.sort()
+        for j, oj in enumerate(offsets):
+            t, member = handed[p, oj][0]
+            mine_j = [ft for ft, who in finished.get((p, oj), []) if who == member]
+            for oi in offsets[:j]:
+                if any(ft <= t for ft, _ in finished.get((p, oi), [])):
+                    continue
+                mine_i = [ft for ft, who in finished.get((p, oi), []) if who == member]
+                with_it = any(ht <= t and who == member for ht, who in handed[p, oi])
+                if with_it and (mine_i and (not mine_j or min(mine_i) <= min(mine_j))
+                                or not mine_i and not mine_j and member in killed):
+                    continue
+                problems.append(f"partition {p} offset {oj} (key {key}) handed to {member} at {t:.3f} before "
+                                f"offset {oi} of its key finished")
+                break
+    return problems
