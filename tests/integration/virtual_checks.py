@@ -1,0 +1,94 @@
+"""What every virtual-topic client test checks, whatever the client
+(docs/wire-contract.md#9-virtual-range-topics): the union of what the members received is
+exactly what was sent, each key's records arrive in offset order at one virtual partition,
+every virtual partition's lag is 0 in kafka-consumer-groups, and the real topic's committed
+offset at the coordinator is its end."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+from proxy.testing import java_tools
+from proxy.testing.wait import wait_until
+
+SHARES = 4
+PARTITIONS = 2
+
+Received = list[tuple[int, int, bytes, bytes]]  # (virtual partition, offset, key, value)
+
+
+def produce(bootstrap: str, topic: str, count: int, *, keys: int = 97, start: int = 0,
+            key_of: Callable[[int], bytes] | None = None) -> list[tuple[bytes, bytes]]:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4"})
+    sent = []
+    for i in range(start, start + count):
+        key = key_of(i) if key_of else f"key-{i % keys}".encode()
+        value = f"value-{i}".encode()
+        producer.produce(topic, key=key, value=value)
+        sent.append((key, value))
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    return sent
+
+
+def check_order(received: Received) -> None:
+    """Each key's records arrive in offset order."""
+    last: dict[bytes, int] = {}
+    for _, offset, key, _ in received:
+        assert offset > last.get(key, -1), f"key {key!r} went back to {offset}"
+        last[key] = offset
+
+
+def check_delivery(sent: list[tuple[bytes, bytes]], results: list[Received]) -> None:
+    """Every record reached exactly one member, in per-key order, and a key stays on the
+    virtual partition that holds its share."""
+    received = [record for member in results for record in member]
+    assert len(received) == len(sent), f"{len(received)} received of {len(sent)} sent: duplicates or losses"
+    assert sorted((k, v) for _, _, k, v in received) == sorted(sent)
+    for member in results:
+        check_order(member)
+    owners: dict[bytes, set[int]] = defaultdict(set)
+    for partition, _, key, _ in received:
+        owners[key].add(partition)
+    assert all(len(parts) == 1 for parts in owners.values())
+
+
+def check_group_at_end(bootstrap: str, topic: str, group: str, *, timeout: float = 30.0) -> None:
+    """kafka-consumer-groups --describe through the proxy: every virtual partition's lag
+    is 0 and the real topic is committed at its end. Commits on close may land a moment
+    after the client returned, so the check is retried until ``timeout``."""
+    state: dict[str, list[dict[str, str]]] = {"rows": []}
+
+    def done() -> bool:
+        rows = state["rows"] = java_tools.describe_group(bootstrap, group)
+        virtual = [row for row in rows if row["TOPIC"] == f"{topic}.kr{SHARES}"]
+        real = [row for row in rows if row["TOPIC"] == topic]
+        return (sorted(int(row["PARTITION"]) for row in virtual) == list(range(SHARES * PARTITIONS))
+                and all(row["LAG"] == "0" for row in virtual)
+                and sorted(int(row["PARTITION"]) for row in real) == list(range(PARTITIONS))
+                and all(row["CURRENT-OFFSET"] == row["LOG-END-OFFSET"] for row in real))
+
+    wait_until(done, timeout=timeout, interval=1.0, what=lambda: f"group {group} at the end: {state['rows']}")
+
+
+def wait_assigned(assigned: Callable[[], list[int]], members: int, *, timeout: float = 60.0) -> None:
+    """Wait until ``members`` members together hold all K x P virtual partitions, each
+    one some, so records produced afterwards meet no rebalance."""
+    deadline = time.monotonic() + timeout
+    wait_until(lambda: _settled(assigned(), members), timeout=max(1.0, deadline - time.monotonic()),
+               what=lambda: f"assignment sizes {assigned()} for {members} members")
+
+
+def _settled(sizes: list[int], members: int) -> bool:
+    return len(sizes) == members and all(size > 0 for size in sizes) and sum(sizes) == SHARES * PARTITIONS
+
+
+def wait_until_count(count: Callable[[], int], total: int, deadline: float) -> None:
+    """Wait until ``count()`` reaches ``total`` or the monotonic ``deadline`` passes."""
+    wait_until(lambda: count() >= total, timeout=max(1.0, deadline - time.monotonic()),
+               what=lambda: f"{count()} of {total} records received")
