@@ -3,6 +3,7 @@
 from proxy.client.config import ConsumerConfig
 from proxy.client.consumer import Consumer
 from proxy.client.errors import (
+    CommitFailedError,
     ConfigError,
     ConsumerConnectionError,
     ConsumerError,
@@ -19,7 +20,7 @@ from proxy.client.records import ConsumerRecord, ConsumerRecords, FetchMetadata,
 from proxy.ranges import KeyRange, equal_share, equal_shares
 
 __all__ = [
-    "ConfigError", "Consumer", "ConsumerConfig", "ConsumerConnectionError", "ConsumerError", "ConsumerRecord",
+    "CommitFailedError", "ConfigError", "Consumer", "ConsumerConfig", "ConsumerConnectionError", "ConsumerError", "ConsumerRecord",
     "ConsumerRecords", "FetchMetadata", "IllegalStateError", "KafkaError", "KeyRange",
     "NoOffsetForPartitionError", "OffsetOutOfRangeError", "RangeFetchNotSupportedError", "RebalanceInProgressError",
     "RebalanceListener", "RetriableError",

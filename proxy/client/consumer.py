@@ -61,6 +61,7 @@ from proxy.client.config import ConsumerConfig
 from proxy.client.connection import RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Connections, NodeConnection
 from proxy.client.coordinator import Coordinator
 from proxy.client.errors import (
+    CommitFailedError,
     IllegalGenerationError,
     IllegalStateError,
     RangeFetchNotSupportedError,
@@ -416,7 +417,13 @@ class Consumer:
         """A group member's commit that races a rebalance (the coordinator moved to the next
         generation before this member heard of it) fails with ILLEGAL_GENERATION: raised as
         the retriable ``RebalanceInProgressError``, since nothing was lost (the marks stay
-        pending). A member really fenced learns it from its heartbeat and drops them."""
+        pending). A member really fenced learns it from its heartbeat and drops them.
+        A member that left for want of a poll gets ``CommitFailedError`` (as Java does)."""
+        if self._group is not None and self._subscribed and self._group.poll_expired:
+            raise CommitFailedError(
+                f"the member left group {self.config.group_id!r}: no poll within max_poll_interval_ms="
+                f"{self.config.max_poll_interval_ms}; its partitions may be processed by others now, so nothing "
+                f"is committed (the next poll rejoins)")
         try:
             yield
         except (IllegalGenerationError, UnknownMemberIdError) as exc:

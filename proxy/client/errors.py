@@ -65,6 +65,12 @@ class OffsetOutOfRangeError(KafkaError):
     code, name = ErrorCode.OFFSET_OUT_OF_RANGE, "OFFSET_OUT_OF_RANGE"
 
 
+class CommitFailedError(ConsumerError):
+    """The member left its group because it did not poll within ``max_poll_interval_ms``
+    (KIP-62): what it processed since may be handed to others, so nothing of it is
+    committed. The next ``poll`` reports the partitions lost and joins again."""
+
+
 class NoOffsetForPartitionError(ConsumerError):
     """No position for a partition and ``auto_offset_reset`` is "none"; ``seek`` first."""
 

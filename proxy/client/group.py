@@ -395,6 +395,11 @@ class GroupMember:
         self.handed.forget(tp for tp in current if tp not in rest)
         self._set_ranges(rest, self._paused(rest))
 
+    @property
+    def poll_expired(self) -> bool:
+        """Whether the member left for want of a poll and no poll has rejoined yet."""
+        return self._expired
+
     def marked(self, tp: TopicPartition, offset: int) -> None:
         self.handed.done(tp, offset)
 
