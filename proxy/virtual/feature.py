@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import trio
 from prometheus_client import Counter
@@ -419,7 +420,7 @@ class VirtualTopicsFeature(Feature):
         if plan is None:
             ctx.state(STATE).release(request.correlation_id)
             return None
-        for name, vt, parts in plan.topics:
+        for _name, vt, parts in plan.topics:
             if vt is not None:
                 self._commits.labels(vt.real).inc(len(parts))
         self._remember(ctx, request, "commit", plan, body)

@@ -24,18 +24,19 @@ from __future__ import annotations
 import random
 import struct
 import uuid
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
-from proxy.ranges import KeyRange
-
-RangeSet = tuple[KeyRange, ...]
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.ranges import KeyRange
 from proxy.records.batch import CONTROL_BIT, TRANSACTIONAL_BIT, LegacyBatch, PartialBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
 from proxy.virtual.names import VirtualTopic
+
+RangeSet = tuple[KeyRange, ...]
 
 NO_SESSION = 0
 INITIAL_EPOCH = 0
@@ -108,10 +109,10 @@ class VirtualSessions:
             parts = _parts(body, describe)
             if epoch == FINAL_EPOCH:
                 return Resolved(parts, None, False)
-            session = self._new_session()
+            fresh = self._new_session()
             for part in parts:
-                session.parts[part.key] = part
-            return Resolved(parts, session, False)
+                fresh.parts[part.key] = part
+            return Resolved(parts, fresh, False)
         session = self.sessions.get(session_id)
         if session is None:
             return Resolved([], None, False, ErrorCode.FETCH_SESSION_ID_NOT_FOUND)

@@ -8,7 +8,8 @@ is answered whole, and a write must not half-happen because of a typo in one nam
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
@@ -51,7 +52,7 @@ def refuse(api_key: int, version: int, body: Any, lookup: Lookup) -> Any | None:
     virtual = {name: vt for name in names if name and (vt := lookup(name)) is not None}
     if not virtual:
         return None
-    action = _ACTIONS[api_key]
+    action = _ACTIONS[ApiKey(api_key)]
     first = next(iter(virtual.values()))
 
     def message(name: str) -> str:

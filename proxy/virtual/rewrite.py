@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey

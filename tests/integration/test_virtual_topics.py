@@ -43,7 +43,7 @@ def _produce(proxy, topic: str, count: int, *, keys: int = 97, key_of=None) -> l
 def _check_order(received: list[tuple[int, int, bytes, bytes]]) -> None:
     """Each key's records arrive in offset order (per member, which owns the key)."""
     last: dict[bytes, int] = {}
-    for partition, offset, key, _ in received:
+    for _partition, offset, key, _ in received:
         assert offset > last.get(key, -1), f"key {key!r} went back to {offset}"
         last[key] = offset
 
