@@ -170,31 +170,33 @@ class PartitionPlan:
 
 
 def _partition_request(topics: list, partition_field: str, topic_class: Callable[..., Any],
-                       resolver: Resolver) -> tuple[list, PartitionPlan] | None:
+                       resolver: Resolver, name_field: str = "name") -> tuple[list, PartitionPlan] | None:
     plan = PartitionPlan()
     # A real topic the client names itself takes its virtual topics' partitions too: the
     # broker refuses a request naming one topic twice.
-    merged: dict[str, Any] = {t.name: t for t in topics if resolver.virtual(t.name) is None}
+    merged: dict[str, Any] = {getattr(t, name_field): t for t in topics
+                              if resolver.virtual(getattr(t, name_field)) is None}
     out: list[Any] = []
     any_virtual = False
     for topic in topics:
-        vt = resolver.virtual(topic.name)
-        refusal = None if vt is not None else resolver.refusal(topic.name)
+        name = getattr(topic, name_field)
+        vt = resolver.virtual(name)
+        refusal = None if vt is not None else resolver.refusal(name)
         parts = [getattr(p, partition_field) for p in topic.partitions]
         if refusal is not None:
             any_virtual = True
-            plan.refused[topic.name] = refusal
-            plan.topics.append((topic.name, None, parts))
+            plan.refused[name] = refusal
+            plan.topics.append((name, None, parts))
             continue
         if vt is None:
-            plan.topics.append((topic.name, None, parts))
+            plan.topics.append((name, None, parts))
             out.append(topic)
             continue
         any_virtual = True
-        plan.topics.append((topic.name, vt, parts))
+        plan.topics.append((name, vt, parts))
         target = merged.get(vt.real)
         if target is None:
-            target = merged[vt.real] = topic_class(name=vt.real, partitions=[])
+            target = merged[vt.real] = topic_class(**{name_field: vt.real, "partitions": []})
             out.append(target)
         seen = {getattr(p, partition_field) for p in target.partitions}
         for part in topic.partitions:
@@ -229,7 +231,7 @@ def list_offsets_response(body: Any, plan: PartitionPlan) -> None:
 
 def offsets_for_leader_epoch_request(body: Any, resolver: Resolver) -> PartitionPlan | None:
     topic_class = messages.body_class(ApiKey.OFFSET_FOR_LEADER_EPOCH, "request").OffsetForLeaderTopic
-    done = _partition_request(body.topics, "partition", topic_class, resolver)
+    done = _partition_request(body.topics, "partition", topic_class, resolver, name_field="topic")
     if done is None:
         return None
     body.topics, plan = done
