@@ -8,6 +8,7 @@ feature's per-connection state (``StateKey``), closed when the connection ends.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -16,6 +17,7 @@ import trio
 from proxy.pipeline.route import DecodedResponse, OwnRequest
 
 T = TypeVar("T")
+log = logging.getLogger("proxy.connection")
 
 
 
@@ -77,10 +79,19 @@ class ConnectionContext:
         return self._states.get(key)
 
     def start_soon(self, task: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Run ``task`` in the connection's nursery: it ends with the connection."""
+        """Run ``task`` in the connection's nursery: it ends with the connection. If it
+        fails, the failure is logged and ends this connection only."""
         if self.nursery is None:
             raise RuntimeError("the connection's tasks are not running")
-        self.nursery.start_soon(task, *args)
+        self.nursery.start_soon(self._guarded, task, args, name=getattr(task, "__qualname__", None))
+
+    async def _guarded(self, task: Callable[..., Awaitable[Any]], args: tuple) -> None:
+        try:
+            await task(*args)
+        except Exception:
+            log.exception("a feature's task failed; closing the connection conn=%s peer=%s", self.id, self.peer)
+            if self.nursery is not None:
+                self.nursery.cancel_scope.cancel()
 
     async def send_own(self, own: OwnRequest) -> bool:
         """Send a request of the proxy's own upstream if that cannot hold anything up;

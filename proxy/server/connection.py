@@ -153,6 +153,10 @@ class ClientConnection:
             self._log_protocol_error(exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
             log.debug("connection ended conn=%s peer=%s reason=%r", self.id, self.peer, str(exc))
+        except Exception:  # a fault of ours (a feature's bug): this connection ends, nothing else
+            self.metrics.errors.labels("internal").inc()
+            log.exception("closing connection on an internal error conn=%s peer=%s target=%s",
+                          self.id, self.peer, self.target)
         scope.cancel()
 
     def drain(self) -> None:
