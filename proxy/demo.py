@@ -9,7 +9,10 @@
    customer's orders stay in order, the broker is read about once thanks to the proxy's
    result cache, and each consumer commits just the orders it processed (individual
    commit), so the group's committed offset reaches the end as standard tools see it.
-4. Stops everything it started.
+4. A consumer group of six members subscribes to a topic of TWO partitions: the
+   ``keyrange`` assignor gives each a third of a partition; a seventh joins and one
+   leaves, and each member's share is printed after every cooperative rebalance.
+5. Stops everything it started.
 
     python -m proxy.demo
 """
@@ -25,7 +28,8 @@ import trio
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 
-from proxy.client import Consumer, TopicPartition
+from proxy.client import Consumer, RetriableError, TopicPartition
+from proxy.client.group_assignor import UNIT, length, to_intervals
 from proxy.ranges import equal_shares
 from proxy.testing.kafka_cluster import KafkaCluster, KafkaHarnessError, kafka_version
 from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
@@ -36,6 +40,8 @@ CUSTOMERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 RECORDS = 40
 SHARES = 4
 GROUP = "demo-order-workers"
+GROUP_TOPIC = "demo-payments"
+SUBSCRIBERS = "demo-payment-workers"
 
 
 def step(text: str) -> None:
@@ -75,6 +81,71 @@ async def _range_members(bootstrap: str) -> list[list[tuple[str, str]]]:
         for i in range(SHARES):
             nursery.start_soon(member, i)
     return per_consumer
+
+
+def _share(ranges: list) -> float:
+    return 1.0 if not ranges else length(to_intervals(ranges)) / UNIT
+
+
+async def _group_members(bootstrap: str) -> list[str]:
+    """Six subscribed members form a group on two partitions; a seventh joins, the first
+    leaves; after each cooperative rebalance settles, every member's share is printed."""
+    consumers: dict[str, Consumer] = {}
+    stops: dict[str, trio.Event] = {}
+    lines: list[str] = []
+
+    async def member(name: str) -> None:
+        stops[name] = trio.Event()
+        async with Consumer(bootstrap, group_id=SUBSCRIBERS, client_id=name, auto_offset_reset="earliest",
+                            allow_individual_commit=True, heartbeat_interval_ms=200, session_timeout_ms=10_000,
+                            max_poll_records=10) as consumer:
+            consumer.subscribe([GROUP_TOPIC])
+            consumers[name] = consumer
+            while not stops[name].is_set():
+                for record in await consumer.poll(0.1):
+                    consumer.mark_processed(record)
+                try:
+                    await consumer.commit()
+                except RetriableError:
+                    pass  # a rebalance is completing: committed with the next poll
+            consumers.pop(name)
+
+    def settled(count: int) -> bool:
+        if len(consumers) != count:
+            return False
+        metas = [c.group_metadata() for c in consumers.values()]
+        if any(m["phase"] != "stable" for m in metas) or len({m["generation"] for m in metas}) != 1:
+            return False
+        totals: dict[TopicPartition, float] = defaultdict(float)
+        for c in consumers.values():
+            if c.to_be_revoked() or not c.assignment():
+                return False
+            for tp, ranges in c.assignment().items():
+                totals[tp] += _share(ranges)
+        return len(totals) == 2 and all(abs(t - 1.0) < 1e-9 for t in totals.values())
+
+    async def report(what: str, count: int) -> None:
+        while not settled(count):
+            await trio.sleep(0.05)
+        lines.append(what)
+        print(f"  {what}: generation {next(iter(consumers.values())).group_metadata()['generation']}")
+        for name in sorted(consumers):
+            shares = ", ".join(f"{tp.topic}-{tp.partition} {_share(r):.2f}"
+                               for tp, r in sorted(consumers[name].assignment().items()))
+            print(f"    {name}: {shares}")
+
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(member, f"member-{i}")
+            await report("6 members on 2 partitions", 6)
+            nursery.start_soon(member, "member-6")
+            await report("a 7th member joined", 7)
+            stops["member-0"].set()
+            await report("member-0 left", 6)
+            for stop in stops.values():
+                stop.set()
+    return lines
 
 
 def _standard_committed(bootstrap: str) -> int | None:
@@ -156,6 +227,16 @@ def run() -> None:
                 raise SystemExit("demo failed: the range consumers did not receive exactly the topic's records")
             if committed != RECORDS:
                 raise SystemExit(f"demo failed: the group's committed offset is {committed}, not {RECORDS}")
+
+            step("A consumer group on TWO partitions: six members, then a seventh joins, then one leaves")
+            admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap_servers)
+            try:
+                admin.create_topics({GROUP_TOPIC: {"num_partitions": 2, "replication_factor": 1}},
+                                    wait_for_metadata=True)
+            finally:
+                admin.close()
+            settled = trio.run(_group_members, proxy.bootstrap_servers)
+            print(f"every rebalance settled with the whole of both partitions shared out: {len(settled) == 3}")
         finally:
             step("Stopping the proxy and the broker")
             proxy.stop()

@@ -12,4 +12,8 @@ def test_demo_runs_to_the_end():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "together: 40 of 40 orders; every customer handled by exactly one consumer: True" in result.stdout
     assert "committed offset 40 of 40" in result.stdout
+    assert "6 members on 2 partitions: generation" in result.stdout
+    assert "a 7th member joined: generation" in result.stdout
+    assert "member-0 left: generation" in result.stdout
+    assert "every rebalance settled with the whole of both partitions shared out: True" in result.stdout
     assert "done: every order reached exactly one range consumer" in result.stdout
