@@ -172,7 +172,9 @@ class ClientConnection:
         # Large requests the proxy only peeks at (Produce) go on while they arrive, their
         # bodies spliced from the client's socket into the broker's.
         pass_on_min = _PASS_ON_MIN if upstream.splices else None
-        async with exchanges:
+        # Closed without a checkpoint: an error unwinding from here must reach ``_guarded``
+        # (and its log line) before the writer, woken by the close, can cancel the connection.
+        with exchanges:
             with self._reader_scope:
                 while True:
                     if frame is None:
