@@ -334,6 +334,9 @@ class ProxyServer:
         self.metrics.connections_total.inc()
         try:
             await connection.run()
+        except Exception:  # the connection's own guard should have caught it: never the whole proxy
+            self.metrics.errors.labels("internal").inc()
+            log.exception("connection failed conn=%s peer=%s", connection.id, peer)
         finally:
             self.connections.discard(connection)
             self.metrics.connections.dec()
