@@ -30,9 +30,10 @@ class Request:
         return self.peek.correlation_id
 
     def decoded(self) -> tuple[Any, Any]:
-        """``(header, body)`` of the request, decoded on first use."""
+        """``(header, body)`` of the request, decoded on first use. Bytes after the body are
+        ignored, as the broker ignores them (some clients pad requests)."""
         if self._decoded is None:
-            self._decoded = messages.decode_request(self.frame)
+            self._decoded = messages.decode_request(self.frame, strict=False)
         return self._decoded
 
     def replace(self, frame: bytes | bytearray, decoded: tuple[Any, Any] | None = None) -> None:

@@ -170,7 +170,8 @@ class FrameCodec:
     header: MessageCodec
     body: MessageCodec
 
-    def decode(self, frame: Any) -> tuple[Any, Any]:
+    def decode(self, frame: Any, *, to_end: bool = True) -> tuple[Any, Any]:
+        """``(header, body)``; with ``to_end`` false, bytes after the body are ignored."""
         view = as_view(frame)
         try:
             header, pos = self.header.decode(view, 0, to_end=False)
@@ -181,6 +182,9 @@ class FrameCodec:
                 version=self.version,
                 offset=exc.offset,
             ) from None
+        if not to_end:
+            body, _ = self.body.decode(view, pos, to_end=False)
+            return header, body
         return header, self.body.decode(view, pos)
 
     def encode(self, header: Any, body: Any) -> bytes:
@@ -300,13 +304,18 @@ def encode_body(api_key: int, version: int, kind: Kind, body: Any, *, view: View
 # --------------------------------------------------------------------------- frames
 
 
-def decode_request(frame: Any) -> tuple[Any, Any]:
-    """Decode a whole request frame (header and body) into ``(header, body)``."""
+def decode_request(frame: Any, *, strict: bool = True) -> tuple[Any, Any]:
+    """Decode a whole request frame (header and body) into ``(header, body)``.
+
+    ``strict`` false ignores bytes after the body, as a broker does: a client that pads
+    a request (librdkafka's all-topics Metadata) is served by the broker, so the proxy
+    must serve it too wherever it reads requests on their way.
+    """
     view = as_view(frame)
     if len(view) < _API_KEY_AND_VERSION.size:
         raise ProtocolError(f"request header truncated: {len(view)} bytes", offset=len(view))
     api_key, version = _API_KEY_AND_VERSION.unpack_from(view, 0)
-    return REGISTRY.frame(api_key, version, "request").decode(view)
+    return REGISTRY.frame(api_key, version, "request").decode(view, to_end=strict)
 
 
 def encode_request(header: Any, body: Any) -> bytes:

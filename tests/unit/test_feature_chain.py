@@ -278,3 +278,23 @@ def test_connection_state_is_made_once_per_key_and_closed_with_the_connection():
     ctx.close()
     assert closed == [first]
     assert ctx.existing(key) is None
+
+
+async def test_a_padded_request_is_read_as_the_broker_reads_it():
+    """librdkafka pads its all-topics Metadata request; the broker ignores the padding, so a
+    feature reading the request must too (strict decoding stays the default elsewhere)."""
+    seen = []
+
+    class Reader(Feature):
+        def request_stages(self):
+            async def stage(ctx, request: Request):
+                seen.append(request.decoded()[1].topics)
+                return None
+
+            return {ApiKey.METADATA: stage}
+
+    padded = _request(ApiKey.METADATA, 12, topics=None) + b"\x00\x00\x00"
+    with pytest.raises(ProtocolError, match="3 trailing bytes"):
+        messages.decode_request(padded)
+    route = await _route(FeatureChain([Reader()]), padded)
+    assert seen == [None] and route.upstream_frame == padded
