@@ -75,7 +75,7 @@ BENCHMARKS = {b.name: b for b in (
               "Each worker paces 1 ms per record (deadlines chained within a poll) and checks every key's sequence "
               "numbers; records/s over a window after a warm-up; the baseline is a plain consumer group on the "
               "same partition in the same round (one member works).",
-              lambda a: 2 + a.rounds * len(a.workers) * 4, _key_ordered),
+              lambda a: 2 + a.rounds * len(a.workers) * 5, _key_ordered),
     Benchmark("keyrange_delivery", "Key-range delivery: N range consumers on one partition against one direct reader",
               "No work per record. Same-kind pairs: N trio Consumers through the proxy against one trio Consumer "
               "direct; N raw header-counting clients against one direct; N share consumers "

@@ -85,3 +85,11 @@ def test_bare_relay_moves_a_fetch(kafka, keyed_topic):
             entry = client.range_fetch(client.topic_id(keyed_topic), 0, 0, None, max_bytes=1 << 20)
     records, _ = records_of(entry.records)
     assert len(records) == RECORDS
+
+
+def test_our_group_members_keep_key_order(kafka, proxy, keyed_topic):
+    result = key_ordered.ours(proxy.bootstrap_servers, keyed_topic, 3, work_ms=0.1, records=RECORDS,
+                              timeout=90, subscribe=True)
+    assert result["peer"] == "ours_subscribe"
+    assert result["records"] >= RECORDS
+    assert result["order_violations"] == 0
