@@ -15,7 +15,8 @@ them is acknowledged, so a failed commit loses nothing and may be retried.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import trio
 

@@ -43,8 +43,9 @@ import logging
 import math
 import re
 from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
 
 import trio
 
@@ -291,7 +292,7 @@ class Consumer:
                 "leader": m.is_leader, "phase": m.phase.value, "rebalances": self._group.rebalances}
 
     def _set_group_ranges(self, ranges: Mapping[TopicPartition, Sequence[KeyRange]],
-                          paused: Sequence[TopicPartition]) -> None:
+                          paused: Iterable[TopicPartition]) -> None:
         """The group changed what this member fetches."""
         new = {TopicPartition(*tp): list(r) for tp, r in ranges.items()}
         self._state.assign(new)

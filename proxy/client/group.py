@@ -21,12 +21,14 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import trio
 
 from proxy.client.assignment import AssignmentState
-from proxy.client.commit_protocol import SIMPLE_GROUP, GroupMember as CommitIdentity
+from proxy.client.commit_protocol import SIMPLE_GROUP
+from proxy.client.commit_protocol import GroupMember as CommitIdentity
 from proxy.client.committer import Committer
 from proxy.client.config import ConsumerConfig
 from proxy.client.connection import RETRIABLE_FAILURES, Connections
@@ -94,6 +96,8 @@ class HandedOut:
 
 
 Listener = RebalanceListener
+# A commit before a hand-off that fails with one of these is tried again on the next poll.
+_COMMIT_RETRY: tuple[type[BaseException], ...] = (KafkaError, *RETRIABLE_FAILURES)
 RangesChanged = Callable[[Mapping[TopicPartition, Sequence[KeyRange]], Iterable[TopicPartition]], None]
 
 
@@ -362,7 +366,7 @@ class GroupMember:
             return True
         try:
             await self._committer.commit_processed(await self._commit_supported())
-        except (KafkaError, *RETRIABLE_FAILURES) as exc:
+        except _COMMIT_RETRY as exc:
             log.info("group %s: commit before a hand-off failed (%r); retrying on the next poll",
                      self.membership.group, exc)
             self._metrics["retriable_errors"] += 1

@@ -27,8 +27,8 @@ the owner revokes it first and the follow-up rebalance hands it over.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 from proxy.client.records import TopicPartition
 from proxy.ranges import HASH_SPACE, KeyRange, normalize
@@ -153,7 +153,7 @@ class _Line:
         return (k * UNIT, (k + 1) * UNIT)
 
     def from_owned(self, owned: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[Interval]:
-        out = []
+        out: list[Interval] = []
         for tp, ranges in owned.items():
             if tp.topic == self.topic and tp.partition in self.index:
                 base = self.index[tp.partition] * UNIT

@@ -11,7 +11,8 @@ what Java's assignor writes there (the generation as an int32), so a Java leader
 from __future__ import annotations
 
 import struct
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from proxy.client.group_assignor import Assignment, MemberInfo
 from proxy.client.records import TopicPartition

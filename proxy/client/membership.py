@@ -15,12 +15,20 @@ follow-up rebalance.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from proxy.client.errors import KafkaError
-from proxy.client.group_assignor import Assignment, MemberInfo, assign, subtract, to_intervals, to_ranges
-from proxy.client.group_assignor import withhold_moving
+from proxy.client.group_assignor import (
+    Assignment,
+    MemberInfo,
+    assign,
+    subtract,
+    to_intervals,
+    to_ranges,
+    withhold_moving,
+)
 from proxy.client.group_protocol import (
     ASSIGNORS,
     KEYRANGE,

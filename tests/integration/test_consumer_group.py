@@ -7,10 +7,9 @@ from collections import defaultdict
 
 import trio
 
-from proxy.client import Consumer, RetriableError, TopicPartition
+from proxy.client import Consumer, RetriableError
 from proxy.client.group import RebalanceListener
 from proxy.testing.java_tools import describe_group
-from proxy.testing.wait import wait_until
 
 DEADLINE = 90  # seconds any one group test may spend consuming
 
