@@ -1,101 +1,397 @@
-"""Consumer groups with key ranges: processing-bound scaling with ``subscribe``.
+"""Consumer groups with key ranges: processing-bound scaling with ``subscribe``, and what a
+join into a running group costs, beside standard Java consumers on cooperative-sticky.
 
     flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_groups
 
-One partition; each record costs 1 ms of awaited work, sequential per member; M members
-(M = 1, 2, 4, 8, 16) subscribe as one group (a fresh group per run, so each starts at
-offset 0), the keyrange assignor gives each 1/M of the partition's hash space, and each
-marks what it processed and commits after every poll. Once the group has settled (every
-member stable, nothing being revoked) and after a warm-up, the records finished in a
-window give the group's rate. Rounds alternate the order of M; each round's rate for M is
-compared with M x that round's rate of one member (goal: >= 0.9).
+Every member is a process of its own (``benchmarks/group_member.py``; the Java one is
+``benchmarks/GroupMember.java``), so M members are limited by the machine, not by one
+Python process. Each record costs 1 ms of awaited work, sequential per member (deadlines
+chained from the poll's return), and each member logs every poll's first and last finish
+time on ``time.monotonic()``, the one clock every process (Java's ``System.nanoTime``
+included) shares on Linux; all figures are computed from those logs afterwards.
 
-``run(report, progress, ...)`` is what the comparison runner can call; ``main`` runs it
-standalone and writes ``benchmarks/results/groups.json`` and ``groups.png``.
+Scaling: one partition, M = 1, 2, 4, 8, 16 members subscribe as a fresh group (from offset
+0). Once every member is stable in one generation with a share and nothing being revoked
+(the join is excluded), and after a warm-up, the records finished in a window give the
+group's rate, compared with M x the one-member rate of the same round (goal >= 0.9).
 
-Not measured here yet: the rebalance cost of a join into a running group of four beside
-Java consumers with cooperative-sticky.
+Rebalance: four members run on the topic, then a fifth joins. Ours: one partition, the
+keyrange assignor (each of the four gives up part of its range; the new one gets 1/5).
+Java: kafka-clients consumers with cooperative-sticky on four partitions, reading the
+broker directly (the fifth gets nothing: there is no fifth partition). From the fifth's
+subscribe until the group has settled again plus one second, each original member's
+longest gap between two finished records is its stop time (before the join the longest gap
+is a poll's overhead, a few ms); the group's records/s in 0.5 s bins over the same stretch
+against the rate before the join is the dip. Rounds alternate the order of the contenders.
+
+``main`` writes ``benchmarks/results/groups.json`` and ``groups.png``; it takes no lock
+itself: run it under ``flock`` as above (``python -m benchmarks bench_groups`` holds the
+same lock while it runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import statistics
+import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-
-import trio
 
 from benchmarks import results
 from benchmarks.rounds import Row, goal, rotation
-from proxy.client import Consumer, RetriableError
 
 TOPIC = "bench-groups"
+JAVA_TOPIC = "bench-groups-java"
+ROOT = Path(__file__).resolve().parents[1]
+JAVA_SOURCE = Path(__file__).with_name("GroupMember.java")
+STOP_MS = 100.0  # a gap between two finished records longer than this is a stop
+BIN = 0.5  # seconds per bin of the records/s timeline
 
 
-async def measure(bootstrap: str, group: str, members: int, *, work_ms: float, warmup: float,
-                  window: float) -> dict[str, Any]:
-    """The group's records/s over ``window`` once ``members`` members have settled."""
-    consumers: list[Consumer] = []
-    finished = [0]
-    stop = trio.Event()
+# -- the members' logs, read back (pure) ----------------------------------------------------
+@dataclass
+class MemberLog:
+    """One member's event lines: see ``benchmarks/group_member.py``."""
 
-    async def member(i: int) -> None:
-        async with Consumer(bootstrap, group_id=group, client_id=f"bench-{i}", allow_individual_commit=True,
-                            auto_offset_reset="earliest", heartbeat_interval_ms=500, session_timeout_ms=10_000,
-                            max_poll_records=50) as consumer:
-            consumer.subscribe([TOPIC])
-            consumers.append(consumer)
-            while not stop.is_set():
-                for record in await consumer.poll(0.2):
-                    await trio.sleep(work_ms / 1000)
-                    consumer.mark_processed(record)
-                    finished[0] += 1
-                try:
-                    await consumer.commit()
-                except RetriableError:
-                    pass
+    joined: float | None = None
+    batches: list[tuple[float, float, int]] = field(default_factory=list)  # first, last finish, count
+    states: list[tuple[float, int, str, bool, str]] = field(default_factory=list)  # t, generation, phase, ...
+    changes: list[tuple[str, float, str]] = field(default_factory=list)  # A/R/L, t, assignment
 
-    def settled() -> bool:
-        if len(consumers) != members:
-            return False
-        metas = [c.group_metadata() for c in consumers]
-        return (all(m["phase"] == "stable" for m in metas) and len({m["generation"] for m in metas}) == 1
-                and all(c.assignment() and not c.to_be_revoked() for c in consumers))
+    @property
+    def last_change(self) -> float:
+        return max([t for _, t, _ in self.changes] + [s[0] for s in self.states], default=0.0)
 
-    started = trio.current_time()
-    async with trio.open_nursery() as nursery:
+
+def parse(text: str) -> MemberLog:
+    log = MemberLog()
+    for line in text.splitlines():
+        cells = line.split(" ")
+        if cells[0] == "J" and len(cells) == 2:
+            log.joined = float(cells[1])
+        elif cells[0] == "P" and len(cells) == 4:
+            log.batches.append((float(cells[1]), float(cells[2]), int(cells[3])))
+        elif cells[0] == "S" and len(cells) >= 6:
+            log.states.append((float(cells[1]), int(cells[2]), cells[3], cells[4] == "1", " ".join(cells[5:])))
+        elif cells[0] in ("A", "R", "L") and len(cells) >= 3:
+            log.changes.append((cells[0], float(cells[1]), " ".join(cells[2:])))
+    return log
+
+
+def finished(batches: Iterable[tuple[float, float, int]], t0: float, t1: float) -> float:
+    """Records finished in [t0, t1): a batch's finishes taken as evenly spaced between its
+    first and last."""
+    total = 0.0
+    for first, last, count in batches:
+        if count == 1 or last <= first:
+            total += count if t0 <= last < t1 else 0
+            continue
+        step = (last - first) / (count - 1)
+        lo, hi = max(t0, first), min(t1, last + step)
+        if hi > lo:
+            total += count * (hi - lo) / (last + step - first)
+    return total
+
+
+def longest_gap(batches: list[tuple[float, float, int]], t0: float, t1: float) -> float:
+    """The longest time in [t0, t1] between two finished records (or from the last one to
+    t1): gaps inside a batch are its spacing, gaps between batches are poll and commit time
+    or a stop. Only gaps that overlap [t0, t1] count, whole."""
+    longest = 0.0
+    ordered = sorted(batches)
+    for (_, last, _), (first, _, _) in zip(ordered, ordered[1:]):
+        if first > t0 and last < t1:
+            longest = max(longest, first - last)
+    inside = [b for b in ordered if b[0] <= t1]
+    if inside and inside[-1][1] < t1:
+        longest = max(longest, t1 - max(inside[-1][1], t0))
+    for first, last, count in ordered:
+        if count > 1 and last > t0 and first < t1:
+            longest = max(longest, (last - first) / (count - 1))
+    return longest
+
+
+def rates(logs: Iterable[MemberLog], t0: float, t1: float, width: float = BIN) -> list[float]:
+    """The group's records/s in consecutive bins of ``width`` from t0 (the last bin may be
+    shorter, not shorter than half a bin)."""
+    batches = [b for log in logs for b in log.batches]
+    out = []
+    start = t0
+    while t1 - start >= width / 2:
+        end = min(start + width, t1)
+        out.append(finished(batches, start, end) / (end - start))
+        start = end
+    return out
+
+
+def keyrange_settled(logs: list[MemberLog], members: int) -> bool:
+    """Every member stable in one generation, with a share, nothing being revoked."""
+    latest = [log.states[-1] for log in logs if log.states]
+    return (len(logs) == members and len(latest) == members and len({s[1] for s in latest}) == 1
+            and all(s[2] == "stable" and not s[3] and s[4] != "nothing" for s in latest))
+
+
+def java_settled(logs: list[MemberLog], members: int, partitions: int, now: float, quiet: float = 1.0) -> bool:
+    """Every member assigned, the partitions all owned, and no listener call for ``quiet`` s."""
+    assigned = [log.changes[-1] for log in logs if log.changes]
+    owned = {p for kind, _, text in assigned if kind == "A" and text != "nothing" for p in text.split(",")}
+    return (len(logs) == members and len(assigned) == members and all(a[0] == "A" for a in assigned)
+            and len(owned) == partitions and all(now - a[1] >= quiet for a in assigned))
+
+
+# -- member processes ----------------------------------------------------------------------
+class Fleet:
+    """The member processes of one run; ``stop`` ends them (a stop file, then SIGKILL for
+    any that has not left after a deadline)."""
+
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.stop_file = workdir / "stop"
+        self.members: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        from proxy.testing.kafka_cluster import spawn
+
+        with open(self.workdir / f"{name}.err", "wb") as err:
+            self.members[name] = spawn(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=err)
+
+    def python(self, name: str, bootstrap: str, group: str, topic: str, work_ms: float) -> None:
+        self._spawn(name, [sys.executable, "-m", "benchmarks.group_member", "--bootstrap", bootstrap,
+                           "--group", group, "--topic", topic, "--name", name, "--events", str(self.events(name)),
+                           "--stop", str(self.stop_file), "--work-ms", str(work_ms)])
+
+    def java(self, classes: Path, name: str, bootstrap: str, group: str, topic: str, work_ms: float) -> None:
+        self._spawn(name, [*java_command(classes), "GroupMember", bootstrap, group, topic, name,
+                           str(self.events(name)), str(self.stop_file), str(work_ms)])
+
+    def events(self, name: str) -> Path:
+        return self.workdir / f"{name}.events"
+
+    def logs(self) -> dict[str, MemberLog]:
+        for name, process in self.members.items():
+            if process.poll() is not None:
+                err = (self.workdir / f"{name}.err").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"member {name} exited with {process.returncode}:\n{err}")
+        out = {}
+        for name in self.members:
+            try:
+                out[name] = parse(self.events(name).read_text())
+            except FileNotFoundError:
+                out[name] = MemberLog()
+        return out
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.stop_file.touch()
+        deadline = time.monotonic() + timeout
+        for process in self.members.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def java_command(classes: Path | None = None) -> list[str]:
+    """``java`` with the harness's Kafka jars (and ``classes``) on the class path."""
+    from proxy.testing.kafka_cluster import java_base_command
+
+    command = java_base_command(log4j_config="tools-log4j2.properties",
+                                jvm_options=("-Xms32m", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"))
+    if classes is not None:
+        command[-1] += os.pathsep + str(classes)
+    return command
+
+
+def compile_java(out: Path) -> Path:
+    """GroupMember.java compiled once into ``out`` (one javac instead of one per JVM)."""
+    out.mkdir(parents=True, exist_ok=True)
+    classpath = java_command()[-1]
+    javac = str(Path(java_command()[0]).with_name("javac"))
+    subprocess.run([javac, "-nowarn", "-cp", classpath, "-d", str(out), str(JAVA_SOURCE)], check=True,
+                   capture_output=True, timeout=300)
+    return out
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    from proxy.testing.wait import wait_until
+
+    wait_until(condition, timeout, interval=0.1, what=what)
+    return time.monotonic()
+
+
+# -- the runs ------------------------------------------------------------------------------
+def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work_ms: float, warmup: float,
+                window: float) -> dict[str, Any]:
+    """The group's records/s over ``window``, once ``members`` members have settled."""
+    fleet = Fleet(workdir)
+    try:
+        began = time.monotonic()
         for i in range(members):
-            nursery.start_soon(member, i)
-        with trio.fail_after(120):
-            while not settled():
-                await trio.sleep(0.05)
-        formed = trio.current_time() - started
-        await trio.sleep(warmup)
-        before, t0 = finished[0], trio.current_time()
-        await trio.sleep(window)
-        count, elapsed = finished[0] - before, trio.current_time() - t0
-        stable = settled()
-        stop.set()
-    return {"members": members, "records_per_s": count / elapsed, "formed_s": round(formed, 2),
-            "stable_through_window": stable}
+            fleet.python(f"m{i}", bootstrap, group, TOPIC, work_ms)
+        formed = _wait(lambda: keyrange_settled(list(fleet.logs().values()), members), 240,
+                       f"{members} members settled") - began
+        time.sleep(warmup)  # the measured window starts after the warm-up, not a synchronisation
+        t0 = time.monotonic()
+        time.sleep(window)
+        t1 = time.monotonic()
+        _wait(lambda: all(log.batches and log.batches[-1][1] >= t1 for log in fleet.logs().values()), 30,
+              "every member logged past the window")
+        logs = list(fleet.logs().values())
+    finally:
+        fleet.stop()
+    count = sum(finished(log.batches, t0, t1) for log in logs)
+    moved = [s[0] for log in logs for s in log.states if t0 <= s[0] < t1]
+    per_member = [finished(log.batches, t0, t1) / (t1 - t0) for log in logs]
+    return {"members": members, "records_per_s": count / (t1 - t0), "formed_s": round(formed, 2),
+            "stable_through_window": not moved and keyrange_settled(logs, members),
+            "per_member_records_per_s": [round(r, 1) for r in per_member]}
 
 
-def run(report: dict, progress: Any, *, bootstrap: str, counts: list[int], rounds: int, work_ms: float,
-        warmup: float, window: float) -> None:
-    rates: dict[int, list[float]] = {m: [] for m in counts}
+def rebalance_run(kind: str, workdir: Path, *, start: Callable[[Fleet, str], None], partitions: int,
+                  before: float, after: float) -> dict[str, Any]:
+    """Four members, then a fifth joins: each original member's longest stop and the
+    group's records/s around the join (times from the members' logs)."""
+    fleet = Fleet(workdir)
+
+    def settled(members: int) -> bool:
+        logs = list(fleet.logs().values())
+        if kind == "keyrange":
+            ok = keyrange_settled(logs, members)
+        else:
+            ok = java_settled(logs, members, partitions, time.monotonic())
+        return ok and all(log.batches for log in logs[:4])
+
+    try:
+        for i in range(4):
+            start(fleet, f"m{i}")
+        _wait(lambda: settled(4), 240, "four members settled")
+        time.sleep(before)  # a stretch of steady running before the join, not a synchronisation
+        start(fleet, "m4")
+        done = _wait(lambda: settled(5) and fleet.logs()["m4"].joined is not None, 240, "five members settled")
+        time.sleep(after)
+        end = time.monotonic()
+        _wait(lambda: all(log.batches[-1][1] >= end for log in list(fleet.logs().values())[:4]), 30,
+              "the original members logged past the end")
+        logs = fleet.logs()
+    finally:
+        fleet.stop()
+    joined = logs["m4"].joined
+    assert joined is not None
+    changed = max(log.last_change for log in logs.values())
+    until = max(changed, joined) + 1.0
+    steady = rates(logs.values(), joined - before, joined)
+    during = rates(logs.values(), joined, until)
+    return {
+        "kind": kind, "join_to_settled_s": round(changed - joined, 3), "detected_settled_s": round(done - joined, 3),
+        "stop_ms": {name: round(1000 * longest_gap(logs[name].batches, joined, until), 1) for name in sorted(logs)[:4]},
+        "gap_before_join_ms": {name: round(1000 * longest_gap(logs[name].batches, joined - before, joined), 1)
+                               for name in sorted(logs)[:4]},
+        "records_per_s_before": statistics.mean(steady), "records_per_s_during": statistics.mean(during),
+        "records_per_s_lowest_bin": min(during),
+        "records_per_s_after": statistics.mean(rates(logs.values(), until, end)),
+        "timeline": {"t0": round(joined - before, 3), "bin_s": BIN,
+                     "records_per_s": [round(r) for r in rates(logs.values(), joined - before, end)]},
+        "assignments": {name: (log.states[-1][4] if log.states else log.changes[-1][2] if log.changes else "")
+                        for name, log in sorted(logs.items())},
+    }
+
+
+# -- the benchmark -------------------------------------------------------------------------
+def scaling(report: dict, progress: Callable[[str], None], workdir: Path, *, bootstrap: str, counts: list[int],
+            rounds: int, work_ms: float, warmup: float, window: float) -> None:
+    values: dict[int, list[float]] = {m: [] for m in counts}
     for r in range(rounds):
-        for m in rotation(counts, r):
-            result = trio.run(lambda: measure(bootstrap, f"bench-groups-{r}-{m}", m, work_ms=work_ms,
-                                              warmup=warmup, window=window))
-            rates[m].append(result["records_per_s"])
+        for m in map(int, rotation([str(c) for c in counts], r)):
+            result = scaling_run(workdir / f"scaling-{r}-{m}", bootstrap, f"bench-groups-{os.getpid()}-{r}-{m}", m,
+                                 work_ms=work_ms, warmup=warmup, window=window)
+            values[m].append(result["records_per_s"])
             report.setdefault("runs", []).append({"round": r, **result})
-            if progress is not None:
-                progress(f"round {r} M={m}: {result['records_per_s']:.0f} records/s")
+            progress(f"round {r} M={m}: {result['records_per_s']:.0f} records/s (formed in {result['formed_s']} s, "
+                     f"stable: {result['stable_through_window']})")
     for m in counts:
-        row = Row("scaling", f"M={m}", "records/s", rates[m], baseline="M x one member",
-                  baseline_values=[m * one for one in rates[1]])
+        row = Row("scaling", f"M={m}", "records/s", values[m], baseline="M x one member",
+                  baseline_values=[m * one for one in values[1]])
         report["rows"].append(row.as_dict())
-        report["goals"].append(goal(f"M={m} members reach >= 0.9 x M x one member", row.ratio, 0.9))
+        report["goals"].append(goal(f"scaling: M={m} members reach >= 0.9 x M x one member", row.ratio, 0.9))
+
+
+def _start_python(fleet: Fleet, name: str, *, bootstrap: str, group: str, work_ms: float) -> None:
+    fleet.python(name, bootstrap, group, TOPIC, work_ms)
+
+
+def _start_java(fleet: Fleet, name: str, *, classes: Path, bootstrap: str, group: str, work_ms: float) -> None:
+    fleet.java(classes, name, bootstrap, group, JAVA_TOPIC, work_ms)
+
+
+def rebalance(report: dict, progress: Callable[[str], None], workdir: Path, *, proxy: str, broker: str,
+              classes: Path, rounds: int, work_ms: float, before: float, after: float) -> None:
+    labels = {"keyrange": "keyrange, 1 partition", "java": "Java cooperative-sticky, 4 partitions"}
+    found: dict[str, list[dict[str, Any]]] = {kind: [] for kind in labels}
+    for r in range(rounds):
+        for kind in rotation(list(labels), r):
+            group = f"bench-groups-join-{os.getpid()}-{r}-{kind}"
+            start = (functools.partial(_start_python, bootstrap=proxy, group=group, work_ms=work_ms)
+                     if kind == "keyrange" else
+                     functools.partial(_start_java, classes=classes, bootstrap=broker, group=group, work_ms=work_ms))
+            result = rebalance_run(kind, workdir / f"join-{r}-{kind}", start=start,
+                                   partitions=1 if kind == "keyrange" else 4, before=before, after=after)
+            found[kind].append(result)
+            report.setdefault("runs", []).append({"round": r, **result})
+            progress(f"round {r} join {kind}: stops {result['stop_ms']} ms, records/s "
+                     f"{result['records_per_s_before']:.0f} before, lowest {result['records_per_s_lowest_bin']:.0f}, "
+                     f"{result['records_per_s_after']:.0f} after; settled {result['join_to_settled_s']} s after "
+                     "the join")
+    for kind, label in labels.items():
+        runs = found[kind]
+        before_rates = [x["records_per_s_before"] for x in runs]
+        report["rows"] += [
+            Row("rebalance", f"{label}: longest stop of an original member", "ms",
+                [max(x["stop_ms"].values()) for x in runs],
+                note="longest gap between two finished records, fifth member's subscribe to settled + 1 s").as_dict(),
+            Row("rebalance", f"{label}: longest gap before the join", "ms",
+                [max(x["gap_before_join_ms"].values()) for x in runs]).as_dict(),
+            Row("rebalance", f"{label}: join to settled", "s", [x["join_to_settled_s"] for x in runs]).as_dict(),
+            Row("rebalance", f"{label}: lowest {BIN} s of the join", "records/s",
+                [x["records_per_s_lowest_bin"] for x in runs], baseline=f"{label}: before the join",
+                baseline_values=before_rates).as_dict(),
+            Row("rebalance", f"{label}: mean over the join", "records/s", [x["records_per_s_during"] for x in runs],
+                baseline=f"{label}: before the join", baseline_values=before_rates).as_dict(),
+            Row("rebalance", f"{label}: after the join", "records/s", [x["records_per_s_after"] for x in runs],
+                baseline=f"{label}: before the join", baseline_values=before_rates).as_dict(),
+        ]
+    worst = max((max(x["stop_ms"].values()) for x in found["keyrange"]), default=None)
+    report["goals"].append(goal(f"rebalance: no original keyrange member stops when a fifth joins (longest gap "
+                                f"<= {STOP_MS:.0f} ms, worst round)", worst, STOP_MS, at_least=False, unit="ms"))
+
+
+def produce(bootstrap: str, topic: str, records: int, partitions: int, keys: int = 10_000) -> None:
+    """``records`` 100-byte records, keys ``key-<i mod keys>``, spread round-robin."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                         "compression.type": "none", "acks": "all"})
+    value = b"v" * 100
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, key=b"key-%d" % (i % keys), value=value, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(120) != 0:
+        raise RuntimeError("records left unsent")
+
+
+def _say(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,10 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-ms", type=float, default=1.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--before", type=float, default=4.0, help="rebalance: steady seconds before the join")
+    parser.add_argument("--after", type=float, default=3.0, help="rebalance: seconds after the group settled")
+    parser.add_argument("--skip", choices=("scaling", "rebalance"), help="leave one part out")
     args = parser.parse_args(argv)
     if 1 not in args.members:
         parser.error("--members must include 1 (the baseline)")
-    from benchmarks.bench_consumer import _produce
     from proxy.testing.kafka_cluster import KafkaCluster
     from proxy.testing.proxy_process import ProxyProcess
     from proxy.testing.scratch import scratch_dir
@@ -116,21 +414,37 @@ def main(argv: list[str] | None = None) -> int:
 
     command = " ".join(["flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_groups",
                         *(argv if argv is not None else sys.argv[1:])])
-    records = int(max(args.members) * 1000 / args.work_ms * (args.warmup + args.window + 4) * 1.2)
+    per_second = 1000 / args.work_ms
+    records = int(max(max(args.members), 5) * per_second * (args.warmup + args.window + 25))
+    java_records = int(4 * per_second * (args.before + args.after + 60))
     report = results.new_report(
-        "groups", "Consumer groups: processing-bound scaling with subscribe (ratio to M x one member)", command,
-        f"one partition of {records} records; {args.work_ms} ms awaited work per record; a fresh group per run; "
-        f"rate over {args.window} s after the group settled and {args.warmup} s of warm-up; all members in one "
-        f"process; rounds alternate the order of M", {"records": records, "members": args.members,
-                                                       "rounds": args.rounds})
+        "groups", "Consumer groups: scaling with subscribe (to M x one member), and a fifth member joining four",
+        command,
+        f"members as processes of their own; {args.work_ms} ms awaited work per record (deadlines chained within a "
+        f"poll), commit after every poll. Scaling: one partition of {records} records, a fresh group per run, rate "
+        f"over {args.window} s after every member was stable and {args.warmup} s of warm-up. Rebalance: four "
+        f"members, {args.before} s steady, a fifth subscribes; stop = an original member's longest gap between two "
+        f"finished records from that subscribe until settled + 1 s; records/s in {BIN} s bins against the rate "
+        f"before the join; Java: kafka-clients consumers on cooperative-sticky, 4 partitions of {java_records // 4} "
+        f"records, direct to the broker. Rounds alternate the order of the contenders.",
+        {"records": records, "java_records": java_records, "members": args.members, "rounds": args.rounds})
     workdir = scratch_dir("bench-groups-")
     with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
         create_topic(cluster, TOPIC, partitions=1)
-        _produce(cluster.bootstrap_servers, TOPIC, records, 10_000)
+        produce(cluster.bootstrap_servers, TOPIC, records, 1)
+        if args.skip != "rebalance":
+            create_topic(cluster, JAVA_TOPIC, partitions=4)
+            produce(cluster.bootstrap_servers, JAVA_TOPIC, java_records, 4)
+            classes = compile_java(workdir / "classes")
         proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy")
         try:
-            run(report, lambda text: print(text, flush=True), bootstrap=proxy.bootstrap_servers, counts=args.members,
-                rounds=args.rounds, work_ms=args.work_ms, warmup=args.warmup, window=args.window)
+            if args.skip != "scaling":
+                scaling(report, _say, workdir, bootstrap=proxy.bootstrap_servers, counts=args.members,
+                        rounds=args.rounds, work_ms=args.work_ms, warmup=args.warmup, window=args.window)
+            if args.skip != "rebalance":
+                rebalance(report, _say, workdir, proxy=proxy.bootstrap_servers, broker=cluster.bootstrap_servers,
+                          classes=classes, rounds=args.rounds, work_ms=args.work_ms, before=args.before,
+                          after=args.after)
         finally:
             proxy.stop()
     print(results.finish(report))
