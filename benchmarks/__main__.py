@@ -32,7 +32,7 @@ from benchmarks import results
 
 LOCK = Path("/tmp/keyrange-bench.lock")
 OLDER = ("bench_proxy", "bench_hop", "bench_keyrange", "bench_consumer", "bench_commits", "bench_codecs",
-         "bench_split")
+         "bench_split", "bench_groups")
 
 
 @dataclass(frozen=True)
