@@ -163,10 +163,12 @@ class Fleet:
             self.members[name] = spawn(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=err)
 
-    def python(self, name: str, bootstrap: str, group: str, topic: str, work_ms: float) -> None:
+    def python(self, name: str, bootstrap: str, group: str, topic: str, work_ms: float,
+               profile: Path | None = None) -> None:
         self._spawn(name, [sys.executable, "-m", "benchmarks.group_member", "--bootstrap", bootstrap,
                            "--group", group, "--topic", topic, "--name", name, "--events", str(self.events(name)),
-                           "--stop", str(self.stop_file), "--work-ms", str(work_ms)])
+                           "--stop", str(self.stop_file), "--work-ms", str(work_ms),
+                           *(["--profile", str(profile)] if profile else [])])
 
     def java(self, classes: Path, name: str, bootstrap: str, group: str, topic: str, work_ms: float) -> None:
         self._spawn(name, [*java_command(classes), "GroupMember", bootstrap, group, topic, name,
@@ -229,13 +231,14 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str) -> float:
 
 # -- the runs ------------------------------------------------------------------------------
 def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work_ms: float, warmup: float,
-                window: float) -> dict[str, Any]:
-    """The group's records/s over ``window``, once ``members`` members have settled."""
+                window: float, profile: Path | None = None) -> dict[str, Any]:
+    """The group's records/s over ``window``, once ``members`` members have settled
+    (``profile``: a pyinstrument profile of the first member written there)."""
     fleet = Fleet(workdir)
     try:
         began = time.monotonic()
         for i in range(members):
-            fleet.python(f"m{i}", bootstrap, group, TOPIC, work_ms)
+            fleet.python(f"m{i}", bootstrap, group, TOPIC, work_ms, profile if i == 0 else None)
         formed = _wait(lambda: keyrange_settled(list(fleet.logs().values()), members), 240,
                        f"{members} members settled") - began
         time.sleep(warmup)  # the measured window starts after the warm-up, not a synchronisation
@@ -404,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=float, default=4.0, help="rebalance: steady seconds before the join")
     parser.add_argument("--after", type=float, default=3.0, help="rebalance: seconds after the group settled")
     parser.add_argument("--skip", choices=("scaling", "rebalance"), help="leave one part out")
+    parser.add_argument("--profile", type=int, metavar="M",
+                        help="then one unrecorded scaling run of M members, the first under pyinstrument "
+                             "(benchmarks/results/groups_profile.txt)")
     args = parser.parse_args(argv)
     if 1 not in args.members:
         parser.error("--members must include 1 (the baseline)")
@@ -445,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
                 rebalance(report, _say, workdir, proxy=proxy.bootstrap_servers, broker=cluster.bootstrap_servers,
                           classes=classes, rounds=args.rounds, work_ms=args.work_ms, before=args.before,
                           after=args.after)
+            if args.profile:
+                path = results.RESULTS / "groups_profile.txt"
+                run = scaling_run(workdir / "profile", proxy.bootstrap_servers, f"bench-groups-{os.getpid()}-profile",
+                                  args.profile, work_ms=args.work_ms, warmup=args.warmup, window=args.window,
+                                  profile=path)
+                report["notes"].append(f"profile run (not in the rows): {run}; first member's profile in {path.name}")
         finally:
             proxy.stop()
     print(results.finish(report))

@@ -123,7 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop", required=True)
     parser.add_argument("--work-ms", type=float, default=1.0)
     parser.add_argument("--max-poll-records", type=int, default=50)
-    trio.run(run, parser.parse_args(argv))
+    parser.add_argument("--profile", help="write a pyinstrument profile of the member (text) to this file")
+    args = parser.parse_args(argv)
+    if not args.profile:
+        trio.run(run, args)
+        return 0
+    from pyinstrument import Profiler
+
+    with Profiler(async_mode="disabled") as profiler:
+        trio.run(run, args)
+    with open(args.profile, "w") as out:
+        out.write(profiler.output_text(unicode=False, show_all=False))
     return 0
 
 
