@@ -1,0 +1,223 @@
+"""Virtual range topics across restarts and special logs (docs/wire-contract.md#9-virtual-range-topics),
+read by librdkafka (confluent-kafka) as ``<topic>.kr4``:
+
+- a member that stops without committing what it read last resumes from its shares'
+  watermarks W(i): it gets again exactly what it read after its last commit;
+- a proxy restart mid-stream loses and duplicates nothing (the new instance learns the
+  watermarks from the coordinator);
+- read_committed with aborted transactions gets only committed records, each once, and
+  the positions reach the log end;
+- a compacted topic reads like its real partitions, gaps and all.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from proxy.testing.wait import wait_until
+from tests.integration import virtual_checks as checks
+from tests.integration.virtual_checks import PARTITIONS, SHARES
+
+pytestmark = pytest.mark.kafka
+
+VIRTUAL_PARTITIONS = SHARES * PARTITIONS
+
+
+def _consumer(bootstrap: str, group: str, **extra):
+    from confluent_kafka import Consumer
+
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                     "enable.auto.commit": False, "session.timeout.ms": 10000, "heartbeat.interval.ms": 500,
+                     **extra})
+
+
+def _poll_until(consumer, received: checks.Received, done: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll into ``received`` until ``done()``; a client error fails at once."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"{what} did not hold within {timeout:g} s ({len(received)} read; {_LAST})"
+        message = consumer.poll(0.2)
+        if message is None:
+            continue
+        assert not message.error(), str(message.error())
+        received.append((message.partition(), message.offset(), message.key(), message.value()))
+
+
+def _at_end(consumer, start: dict[int, int] | None = None) -> bool:
+    """Every virtual partition's position is its high watermark. librdkafka reports no
+    position for a partition it got nothing from, so one that started at its end (its
+    committed offset, ``start``) counts as there."""
+    start = start or {}
+    assigned = consumer.assignment()
+    if len(assigned) != VIRTUAL_PARTITIONS:
+        _LAST["positions"] = f"{len(assigned)} assigned"
+        return False
+    state = [(tp.partition, tp.offset if tp.offset >= 0 else start.get(tp.partition, -1),
+              consumer.get_watermark_offsets(tp, cached=True)[1]) for tp in consumer.position(assigned)]
+    _LAST["positions"] = str(sorted(state))
+    return all(0 <= position == high for _, position, high in state)
+
+
+_LAST: dict[str, str] = {}  # what _at_end saw last, for failure messages
+
+
+def _commit_read(consumer, topic: str, received: checks.Received) -> dict[int, int]:
+    """Commit, per virtual partition, the offset after the last record read: W(i)."""
+    from confluent_kafka import TopicPartition
+
+    marks: dict[int, int] = {}
+    for partition, offset, _, _ in received:
+        marks[partition] = max(marks.get(partition, -1), offset + 1)
+    consumer.commit(offsets=[TopicPartition(f"{topic}.kr{SHARES}", p, o) for p, o in sorted(marks.items())],
+                    asynchronous=False)
+    return marks
+
+
+def _committed(consumer, topic: str) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+
+    asked = [TopicPartition(f"{topic}.kr{SHARES}", p) for p in range(VIRTUAL_PARTITIONS)]
+    return {tp.partition: tp.offset for tp in consumer.committed(asked, timeout=10)}
+
+
+def _resume_and_check(bootstrap: str, topic: str, group: str, sent, before: checks.Received,
+                      marks: dict[int, int]) -> None:
+    """A new member of ``group`` reads to the end: it starts at each share's watermark, so
+    what it gets plus what was read below the watermarks is everything, once."""
+    consumer = _consumer(bootstrap, group)
+    consumer.subscribe([f"{topic}.kr{SHARES}"])
+    after: checks.Received = []
+    try:
+        start = _committed(consumer, topic)
+        assert start == {p: marks.get(p, -1001) for p in range(VIRTUAL_PARTITIONS)}
+        _poll_until(consumer, after, lambda: _at_end(consumer, start), 90, "the resumed member at the end")
+        consumer.commit(asynchronous=False)  # the positions, past the other shares' records
+    finally:
+        consumer.close()
+    kept = [r for r in before if r[1] < marks.get(r[0], 0)]
+    assert all(r[1] >= marks.get(r[0], 0) for r in after), "a record below its share's watermark came again"
+    checks.check_delivery(sent, [kept, after])
+
+
+def test_member_resumes_from_its_shares_watermarks(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka, partitions=PARTITIONS)
+    group = f"vr-{uuid.uuid4().hex[:8]}"
+    sent = checks.produce(proxy.bootstrap_servers, topic, 1500)
+    first = _consumer(proxy.bootstrap_servers, group, **{"max.partition.fetch.bytes": 4096})
+    first.subscribe([f"{topic}.kr{SHARES}"])
+    before: checks.Received = []
+    try:
+        _poll_until(first, before, lambda: len(before) >= 600, 60, "600 records")
+        marks = _commit_read(first, topic, before)
+        assert len(set(marks.values())) > 1  # the shares stand at different offsets
+        assert _committed(first, topic) == {p: marks.get(p, -1001) for p in range(VIRTUAL_PARTITIONS)}
+        count = len(before)
+        _poll_until(first, before, lambda: len(before) >= count + 200, 60, "200 more, not committed")
+    finally:
+        first.close()  # no commit: the next member reads those 200 again
+    _resume_and_check(proxy.bootstrap_servers, topic, group, sent, before, marks)
+    checks.check_group_at_end(proxy.bootstrap_servers, topic, group)
+
+
+def test_proxy_restart_mid_stream_loses_and_duplicates_nothing(kafka, proxy_factory, topic_factory):
+    from .conftest import free_ports
+
+    topic = topic_factory(kafka, partitions=PARTITIONS)
+    group = f"vr-{uuid.uuid4().hex[:8]}"
+    listen, node_base = free_ports(2)
+    ports = {"listen_port": listen, "node_port_base": str(node_base - kafka.nodes[0].node_id)}
+    proxies = [proxy_factory(kafka, **ports)]
+    bootstrap = proxies[0].bootstrap_servers
+    sent = checks.produce(bootstrap, topic, 1500)
+    consumer = _consumer(bootstrap, group, **{"max.partition.fetch.bytes": 4096, "reconnect.backoff.max.ms": 500})
+    consumer.subscribe([f"{topic}.kr{SHARES}"])
+    received: checks.Received = []
+    try:
+        _poll_until(consumer, received, lambda: len(received) >= 500, 60, "500 records")
+        _commit_read(consumer, topic, received)
+        proxies[0].stop()
+        proxies.append(proxy_factory(kafka, **ports))
+        _poll_until(consumer, received, lambda: len(received) >= 1000, 90, "1000 records after the restart")
+        marks = _commit_read(consumer, topic, received)
+        assert _committed(consumer, topic) == {p: marks.get(p, -1001) for p in range(VIRTUAL_PARTITIONS)}
+        count = len(received)
+        _poll_until(consumer, received, lambda: len(received) >= count + 100, 60, "100 more, not committed")
+    finally:
+        consumer.close()
+    assert len({(p, o) for p, o, _, _ in received}) == len(received), "a record came twice without a restart"
+    _resume_and_check(bootstrap, topic, group, sent, received, marks)
+    checks.check_group_at_end(bootstrap, topic, group)
+
+
+def test_read_committed_with_aborted_transactions(kafka, proxy, topic_factory):
+    from confluent_kafka import Producer
+
+    topic = topic_factory(kafka, partitions=PARTITIONS)
+    producer = Producer({"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": f"tx-{uuid.uuid4().hex}",
+                         "linger.ms": 5})
+    producer.init_transactions(30)
+    committed: list[tuple[bytes, bytes]] = []
+    for round_ in range(8):
+        producer.begin_transaction()
+        batch = [(f"key-{i % 31}".encode(), f"tx{round_}-{i}".encode()) for i in range(150)]
+        for key, value in batch:
+            producer.produce(topic, key=key, value=value)
+        if round_ % 3 == 1:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+            committed += batch
+    group = f"vt-{uuid.uuid4().hex[:8]}"
+    consumer = _consumer(proxy.bootstrap_servers, group, **{"isolation.level": "read_committed"})
+    consumer.subscribe([f"{topic}.kr{SHARES}"])
+    received: checks.Received = []
+    try:
+        _poll_until(consumer, received, lambda: len(received) >= len(committed) and _at_end(consumer), 90,
+                    "every committed record, positions at the end")
+        _commit_read(consumer, topic, received)
+        consumer.commit(asynchronous=False)  # the positions, past the final markers
+    finally:
+        consumer.close()
+    assert not [r for r in received if b"tx1-" in r[3] or b"tx4-" in r[3] or b"tx7-" in r[3]]
+    checks.check_delivery(committed, [received])
+    checks.check_group_at_end(proxy.bootstrap_servers, topic, group)
+
+
+def test_compacted_topic_reads_like_its_real_partitions(kafka, proxy, topic_factory):
+    from confluent_kafka import TopicPartition
+
+    topic = topic_factory(kafka, partitions=PARTITIONS, configs={
+        "cleanup.policy": "compact", "segment.ms": "200", "min.cleanable.dirty.ratio": "0.001",
+        "min.compaction.lag.ms": "0", "delete.retention.ms": "0"})
+    checks.produce(proxy.bootstrap_servers, topic, 2000, keys=40)
+    def read_all(bootstrap: str, name: str, partitions: int) -> checks.Received:
+        consumer = _consumer(bootstrap, f"vc-{uuid.uuid4().hex[:8]}")
+        consumer.assign([TopicPartition(name, p, 0) for p in range(partitions)])
+        out: checks.Received = []
+        try:
+            def at_end() -> bool:
+                positions = consumer.position([TopicPartition(name, p) for p in range(partitions)])
+                return all(tp.offset == consumer.get_watermark_offsets(tp, cached=True)[1] for tp in positions)
+
+            _poll_until(consumer, out, at_end, 90, f"{name} read to its end")
+        finally:
+            consumer.close()
+        return out
+
+    # Roll the segments (a record after segment.ms) until the cleaner has compacted both.
+    def compacted() -> bool:
+        if len(read_all(kafka.bootstrap_servers, topic, PARTITIONS)) < 1000:
+            return True
+        checks.produce(proxy.bootstrap_servers, topic, 2, keys=40, start=2000)
+        return False
+
+    wait_until(compacted, timeout=120, interval=2.0, what="the cleaner compacted the topic")
+    virtual = read_all(proxy.bootstrap_servers, f"{topic}.kr{SHARES}", VIRTUAL_PARTITIONS)
+    by_real = sorted((p // SHARES, o, k, v) for p, o, k, v in virtual)
+    compacted_now = read_all(kafka.bootstrap_servers, topic, PARTITIONS)
+    assert by_real == sorted(compacted_now)
+    checks.check_order(virtual)
