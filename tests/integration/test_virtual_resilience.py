@@ -221,3 +221,43 @@ def test_compacted_topic_reads_like_its_real_partitions(kafka, proxy, topic_fact
     compacted_now = read_all(kafka.bootstrap_servers, topic, PARTITIONS)
     assert by_real == sorted(compacted_now)
     checks.check_order(virtual)
+
+
+def test_leader_stop_on_three_nodes_loses_and_duplicates_nothing(kafka_cluster, cluster_proxy, topic_factory):
+    from confluent_kafka import Producer
+
+    from .test_proxy_failover import _leader
+
+    topic = topic_factory(kafka_cluster, partitions=PARTITIONS, replication_factor=3,
+                          configs={"min.insync.replicas": "2"})
+    bootstrap = cluster_proxy.bootstrap_servers
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "message.timeout.ms": 120000})
+    sent: list[tuple[bytes, bytes]] = []
+
+    def produce(stem: str) -> None:
+        for i in range(800):
+            key, value = f"key-{i % 53}".encode(), f"{stem}-{i}".encode()
+            producer.produce(topic, key=key, value=value)
+            sent.append((key, value))
+            producer.poll(0)
+        assert producer.flush(120) == 0
+
+    group = f"vl-{uuid.uuid4().hex[:8]}"
+    consumer = _consumer(bootstrap, group)
+    consumer.subscribe([f"{topic}.kr{SHARES}"])
+    received: checks.Received = []
+    try:
+        produce("before")
+        _poll_until(consumer, received, lambda: len(received) >= 800, 90, "the first 800")
+        _commit_read(consumer, topic, received)
+        leader = _leader(kafka_cluster, topic)
+        kafka_cluster.stop_node(leader)
+        produce("after")
+        _poll_until(consumer, received, lambda: len(received) >= 1600 and _at_end(consumer), 120,
+                    "every record after the leader stopped, positions at the end")
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    checks.check_delivery(sent, [received])
+    checks.check_group_at_end(bootstrap, topic, group, timeout=60)
