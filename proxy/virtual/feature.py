@@ -131,6 +131,8 @@ class VirtualTopicsFeature(Feature):
                                 ["topic"], registry=registry)
         self._reads = Counter("kafka_proxy_virtual_broker_reads", "Real partitions read from brokers for virtual "
                               "partitions.", ["topic"], registry=registry)
+        self._bytes = Counter("kafka_proxy_virtual_broker_bytes", "Record bytes read from brokers for virtual "
+                              "partitions.", ["topic"], registry=registry)
         self._hits = Counter("kafka_proxy_virtual_cache_hits", "Virtual partitions answered from the result cache.",
                              ["topic"], registry=registry)
         self._skips = Counter("kafka_proxy_virtual_control_batches", "Control batches that moved a virtual "
@@ -354,6 +356,8 @@ class VirtualTopicsFeature(Feature):
                     answers[part.key] = fetch.PartAnswer(error_code=error)
                 continue
             state.sessions.served.add((read.real, read.partition))
+            if partition.records:
+                self._bytes.labels(read.real).inc(len(partition.records))
             aborted = list(partition.aborted_transactions or ())
             metadata = {"high_watermark": partition.high_watermark,
                         "last_stable_offset": partition.last_stable_offset,
