@@ -223,9 +223,12 @@ def compile_java(out: Path) -> Path:
 
 
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    from proxy.testing.wait import wait_until
-
-    wait_until(condition, timeout, interval=0.1, what=what)
+    """When ``condition`` first held (checked every 0.1 s); a member that died raises at once."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
     return time.monotonic()
 
 
@@ -239,7 +242,7 @@ def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work
         began = time.monotonic()
         for i in range(members):
             fleet.python(f"m{i}", bootstrap, group, TOPIC, work_ms, profile if i == 0 else None)
-        formed = _wait(lambda: keyrange_settled(list(fleet.logs().values()), members), 240,
+        formed = _wait(lambda: keyrange_settled(list(fleet.logs().values()), members), 180,
                        f"{members} members settled") - began
         time.sleep(warmup)  # the measured window starts after the warm-up, not a synchronisation
         t0 = time.monotonic()
@@ -275,10 +278,10 @@ def rebalance_run(kind: str, workdir: Path, *, start: Callable[[Fleet, str], Non
     try:
         for i in range(4):
             start(fleet, f"m{i}")
-        _wait(lambda: settled(4), 240, "four members settled")
+        _wait(lambda: settled(4), 180, "four members settled")
         time.sleep(before)  # a stretch of steady running before the join, not a synchronisation
         start(fleet, "m4")
-        done = _wait(lambda: settled(5) and fleet.logs()["m4"].joined is not None, 240, "five members settled")
+        done = _wait(lambda: settled(5) and fleet.logs()["m4"].joined is not None, 180, "five members settled")
         time.sleep(after)
         end = time.monotonic()
         _wait(lambda: all(log.batches[-1][1] >= end for log in list(fleet.logs().values())[:4]), 30,
