@@ -1,8 +1,10 @@
-"""Where the proxy's time goes on the passthrough path: py-spy samples the proxy process
-while Kafka's ConsumerPerformance (or ProducerPerformance) runs through it, and the
-samples are summed per function (self time, and time including callees).
+"""Where the time goes: py-spy samples the proxy process while Kafka's ConsumerPerformance
+(or ProducerPerformance) runs through it, or, with ``--direction key_ordered``, both the
+proxy and our client process while 16 range consumers do 1 ms of paced work per record
+(the key-ordered workload); the samples are summed per function (self time, and time
+including callees).
 
-    python -m benchmarks.profile_proxy [--direction consume|produce] [--mb 512]
+    python -m benchmarks.profile_proxy [--direction consume|produce|key_ordered] [--mb 512]
 
 Writes ``benchmarks/results/profile_<direction>.txt`` (the summary) next to the raw
 collapsed stacks (``profile_<direction>.collapsed``). Holds the benchmark lock while it
@@ -51,9 +53,21 @@ def summarise(collapsed: str, top: int = 40) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _key_ordered_client(spy: str, bootstrap: str, directory: Path) -> dict:
+    """The key-ordered workload's 16 range consumers in a process of their own, under py-spy."""
+    import json
+
+    code = ("import json; from benchmarks.workloads.key_ordered import ours; "
+            f"print(json.dumps(ours({bootstrap!r}, 'profile', 16, warmup=3, window=10)))")
+    result = subprocess.run([spy, "record", "--rate", "250", "--format", "raw", "--output",
+                             str(directory / "profile_key_ordered_client.collapsed"), "--",
+                             sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--direction", choices=("consume", "produce"), default="consume")
+    parser.add_argument("--direction", choices=("consume", "produce", "key_ordered"), default="consume")
     parser.add_argument("--mb", type=int, default=512)
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -68,20 +82,32 @@ def main(argv: list[str] | None = None) -> int:
             if args.direction == "consume":
                 produce(cluster.bootstrap_servers, "profile", records)
                 consume(proxy.bootstrap_servers, "profile", records)  # warm-up
+            elif args.direction == "key_ordered":
+                from benchmarks.workloads import data
+
+                data.produce_keyed(cluster.bootstrap_servers, "profile", 400_000, keys=10_000)
             recorder = subprocess.Popen([spy, "record", "--pid", str(proxy.pid), "--rate", "250", "--format", "raw",
                                          "--output", str(raw), "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 if args.direction == "consume":
                     run = consume(proxy.bootstrap_servers, "profile", records)
-                else:
+                elif args.direction == "produce":
                     run = produce(proxy.bootstrap_servers, "profile", records)
+                else:
+                    run = _key_ordered_client(spy, proxy.bootstrap_servers, args.output_dir)
             finally:
                 recorder.send_signal(subprocess.signal.SIGINT)
                 recorder.wait(timeout=60)
         finally:
             proxy.stop()
-    text = f"{args.direction} through the proxy, {args.mb} MB of 1 KB records: {run['mb_per_s']} MB/s\n\n"
+    if args.direction == "key_ordered":
+        text = (f"16 range consumers, 1 ms of paced work per record: {run['records_per_s']} records/s "
+                f"(ideal 16000)\n\n== our client process ==\n")
+        text += summarise((args.output_dir / "profile_key_ordered_client.collapsed").read_text())
+        text += "\n== the proxy ==\n"
+    else:
+        text = f"{args.direction} through the proxy, {args.mb} MB of 1 KB records: {run['mb_per_s']} MB/s\n\n"
     text += summarise(raw.read_text() if raw.exists() else "")
     out = args.output_dir / f"profile_{args.direction}.txt"
     out.write_text(text)

@@ -22,10 +22,14 @@ def sequence_of(value: bytes) -> tuple[bytes, int]:
 
 def produce_keyed(bootstrap: str, topic: str, records: int, *, keys: int, value_size: int = 100,
                   partition: int = 0) -> None:
-    """Write ``records`` records to one partition, in order (librdkafka, idempotent)."""
+    """Write ``records`` records to one partition, in order (librdkafka, idempotent).
+
+    Batches of 256 KB: well under a consumer's 1 MiB fetch, so a fetch rarely ends in a
+    truncated batch that the next fetch reads again (with 1 MB batches that re-reading alone
+    made the proxy's broker reads 1.12 x the partition for a single consumer)."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 262_144,
                          "compression.type": "none", "enable.idempotence": True,
                          "queue.buffering.max.messages": 500_000})
     for i in range(records):
