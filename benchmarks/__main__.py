@@ -81,6 +81,7 @@ BENCHMARKS = {b.name: b for b in (
               "direct; N raw header-counting clients against one direct; N share consumers "
               "(ShareConsumerPerformance) against Kafka's ConsumerPerformance. A fresh proxy per range run.",
               lambda a: 3 + a.rounds * 3 * (1 + len(a.workers)), _keyrange_delivery),
+    Benchmark("virtual", *importlib.import_module("benchmarks.bench_virtual").REGISTRATION),
 )}
 
 
