@@ -12,8 +12,9 @@ from typing import NamedTuple
 from proxy.client.errors import KafkaError
 from proxy.protocol.constants import ErrorCode
 from proxy.ranges import KeyRange, contains
-from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, Record, iter_batches
+from proxy.records.batch import LegacyBatch, PartialBatch, Record, iter_batches
 from proxy.records.keyhash import key_hash
+from proxy.records.transactions import TransactionFilter, Verdict
 
 # The Records field of a fetched partition, as the response decoder hands it over.
 RecordsBlob = bytes | bytearray | memoryview
@@ -134,9 +135,7 @@ def parse_partition(
 def _read_batches(out: ParsedPartition, tp: TopicPartition, blob: RecordsBlob, fetch_offset: int,
                   aborted_transactions: Iterable[tuple[int, int]], read_committed: bool,
                   ranges: Sequence[KeyRange] | None, batch_gaps: bool) -> None:
-    pending = sorted((first, pid) for pid, first in aborted_transactions) if read_committed else []
-    next_pending = 0
-    aborting: set[int] = set()
+    transactions = TransactionFilter(aborted_transactions, read_committed)
     for entry in iter_batches(blob):
         if isinstance(entry, PartialBatch):
             out.truncated = True
@@ -150,21 +149,11 @@ def _read_batches(out: ParsedPartition, tp: TopicPartition, blob: RecordsBlob, f
         if header.next_offset <= fetch_offset:
             continue
         out.next_offset = max(out.next_offset, header.next_offset)
-        if read_committed:
-            while next_pending < len(pending) and pending[next_pending][0] <= header.last_offset:
-                aborting.add(pending[next_pending][1])
-                next_pending += 1
-        if header.is_control:
-            if read_committed and header.producer_id in aborting:
-                for control in entry.control_records():
-                    if control.type == ControlType.ABORT:
-                        aborting.discard(header.producer_id)
-            if batch_gaps:
-                out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
-            continue
-        if read_committed and header.is_transactional and header.producer_id in aborting:
-            out.aborted += header.record_count
-            if batch_gaps:
+        verdict = transactions.verdict(entry)
+        if verdict is not Verdict.DELIVER:
+            if verdict is Verdict.ABORTED:
+                out.aborted += header.record_count
+            if batch_gaps:  # nobody processes these offsets: they are committed as gaps
                 out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
             continue
         for record in entry.records():

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from proxy.protocol.errors import ProtocolError
 from proxy.ranges import HASH_MAX, KeyRange
-from proxy.records.batch import ControlType, LegacyBatch, PartialBatch, iter_batches
+from proxy.records.batch import LegacyBatch, PartialBatch, iter_batches
 from proxy.records.keyhash import key_hash
+from proxy.records.transactions import TransactionFilter, Verdict
 
 
 @dataclass
@@ -63,9 +64,7 @@ def decode_partition(
     if not blob:
         return out
     whole = share.start == 0 and share.end == HASH_MAX
-    pending = sorted((first, pid) for pid, first in aborted_transactions) if read_committed else []
-    next_pending = 0
-    aborting: set[int] = set()
+    transactions = TransactionFilter(aborted_transactions, read_committed)
     for entry in iter_batches(blob):
         if isinstance(entry, PartialBatch):
             out.truncated = True
@@ -79,17 +78,7 @@ def decode_partition(
         if header.base_offset >= end_offset:
             break
         out.next_offset = max(out.next_offset, header.next_offset)
-        if read_committed:
-            while next_pending < len(pending) and pending[next_pending][0] <= header.last_offset:
-                aborting.add(pending[next_pending][1])
-                next_pending += 1
-        if header.is_control:
-            if header.producer_id in aborting:
-                for control in entry.control_records():
-                    if control.type == ControlType.ABORT:
-                        aborting.discard(header.producer_id)
-            continue
-        if read_committed and header.is_transactional and header.producer_id in aborting:
+        if transactions.verdict(entry) is not Verdict.DELIVER:
             continue
         timestamp_type = header.timestamp_type
         for record in entry.records():
