@@ -302,7 +302,7 @@ def rebalance_run(kind: str, workdir: Path, *, start: Callable[[Fleet, str], Non
                                for name in sorted(logs)[:4]},
         "records_per_s_before": statistics.mean(steady), "records_per_s_during": statistics.mean(during),
         "records_per_s_lowest_bin": min(during),
-        "records_per_s_after": statistics.mean(rates(logs.values(), until, end)),
+        "records_per_s_after": statistics.mean(rates(logs.values(), min(until, end - 1.0), end)),
         "timeline": {"t0": round(joined - before, 3), "bin_s": BIN,
                      "records_per_s": [round(r) for r in rates(logs.values(), joined - before, end)]},
         "assignments": {name: (log.states[-1][4] if log.states else log.changes[-1][2] if log.changes else "")
@@ -347,8 +347,13 @@ def rebalance(report: dict, progress: Callable[[str], None], workdir: Path, *, p
             start = (functools.partial(_start_python, bootstrap=proxy, group=group, work_ms=work_ms)
                      if kind == "keyrange" else
                      functools.partial(_start_java, classes=classes, bootstrap=broker, group=group, work_ms=work_ms))
-            result = rebalance_run(kind, workdir / f"join-{r}-{kind}", start=start,
-                                   partitions=1 if kind == "keyrange" else 4, before=before, after=after)
+            try:
+                result = rebalance_run(kind, workdir / f"join-{r}-{kind}", start=start,
+                                       partitions=1 if kind == "keyrange" else 4, before=before, after=after)
+            except Exception as error:  # one failed run must not lose the others' figures
+                report["notes"].append(f"round {r} join {kind} failed: {error!r}")
+                progress(f"round {r} join {kind} FAILED: {error!r}")
+                continue
             found[kind].append(result)
             report.setdefault("runs", []).append({"round": r, **result})
             progress(f"round {r} join {kind}: stops {result['stop_ms']} ms, records/s "
@@ -357,6 +362,8 @@ def rebalance(report: dict, progress: Callable[[str], None], workdir: Path, *, p
                      "the join")
     for kind, label in labels.items():
         runs = found[kind]
+        if not runs:
+            continue
         before_rates = [x["records_per_s_before"] for x in runs]
         report["rows"] += [
             Row("rebalance", f"{label}: longest stop of an original member", "ms",
@@ -414,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="then one unrecorded scaling run of M members, the first under pyinstrument "
                              "(benchmarks/results/groups_profile.txt)")
     args = parser.parse_args(argv)
+    if args.after < 2:
+        parser.error("--after must be at least 2 (seconds after the group settled)")
     if 1 not in args.members:
         parser.error("--members must include 1 (the baseline)")
     from proxy.testing.kafka_cluster import KafkaCluster
