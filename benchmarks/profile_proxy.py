@@ -1,10 +1,11 @@
 """Where the time goes: py-spy samples the proxy process while Kafka's ConsumerPerformance
 (or ProducerPerformance) runs through it, or, with ``--direction key_ordered``, both the
 proxy and our client process while 16 range consumers do 1 ms of paced work per record
-(the key-ordered workload); the samples are summed per function (self time, and time
-including callees).
+(the key-ordered workload), or, with ``--direction delivery``, the proxy while 4 raw
+clients read equal key ranges of one partition (the key-range delivery workload); the
+samples are summed per function (self time, and time including callees).
 
-    python -m benchmarks.profile_proxy [--direction consume|produce|key_ordered] [--mb 512]
+    python -m benchmarks.profile_proxy [--direction consume|produce|key_ordered|delivery] [--mb 512]
 
 Writes ``benchmarks/results/profile_<direction>.txt`` (the summary) next to the raw
 collapsed stacks (``profile_<direction>.collapsed``). Holds the benchmark lock while it
@@ -67,7 +68,7 @@ def _key_ordered_client(spy: str, bootstrap: str, directory: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--direction", choices=("consume", "produce", "key_ordered"), default="consume")
+    parser.add_argument("--direction", choices=("consume", "produce", "key_ordered", "delivery"), default="consume")
     parser.add_argument("--mb", type=int, default=512)
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -86,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
                 from benchmarks.workloads import data
 
                 data.produce_keyed(cluster.bootstrap_servers, "profile", 400_000, keys=10_000)
+            elif args.direction == "delivery":
+                from benchmarks.workloads import data, keyrange_delivery
+
+                delivery_records = args.mb * 2**20 // 130
+                java_tools.create_topic(cluster.bootstrap_servers, keyrange_delivery.TOPIC, partitions=1)
+                data.produce_keyed(cluster.bootstrap_servers, keyrange_delivery.TOPIC, delivery_records, keys=10_007)
+                keyrange_delivery.raw_clients(cluster.bootstrap_servers, None, delivery_records)  # page cache
             recorder = subprocess.Popen([spy, "record", "--pid", str(proxy.pid), "--rate", "250", "--format", "raw",
                                          "--output", str(raw), "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -94,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                     run = consume(proxy.bootstrap_servers, "profile", records)
                 elif args.direction == "produce":
                     run = produce(proxy.bootstrap_servers, "profile", records)
+                elif args.direction == "delivery":
+                    seconds, delivered = keyrange_delivery.raw_clients(proxy.bootstrap_servers, 4, delivery_records)
+                    run = {"records_per_s": round(delivered / seconds)}
                 else:
                     run = _key_ordered_client(spy, proxy.bootstrap_servers, args.output_dir)
             finally:
@@ -106,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"(ideal 16000)\n\n== our client process ==\n")
         text += summarise((args.output_dir / "profile_key_ordered_client.collapsed").read_text())
         text += "\n== the proxy ==\n"
+    elif args.direction == "delivery":
+        text = (f"4 raw clients reading equal key ranges of {args.mb} MB (100-byte values) through the proxy: "
+                f"{run['records_per_s']} records/s\n\n")
     else:
         text = f"{args.direction} through the proxy, {args.mb} MB of 1 KB records: {run['mb_per_s']} MB/s\n\n"
     text += summarise(raw.read_text() if raw.exists() else "")
