@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks import results
 from benchmarks.rounds import Row, goal, rotation
 
@@ -233,8 +235,16 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str) -> float:
 
 
 # -- the runs ------------------------------------------------------------------------------
+def _cpu_seconds(pids: Iterable[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
 def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work_ms: float, warmup: float,
-                window: float, profile: Path | None = None) -> dict[str, Any]:
+                window: float, profile: Path | None = None, proxy_pid: int | None = None) -> dict[str, Any]:
     """The group's records/s over ``window``, once ``members`` members have settled
     (``profile``: a pyinstrument profile of the first member written there)."""
     fleet = Fleet(workdir)
@@ -245,9 +255,12 @@ def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work
         formed = _wait(lambda: keyrange_settled(list(fleet.logs().values()), members), 180,
                        f"{members} members settled") - began
         time.sleep(warmup)  # the measured window starts after the warm-up, not a synchronisation
+        pids = [p.pid for p in fleet.members.values()]
+        cpu0 = (_cpu_seconds(pids), _cpu_seconds([proxy_pid] if proxy_pid else []), psutil.cpu_times())
         t0 = time.monotonic()
         time.sleep(window)
         t1 = time.monotonic()
+        cpu1 = (_cpu_seconds(pids), _cpu_seconds([proxy_pid] if proxy_pid else []), psutil.cpu_times())
         _wait(lambda: all(log.batches and log.batches[-1][1] >= t1 for log in fleet.logs().values()), 30,
               "every member logged past the window")
         logs = list(fleet.logs().values())
@@ -256,7 +269,10 @@ def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work
     count = sum(finished(log.batches, t0, t1) for log in logs)
     moved = [s[0] for log in logs for s in log.states if t0 <= s[0] < t1]
     per_member = [finished(log.batches, t0, t1) / (t1 - t0) for log in logs]
-    return {"members": members, "records_per_s": count / (t1 - t0), "formed_s": round(formed, 2),
+    idle = (cpu1[2].idle - cpu0[2].idle) / (t1 - t0)
+    cores = {"members": round((cpu1[0] - cpu0[0]) / (t1 - t0), 2), "proxy": round((cpu1[1] - cpu0[1]) / (t1 - t0), 2),
+             "machine_busy": round((psutil.cpu_count() or 1) - idle, 2)}
+    return {"members": members, "records_per_s": count / (t1 - t0), "formed_s": round(formed, 2), "cores_used": cores,
             "stable_through_window": not moved and keyrange_settled(logs, members),
             "per_member_records_per_s": [round(r, 1) for r in per_member]}
 
@@ -312,16 +328,16 @@ def rebalance_run(kind: str, workdir: Path, *, start: Callable[[Fleet, str], Non
 
 # -- the benchmark -------------------------------------------------------------------------
 def scaling(report: dict, progress: Callable[[str], None], workdir: Path, *, bootstrap: str, counts: list[int],
-            rounds: int, work_ms: float, warmup: float, window: float) -> None:
+            proxy_pid: int | None, rounds: int, work_ms: float, warmup: float, window: float) -> None:
     values: dict[int, list[float]] = {m: [] for m in counts}
     for r in range(rounds):
         for m in map(int, rotation([str(c) for c in counts], r)):
             result = scaling_run(workdir / f"scaling-{r}-{m}", bootstrap, f"bench-groups-{os.getpid()}-{r}-{m}", m,
-                                 work_ms=work_ms, warmup=warmup, window=window)
+                                 work_ms=work_ms, warmup=warmup, window=window, proxy_pid=proxy_pid)
             values[m].append(result["records_per_s"])
             report.setdefault("runs", []).append({"round": r, **result})
             progress(f"round {r} M={m}: {result['records_per_s']:.0f} records/s (formed in {result['formed_s']} s, "
-                     f"stable: {result['stable_through_window']})")
+                     f"stable: {result['stable_through_window']}, cores used {result['cores_used']})")
     for m in counts:
         row = Row("scaling", f"M={m}", "records/s", values[m], baseline="M x one member",
                   baseline_values=[m * one for one in values[1]])
@@ -416,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--before", type=float, default=4.0, help="rebalance: steady seconds before the join")
     parser.add_argument("--after", type=float, default=3.0, help="rebalance: seconds after the group settled")
+    parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     parser.add_argument("--skip", choices=("scaling", "rebalance"), help="leave one part out")
     parser.add_argument("--profile", type=int, metavar="M",
                         help="then one unrecorded scaling run of M members, the first under pyinstrument "
@@ -458,20 +475,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.skip != "scaling":
                 scaling(report, _say, workdir, bootstrap=proxy.bootstrap_servers, counts=args.members,
-                        rounds=args.rounds, work_ms=args.work_ms, warmup=args.warmup, window=args.window)
+                        proxy_pid=proxy.process.pid, rounds=args.rounds, work_ms=args.work_ms, warmup=args.warmup, window=args.window)
             if args.skip != "rebalance":
                 rebalance(report, _say, workdir, proxy=proxy.bootstrap_servers, broker=cluster.bootstrap_servers,
                           classes=classes, rounds=args.rounds, work_ms=args.work_ms, before=args.before,
                           after=args.after)
             if args.profile:
-                path = results.RESULTS / "groups_profile.txt"
+                path = args.output_dir / "groups_profile.txt"
                 run = scaling_run(workdir / "profile", proxy.bootstrap_servers, f"bench-groups-{os.getpid()}-profile",
                                   args.profile, work_ms=args.work_ms, warmup=args.warmup, window=args.window,
-                                  profile=path)
+                                  profile=path, proxy_pid=proxy.process.pid)
                 report["notes"].append(f"profile run (not in the rows): {run}; first member's profile in {path.name}")
         finally:
             proxy.stop()
-    print(results.finish(report))
+    print(results.finish(report, args.output_dir))
     for g in report["goals"]:
         print(g)
     return 0
