@@ -355,7 +355,7 @@ def _start_java(fleet: Fleet, name: str, *, classes: Path, bootstrap: str, group
 
 def rebalance(report: dict, progress: Callable[[str], None], workdir: Path, *, proxy: str, broker: str,
               classes: Path, rounds: int, work_ms: float, before: float, after: float) -> None:
-    labels = {"keyrange": "keyrange, 1 partition", "java": "Java cooperative-sticky, 4 partitions"}
+    labels = {"keyrange": "keyrange 1 partition", "java": "Java coop-sticky 4 partitions"}
     found: dict[str, list[dict[str, Any]]] = {kind: [] for kind in labels}
     for r in range(rounds):
         for kind in rotation(list(labels), r):
@@ -389,12 +389,12 @@ def rebalance(report: dict, progress: Callable[[str], None], workdir: Path, *, p
                 [max(x["gap_before_join_ms"].values()) for x in runs]).as_dict(),
             Row("rebalance", f"{label}: join to settled", "s", [x["join_to_settled_s"] for x in runs]).as_dict(),
             Row("rebalance", f"{label}: lowest {BIN} s of the join", "records/s",
-                [x["records_per_s_lowest_bin"] for x in runs], baseline=f"{label}: before the join",
+                [x["records_per_s_lowest_bin"] for x in runs], baseline="before the join",
                 baseline_values=before_rates).as_dict(),
             Row("rebalance", f"{label}: mean over the join", "records/s", [x["records_per_s_during"] for x in runs],
-                baseline=f"{label}: before the join", baseline_values=before_rates).as_dict(),
+                baseline="before the join", baseline_values=before_rates).as_dict(),
             Row("rebalance", f"{label}: after the join", "records/s", [x["records_per_s_after"] for x in runs],
-                baseline=f"{label}: before the join", baseline_values=before_rates).as_dict(),
+                baseline="before the join", baseline_values=before_rates).as_dict(),
         ]
     worst = max((max(x["stop_ms"].values()) for x in found["keyrange"]), default=None)
     report["goals"].append(goal(f"rebalance: no original keyrange member stops when a fifth joins (longest gap "
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     records = int(max(max(args.members), 5) * per_second * (args.warmup + args.window + 25))
     java_records = int(4 * per_second * (args.before + args.after + 60))
     report = results.new_report(
-        "groups", "Consumer groups: scaling with subscribe (to M x one member), and a fifth member joining four",
+        "groups", "Consumer groups: scaling with subscribe; a fifth member joining four",
         command,
         f"members as processes of their own; {args.work_ms} ms awaited work per record (deadlines chained within a "
         f"poll), commit after every poll. Scaling: one partition of {records} records, a fresh group per run, rate "
