@@ -10,8 +10,10 @@
 - a plain consumer group of N KafkaConsumers: on one partition only one member works.
   It is the baseline of every row.
 
-Every worker paces its work the same way (call k of a poll ends k ms after the poll, or
-later; an idle worker never makes time up) and checks each key's sequence numbers: a record
+Every worker paces its work the same way (each call ends one work time after the previous
+call's deadline, so neither trio's millisecond timer rounding nor the JVM's park overshoot
+counts as work; a worker idle for more than two work times restarts from now, so waiting
+for records is never made up) and checks each key's sequence numbers: a record
 of a key processed after a later record of that key is an order violation (the same
 record again is counted as a redelivery). Rates are counted over a window that starts a
 warm-up after the first record was processed.
@@ -72,6 +74,7 @@ async def _ours(bootstrap: str, topic: str, workers: int, work_ms: float, warmup
                 consumer.assign({tp: [shares[i]] if workers > 1 else []})
             task_status.started()
             committing = False
+            due = trio.current_time()
             async with trio.open_nursery() as background:
                 async def commit() -> None:
                     nonlocal committing
@@ -84,10 +87,12 @@ async def _ours(bootstrap: str, topic: str, workers: int, work_ms: float, warmup
 
                 while True:
                     batch = await consumer.poll(1.0)
-                    due = trio.current_time()
                     for record in batch:
                         if work:
-                            due = max(due, trio.current_time()) + work
+                            now = trio.current_time()
+                            if now - due > 2 * work:  # idle (waiting for records): not made up
+                                due = now
+                            due += work
                             await trio.sleep_until(due)  # the slow service call
                         key, sequence = data.sequence_of(record.value)
                         previous = last.get(key)

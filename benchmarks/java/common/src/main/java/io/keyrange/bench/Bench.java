@@ -16,8 +16,9 @@ import java.util.concurrent.locks.LockSupport;
  *       records of that key from 0, so a consumer can tell when a key's records are
  *       processed out of order;</li>
  *   <li>the work per record is paced, not computed: each worker's calls end one work time
- *       after the previous one or after now, whichever is later, so the timer's granularity
- *       does not count as work while an idle worker never makes up lost time;</li>
+ *       after the previous call's deadline (not after its actual wake-up, so the timer's
+ *       overshoot does not count as work), restarting from now when the worker was idle
+ *       for more than two work times (waiting for records is never made up);</li>
  *   <li>the rate is counted over a window that starts a warm-up after the first record was
  *       processed, or, with {@code --records}, until that many records were processed.</li>
  * </ul>
@@ -70,7 +71,11 @@ public final class Bench {
     public void process(String value) {
         if (workNanos > 0) {
             long[] next = due.get();
-            next[0] = Math.max(next[0], System.nanoTime()) + workNanos;
+            long now = System.nanoTime();
+            if (now - next[0] > 2 * workNanos) {
+                next[0] = now;
+            }
+            next[0] += workNanos;
             long left;
             while ((left = next[0] - System.nanoTime()) > 0) {
                 LockSupport.parkNanos(left);
