@@ -29,14 +29,14 @@ def machine() -> dict:
 
 def new_report(benchmark: str, title: str, command: str, method: str, sizes: dict) -> dict:
     return {"benchmark": benchmark, "title": title, "command": command,
-            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(), "method": method, "sizes": sizes, "rows": [], "goals": [], "notes": []}
 
 
 def finish(report: dict, directory: Path = RESULTS) -> Path:
     """Stamp the end, write ``<benchmark>.json`` and ``<benchmark>.png``; return the JSON path."""
     report["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    report["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    report["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{report['benchmark']}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")

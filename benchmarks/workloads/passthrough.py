@@ -32,7 +32,7 @@ def consume(bootstrap: str, topic: str, records: int, *, timeout: float = 900) -
     """One ConsumerPerformance run; its CSV line as numbers."""
     result = java_tools.consumer_performance(bootstrap, topic, records, timeout=timeout,
                                              consumer_config={"fetch.max.bytes": "52428800"})
-    line = [l for l in result.stdout.splitlines() if re.match(r"^\d{4}-", l)][-1]
+    line = [row for row in result.stdout.splitlines() if re.match(r"^\d{4}-", row)][-1]
     cells = [c.strip() for c in line.split(",")]
     return {"mb": float(cells[2]), "mb_per_s": float(cells[3]), "records": int(cells[4]),
             "records_per_s": float(cells[5]), "fetch_mb_per_s": float(cells[8]),
@@ -43,7 +43,7 @@ def produce(bootstrap: str, topic: str, records: int, *, throughput: int = -1, t
     """One ProducerPerformance run (1 KB records, acks=1); throughput and latency figures."""
     result = java_tools.producer_performance(bootstrap, topic, records, record_size=RECORD_SIZE,
                                              throughput=throughput, timeout=timeout, producer_props=PRODUCER)
-    line = [l for l in result.stdout.splitlines() if "records sent" in l][-1]
+    line = [row for row in result.stdout.splitlines() if "records sent" in row][-1]
 
     def number(pattern: str) -> float:
         return float(re.search(pattern, line).group(1))
