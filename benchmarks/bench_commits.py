@@ -42,11 +42,10 @@ from pathlib import Path
 import psutil
 
 from proxy.protocol import messages
-
+from proxy.protocol.messages import ApiKey
 from proxy.testing.commit_client import CommitClient, commit_body
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
-from proxy.protocol.messages import ApiKey
 from proxy.testing.scratch import scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         raw_rate = delivered / seconds
         report["direct_raw_client"] = {"seconds": seconds, "records": delivered, "records_per_s": raw_rate}
         performance = java_tools.consumer_performance(cluster.bootstrap_servers, TOPIC, end, timeout=600)
-        line = [l for l in performance.stdout.splitlines() if re.match(r"^\d{4}-", l)][-1]
+        line = [row for row in performance.stdout.splitlines() if re.match(r"^\d{4}-", row)][-1]
         # fetch.nMsg.sec: the consume rate without the JVM start and group join
         direct_rate = float(line.split(",")[9])
         report["direct"] = {"consumer": "Kafka ConsumerPerformance (Java consumer), fetch.nMsg.sec",
