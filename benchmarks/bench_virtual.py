@@ -75,7 +75,8 @@ def run(report: dict, progress, args) -> None:
     reads: dict[str, list[float]] = {"direct": [], "K=4": []}
     amplification: list[float] = []
     with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy")
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides={"virtual.topics.enabled": "true"},
+                                   workdir=workdir / "proxy")
         try:
             progress.step(f"writing {work_records:,} + {read_records:,} records of {KEYS:,} keys")
             for topic, records in ((WORK_TOPIC, work_records), (READ_TOPIC, read_records)):
@@ -100,7 +101,8 @@ def run(report: dict, progress, args) -> None:
                     result = share_groups.key_ordered(cluster.bootstrap_servers, READ_TOPIC, group, 1, mode="plain",
                                                       work_ms=0, records=read_records)
                     return result["records_per_s"]
-                fresh = ProxyProcess.start(cluster.bootstrap_servers, overrides={"metrics.port": "0"},
+                fresh = ProxyProcess.start(cluster.bootstrap_servers,
+                                           overrides={"metrics.port": "0", "virtual.topics.enabled": "true"},
                                            workdir=workdir / f"proxy-{uuid.uuid4().hex[:6]}")
                 try:
                     result = share_groups.key_ordered(fresh.bootstrap_servers, f"{READ_TOPIC}.kr4", group, 4,

@@ -155,8 +155,9 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
     # capping one partition's ranges at 16 KB and its merge at O(1000) per request.
     Setting("max.individual.commit.ranges", _parse_int, 1000,
             "Most offset ranges one partition of one OffsetCommit may carry.", _at_least(1)),
-    Setting("virtual.topics.enabled", _parse_bool, True,
-            "Serve virtual range topics <topic><suffix><K> to standard clients."),
+    Setting("virtual.topics.enabled", _parse_bool, False,
+            "Serve virtual range topics <topic><suffix><K> to standard clients (off by default: it reads "
+            "every Metadata, Fetch and OffsetCommit on its way, which costs the other features)."),
     Setting("virtual.topic.suffix", _parse_str, ".kr", "What separates a topic from its share count K.",
             lambda value: None if value else "must not be empty"),
     Setting("virtual.topic.max.shares", _parse_int, 64, "Largest K of a virtual range topic.", _at_least(2)),

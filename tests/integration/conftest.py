@@ -21,7 +21,10 @@ def proxy_factory(tmp_path_factory) -> Iterator[ProxyFactory]:
     def start(
         cluster: KafkaCluster, bootstrap: str | None = None, listen_port: int = 0, **overrides: str
     ) -> ProxyProcess:
-        settings = {key.replace("_", "."): str(value) for key, value in overrides.items()}
+        # Virtual range topics on, as a deployment that uses them runs: every feature is
+        # tested beside them.
+        settings = {"virtual.topics.enabled": "true",
+                    **{key.replace("_", "."): str(value) for key, value in overrides.items()}}
         process = ProxyProcess.start(
             bootstrap or cluster.bootstrap_servers,
             overrides=settings,
