@@ -18,34 +18,12 @@ import pytest
 from proxy.testing import java_tools
 from proxy.testing.wait import wait_until
 
+from .virtual_checks import check_order, produce
+
 pytestmark = pytest.mark.kafka
 
 SHARES = 4
 PARTITIONS = 2
-
-
-def _produce(proxy, topic: str, count: int, *, keys: int = 97, key_of=None) -> list[tuple[bytes, bytes]]:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": proxy.bootstrap_servers, "linger.ms": 5, "compression.type": "lz4"})
-    sent = []
-    for i in range(count):
-        key = key_of(i) if key_of else f"key-{i % keys}".encode()
-        value = f"value-{i}".encode()
-        producer.produce(topic, key=key, value=value)
-        sent.append((key, value))
-        if i % 1000 == 0:
-            producer.poll(0)
-    assert producer.flush(30) == 0
-    return sent
-
-
-def _check_order(received: list[tuple[int, int, bytes, bytes]]) -> None:
-    """Each key's records arrive in offset order (per member, which owns the key)."""
-    last: dict[bytes, int] = {}
-    for _partition, offset, key, _ in received:
-        assert offset > last.get(key, -1), f"key {key!r} went back to {offset}"
-        last[key] = offset
 
 
 def _at_end(consumer) -> bool:
@@ -115,14 +93,14 @@ def _run_confluent_members(proxy, topic: str, group: str, members: int, total: i
 @pytest.mark.parametrize("members", [1, 3, 8])
 def test_librdkafka_group_reads_each_record_once(kafka, proxy, topic_factory, members):
     topic = topic_factory(kafka, partitions=PARTITIONS)
-    sent = _produce(proxy, topic, 4000)
+    sent = produce(proxy.bootstrap_servers, topic, 4000)
     group = f"vg-{uuid.uuid4().hex[:8]}"
     results = _run_confluent_members(proxy, topic, group, members, len(sent), time.monotonic() + 90)
     received = [record for member in results for record in member]
     assert len(received) == len(sent), "duplicates or losses"
     assert sorted((k, v) for _, _, k, v in received) == sorted(sent)
     for member in results:
-        _check_order(member)
+        check_order(member)
     # Virtual partition v holds share v % K of real partition v // K: keys never cross.
     owners = defaultdict(set)
     for partition, _, key, _ in received:
@@ -150,8 +128,8 @@ def test_librdkafka_long_empty_share_no_fetch_growth(kafka, proxy, topic_factory
     shares = equal_shares(SHARES)
     other = [f"k{i}".encode() for i in range(2000) if not contains([shares[0]], key_hash(f"k{i}".encode(), 0))]
     mine = [f"k{i}".encode() for i in range(2000) if contains([shares[0]], key_hash(f"k{i}".encode(), 0))]
-    sent = _produce(proxy, topic, 6000, key_of=lambda i: other[i % len(other)])
-    sent += _produce(proxy, topic, 3, key_of=lambda i: mine[i])
+    sent = produce(proxy.bootstrap_servers, topic, 6000, key_of=lambda i: other[i % len(other)])
+    sent += produce(proxy.bootstrap_servers, topic, 3, key_of=lambda i: mine[i])
     consumer = Consumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": f"e-{uuid.uuid4().hex[:6]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                          "fetch.max.bytes": 1000000, "message.max.bytes": 65536, "max.partition.fetch.bytes": 2048})
