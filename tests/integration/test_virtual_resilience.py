@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
+from proxy.testing.transactions import produce_transactions
 from proxy.testing.wait import wait_until
 from tests.integration import virtual_checks as checks
 from tests.integration.virtual_checks import PARTITIONS, SHARES
@@ -154,23 +155,11 @@ def test_proxy_restart_mid_stream_loses_and_duplicates_nothing(kafka, proxy_fact
 
 
 def test_read_committed_with_aborted_transactions(kafka, proxy, topic_factory):
-    from confluent_kafka import Producer
-
     topic = topic_factory(kafka, partitions=PARTITIONS)
-    producer = Producer({"bootstrap.servers": proxy.bootstrap_servers, "transactional.id": f"tx-{uuid.uuid4().hex}",
-                         "linger.ms": 5})
-    producer.init_transactions(30)
-    committed: list[tuple[bytes, bytes]] = []
-    for round_ in range(8):
-        producer.begin_transaction()
-        batch = [(f"key-{i % 31}".encode(), f"tx{round_}-{i}".encode()) for i in range(150)]
-        for key, value in batch:
-            producer.produce(topic, key=key, value=value)
-        if round_ % 3 == 1:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
-            committed += batch
+    rounds = [([(f"key-{i % 31}".encode(), f"tx{round_}-{i}".encode()) for i in range(150)], round_ % 3 != 1)
+              for round_ in range(8)]
+    produce_transactions(proxy.bootstrap_servers, topic, rounds)
+    committed: list[tuple[bytes, bytes]] = [record for records, commit in rounds if commit for record in records]
     group = f"vt-{uuid.uuid4().hex[:8]}"
     consumer = _consumer(proxy.bootstrap_servers, group, **{"isolation.level": "read_committed"})
     consumer.subscribe([f"{topic}.kr{SHARES}"])
