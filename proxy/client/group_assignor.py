@@ -12,7 +12,9 @@
   members that share by range), and the rest of the line is cut among the others.
 * Sticky: every member first keeps what it owns, up to its quota, and only the shortfall
   moves. The members that own the most get the quotas one hash value larger, so the moved
-  hash space is the least any balanced cut needs. When keeping would leave some member in
+  hash space is the least any balanced cut needs. Neighbours that both give hash space up
+  trim towards each other, so what they free is one stretch: a member joining four that
+  split a partition gets two pieces and the four only shrink. When keeping would leave some member in
   more than two pieces of a topic, the line is cut afresh instead, in the order in which the
   members already sit on it (new members slotted where they disturb least), so pieces
   never pile up over generations.
@@ -219,20 +221,13 @@ def _assign_whole(ids: Sequence[str], line: _Line, partitions: Sequence[int],
 # -- key ranges --------------------------------------------------------------------------
 def _sticky_cut(ids: Sequence[str], space: Sequence[Interval], claims: Mapping[str, list[Interval]]
                 ) -> dict[str, list[Interval]]:
-    """Each member keeps its claim up to its quota (trimming from the end); the shortfall is
-    filled from what nobody keeps, nearest to what the member keeps first."""
+    """Each member keeps its claim up to its quota (trimming from the end, or from the start
+    where that joins what it frees to its neighbour's, see ``_trim_sides``); the shortfall
+    is filled from what nobody keeps, nearest to what the member keeps first."""
     own = {m: intersect(claims.get(m, []), space) for m in ids}
     quota = _quotas(ids, length(space), {m: length(own[m]) for m in ids})
-    kept: dict[str, list[Interval]] = {}
-    for m in ids:
-        keep, room = [], quota[m]
-        for a, b in own[m]:
-            if room <= 0:
-                break
-            take = min(room, b - a)
-            keep.append((a, a + take))
-            room -= take
-        kept[m] = keep
+    keep_end = _trim_sides(ids, own, quota)
+    kept = {m: _keep(own[m], quota[m], from_end=m in keep_end) for m in ids}
     # free stretches never cross a partition boundary: a piece is within one partition
     free = [piece for a, b in subtract(list(space), merge(i for m in ids for i in kept[m]))
             for piece in _split_at_units(a, b)]
@@ -258,6 +253,40 @@ def _sticky_cut(ids: Sequence[str], space: Sequence[Interval], claims: Mapping[s
             need -= take
         out[m] = merge(out[m])
     return out
+
+
+def _trim_sides(ids: Sequence[str], own: Mapping[str, list[Interval]], quota: Mapping[str, int]) -> set[str]:
+    """The members that give up the start of what they own rather than its end.
+
+    Two members giving up hash space that sit next to each other on the line (within one
+    partition) trim towards each other, so what they free is one stretch instead of two:
+    when a member joins four that split a partition, the four free two stretches (m0's end
+    with m1's start, m2's end with m3's start), which the newcomer takes as its two pieces,
+    and nobody's kept part moves."""
+    donors = sorted((m for m in ids if own[m] and length(own[m]) > quota[m]), key=lambda m: own[m][0][0])
+    keep_end: set[str] = set()
+    i = 0
+    while i + 1 < len(donors):
+        left, right = own[donors[i]], own[donors[i + 1]]
+        boundary = left[-1][1]
+        if boundary == right[0][0] and boundary % UNIT:
+            keep_end.add(donors[i + 1])
+            i += 2
+        else:
+            i += 1
+    return keep_end
+
+
+def _keep(own: Sequence[Interval], quota: int, *, from_end: bool) -> list[Interval]:
+    """Up to ``quota`` of ``own``: its first stretches, or with ``from_end`` its last."""
+    keep, room = [], quota
+    for a, b in (reversed(own) if from_end else own):
+        if room <= 0:
+            break
+        take = min(room, b - a)
+        keep.append((b - take, b) if from_end else (a, a + take))
+        room -= take
+    return sorted(keep)
 
 
 def _split_at_units(a: int, b: int) -> list[Interval]:

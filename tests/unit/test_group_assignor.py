@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -158,6 +159,27 @@ def test_six_members_on_two_partitions_each_get_a_third_of_one():
         assert len(a) == 1
         (ranges,) = a.values()
         assert abs(sum(r.size for r in ranges) - UNIT // 3) <= 1
+
+
+@pytest.mark.parametrize("before, joining", [(2, 1), (3, 1), (4, 1), (4, 2), (6, 3), (8, 4)])
+def test_members_joining_a_split_partition_take_from_neighbours_and_nobody_else_moves(before, joining):
+    """Joiners into members that split one partition, where neighbours freeing hash space
+    together leave at most two stretches per joiner: every original member only shrinks
+    (what it keeps never moves, so its processing never stops) and each joiner gets at most
+    two pieces; the least hash space moves and the two-piece rule holds. (Five members and a
+    sixth cannot have both: five donors free at least three stretches.)"""
+    infos = members(before)
+    first = assign(infos, {TOPIC: [0]})
+    joined = rejoin(first, infos) + [MemberInfo(f"new{i}", frozenset({TOPIC}), {}, True, -1) for i in range(joining)]
+    second = assign(joined, {TOPIC: [0]})
+    check_exact_cover(second, 1)
+    loads = [hash_space(a) for a in second.values()]
+    assert max(loads) - min(loads) <= 1
+    assert all(pieces(a) <= 2 for a in second.values())
+    for m in joined[:before]:
+        assert moved(m.owned, second[m.member_id]) == 0, f"{m.member_id} gains hash space"
+    total_moved = sum(moved(m.owned, second[m.member_id]) for m in joined)
+    assert total_moved == lower_bound({m.member_id: hash_space(m.owned) for m in joined}, UNIT)
 
 
 def test_cooperative_sticky_keeps_whole_partitions_where_they_are():
