@@ -234,6 +234,7 @@ class ClientConnection:
                             metrics.inflight.inc()
                         if partial is not None and route.upstream_frame is partial.head:
                             await self.client.pass_on(partial, upstream)
+                            metrics.spliced_requests.inc()
                         elif partial is not None and route.upstream_frame is not None:
                             raise AssertionError("a route replaced a request it never saw whole")
                         elif route.upstream_frame is not None:

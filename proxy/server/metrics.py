@@ -43,6 +43,9 @@ class ProxyMetrics:
         self.upstream_connect_failures = Counter("kafka_proxy_upstream_connect_failures",
                                                  "Upstream connection attempts that failed.", registry=r)
         self.inflight = Gauge("kafka_proxy_inflight_requests", "Requests awaiting their response.", registry=r)
+        self.spliced_requests = Counter("kafka_proxy_spliced_requests",
+                                        "Large requests no feature reads (Produce) whose body went from the client's "
+                                        "socket to the broker's without entering the proxy.", registry=r)
         self._per_api: dict[int, tuple] = {}
 
     def for_api(self, api_key: int) -> tuple:
