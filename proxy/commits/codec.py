@@ -65,14 +65,23 @@ def decode_key(data) -> tuple[str, str, int]:
 
 
 def encode_value_generic(state: CommitState, version: int | None = None) -> bytes:
-    """IndividualCommitValue through the schema codec (the reference for ``encode_value``)."""
+    """IndividualCommitValue through the schema codec (the reference for ``encode_value``,
+    and the writer of version 2, which a state with share watermarks needs). ``version``
+    None: the one the proxy writes (2 with watermarks, else 1)."""
+    if version is None:
+        version = 2 if state.marks else 1
+    if state.marks and version < 2:
+        raise ValueError(f"IndividualCommitValue v{version} cannot hold share watermarks")
     value_class = messages.data_class("IndividualCommitValue")
     if version == 0:
         value = value_class(stable_offset=state.stable,
                             ranges=[value_class.OffsetRange(start=start, end=end) for start, end in state.ranges])
     else:
         value = value_class(stable_offset=state.stable, range_deltas=to_deltas(state.stable, state.packed),
-                            reset_epoch=state.epoch)
+                            reset_epoch=state.epoch,
+                            watermarks=[value_class.ShareWatermark(shares=shares, share=share, offset=offset,
+                                                                   sequence=sequence)
+                                        for shares, share, offset, sequence in state.marks])
     return messages.encode_data("IndividualCommitValue", value, version)
 
 
@@ -82,7 +91,10 @@ _EPOCH = struct.Struct(">q")
 
 def encode_value(state: CommitState) -> bytes:
     """IndividualCommitValue v1, byte for byte what the schema codec writes (a unit test
-    checks it), without building message objects: commits write one per partition."""
+    checks it), without building message objects: commits write one per partition. A
+    state with share watermarks is written as version 2, through the schema codec."""
+    if state.marks:
+        return encode_value_generic(state, 2)
     deltas = to_deltas(state.stable, state.packed)
     return b"".join((_VALUE_HEAD.pack(1, state.stable), uvarint_bytes(len(deltas) + 1), deltas,
                      _EPOCH.pack(state.epoch), b"\x00"))
@@ -106,7 +118,13 @@ def decode_value(data) -> CommitState:
             if ranges[16::RANGE_SIZE].count(0) == length - 1:
                 return CommitState.from_packed(stable, ranges)
     value = messages.decode_data("IndividualCommitValue", data)
-    if messages.data_version(data) >= 1:
+    version = messages.data_version(data)
+    if version >= 1:
+        marks = tuple(sorted((mark.shares, mark.share, mark.offset, mark.sequence)
+                             for mark in value.watermarks or ())) if version >= 2 else ()
+        for shares, share, _offset, _sequence in marks:
+            if not 0 <= share < shares:
+                raise ValueError(f"share watermark of share {share} of {shares}")
         return CommitState.from_packed(value.stable_offset, from_deltas(value.stable_offset, value.range_deltas or b""),
-                                       value.reset_epoch)
+                                       value.reset_epoch, marks)
     return CommitState(value.stable_offset, tuple((r.start, r.end) for r in value.ranges))

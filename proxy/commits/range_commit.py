@@ -17,7 +17,9 @@ next action for the I/O edge (``proxy.commits.feature``) to perform:
 Any failure to read or write the log answers the keys it concerns with
 COORDINATOR_NOT_AVAILABLE (retriable: merging is idempotent); a correction the
 coordinator refuses answers the key with the coordinator's error. Keys are (topic,
-partition) of one group; a commit's ranges are packed (``proxy.commits.packed``).
+partition) of one group; a commit's ranges are packed (``proxy.commits.packed``). A key's
+commit may instead be share watermarks of a virtual topic (``MarkEdit``): the protocol is
+the same, only the change applied to the state differs.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import enum
 from dataclasses import dataclass, field
 
 from proxy.commits.codec import encode_value
-from proxy.commits.state import CommitState, apply_packed, apply_plain, rebase_commit, stable_after
+from proxy.commits.state import CommitState, Edit, apply_edit, apply_packed, apply_plain, rebase_commit, stable_after
 from proxy.protocol.constants import ErrorCode
 
 Key = tuple[str, int]
@@ -116,13 +118,14 @@ class ProtocolViolation(RuntimeError):
 
 class RangeCommit:
     """One OffsetCommit's partitions of one group that change state: ``commits`` (key ->
-    the commit's ranges, packed and sorted; a key listed twice has two) and ``plain``
+    the commit's ranges, packed and sorted, or share watermarks; a key listed twice has
+    two) and ``plain``
     (key -> offset of a plain commit, which resets a key that has state).
 
     Attributes the edge reads: ``foreign_writes`` (keys found written by another instance
     since this one read them), ``phase``."""
 
-    def __init__(self, commits: dict[Key, list[bytes]], plain: dict[Key, int] | None = None, *,
+    def __init__(self, commits: dict[Key, list[Edit]], plain: dict[Key, int] | None = None, *,
                  rounds: int = RECONCILE_ROUNDS) -> None:
         self.commits = commits
         self.plain = plain or {}
@@ -166,21 +169,26 @@ class RangeCommit:
             return FetchCommitted(missing)
         return self.on_committed({}, records)
 
-    def on_committed(self, coordinator: dict[Key, int], records: dict[Key, Record]) -> Forward:
-        """The coordinator's committed offsets (-1: none) of keys without state, and what
+    def on_committed(self, coordinator: dict[Key, int | CommitState], records: dict[Key, Record]) -> Forward:
+        """The coordinator's committed offsets (-1: none) of keys without state, or the
+        state its committed offset carries (share watermarks in its metadata), and what
         this instance holds now. Computes S' (and R' where a key has several commits; one
-        commit's R' waits for ``prepare``)."""
+        range commit's R' waits for ``prepare``)."""
         self._expect(_Phase.PLANNING)
         for key, commits in self.commits.items():
             record = records.get(key)
             self._basis[key] = record[0] if record is not None else -1
-            state = record[1] if record is not None else CommitState(max(coordinator.get(key, -1), 0))
-            if len(commits) == 1:
+            if record is not None:
+                state = record[1]
+            else:
+                known = coordinator.get(key, -1)
+                state = known if isinstance(known, CommitState) else CommitState(max(known, 0))
+            if len(commits) == 1 and isinstance(commits[0], bytes):
                 self._stable[key] = stable_after(state, commits[0])
                 self._pending[key] = (state, commits[0])
                 continue
-            for ranges in commits:
-                state = apply_packed(state, ranges)
+            for edit in commits:
+                state = apply_edit(state, edit)
             self._new[key] = state
             self._stable[key] = state.stable
         for key, offset in self.plain.items():
@@ -198,6 +206,11 @@ class RangeCommit:
         self._new, self._stable, self._pending = {}, {}, {}
         self.phase = _Phase.FORWARDED
         return {key: _UNAVAILABLE for key in self.commits}
+
+    def planned(self, key: Key) -> CommitState | None:
+        """The state ``key`` is to have (after ``on_committed``; a single range commit's
+        only after ``prepare``)."""
+        return self._new.get(key)
 
     @property
     def needs_prepare(self) -> bool:

@@ -14,6 +14,11 @@ of offset O sets S = O and clears R (standard Kafka semantics).
 R is held packed (``proxy.commits.packed``): the bytes a commit's ranges arrive in, which
 the kernels merge and turn into the log's value as they are, so the hot path never builds
 a Python object per range. ``ranges`` gives the tuples for everything else.
+
+A key may also hold the share watermarks of virtual range topics (``marks``,
+docs/wire-contract.md#9-virtual-range-topics): W(i) per share i of K. Within an epoch they merge per share (the
+higher sequence wins), and S moves to at least the lowest W once every share of a K has
+one (``settle``); a plain commit (a reset) clears them with the ranges.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ from collections.abc import Iterable, Sequence
 from proxy.commits import packed as kernels
 from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
 
-__all__ = ["MAX_OFFSET", "CommitState", "apply_packed", "apply_plain", "apply_ranges", "check", "check_packed",
-           "join", "normalise", "rebase", "rebase_commit", "stable_after", "validate"]
+Marks = tuple[tuple[int, int, int, int], ...]  # sorted (K, share, W, sequence)
+
+__all__ = ["MAX_OFFSET", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks", "apply_packed",
+           "apply_plain", "apply_ranges", "check", "check_packed", "join", "join_marks", "normalise", "rebase",
+           "rebase_commit", "settle", "stable_after", "validate", "watermark_floor"]
 
 
 class CommitState:
@@ -35,24 +43,31 @@ class CommitState:
     a state only grows (range commits add processed offsets), so two states of the same
     epoch combine as the union of what they hold (``join``); a higher epoch replaces a
     lower one. That is what lets instances that wrote the same key concurrently merge
-    without losing what either acknowledged."""
+    without losing what either acknowledged.
 
-    __slots__ = ("stable", "packed", "epoch")
+    ``marks``: the share watermarks of virtual range topics kept with the state
+    (``proxy.commits.watermarks``), sorted (K, share, W, sequence) tuples; empty for a
+    key no virtual topic committed in this epoch."""
+
+    __slots__ = ("stable", "packed", "epoch", "marks")
     stable: int
     packed: bytes
     epoch: int
+    marks: Marks
 
-    def __init__(self, stable: int, ranges: Iterable[Range] = (), epoch: int = 0) -> None:
+    def __init__(self, stable: int, ranges: Iterable[Range] = (), epoch: int = 0, marks: Marks = ()) -> None:
         object.__setattr__(self, "stable", stable)
         object.__setattr__(self, "packed", pack(ranges))
         object.__setattr__(self, "epoch", epoch)
+        object.__setattr__(self, "marks", marks)
 
     @classmethod
-    def from_packed(cls, stable: int, packed: bytes, epoch: int = 0) -> CommitState:
+    def from_packed(cls, stable: int, packed: bytes, epoch: int = 0, marks: Marks = ()) -> CommitState:
         state = object.__new__(cls)
         object.__setattr__(state, "stable", stable)
         object.__setattr__(state, "packed", packed)
         object.__setattr__(state, "epoch", epoch)
+        object.__setattr__(state, "marks", marks)
         return state
 
     def __setattr__(self, name, value):
@@ -73,13 +88,15 @@ class CommitState:
     def __eq__(self, other) -> bool:
         if not isinstance(other, CommitState):
             return NotImplemented
-        return self.stable == other.stable and self.packed == other.packed and self.epoch == other.epoch
+        return self.stable == other.stable and self.packed == other.packed and self.epoch == other.epoch and \
+            self.marks == other.marks
 
     def __hash__(self) -> int:
-        return hash((self.stable, self.packed, self.epoch))
+        return hash((self.stable, self.packed, self.epoch, self.marks))
 
     def __repr__(self) -> str:
-        return f"CommitState(stable={self.stable}, ranges={self.ranges}, epoch={self.epoch})"
+        marks = f", marks={self.marks}" if self.marks else ""
+        return f"CommitState(stable={self.stable}, ranges={self.ranges}, epoch={self.epoch}{marks})"
 
 
 def normalise(ranges: Iterable[Range]) -> list[Range]:
@@ -94,14 +111,53 @@ def normalise(ranges: Iterable[Range]) -> list[Range]:
     return [(start, end) for start, end in out]
 
 
-def _state(stable_and_packed: tuple[int, bytes], epoch: int) -> CommitState:
+def _state(stable_and_packed: tuple[int, bytes], epoch: int, marks: Marks = ()) -> CommitState:
     stable, packed = stable_and_packed
-    return CommitState.from_packed(stable, packed, epoch)
+    return CommitState.from_packed(stable, packed, epoch, marks)
 
 
 def apply_packed(state: CommitState, commit: bytes) -> CommitState:
     """The merge rule: union, drop everything below S, then advance S over a range at S."""
-    return _state(kernels.merge(state.stable, state.packed, commit), state.epoch)
+    return _state(kernels.merge(state.stable, state.packed, commit), state.epoch, state.marks)
+
+
+def join_marks(a: Marks, b: Marks) -> Marks:
+    """Two sets of share watermarks of one epoch together: per (K, share) the one of the
+    higher sequence (then the higher offset). A join: the result does not depend on the
+    order, and joining again changes nothing."""
+    if not b or a == b:
+        return a
+    if not a:
+        return b
+    best: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+    for mark in (*a, *b):
+        slot = (mark[0], mark[1])
+        held = best.get(slot)
+        if held is None or (mark[3], mark[2]) > (held[3], held[2]):
+            best[slot] = mark
+    return tuple(sorted(best.values()))
+
+
+def watermark_floor(marks: Marks) -> int:
+    """The offset below which the watermarks show the whole partition processed: for each
+    K whose every share has a watermark, the lowest of them; the highest such (-1: none)."""
+    floor = -1
+    by_k: dict[int, list[int]] = {}
+    for shares, _share, offset, _sequence in marks:
+        by_k.setdefault(shares, []).append(offset)
+    for shares, offsets in by_k.items():
+        if len(offsets) == shares:
+            floor = max(floor, min(offsets))
+    return floor
+
+
+def settle(state: CommitState) -> CommitState:
+    """S moved to at least the watermarks' floor (as a processed range below it, so ranges
+    above fold in as usual): S never moves back within an epoch."""
+    floor = watermark_floor(state.marks) if state.marks else -1
+    if floor <= state.stable:
+        return state
+    return _state(kernels.merge(floor, b"", state.packed), state.epoch, state.marks)
 
 
 def join(a: CommitState, b: CommitState) -> CommitState:
@@ -114,9 +170,12 @@ def join(a: CommitState, b: CommitState) -> CommitState:
         high, low = a, b
     else:
         high, low = b, a
-    if not low.packed:
+    marks = join_marks(high.marks, low.marks)
+    if not low.packed and marks == high.marks:
         return high
-    return _state(kernels.merge(high.stable, high.packed, low.packed), a.epoch)
+    joined = _state(kernels.merge(high.stable, high.packed, low.packed), a.epoch, marks) if low.packed else \
+        CommitState.from_packed(high.stable, high.packed, a.epoch, marks)
+    return settle(joined)
 
 
 def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
@@ -129,7 +188,7 @@ def stable_after(state: CommitState, commit: bytes) -> int:
     return kernels.stable_after(state.stable, state.packed, commit)
 
 
-def rebase_commit(ours: CommitState, newer: CommitState | None, commits: Iterable[bytes]) -> CommitState:
+def rebase_commit(ours: CommitState, newer: CommitState | None, commits: Iterable[Edit]) -> CommitState:
     """``ours`` (a state with ``commits`` applied) brought up to ``newer``, a record of the
     key another instance wrote meanwhile (None: it deleted the state). In one epoch the
     two join; after a reset (a higher epoch, or the deletion) the commits apply to it;
@@ -141,8 +200,40 @@ def rebase_commit(ours: CommitState, newer: CommitState | None, commits: Iterabl
     else:
         return join(ours, newer)
     for commit in commits:
-        base = apply_packed(base, commit)
+        base = apply_edit(base, commit)
     return base
+
+
+def apply_edit(state: CommitState, edit: Edit) -> CommitState:
+    """One commit's change to a key: packed ranges, or share watermarks (``MarkEdit``)."""
+    if isinstance(edit, MarkEdit):
+        return apply_marks(state, edit)
+    return apply_packed(state, edit)
+
+
+class MarkEdit:
+    """A commit of share watermarks of virtual topic K: ``marks`` share -> W(share)."""
+
+    __slots__ = ("shares", "marks")
+
+    def __init__(self, shares: int, marks: dict[int, int]) -> None:
+        self.shares = shares
+        self.marks = dict(marks)
+
+    def __repr__(self) -> str:
+        return f"MarkEdit(shares={self.shares}, marks={self.marks})"
+
+
+Edit = bytes | MarkEdit  # one commit's change to a key
+
+
+def apply_marks(state: CommitState, edit: MarkEdit) -> CommitState:
+    """Set W(share) of ``edit``'s shares with the key's next sequence (one above any held in
+    this epoch, so the newest commit of a share wins a merge), then settle S."""
+    sequence = max((mark[3] for mark in state.marks), default=0) + 1
+    kept = [mark for mark in state.marks if not (mark[0] == edit.shares and mark[1] in edit.marks)]
+    kept += [(edit.shares, share, offset, sequence) for share, offset in edit.marks.items()]
+    return settle(CommitState.from_packed(state.stable, state.packed, state.epoch, tuple(sorted(kept))))
 
 
 def apply_plain(offset: int, previous: CommitState | None = None) -> CommitState:
@@ -155,7 +246,7 @@ def rebase(state: CommitState, stable: int) -> CommitState:
     larger of the two, and ranges below it are dropped (then S advances as usual)."""
     if stable <= state.stable:
         return state
-    return _state(kernels.merge(stable, b"", state.packed), state.epoch)
+    return _state(kernels.merge(stable, b"", state.packed), state.epoch, state.marks)
 
 
 def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> str | None:
