@@ -11,13 +11,15 @@ over, lag comes from the cache) is testable with plain values.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.client.errors import NoOffsetForPartitionError
 from proxy.client.progress import PartitionProgress
 from proxy.client.records import ConsumerRecords, FairBuffers, FetchMetadata, TopicPartition, lag
-from proxy.ranges import KeyRange, validate_ranges
+from proxy.ranges import KeyRange, contains, normalize, validate_ranges
+from proxy.records.keyhash import key_hash
 
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
@@ -76,6 +78,17 @@ def check_assignment(assignment: AssignmentInput) -> dict[TopicPartition, list[K
     return out
 
 
+def narrows(old: Sequence[KeyRange], new: Sequence[KeyRange]) -> bool:
+    """Whether ``new`` holds no key hash ``old`` does not (both non-empty or [] = whole): the
+    records fetched for ``old`` hold every record of ``new`` over the same offsets."""
+    if not old:
+        return True
+    if not new:
+        return False
+    held = normalize(old)
+    return all(any(h.start <= r.start and r.end <= h.end for h in held) for r in new)
+
+
 def reset_timestamp(policy: str, tp: TopicPartition) -> int:
     """The ListOffsets timestamp ``auto_offset_reset`` asks for; raises under "none"."""
     if policy == "none":
@@ -101,11 +114,15 @@ class AssignmentState:
 
     # -- the assignment ----------------------------------------------------------------
     def assign(self, new: Mapping[TopicPartition, list[KeyRange]]) -> None:
-        """Replace the assignment. A partition whose ranges change starts over from a fresh
-        buffer; a partition removed gives up its position, end offsets and the marks not
-        committed yet."""
+        """Replace the assignment. A partition whose ranges narrow keeps its buffered records
+        of the ranges it keeps (a group member giving up part of its range goes on handing
+        out the rest without a refetch); one whose ranges grow or move starts over from a
+        fresh buffer; a partition removed gives up its position, end offsets and the marks
+        not committed yet."""
         for tp in list(self.positions):
-            if tp not in new or new[tp] != self.ranges.get(tp):
+            if tp in new and new[tp] != self.ranges.get(tp) and narrows(self.ranges.get(tp, []), new[tp]):
+                self._keep_buffered(tp, new[tp])
+            elif tp not in new or new[tp] != self.ranges.get(tp):
                 self.buffers.clear(tp)
             if tp not in new:
                 del self.positions[tp]
@@ -116,6 +133,17 @@ class AssignmentState:
         self.ranges = {tp: list(ranges) for tp, ranges in new.items()}
         self.paused &= set(new)
         self.buffers.set_partitions([tp for tp in new if tp not in self.paused])
+
+    def _keep_buffered(self, tp: TopicPartition, ranges: Sequence[KeyRange]) -> None:
+        """Drop the buffered records of ``tp`` whose key hash falls outside ``ranges``; an
+        emptied buffer moves the position to where its fetch ended."""
+        buffer = self.buffers.buffers.get(tp)
+        if buffer is None:
+            return
+        buffer.records = deque(r for r in buffer.records if contains(ranges, key_hash(r.key, r.offset)))
+        if not buffer.records:
+            self.buffers.clear(tp)
+            self.positions[tp] = buffer.next_fetch_offset
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         """Stop fetching and handing out ``partitions`` (and only them); buffers go."""

@@ -149,7 +149,9 @@ def test_changed_ranges_and_resets_drop_the_buffer_and_removal_forgets_the_parti
     state.buffers.add(TP, _records(3, 2), 5)
     state.assign({TP: [], TP1: []})  # unchanged: the buffer stays
     assert state.buffers.has_buffered(TP) and state.fetchable(lambda tp: True) == [TP1]
-    state.assign({TP: equal_shares(2)[:1], TP1: []})  # new ranges start over
+    state.assign({TP: equal_shares(2)[1:], TP1: []})  # narrowed: the kept range's records stay
+    assert [r.offset for r in state.buffers.buffers[TP].records] == [3, 4] and state.position(TP) == 3
+    state.assign({TP: equal_shares(2)[:1], TP1: []})  # moved ranges start over
     assert not state.buffers.has_buffered(TP) and state.position(TP) == 3
     state.buffers.add(TP, _records(3, 2), 5)
     state.reset_later(TP, LATEST_TIMESTAMP)
