@@ -11,10 +11,14 @@ from typing import NamedTuple
 
 from proxy.client.errors import KafkaError
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.errors import ProtocolError
 from proxy.ranges import KeyRange, contains
-from proxy.records.batch import LegacyBatch, PartialBatch, Record, iter_batches
+from proxy.records import kernels
+from proxy.records.batch import TIMESTAMP_TYPE_BIT, LegacyBatch, PartialBatch, Record, RecordBatch, iter_batches
 from proxy.records.keyhash import key_hash
+from proxy.records.plan import RangePlan
 from proxy.records.transactions import TransactionFilter, Verdict
+from proxy.records.varint import VARINT_MAX_BYTES, VARLONG_MAX_BYTES, read_varint
 
 # The Records field of a fetched partition, as the response decoder hands it over.
 RecordsBlob = bytes | bytearray | memoryview
@@ -156,8 +160,187 @@ def _read_batches(out: ParsedPartition, tp: TopicPartition, blob: RecordsBlob, f
             if batch_gaps:  # nobody processes these offsets: they are committed as gaps
                 out.gaps.append((max(header.base_offset, fetch_offset), header.last_offset))
             continue
+        _read_records(out, tp, entry, fetch_offset, ranges)
+
+
+def _read_records(out: ParsedPartition, tp: TopicPartition, entry: RecordBatch, fetch_offset: int,
+                  ranges: Sequence[KeyRange] | None) -> None:
+    """The kept records of one data batch. The ranges are checked for the whole batch at
+    once by the record kernels (C when built: no key hashed in Python), and the records are
+    decoded by a flat loop; a batch that loop cannot take (malformed, say) goes through the
+    strict record parser, which raises the precise error."""
+    header = entry.header
+    payload = entry.records_payload()
+    inside: set[int] | None = None
+    try:
+        if ranges:
+            plan = _plan(ranges)
+            matched, total = kernels.match(payload, 0, len(payload), header.base_offset, plan.bounds,
+                                           plan.members, 1)
+            if total != header.record_count:
+                raise _Irregular
+            if len(matched[0]) != total:
+                inside = set(matched[0])
+        decoded = _decode(bytes(payload), header.base_offset, header.base_timestamp,
+                          header.max_timestamp if header.attributes & TIMESTAMP_TYPE_BIT else None,
+                          header.record_count, fetch_offset, tp)
+    except (_Irregular, ProtocolError):
         for record in entry.records():
             _keep(out, tp, record, fetch_offset, ranges)
+        return
+    if inside is None:
+        out.records += decoded
+        return
+    for kept in decoded:
+        if kept.offset in inside:
+            out.records.append(kept)
+        else:
+            out.outside_ranges += 1
+
+
+class _Irregular(Exception):
+    """A batch the flat decoder leaves to the strict parser."""
+
+
+def _varint(buf: bytes, pos: int, end: int, max_bytes: int = VARINT_MAX_BYTES) -> tuple[int, int]:
+    try:
+        return read_varint(buf, pos, end, max_bytes)
+    except ProtocolError:
+        raise _Irregular from None
+
+
+def _decode(buf: bytes, base_offset: int, base_timestamp: int, log_append_time: int | None, record_count: int,
+            fetch_offset: int, tp: TopicPartition) -> list[ConsumerRecord]:
+    """The records at or above ``fetch_offset`` of an uncompressed records section, for
+    the application: the common cases (varints of one or two bytes) inline, framing still
+    checked (every field inside its record, the section filled exactly, the declared
+    count); anything else raises ``_Irregular``."""
+    topic, partition = tp
+    out: list[ConsumerRecord] = []
+    append = out.append
+    end = len(buf)
+    pos = 0
+    count = 0
+    try:
+        while pos < end:
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+                length = (u >> 1) ^ -(u & 1)
+            elif buf[pos + 1] < 0x80:
+                u = (u & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+                length = (u >> 1) ^ -(u & 1)
+            else:
+                length, pos = _varint(buf, pos, end)
+            rec_end = pos + length
+            if length < 1 or rec_end > end:
+                raise _Irregular
+            pos += 1  # attributes
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+                ts_delta = (u >> 1) ^ -(u & 1)
+            else:
+                ts_delta, pos = _varint(buf, pos, rec_end, VARLONG_MAX_BYTES)
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+                off_delta = (u >> 1) ^ -(u & 1)
+            elif buf[pos + 1] < 0x80:
+                u = (u & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+                off_delta = (u >> 1) ^ -(u & 1)
+            else:
+                off_delta, pos = _varint(buf, pos, rec_end)
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+                n = (u >> 1) ^ -(u & 1)
+            else:
+                n, pos = _varint(buf, pos, rec_end)
+            if n < 0:
+                if n != -1:
+                    raise _Irregular
+                key = None
+            else:
+                if pos + n > rec_end:
+                    raise _Irregular
+                key = buf[pos:pos + n]
+                pos += n
+            u = buf[pos]
+            if u < 0x80:
+                pos += 1
+                n = (u >> 1) ^ -(u & 1)
+            elif buf[pos + 1] < 0x80:
+                u = (u & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+                n = (u >> 1) ^ -(u & 1)
+            else:
+                n, pos = _varint(buf, pos, rec_end)
+            if n < 0:
+                if n != -1:
+                    raise _Irregular
+                value = None
+            else:
+                if pos + n > rec_end:
+                    raise _Irregular
+                value = buf[pos:pos + n]
+                pos += n
+            if pos >= rec_end:
+                raise _Irregular
+            headers: tuple[tuple[str, bytes | None], ...] = ()
+            if buf[pos] == 0:
+                pos += 1
+            else:
+                headers, pos = _headers(buf, pos, rec_end)
+            if pos != rec_end:
+                raise _Irregular
+            count += 1
+            offset = base_offset + off_delta
+            if offset >= fetch_offset:
+                append(ConsumerRecord(topic, partition, offset,
+                                      base_timestamp + ts_delta if log_append_time is None else log_append_time,
+                                      key, value, headers))
+    except IndexError:
+        raise _Irregular from None
+    if count != record_count:
+        raise _Irregular
+    return out
+
+
+def _headers(buf: bytes, pos: int, end: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    count, pos = _varint(buf, pos, end)
+    if count < 0:
+        raise _Irregular
+    headers = []
+    for _ in range(count):
+        n, pos = _varint(buf, pos, end)
+        if n < 0 or pos + n > end:
+            raise _Irregular
+        name = buf[pos:pos + n].decode("utf-8", "replace")
+        pos += n
+        n, pos = _varint(buf, pos, end)
+        if n < -1 or pos + n > end:
+            raise _Irregular
+        value = None if n == -1 else buf[pos:pos + n]
+        pos += max(n, 0)
+        headers.append((name, value))
+    return tuple(headers), pos
+
+
+_PLANS: dict[tuple[KeyRange, ...], RangePlan] = {}
+
+
+def _plan(ranges: Sequence[KeyRange]) -> RangePlan:
+    """The kernels' lookup for one assignment's ranges (a handful per process; bounded)."""
+    key = tuple(ranges)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        plan = _PLANS[key] = RangePlan([key])
+    return plan
 
 
 def _keep(out: ParsedPartition, tp: TopicPartition, record: Record, fetch_offset: int,
