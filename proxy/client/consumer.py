@@ -382,16 +382,20 @@ class Consumer:
         self._require_started()
         if not self._state.tracking:
             raise IllegalStateError("mark_processed needs allow_individual_commit=True (and a group_id)")
+        # Records of one partition mostly come together: its checks are made once per run.
+        group = self._group if self._subscribed else None  # only a member tracks what it handed out
+        tp = progress = None
         for record in records:
-            tp = TopicPartition(record.topic, record.partition)
-            self._require_assigned(tp)
-            progress = self._state.progress.get(tp)
+            if tp is None or record.partition != tp.partition or record.topic != tp.topic:
+                tp = TopicPartition(record.topic, record.partition)
+                self._require_assigned(tp)
+                progress = self._state.progress.get(tp)
             if progress is None:
                 raise IllegalStateError(f"{tp.topic}-{tp.partition} offset {record.offset} was not handed out by "
                                         f"this consumer's poll")
             progress.mark(record.offset)
-            if self._group is not None:
-                self._group.marked(tp, record.offset)
+            if group is not None:
+                group.marked(tp, record.offset)
 
     def pending_commit(self, tp: TopicPartition) -> list[Range]:
         """Offset ranges of ``tp`` marked processed (or amended gaps) that no acknowledged
@@ -461,8 +465,8 @@ class Consumer:
             if self._group is not None and self._subscribed:
                 await self._group.before_poll(self._pattern_topics)
             records = await self._poll(trio.current_time() + timeout)
-            if self._group is not None and self._state.tracking and records:
-                self._group.handed.handed(records)
+            if self._group is not None and self._subscribed and self._state.tracking and records:
+                self._group.handed.handed(records)  # for revocations: assign mode has none
             return records
         finally:
             self._polling = False

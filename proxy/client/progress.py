@@ -56,6 +56,13 @@ class OffsetSet:
         if start > end:
             raise ValueError(f"range start {start} is above its end {end}")
         starts, ends = self._starts, self._ends
+        if not ends or start > ends[-1] + 1:  # above everything: the common case, in order
+            starts.append(start)
+            ends.append(end)
+            return
+        if start == ends[-1] + 1:  # extends the last range
+            ends[-1] = end
+            return
         first = bisect_left(ends, start - 1)  # first range ending at or after start - 1
         last = bisect_right(starts, end + 1)  # ranges before this start at or before end + 1
         if first < last:
