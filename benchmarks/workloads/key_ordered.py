@@ -2,9 +2,10 @@
 10,000 keys, N = 1, 4, 16 workers:
 
 - ours: N key-range consumers (``proxy.client.Consumer``, assign mode, equal shares of the
-  key-hash space) through the proxy, trio tasks of one process, individual commit after
-  every poll in the background; ours_subscribe: the same as members of one group
-  (``subscribe``; the group's keyrange assignor cuts the partition);
+  key-hash space) through the proxy, each a Python process of its own
+  (``key_ordered_worker``), individual commit after every poll in the background;
+  ours_subscribe: the same as members of one group (``subscribe``; the group's keyrange
+  assignor cuts the partition);
 - share groups: N KafkaShareConsumers of one share group (``benchmarks/java/share``);
 - Parallel Consumer: one consumer, KEY ordering, maxConcurrency N;
 - a plain consumer group of N KafkaConsumers: on one partition only one member works.
@@ -21,122 +22,176 @@ warm-up after the first record was processed.
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
-import trio
+import psutil
 
 from benchmarks.peers import parallel_consumer, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
+from benchmarks.workloads.key_ordered_worker import read_log
 from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster
+from proxy.testing.kafka_cluster import KafkaCluster, spawn
 from proxy.testing.proxy_process import ProxyProcess
 from proxy.testing.scratch import scratch_dir
 
 TOPIC = "ko-work"
+ROOT = Path(__file__).resolve().parents[2]
 PEERS = ("ours", "ours_subscribe", "share_group", "parallel_consumer", "plain_group")
 
 
 def ours(bootstrap: str, topic: str, workers: int, *, work_ms: float = 1.0, warmup: float = 3.0,
-         window: float = 8.0, records: int = 0, timeout: float = 180.0, subscribe: bool = False) -> dict:
-    """N range consumers through the proxy at ``bootstrap``; the same JSON fields as the Java
-    harness (records/s over the window, or until ``records`` were processed). ``subscribe``:
-    members of one group that splits the partition by key range (the keyrange assignor)
-    instead of assign mode with equal shares; the warm-up then starts once every member
-    has processed a record, so the joins are over."""
-    return trio.run(_ours, bootstrap, topic, workers, work_ms, warmup, window, records, timeout, subscribe)
-
-
-async def _ours(bootstrap: str, topic: str, workers: int, work_ms: float, warmup: float, window: float,
-                records: int, timeout: float, subscribe: bool) -> dict:
-    from proxy.client import Consumer, RetriableError, TopicPartition, equal_shares
-
-    tp = TopicPartition(topic, 0)
+         window: float = 8.0, records: int = 0, timeout: float = 180.0, subscribe: bool = False,
+         proxy_pid: int | None = None, profile: Path | None = None) -> dict:
+    """N range consumers through the proxy at ``bootstrap``, each a process of its own
+    (``key_ordered_worker``); the same JSON fields as the Java harness (records/s over the
+    window, or until ``records`` were processed). ``subscribe``: members of one group that
+    splits the partition by key range (the keyrange assignor) instead of assign mode with
+    equal shares. The warm-up starts once every worker has processed a record, so process
+    start-up and joins are over. CPU per record over the window of the workers, of the
+    proxy (``proxy_pid``) and of the whole machine; ``profile``: py-spy's collapsed
+    stacks of worker 0 over the warm-up and the window, written there."""
     group = f"bench-{uuid.uuid4().hex[:8]}"
-    shares = equal_shares(workers)
-    work = work_ms / 1000
-    processed = 0
+    workdir = scratch_dir("bench-key-ordered-workers-")
+    prefixes = [str(workdir / f"w{i}") for i in range(workers)]
+    processes = []
+    for i in range(workers):
+        with open(prefixes[i] + ".err", "wb") as err:
+            processes.append(spawn(
+                [sys.executable, "-m", "benchmarks.workloads.key_ordered_worker", "--bootstrap", bootstrap,
+                 "--topic", topic, "--group", group, "--index", str(i), "--workers", str(workers),
+                 "--work-ms", str(work_ms), "--out", prefixes[i], *(["--subscribe"] if subscribe else [])],
+                cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
+    spy: subprocess.Popen | None = None
+    began = time.monotonic()
+    deadline = began + timeout
+    try:
+        def counts() -> list[tuple[float, int] | None]:
+            for i, process in enumerate(processes):
+                if process.poll() is not None:
+                    err = Path(prefixes[i] + ".err").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"key-ordered worker {i} exited with {process.returncode}:\n{err}")
+            return [_last_progress(prefix + ".progress") for prefix in prefixes]
+
+        def wait_for(condition, limit: float) -> bool:
+            while time.monotonic() < limit:
+                if condition(counts()):
+                    return True
+                time.sleep(0.02)
+            return False
+
+        if not wait_for(lambda c: any(c), deadline):
+            raise TimeoutError(f"no worker processed a record within {timeout} s")
+        # a worker left without records (a group member given nothing) is reported, not waited for
+        wait_for(all, min(deadline, time.monotonic() + 60))
+        working = sum(1 for c in counts() if c)
+        if profile is not None:
+            spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
+                                    str(processes[0].pid), "--rate", "250", "--format", "raw", "--output",
+                                    str(profile), "--nonblocking"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if records:
+            if not wait_for(lambda c: sum(x[1] for x in c if x) >= records, deadline):
+                raise TimeoutError(f"fewer than {records} records processed within {timeout} s")
+            start = end = None
+        else:
+            time.sleep(warmup)
+            pids = [p.pid for p in processes]
+            start, cpu0 = time.monotonic(), _cpu(pids, proxy_pid)
+            time.sleep(window)
+            end, cpu1 = time.monotonic(), _cpu(pids, proxy_pid)
+    finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    logs = [read_log(prefix + ".log") for prefix in prefixes]
+    check = check_order(logs)
+    processed = check["processed"]
+    if start is None or end is None:
+        counted, seconds = processed, max(t for _, _, times in logs for t in times[-1:]) - began
+        cpu: dict = {}
+    else:
+        counted = sum(1 for _, _, times in logs for t in times if start <= t < end)
+        seconds = end - start
+        per_record = 1e6 / max(1, counted)
+        cpu = {f"cpu_us_per_record_{side}": round((cpu1[side] - cpu0[side]) * per_record, 1) for side in cpu0}
+    first_at = min(times[0] for _, _, times in logs if times)
+    return {"peer": "ours_subscribe" if subscribe else "ours", "workers": workers, "records": counted,
+            "seconds": round(seconds, 3), "records_per_s": round(counted / seconds, 1), "processed_total": processed,
+            "order_violations": check["violations"], "redeliveries": check["redeliveries"],
+            "keys_seen": check["keys"], "first_record_after_s": round(first_at - began, 3),
+            "members_working": working, **cpu}
+
+
+def _last_progress(path: str) -> tuple[float, int] | None:
+    """A worker's latest (time, records processed), None before its first record."""
+    try:
+        with open(path, "rb") as source:
+            source.seek(0, os.SEEK_END)
+            size = source.tell()
+            source.seek(max(0, size - 200))
+            lines = source.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == b"C":
+            return float(parts[1]), int(parts[2])
+    return None
+
+
+def _cpu(workers: list[int], proxy_pid: int | None) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the workers, the proxy and the machine."""
+    def seconds(pids: list[int]) -> float:
+        total = 0.0
+        for pid in pids:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+    machine = psutil.cpu_times()
+    out = {"workers": seconds(workers), "machine": machine.user + machine.system + machine.nice
+           + getattr(machine, "softirq", 0.0) + getattr(machine, "irq", 0.0)}
+    if proxy_pid is not None:
+        out["proxy"] = seconds([proxy_pid])
+    return out
+
+
+def check_order(logs: list[tuple]) -> dict[str, int]:
+    """Per-key order over every worker's processed records, merged by finish time: a record
+    of a key finished after a later record of that key is a violation; the same record
+    again a redelivery."""
+    merged = sorted((t, k, s) for keys, sequences, times in logs for k, s, t in zip(keys, sequences, times))
+    last: dict[int, int] = {}
     violations = redeliveries = 0
-    last: dict[bytes, int] = {}
-    first = trio.Event()
-    enough = trio.Event()
-    working = [trio.Event() for _ in range(workers)]
-
-    async def member(i: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        nonlocal processed, violations, redeliveries
-        async with Consumer(bootstrap, group_id=group, client_id=f"{group}-{i}", auto_offset_reset="earliest",
-                            allow_individual_commit=True, max_poll_records=500) as consumer:
-            if subscribe:
-                consumer.subscribe([topic])
+    for _, key, sequence in merged:
+        previous = last.get(key)
+        if previous is not None and sequence <= previous:
+            if sequence == previous:
+                redeliveries += 1
             else:
-                consumer.assign({tp: [shares[i]] if workers > 1 else []})
-            task_status.started()
-            committing = False
-            due = trio.current_time()
-            async with trio.open_nursery() as background:
-                async def commit() -> None:
-                    nonlocal committing
-                    try:
-                        await consumer.commit()
-                    except RetriableError:  # a rebalance is completing; the next commit carries them
-                        pass
-                    finally:
-                        committing = False
-
-                while True:
-                    batch = await consumer.poll(1.0)
-                    for record in batch:
-                        if work:
-                            now = trio.current_time()
-                            if now - due > 2 * work:  # idle (waiting for records): not made up
-                                due = now
-                            due += work
-                            await trio.sleep_until(due)  # the slow service call
-                        key, sequence = data.sequence_of(record.value)
-                        previous = last.get(key)
-                        if previous is not None and sequence <= previous:
-                            if sequence == previous:
-                                redeliveries += 1
-                            else:
-                                violations += 1
-                        last[key] = sequence
-                        consumer.mark_processed(record)
-                        processed += 1
-                        first.set()
-                        working[i].set()
-                        if records and processed >= records:
-                            enough.set()
-                    if not committing:
-                        committing = True
-                        background.start_soon(commit)
-
-    began = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for i in range(workers):
-            await nursery.start(member, i)
-        with trio.fail_after(timeout):
-            await first.wait()
-            first_at = time.perf_counter()
-            if records:
-                await enough.wait()
-                counted, seconds = processed, time.perf_counter() - began
-            else:
-                if subscribe:
-                    with trio.move_on_after(60):  # a member left without records is reported, not waited for
-                        for event in working:
-                            await event.wait()
-                await trio.sleep(warmup)
-                before, start = processed, time.perf_counter()
-                await trio.sleep(window)
-                counted, seconds = processed - before, time.perf_counter() - start
-        nursery.cancel_scope.cancel()
-    return {"peer": "ours_subscribe" if subscribe else "ours", "workers": workers, "records": counted, "seconds": round(seconds, 3),
-            "records_per_s": round(counted / seconds, 1), "processed_total": processed,
-            "order_violations": violations, "redeliveries": redeliveries, "keys_seen": len(last),
-            "first_record_after_s": round(first_at - began, 3),
-            "members_working": sum(event.is_set() for event in working)}
+                violations += 1
+        last[key] = sequence
+    return {"processed": len(merged), "violations": violations, "redeliveries": redeliveries, "keys": len(last)}
 
 
 def run(report: dict, progress, *, workers: list[int], rounds: int, work_ms: float, keys: int,
@@ -158,7 +213,8 @@ def run(report: dict, progress, *, workers: list[int], rounds: int, work_ms: flo
                 group = f"ko-{peer}-{n}-{uuid.uuid4().hex[:6]}"
                 options = {"work_ms": work_ms, "warmup": warmup, "window": window}
                 if peer in ("ours", "ours_subscribe"):
-                    return ours(proxy.bootstrap_servers, TOPIC, n, subscribe=peer == "ours_subscribe", **options)
+                    return ours(proxy.bootstrap_servers, TOPIC, n, subscribe=peer == "ours_subscribe",
+                                proxy_pid=proxy.pid, **options)
                 if peer == "share_group":
                     return share_groups.key_ordered(cluster.bootstrap_servers, TOPIC, group, n, **options)
                 if peer == "parallel_consumer":
@@ -188,6 +244,13 @@ def run(report: dict, progress, *, workers: list[int], rounds: int, work_ms: flo
         for peer in ("ours", "ours_subscribe"):
             rows.append(Row(f"N={n} records/s", peer, "records/s", rates(peer, n), "parallel_consumer",
                             rates("parallel_consumer", n)))
+    for n in workers:
+        for side in ("workers", "proxy", "machine"):
+            field = f"cpu_us_per_record_{side}"
+            values = [r[field] for r in runs[("ours", n)] if field in r]
+            if values:
+                rows.append(Row(f"N={n} CPU per record (lower is better)", f"ours: {side}", "us", values,
+                                higher_is_better=False))
     report["rows"] = [row.as_dict() for row in rows]
     goals = []
     for mine in ("ours", "ours_subscribe"):
