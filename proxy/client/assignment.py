@@ -145,6 +145,34 @@ class AssignmentState:
             self.buffers.clear(tp)
             self.positions[tp] = buffer.next_fetch_offset
 
+    def grow(self, tp: TopicPartition, ranges: Sequence[KeyRange], stable: int | None,
+             committed: Iterable[tuple[int, int]]) -> None:
+        """A group member's partition takes on more key ranges, whose records start at the
+        group's (``stable``, ``committed``), read after their previous owner committed them:
+        the partition starts over at ``stable`` (None: the next poll asks the group again,
+        then ``auto_offset_reset``). Every offset this member processed (its marks, committed
+        or not) is held as done too, so none of its own records is handed out twice; the
+        marks not acknowledged yet stay pending for the next commit. The caller makes sure
+        no record of ``tp`` is out with the application unmarked."""
+        self.ranges[tp] = list(ranges)
+        self.buffers.clear(tp)
+        self.positions[tp] = stable
+        if not self.tracking:
+            return
+        old = self.progress.get(tp)
+        progress = PartitionProgress(stable, committed)
+        if old is not None:
+            if old.stable is not None and (progress.stable is None or old.stable > progress.stable):
+                progress.stable = old.stable
+            for start, end in (*old.committed, *old.pending):
+                progress.committed.add(start, end)
+            progress.pending = old.pending
+            if progress.stable is not None:
+                progress.committed.discard_below(progress.stable)
+                progress.pending.discard_below(progress.stable)
+        self.progress[tp] = progress
+        self.positions[tp] = progress.stable
+
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         """Stop fetching and handing out ``partitions`` (and only them); buffers go."""
         self.paused = set(partitions) & set(self.ranges)

@@ -16,7 +16,7 @@ from collections import Counter
 
 import trio
 
-from proxy.client.assignment import AssignmentState
+from proxy.client.assignment import AssignmentState, narrows
 from proxy.client.connection import NETWORK_ERRORS, RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Connections
 from proxy.client.errors import ConsumerError, RangeFetchNotSupportedError
 from proxy.client.fetch_protocol import FetchLimits, FetchPosition, apply_fetch_response, fetch_request, rotated
@@ -106,8 +106,12 @@ class Fetcher:
         self._metrics["fetch_requests"] += 1
         response = await self._connections.request(connection, ApiKey.FETCH, version, body,
                                                    timeout=self._connections.timeout + wait_ms / 1000)
+        # an answer fetched for fewer key ranges than the partition has now lacks records:
+        # it is stale like one for a moved position
+        offsets = {p.tp: p.offset for p in positions
+                   if p.ranges == state.ranges.get(p.tp) or narrows(p.ranges, state.ranges.get(p.tp, []))}
         refresh = apply_fetch_response(
-            state, response, version=version, node_id=node_id, offsets={p.tp: p.offset for p in positions},
+            state, response, version=version, node_id=node_id, offsets=offsets,
             topic_names=metadata.topic_names(), received_time=time.time(), received=received,
             auto_offset_reset=self._auto_offset_reset, metrics=self._metrics)
         if refresh:

@@ -337,15 +337,20 @@ class GroupMember:
         self._to_revoke = union(self._to_revoke, change.revoked)
         current = self._state_assignment()
         keep: Assignment = {}
+        for tp in list(self._growing):
+            if tp not in change.assignment:
+                del self._growing[tp]
         for tp, ranges in change.assignment.items():
             if tp in current and difference({tp: ranges}, {tp: current[tp]}):
                 # more ranges of a partition already fetched: they start from the group's
-                # committed state, below this member's position, so they wait until what
-                # this member was handed of the partition is committed (see _grow)
+                # committed state, below this member's position, so the partition starts
+                # over there once no record of it is out unmarked (_complete_revocations);
+                # until then the ranges it keeps go on being fetched and handed out
                 self._growing[tp] = list(ranges)
                 kept = intersect(to_intervals(current[tp]), to_intervals(ranges))
                 keep[tp] = to_ranges(kept) if kept else current[tp]
             else:
+                self._growing.pop(tp, None)
                 keep[tp] = list(ranges)
         # revoked ranges stop being handed out now; a partition revoked whole stays (paused)
         # until its revocation completes, so its marks can still be committed
@@ -357,8 +362,11 @@ class GroupMember:
             await self.listener.on_assigned(change.added)
 
     def _paused(self, ranges: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[TopicPartition]:
+        """Partitions not handed out now: revoked whole (until the revocation completes),
+        and growing ones whose records are still out with the application (so that they
+        come back)."""
         assigned = difference(self.membership.owned, self.membership.revoking)
-        return [tp for tp in ranges if tp not in assigned or tp in self._growing]
+        return [tp for tp in ranges if tp not in assigned or (tp in self._growing and self.handed.busy(tp, []))]
 
     async def _commit(self) -> bool:
         """Commit what is marked (individual commit); False when it must wait for a later poll."""
@@ -377,27 +385,44 @@ class GroupMember:
         tracking = self._state.tracking
         done = {tp: ranges for tp, ranges in self._to_revoke.items()
                 if tp not in self._delayed and not (tracking and self.handed.busy(tp, ranges))}
-        grown = [tp for tp in self._growing if not self.handed.busy(tp, [])]
-        if not done and not grown:
-            return
-        if not await self._commit():
-            return
+        if done and not await self._commit():
+            done = {}
         if done:
             await self.listener.on_revoked(done)
             self._to_revoke = difference(self._to_revoke, done)
             self.membership.revoked(done)
             self._metrics["revocations"] += 1
             self.wake()
+        grown = await self._grow()
+        if not done and not grown and not self._growing:
+            return
         current = self._state_assignment()
         rest = difference(current, {tp: r for tp, r in done.items() if tp not in self._growing})
         for tp in grown:
-            rest[tp] = self._growing.pop(tp)
-            # start over from the group's (S, R): everything this member was handed is in it
-            self._state.progress.pop(tp, None)
-            self._state.positions[tp] = None
-            self._state.buffers.clear(tp)
+            rest[tp] = current[tp]
         self.handed.forget(tp for tp in current if tp not in rest)
         self._set_ranges(rest, self._paused(rest))
+
+    async def _grow(self) -> list[TopicPartition]:
+        """Growing partitions with no record out unmarked take on their new ranges: they
+        start over at the group's (S, R), read now (their previous owners committed before
+        handing them on), with this member's own marks held as done (even those a commit
+        has not carried yet), so no commit waits and the ranges kept never pause. Without
+        individual commit the partition is simply re-read from the group's offset."""
+        ready = [tp for tp in self._growing if not self.handed.busy(tp, [])]
+        if not ready:
+            return []
+        try:
+            committed = await self._committer.committed_ranges(ready)
+        except _COMMIT_RETRY as exc:
+            log.info("group %s: reading the committed offsets of grown ranges failed (%r); retrying on the next poll",
+                     self.membership.group, exc)
+            self._metrics["retriable_errors"] += 1
+            return []
+        for tp in ready:
+            stable, ranges = committed[tp]
+            self._state.grow(tp, self._growing.pop(tp), stable, ranges)
+        return ready
 
     @property
     def poll_expired(self) -> bool:

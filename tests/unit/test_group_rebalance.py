@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from proxy.client import TopicPartition, equal_shares
 from proxy.client.assignment import AssignmentState, narrows
+from proxy.client.config import ConsumerConfig
+from proxy.client.connection import Connections
+from proxy.client.group import GroupMember, RebalanceListener
+from proxy.client.membership import Change, difference, union
+from proxy.client.progress import PartitionProgress
 from proxy.client.records import ConsumerRecord
 from proxy.ranges import KeyRange, contains
 from proxy.records.keyhash import key_hash
@@ -58,3 +65,167 @@ def test_grown_ranges_drop_the_buffer():
     state.buffers.add(TP, _records(100, 3), 103)
     state.assign({TP: []})
     assert not state.buffers.has_buffered(TP) and state.position(TP) == 100
+
+
+def test_growing_starts_over_at_the_group_state_with_the_members_own_marks_held_as_done():
+    state = AssignmentState(read_committed=False, tracking=True)
+    quarters = equal_shares(4)
+    state.assign({TP: [quarters[1]]})
+    state.progress[TP] = PartitionProgress(100)
+    state.positions[TP] = 150
+    state.progress[TP].mark(100, 120)  # acknowledged below, so only the group has it
+    state.progress[TP].acknowledged([(100, 120)], 100)
+    state.progress[TP].mark(130, 140)  # marked, no commit has carried it yet
+    state.buffers.add(TP, _records(150, 5), 155)
+    # the group: S = 90, R = the previous owner's [95, 99] and this member's [100, 120]
+    state.grow(TP, quarters[1:3], 90, [(95, 99), (100, 120)])
+    assert state.ranges[TP] == quarters[1:3] and not state.buffers.has_buffered(TP)
+    progress = state.progress[TP]
+    assert state.position(TP) == 100 and progress.stable == 100, "S never moves back"
+    assert list(progress.pending) == [(130, 140)], "unacknowledged marks are still committed"
+    done = [o for o in range(90, 160) if progress.already_committed(o)]
+    assert done == [*range(90, 121), *range(130, 141)]
+
+
+def test_growing_without_individual_commit_restarts_at_the_group_offset():
+    state = AssignmentState(read_committed=False, tracking=False)
+    state.assign({TP: equal_shares(2)[:1]})
+    state.positions[TP] = 50
+    state.grow(TP, [], 40, [])
+    assert state.ranges[TP] == [] and state.position(TP) == 40 and TP not in state.progress
+
+
+# -- the member's poll-side step, with the network replaced ----------------------------------
+class _Committer:
+    def __init__(self, state: AssignmentState) -> None:
+        self.state = state
+        self.group_state: dict[TopicPartition, tuple[int | None, list[tuple[int, int]]]] = {}
+        self.reads = 0
+        self.commits = 0
+        self.member = None
+
+    async def committed_ranges(self, partitions):
+        self.reads += 1
+        return {tp: self.group_state.get(tp, (None, [])) for tp in partitions}
+
+    async def commit_processed(self, ranges_supported: bool) -> None:
+        self.commits += 1
+
+
+class _Listener(RebalanceListener):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    async def on_assigned(self, assignment):
+        self.calls.append(("assigned", assignment))
+
+    async def on_revoked(self, assignment):
+        self.calls.append(("revoked", assignment))
+
+
+def _member(state: AssignmentState) -> tuple[GroupMember, _Committer]:
+    config = ConsumerConfig("127.0.0.1:1", group_id="g", allow_individual_commit=True)
+    committer = _Committer(state)
+
+    def set_ranges(ranges, paused):
+        state.assign({tp: list(r) for tp, r in ranges.items()})
+        state.pause(paused)
+
+    async def supported() -> bool:
+        return True
+
+    member = GroupMember(config, Connections([("127.0.0.1", 1)], client_id="t", timeout=1.0, metrics=Counter()),
+                         state, committer, metrics=Counter(), set_ranges=set_ranges,  # type: ignore[arg-type]
+                         commit_supported=supported)
+    member.listener = _Listener()
+    return member, committer
+
+
+def _records_in(ranges, start: int, count: int) -> list[ConsumerRecord]:
+    return [r for r in _records(start, count) if contains(ranges, key_hash(r.key, r.offset))]
+
+
+async def _sync(member: GroupMember, owned: dict, new: dict) -> None:
+    """The member's SyncGroup answer assigns ``new``; the next poll applies it."""
+    m = member.membership
+    m.owned = {tp: list(r) for tp, r in owned.items()}
+    m.revoking = {}
+    revoked, added = difference(m.owned, new), difference(new, m.owned)
+    m.revoking = revoked
+    m.owned = union(new, revoked)
+    member._changes.append(Change(new, added, revoked))
+    await member.before_poll(_no_pattern)
+
+
+async def _no_pattern():
+    return None
+
+
+async def test_a_member_that_gives_up_a_slice_keeps_handing_out_the_rest():
+    state = AssignmentState(read_committed=False, tracking=True)
+    member, committer = _member(state)
+    quarters = equal_shares(4)
+    state.assign({TP: [quarters[1]]})
+    state.progress[TP] = PartitionProgress(0)
+    state.positions[TP] = 0
+    buffered = _records_in([quarters[1]], 0, 400)
+    state.buffers.add(TP, buffered, 400)
+    kept = KeyRange(quarters[1].start, quarters[1].start + quarters[1].size * 4 // 5)
+    out = state.drain(30, ())  # out with the application when the revocation arrives
+    assert any(not contains([kept], key_hash(r.key, r.offset)) for r in out)
+    member.handed.handed(out)
+    await _sync(member, {TP: [quarters[1]]}, {TP: [kept]})
+    assert member.to_be_revoked() == {TP}, "a record of the slice is still out"
+    assert state.ranges[TP] == [kept] and TP not in state.paused
+    handed = state.drain(1000, ())
+    assert [r.offset for r in handed] == [r.offset for r in buffered[30:] if contains([kept], key_hash(r.key, r.offset))]
+    member.handed.handed(handed)
+    for r in [*out, *handed]:
+        state.progress[TP].mark(r.offset)
+        member.marked(TP, r.offset)
+    await member.before_poll(_no_pattern)  # nothing of the slice is out: the revocation completes
+    assert member.to_be_revoked() == set() and committer.commits == 1
+    assert [c for c, _ in member.listener.calls] == ["revoked"]
+
+
+async def test_a_member_that_grows_goes_on_with_what_it_keeps_and_takes_the_rest_from_the_group_state():
+    state = AssignmentState(read_committed=False, tracking=True)
+    member, committer = _member(state)
+    quarters = equal_shares(4)
+    old, new = [quarters[1]], [KeyRange(quarters[1].start - quarters[1].size // 5, quarters[1].end)]
+    state.assign({TP: old})
+    state.progress[TP] = PartitionProgress(0)
+    state.positions[TP] = 0
+    first = _records_in(old, 0, 100)
+    state.buffers.add(TP, first, 100)
+    handed = state.drain(10, ())  # out with the application when the growth arrives
+    member.handed.handed(handed)
+    committer.group_state[TP] = (5, [(7, 9)])
+    await _sync(member, {TP: old}, {TP: new})
+    # records are out unmarked: the partition waits, paused, and the group is not read yet
+    assert committer.reads == 0 and TP in state.paused and state.ranges[TP] == old
+    for r in handed:
+        state.progress[TP].mark(r.offset)
+        member.marked(TP, r.offset)
+    await member.before_poll(_no_pattern)
+    assert committer.reads == 1 and committer.commits == 0, "no commit waits before the growth"
+    assert state.ranges[TP] == new and TP not in state.paused and state.position(TP) == 5
+    progress = state.progress[TP]
+    assert all(progress.already_committed(r.offset) for r in handed)
+    assert progress.already_committed(4) and progress.already_committed(8)
+    unhanded = [o for o in range(5, 100) if o not in {r.offset for r in handed} and o not in (7, 8, 9)]
+    assert not any(progress.already_committed(o) for o in unhanded)
+
+
+async def test_a_growth_that_arrives_between_polls_of_a_sequential_application_never_pauses():
+    state = AssignmentState(read_committed=False, tracking=True)
+    member, committer = _member(state)
+    quarters = equal_shares(4)
+    old, new = [quarters[1]], [KeyRange(quarters[1].start - quarters[1].size // 5, quarters[1].end)]
+    state.assign({TP: old})
+    state.progress[TP] = PartitionProgress(0)
+    state.positions[TP] = 0
+    committer.group_state[TP] = (0, [])
+    await _sync(member, {TP: old}, {TP: new})
+    assert committer.reads == 1 and state.ranges[TP] == new and not state.paused
+    assert [c for c, _ in member.listener.calls] == ["assigned"]
