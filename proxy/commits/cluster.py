@@ -91,6 +91,10 @@ class Cluster:
 
     async def committed_offsets(self, group: str, keys: list[Key]) -> dict[Key, int]:
         """The real coordinator's committed offsets (-1 for none)."""
+        return {key: offset for key, (offset, _) in (await self.committed(group, keys)).items()}
+
+    async def committed(self, group: str, keys: list[Key]) -> dict[Key, tuple[int, str | None]]:
+        """The real coordinator's committed offsets (-1 for none) and their metadata."""
         if not keys:
             return {}
         cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
@@ -111,11 +115,11 @@ class Cluster:
                 (entry,) = response.groups
                 if entry.error_code != ErrorCode.NONE:
                     raise CommitLogError(f"OffsetFetch({group}) error {ErrorCode.name_of(entry.error_code)}")
-                out = {}
+                out: dict[Key, tuple[int, str | None]] = {}
                 for topic in entry.topics:
                     for part in topic.partitions:
                         out[(topic.name, part.partition_index)] = \
-                            part.committed_offset if part.error_code == ErrorCode.NONE else -1
+                            (part.committed_offset, part.metadata) if part.error_code == ErrorCode.NONE else (-1, None)
                 return out
             except (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError) as exc:
                 if trio.current_time() > deadline:

@@ -19,24 +19,23 @@ Write order of a range commit (docs/individual-commit.md explains why):
    commit is acknowledged that is not in the log's newest record of its key.
 
 What to do at each step, and what each answer means, is ``RangeCommit``
-(``proxy.commits.range_commit``, no I/O); this module performs its actions.
+(``proxy.commits.range_commit``, no I/O); ``CommitService`` (``proxy.commits.service``,
+shared with virtual range topics) performs its actions, holds the log and the key locks.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Mapping
 
 import trio
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
-from proxy.commits.cluster import Cluster, CommitLogError
-from proxy.commits.log import CommitLog
-from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
+from proxy.commits.cluster import CommitLogError
+from proxy.commits.range_commit import RangeCommit
+from proxy.commits.service import CommitService
 from proxy.commits.state import CommitState, check_packed, rebase
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
-from proxy.net.pool import BrokerPool
 from proxy.pipeline import ClusterView, ConnectionContext, Feature, LocalAnswer, Request, RequestStage, Route
 from proxy.protocol import messages
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, ErrorCode
@@ -52,63 +51,15 @@ _LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet
 Key = tuple[str, int]
 
 
-class _KeyLocks:
-    """Serialises commits to one (group, topic, partition) across connections. A holder
-    releases when its response transform has run, or when its connection ends.
-
-    A held key maps to the queue of its waiters (empty when none); ownership passes to the
-    first waiter on release. Taking a free key costs a dict insertion, no scheduling."""
-
-    def __init__(self) -> None:
-        self._held: dict[tuple, deque[trio.Event]] = {}
-
-    async def acquire(self, keys: list[tuple]) -> None:
-        taken = []
-        try:
-            for key in sorted(keys):
-                waiters = self._held.get(key)
-                if waiters is None:
-                    self._held[key] = deque()
-                else:
-                    handed = trio.Event()
-                    waiters.append(handed)
-                    try:
-                        await handed.wait()
-                    except BaseException:
-                        if handed.is_set():
-                            taken.append(key)  # handed over as we were cancelled: ours to release
-                        else:
-                            waiters.remove(handed)
-                        raise
-                taken.append(key)
-        except BaseException:
-            self.release(taken)
-            raise
-
-    def release(self, keys) -> None:
-        for key in keys:
-            waiters = self._held[key]
-            if waiters:
-                waiters.popleft().set()
-            else:
-                del self._held[key]
-
-
-class _EndCheck:
-    """The log-end read that runs concurrently with the broker's OffsetCommit."""
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.error: CommitLogError | None = None
-        self.position = -1  # where the read ended: every record below it was in memory
-
-
 class IndividualCommitFeature(Feature):
     name = "individual-commit"
 
-    def __init__(self, config, cluster: ClusterView, metrics, *, pool: BrokerPool) -> None:
+    def __init__(self, config, cluster: ClusterView, metrics, *, service: CommitService) -> None:
         self.cluster = cluster
         self.enabled = config.get("accept.individual.commit")
+        # Plain commits reset the state of a partition (its ranges, and the share
+        # watermarks virtual topics keep there) whenever either feature may have written it.
+        self.resets = self.enabled or bool(config.get("virtual.topics.enabled"))
         self.max_ranges = config.get("max.individual.commit.ranges")
         registry = metrics.registry
         self._commits = Counter("kafka_proxy_individual_commit_range_commits",
@@ -118,29 +69,16 @@ class IndividualCommitFeature(Feature):
         self._held = Gauge("kafka_proxy_individual_commit_ranges_held",
                            "Ranges above the stable offset held in the state this instance has read.",
                            registry=registry)
-        self._write_latency = Histogram("kafka_proxy_individual_commit_log_write_seconds",
-                                        "Time to write states to __individual_commit_offsets (acks=all).",
-                                        buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
-                                        registry=registry)
-        self._foreign = Counter("kafka_proxy_individual_commit_foreign_writes",
-                                "Committed partitions whose state another instance wrote since this one read it.",
-                                registry=registry)
-        self._rebuilds = Counter("kafka_proxy_individual_commit_state_rebuilds",
-                                 "Log partitions read from the start to rebuild state.", registry=registry)
-        self.log = CommitLog(
-            Cluster(pool, cluster),
-            segment_bytes=config.get("individual.commit.log.segment.bytes"),
-            on_rebuild=self._rebuilds.inc,
-            on_write=self._write_latency.observe,
-        )
-        self._locks = _KeyLocks()
+        self.service = service
+        self.log = service.log
         self._log_looked_up_at = -_LOG_LOOKUP_INTERVAL
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         stages: dict[int, RequestStage] = {ApiKey.OFFSET_COMMIT: self.on_offset_commit}
         if self.enabled:
-            stages.update({ApiKey.OFFSET_FETCH: self.on_offset_fetch, ApiKey.DELETE_GROUPS: self.on_delete_groups,
-                           ApiKey.OFFSET_DELETE: self.on_offset_delete})
+            stages[ApiKey.OFFSET_FETCH] = self.on_offset_fetch
+        if self.resets:  # deleted offsets take their ranges and share watermarks with them
+            stages.update({ApiKey.DELETE_GROUPS: self.on_delete_groups, ApiKey.OFFSET_DELETE: self.on_offset_delete})
         return stages
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:
@@ -164,7 +102,7 @@ class IndividualCommitFeature(Feature):
         if version < _FIRST_RANGE_COMMIT:
             return None
         has_ranges = EXTENSION_TAG_BYTES in frame
-        if not has_ranges and not self.enabled:
+        if not has_ranges and not self.resets:
             return None
         request = parse_request(frame)
         group = request.group
@@ -192,40 +130,17 @@ class IndividualCommitFeature(Feature):
                     continue
                 range_commits.setdefault(key, []).append(ordered)
         if not range_commits and not refused:
-            if not self.enabled or not await self._has_state(group, plain):
+            if not self.resets or not await self._has_state(group, plain):
                 return None
 
-        # Plain commits of partitions that hold state reset it (S = O, R cleared).
-        known = self.log.records(group) if self.enabled else {}
-        locked = [(group, *key) for key in {*range_commits, *(key for key in plain if key in known)}]
-        done = trio.Event()
-        if locked:
-            await self._locks.acquire(locked)
-            ctx.start_soon(self._hold, locked, done)
+        # Plain commits of partitions that hold state reset it (S = O, R and watermarks cleared).
+        known = self.log.records(group) if self.resets else {}
+        locked = list({*range_commits, *(key for key in plain if key in known)})
         commit = RangeCommit(range_commits, plain)
-        stable: dict[Key, int] = {}  # S' of each range commit, what the broker gets
-        check: _EndCheck | None = None
-        try:
-            if locked:
-                if self.log.current(group):
-                    # Optimistic: compute from what this instance has read, and read the
-                    # log's end concurrently with the broker's commit (merged before any
-                    # log write; see docs/individual-commit.md).
-                    check = _EndCheck()
-                    ctx.start_soon(self._check_end, group, check)
-                else:
-                    await self.log.catch_up(group)  # first use: read to the log's end first
-                step = commit.begin(self.log.position(group), self.log.records(group), end_read=check is not None)
-                if isinstance(step, FetchCommitted):
-                    coordinator = await self.log.cluster.committed_offsets(group, list(step.keys))
-                    step = commit.on_committed(coordinator, self.log.records(group))
-                stable = step.offsets
-        except CommitLogError as exc:
-            log.warning("individual-commit state unavailable group=%s reason=%r", group, str(exc))
-            refused.update(commit.unavailable())
-        except BaseException:
-            done.set()
-            raise
+        planned = await self.service.plan(ctx, group, commit, locked)
+        refused.update(planned.refused)
+        stable = planned.stable  # S' of each range commit, what the broker gets
+        done = planned.done
 
         offsets = {}
         for number, (name, topic) in enumerate(zip(names, request.topics)):
@@ -263,7 +178,8 @@ class IndividualCommitFeature(Feature):
                     response_header, response = messages.decode_response(ApiKey.OFFSET_COMMIT, version, raw)
                     results = [((self._topic_name(topic), part.partition_index), part.error_code)
                                for topic in response.topics for part in topic.partitions]
-                outcome = await self._perform(request, commit, commit.on_response(results), check)
+                outcome = await self.service.perform(group, request.generation, request.member,
+                                                     request.instance_id, planned, commit.on_response(results))
                 errors, answered = outcome.errors, outcome.stable
                 if answered:
                     self._commits.inc(len(answered))
@@ -295,59 +211,6 @@ class IndividualCommitFeature(Feature):
             commit.prepare()
         finally:
             ready.set()
-
-    async def _check_end(self, group: str, check: _EndCheck) -> None:
-        try:
-            await self.log.catch_up(group)
-            check.position = self.log.position(group)
-        except CommitLogError as exc:
-            check.error = exc
-        finally:
-            check.done.set()
-
-    async def _perform(self, request, commit: RangeCommit, step, check: _EndCheck | None) -> Answer:
-        """Perform ``commit``'s actions (proxy.commits.range_commit) until it answers."""
-        group = request.group
-        try:
-            while not isinstance(step, Answer):
-                if isinstance(step, ReadLogEnd):
-                    assert check is not None  # a commit reads the log end only when a check runs
-                    await check.done.wait()
-                    if check.error is not None:
-                        log.warning("individual-commit log end unknown group=%s reason=%r", group, str(check.error))
-                        step = commit.on_log_end_failed()
-                    else:
-                        step = commit.on_log_end(check.position, self.log.records(group))
-                elif isinstance(step, Correct):
-                    try:
-                        errors = await self.log.cluster.commit_offsets(group, request.generation, request.member,
-                                                                       request.instance_id, step.offsets)
-                    except CommitLogError as exc:
-                        log.warning("individual-commit correction failed group=%s reason=%r", group, str(exc))
-                        step = commit.on_correction_failed()
-                    else:
-                        step = commit.on_corrected(errors)
-                else:
-                    try:
-                        if isinstance(step, Write):
-                            at = await self.log.write(group, step.states, step.encoded)
-                        else:
-                            window, read_to = await self.log.window(group, step.start, step.stop, step.keys)
-                    except CommitLogError as exc:
-                        log.error("individual-commit log write failed group=%s reason=%r", group, str(exc))
-                        step = commit.on_write_failed()
-                    else:
-                        step = commit.on_written(at) if isinstance(step, Write) else commit.on_window(window, read_to)
-            return step
-        finally:
-            if commit.foreign_writes:
-                self._foreign.inc(commit.foreign_writes)
-
-    async def _hold(self, keys, done: trio.Event) -> None:
-        try:
-            await done.wait()
-        finally:
-            self._locks.release(keys)
 
     async def _has_state(self, group: str, plain: dict[Key, int]) -> bool:
         """Whether a plain commit may touch state. Reads the group's log partition when
@@ -482,11 +345,11 @@ class IndividualCommitFeature(Feature):
             if not doomed:
                 return
             locks = [(group, *key) for key in doomed]
-            await self._locks.acquire(locks)
+            await self.service.locks.acquire(locks)
             try:
                 await self.log.write(group, {key: None for key in doomed})
             finally:
-                self._locks.release(locks)
+                self.service.locks.release(locks)
             self._export()
         except CommitLogError as exc:
             log.error("cannot delete individual-commit state group=%s reason=%r", group, str(exc))

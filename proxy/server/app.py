@@ -34,6 +34,7 @@ from typing import Any
 import trio
 
 from proxy.commits.feature import IndividualCommitFeature
+from proxy.commits.service import CommitService
 from proxy.features.addresses import AddressRewrite
 from proxy.features.cluster_feed import ClusterFeed
 from proxy.keyrange.engine import SharedReads
@@ -114,12 +115,14 @@ class ProxyServer:
         config, metrics = self.config, self.metrics
         features: list[Feature] = [ClusterFeed(self.cluster)]  # before addresses: it needs the real ones
         keyrange = KeyRangeFetchFeature(config, self.cluster, metrics)
+        commits = CommitService(config, self.cluster, metrics, pool=self.pool)  # the log both commit paths write
         if config.get("virtual.topics.enabled"):  # virtual names become real before any other feature sees them
-            features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine), self.pool))
+            features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine), self.pool,
+                                                 commits))
         features.append(keyrange)  # extended Fetches
         if config.get("fetch.readahead.enabled"):
             features.append(ReadAheadFeature(config, metrics))  # plain Fetches the key-range one passed on
-        features.append(IndividualCommitFeature(config, self.cluster, metrics, pool=self.pool))
+        features.append(IndividualCommitFeature(config, self.cluster, metrics, service=commits))
         features.append(AddressRewrite(self.book))  # last: every other feature's responses pass it too
         return features
 

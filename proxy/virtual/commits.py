@@ -1,20 +1,24 @@
-"""Commits of virtual partitions by share watermark, without I/O.
+"""Commits of virtual partitions by share watermark: the requests and responses, without
+I/O (docs/wire-contract.md#9-virtual-range-topics).
 
 A standard OffsetCommit of offset X on virtual partition (p, share i) means "share i of p
-is processed below X": the share's watermark W(i) = X. The real partition's stable offset
-S is the lowest watermark once every share has one (a share without one counts as the S
-it started from), and it reaches the coordinator as the real partition's committed offset,
-in the client's own OffsetCommit (so the broker checks the member's generation and id, and
-rejects a fenced member's commit as a whole). The watermarks travel with it, in the
-committed offset's metadata string, so the coordinator stores them atomically with S and
-any proxy instance reads them back (``OffsetFetch``) after a restart.
+is processed below X": the share's watermark W(i) = X. The watermarks live in the real
+partition's record of ``__individual_commit_offsets``, next to its individual-commit state;
+the commit log service (``proxy.commits.service``, handed over by the server) plans each
+commit: the real partition's S (at least the lowest watermark once every share has one)
+and the watermarks as metadata, both sent to the coordinator in the client's own
+OffsetCommit (so the broker checks the member's generation and id), then, for partitions
+the coordinator accepted, the log record, before the client is answered.
 
+This module turns the client's request into the real one (``commit_plan``,
+``commit_request``) and the coordinator's answer into the client's (``commit_response``);
 OffsetFetch of a virtual partition answers W(i), or S where share i has none yet.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,81 +28,7 @@ from proxy.protocol.constants import ErrorCode
 from proxy.virtual.names import VirtualTopic
 from proxy.virtual.rewrite import Resolver
 
-_PREFIX = "keyrange.watermarks/1:"
-
-Key = tuple[str, str, int]  # (group, real topic, real partition)
-
-
-@dataclass(slots=True)
-class Watermarks:
-    """One real partition's state in one group: S, and W(i) per share (-1: none yet)."""
-
-    shares: int
-    marks: list[int]
-    stable: int = -1
-
-    def stable_after(self) -> int:
-        """S as the watermarks make it: the lowest, a missing one counting as S."""
-        lowest = None
-        for mark in self.marks:
-            value = mark if mark >= 0 else self.stable
-            if value < 0:
-                return -1
-            lowest = value if lowest is None else min(lowest, value)
-        return lowest if lowest is not None else self.stable
-
-    def mark(self, share: int) -> int:
-        mark = self.marks[share]
-        return mark if mark >= 0 else self.stable
-
-
-def encode_marks(marks: Watermarks) -> str:
-    return f"{_PREFIX}{marks.shares}:" + ",".join(str(mark) for mark in marks.marks)
-
-
-def decode_marks(metadata: str | None, stable: int) -> Watermarks | None:
-    """The watermarks in a committed offset's metadata, None when it holds none."""
-    if not metadata or not metadata.startswith(_PREFIX):
-        return None
-    try:
-        shares_text, _, rest = metadata[len(_PREFIX):].partition(":")
-        shares = int(shares_text)
-        marks = [int(part) for part in rest.split(",")]
-    except ValueError:
-        return None
-    if shares < 1 or len(marks) != shares:
-        return None
-    return Watermarks(shares, marks, stable)
-
-
-class WatermarkTable:
-    """What this instance knows of every (group, real partition): learnt from the
-    coordinator's answers and from the commits it accepted."""
-
-    def __init__(self) -> None:
-        self.entries: dict[Key, Watermarks] = {}
-
-    def get(self, key: Key, shares: int) -> Watermarks | None:
-        marks = self.entries.get(key)
-        if marks is not None and marks.shares != shares:
-            return None
-        return marks
-
-    def learn(self, key: Key, committed: int, metadata: str | None, shares: int | None = None) -> Watermarks | None:
-        """The coordinator's word on ``key``: its committed offset and metadata. What this
-        instance holds already stays (it has every commit it accepted; the coordinator's
-        copy may be one written before another share's commit landed)."""
-        held = self.entries.get(key)
-        if held is not None and (shares is None or held.shares == shares):
-            return held
-        marks = decode_marks(metadata, committed)
-        if marks is None:
-            if shares is None:
-                self.entries.pop(key, None)
-                return None
-            marks = Watermarks(shares, [-1] * shares, committed)
-        self.entries[key] = marks
-        return marks
+RealKey = tuple[str, int]  # (real topic, real partition)
 
 
 # -- OffsetCommit ------------------------------------------------------------------------------
@@ -108,17 +38,14 @@ class WatermarkTable:
 class CommitPlan:
     group: str
     topics: list[tuple[str, VirtualTopic | None, list[int]]] = field(default_factory=list)  # as asked
-    new: dict[tuple[str, int], Watermarks] = field(default_factory=dict)  # real partition -> its new state
-    reals_asked: set[tuple[str, int]] = field(default_factory=set)
-    named: dict[tuple[str, int], set[int]] = field(default_factory=dict)  # shares this commit sets
-
-    def keys(self) -> list[Key]:
-        return [(self.group, real, partition) for real, partition in self.new]
+    edits: dict[RealKey, dict[int, dict[int, int]]] = field(default_factory=dict)  # real -> K -> share -> W
+    plain: dict[RealKey, int] = field(default_factory=dict)  # real partitions committed plainly
+    refused: dict[RealKey, int] = field(default_factory=dict)  # real partitions answered without the broker
 
 
 def commit_targets(body: Any, resolver: Resolver) -> dict[tuple[str, int], int] | None:
-    """(real topic, real partition) -> K of every virtual partition the commit names (so
-    the caller can lock and load them first); None when it names none."""
+    """(real topic, real partition) -> K of every virtual partition the commit names; None
+    when it names none."""
     out: dict[tuple[str, int], int] = {}
     for topic in body.topics:
         vt = resolver.virtual(topic.name) if topic.name else None
@@ -129,75 +56,86 @@ def commit_targets(body: Any, resolver: Resolver) -> dict[tuple[str, int], int] 
     return out or None
 
 
-def commit_request(body: Any, resolver: Resolver, table: WatermarkTable) -> CommitPlan | None:
-    """Virtual partitions become their real partitions, committed at the new S with the
-    watermarks in the metadata. Call with the keys loaded into ``table``."""
-    cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+def commit_plan(body: Any, resolver: Resolver) -> CommitPlan | None:
+    """What the commit asks: watermarks per real partition, plain commits of real
+    partitions beside them. A real partition with offset ranges in the same request is
+    refused (INVALID_REQUEST): the request is the virtual topics' to complete, and range
+    commits are individual commit's. None when the request names no virtual partition."""
     plan = CommitPlan(body.group_id)
-    kept = []
-    merged: dict[str, Any] = {t.name: t for t in body.topics if not (t.name and resolver.virtual(t.name))}
-    any_virtual = False
     for topic in body.topics:
         vt = resolver.virtual(topic.name) if topic.name else None
         plan.topics.append((topic.name, vt, [p.partition_index for p in topic.partitions]))
-        if vt is None:
-            kept.append(topic)
-            plan.reals_asked.update((topic.name, p.partition_index) for p in topic.partitions)
-            continue
-        any_virtual = True
         for part in topic.partitions:
-            real_partition = vt.real_partition(part.partition_index)
-            key = (vt.real, real_partition)
-            marks = plan.new.get(key)
-            if marks is None:
-                known = table.get((plan.group, *key), vt.shares)
-                marks = copy.deepcopy(known) if known is not None else Watermarks(vt.shares, [-1] * vt.shares)
-                plan.new[key] = marks
-            marks.marks[vt.share(part.partition_index)] = part.committed_offset
-            plan.named.setdefault(key, set()).add(vt.share(part.partition_index))
-    if not any_virtual:
+            if vt is None:
+                key = (topic.name, part.partition_index)
+                if part.offset_ranges:
+                    plan.refused[key] = int(ErrorCode.INVALID_REQUEST)
+                else:
+                    plan.plain[key] = part.committed_offset
+                continue
+            key = (vt.real, vt.real_partition(part.partition_index))
+            plan.edits.setdefault(key, {}).setdefault(vt.shares, {})[vt.share(part.partition_index)] = \
+                part.committed_offset
+    if not plan.edits:
         return None
-    for (real, partition), marks in plan.new.items():
-        target = merged.get(real)
-        if target is None:
-            target = merged[real] = cls.OffsetCommitRequestTopic(name=real, partitions=[])
-            kept.append(target)
-        target.partitions = [p for p in target.partitions if p.partition_index != partition]
-        target.partitions.append(cls.OffsetCommitRequestPartition(
-            partition_index=partition, committed_offset=marks.stable_after(), committed_leader_epoch=-1,
-            committed_metadata=encode_marks(marks)))
-    body.topics = kept
+    for key in plan.edits:
+        if key in plan.plain:  # a real partition committed both ways at once: the plain one is refused
+            plan.refused[key] = int(ErrorCode.INVALID_REQUEST)
+            del plan.plain[key]
     return plan
 
 
-def commit_response(body: Any, plan: CommitPlan, table: WatermarkTable) -> None:
-    """Virtual partitions get their real partition's answer; accepted watermarks are kept."""
-    cls = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
-    errors = {(t.name, p.partition_index): p.error_code for t in body.topics for p in t.partitions}
-    for key, marks in plan.new.items():
-        if errors.get(key) != ErrorCode.NONE:
+def commit_request(body: Any, plan: CommitPlan, offsets: dict[RealKey, tuple[int, str]],
+                   refused: dict[RealKey, int]) -> bool:
+    """Rewrite ``body`` into the real commit: every real partition with watermarks at
+    ``offsets[key]`` (S and the metadata), plain ones as asked, ``refused`` ones left out.
+    Returns whether anything is left to send."""
+    cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+    virtual = {vt.name for _, vt, _ in plan.topics if vt is not None}
+    out: dict[str, Any] = {}
+    for topic in body.topics:
+        if topic.name in virtual:
             continue
-        # Only the shares this commit named change: a commit of another share accepted
-        # meanwhile (another member, another connection) stays.
-        current = table.entries.get((plan.group, *key))
-        if current is None or current.shares != marks.shares:
-            current = table.entries[(plan.group, *key)] = Watermarks(marks.shares, [-1] * marks.shares, marks.stable)
-        for share in plan.named.get(key, ()):
-            current.marks[share] = marks.marks[share]
-        current.stable = current.stable_after()
-    answered = {t.name: t for t in body.topics}
+        kept = [p for p in topic.partitions if (topic.name, p.partition_index) not in refused]
+        if kept:
+            out.setdefault(topic.name, cls.OffsetCommitRequestTopic(name=topic.name, partitions=[])).partitions \
+                .extend(kept)
+    for (real, partition), (offset, metadata) in offsets.items():
+        if (real, partition) in refused:
+            continue
+        target = out.get(real)
+        if target is None:
+            target = out[real] = cls.OffsetCommitRequestTopic(name=real, partitions=[])
+        target.partitions.append(cls.OffsetCommitRequestPartition(
+            partition_index=partition, committed_offset=offset, committed_leader_epoch=-1,
+            committed_metadata=metadata))
+    body.topics = list(out.values())
+    return bool(body.topics)
+
+
+def commit_response(body: Any, plan: CommitPlan, errors: dict[RealKey, int], refused: dict[RealKey, int]) -> None:
+    """Each partition asked gets its real partition's answer: ``refused`` first, then
+    ``errors`` (the log's outcome), then the coordinator's."""
+    cls = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
+    broker = {(t.name, p.partition_index): p.error_code for t in body.topics for p in t.partitions}
+
+    def error_of(key: RealKey) -> int:
+        if key in refused:
+            return refused[key]
+        if key in errors:
+            return errors[key]
+        return broker.get(key, int(ErrorCode.UNKNOWN_SERVER_ERROR))
+
     out = []
     for name, vt, parts in plan.topics:
         if vt is None:
-            if name in answered:
-                entry = copy.copy(answered[name])
-                entry.partitions = [p for p in entry.partitions if p.partition_index in set(parts)]
-                out.append(entry)
+            out.append(cls.OffsetCommitResponseTopic(name=name, partitions=[
+                cls.OffsetCommitResponsePartition(partition_index=index, error_code=error_of((name, index)))
+                for index in parts]))
             continue
         out.append(cls.OffsetCommitResponseTopic(name=name, partitions=[
-            cls.OffsetCommitResponsePartition(
-                partition_index=index,
-                error_code=errors.get((vt.real, vt.real_partition(index)), int(ErrorCode.UNKNOWN_SERVER_ERROR)))
+            cls.OffsetCommitResponsePartition(partition_index=index,
+                                              error_code=error_of((vt.real, vt.real_partition(index))))
             for index in parts]))
     body.topics = out
 
@@ -212,6 +150,10 @@ class FetchPlan:
     groups: dict[str | None, list[tuple[str, VirtualTopic | None, list[int] | None]]] = field(default_factory=dict)
     all_topics: set[str | None] = field(default_factory=set)  # groups asked for every topic
     group_id: str = ""  # the single-group form's group
+    unavailable: set[str] = field(default_factory=set)  # groups whose log could not be read
+
+    def group_ids(self) -> list[str]:
+        return [group if group is not None else self.group_id for group in self.groups]
 
 
 def _rewrite_topics(topics: list | None, topic_class, names_field: str, resolver: Resolver,
@@ -263,50 +205,62 @@ def offset_fetch_request(body: Any, version: int, resolver: Resolver) -> FetchPl
     return plan
 
 
-def offset_fetch_response(body: Any, version: int, plan: FetchPlan, table: WatermarkTable,
-                          name_of_virtual) -> None:
-    """Answer virtual partitions with W(i) (or S); learn what the coordinator holds. For a
-    request of every topic, add the virtual partitions of every real partition holding
-    watermarks (``name_of_virtual(real, K)`` names them)."""
+MarksOf = Callable[[str, str, int, int, "str | None"], "tuple[int, dict[int, list[int]]]"]
+
+
+def offset_fetch_response(body: Any, version: int, plan: FetchPlan, marks_of: MarksOf, name_of_virtual) -> None:
+    """Answer virtual partitions with W(i) (or S). ``marks_of(group, real, partition,
+    committed, metadata)`` gives S and W per share per K of a real partition (the log's
+    record combined with the coordinator's answer). For a request of every topic, add the
+    virtual partitions of every real partition holding watermarks (``name_of_virtual(real,
+    K)`` names them). A group whose log could not be read is answered
+    COORDINATOR_NOT_AVAILABLE (retriable), never from state older than the log."""
     cls = messages.body_class(ApiKey.OFFSET_FETCH, "response")
     if version >= 8:
         for group in body.groups or ():
             asked = plan.groups.get(group.group_id)
             if asked is None:
                 continue
-            group.topics = _answer(group.group_id, group.topics, asked, group.group_id in plan.all_topics, table,
+            if group.group_id in plan.unavailable and group.error_code == ErrorCode.NONE:
+                group.error_code = int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+                group.topics = []
+                continue
+            group.topics = _answer(group.group_id, group.topics, asked, group.group_id in plan.all_topics, marks_of,
                                    cls.OffsetFetchResponseTopics, cls.OffsetFetchResponsePartitions, name_of_virtual)
     else:
+        if plan.group_id in plan.unavailable and body.error_code == ErrorCode.NONE:
+            body.error_code = int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            body.topics = []
+            return
         asked = plan.groups.get(None, [])
-        body.topics = _answer(plan.group_id, body.topics, asked, None in plan.all_topics, table,
+        body.topics = _answer(plan.group_id, body.topics, asked, None in plan.all_topics, marks_of,
                               cls.OffsetFetchResponseTopic, cls.OffsetFetchResponsePartition, name_of_virtual)
 
 
-def _answer(group: str, topics: list, asked: list, every: bool, table: WatermarkTable, topic_class, part_class,
+def _answer(group: str, topics: list, asked: list, every: bool, marks_of: MarksOf, topic_class, part_class,
             name_of_virtual) -> list:
     answered = {t.name: t for t in topics or ()}
     sources = {(t.name, p.partition_index): p for t in topics or () for p in t.partitions}
-    virtual_shares = {vt.real: vt.shares for _, vt, _ in asked if vt is not None}
+    known: dict[RealKey, tuple[int, dict[int, list[int]]]] = {}
     for (real, partition), part in sources.items():
         if part.error_code == ErrorCode.NONE:
-            table.learn((group, real, partition), part.committed_offset, part.metadata, virtual_shares.get(real))
+            known[(real, partition)] = marks_of(group, real, partition, part.committed_offset, part.metadata)
     out = []
     if every:
         out = list(topics or ())
         extra: dict[str, Any] = {}
-        for (real, partition), part in sorted(sources.items()):
-            marks = table.entries.get((group, real, partition))
-            if marks is None or part.error_code != ErrorCode.NONE:
-                continue
-            name = name_of_virtual(real, marks.shares)
-            topic = extra.get(name)
-            if topic is None:
-                topic = extra[name] = topic_class(name=name, partitions=[])
-                out.append(topic)
-            for share in range(marks.shares):
-                topic.partitions.append(part_class(partition_index=partition * marks.shares + share,
-                                                   committed_offset=marks.mark(share), committed_leader_epoch=-1,
-                                                   metadata="", error_code=int(ErrorCode.NONE)))
+        for (real, partition), (stable, per_k) in sorted(known.items()):
+            for shares, marks in sorted(per_k.items()):
+                name = name_of_virtual(real, shares)
+                topic = extra.get(name)
+                if topic is None:
+                    topic = extra[name] = topic_class(name=name, partitions=[])
+                    out.append(topic)
+                for share, mark in enumerate(marks):
+                    topic.partitions.append(part_class(partition_index=partition * shares + share,
+                                                       committed_offset=mark if mark >= 0 else stable,
+                                                       committed_leader_epoch=-1, metadata="",
+                                                       error_code=int(ErrorCode.NONE)))
         return out
     for name, vt, parts in asked:
         if vt is None:
@@ -324,8 +278,12 @@ def _answer(group: str, topics: list, asked: list, every: bool, table: Watermark
                 entries.append(part_class(partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
                                           metadata="", error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)))
                 continue
-            marks = table.get((group, vt.real, real_partition), vt.shares)
-            offset = marks.mark(vt.share(index)) if marks is not None else source.committed_offset
+            offset = source.committed_offset
+            found = known.get((vt.real, real_partition))
+            if found is not None:
+                stable, per_k = found
+                mark = per_k.get(vt.shares, [-1] * vt.shares)[vt.share(index)]
+                offset = mark if mark >= 0 else stable
             entries.append(part_class(partition_index=index, committed_offset=offset, committed_leader_epoch=-1,
                                       metadata="", error_code=source.error_code))
         out.append(topic_class(name=name, partitions=entries))

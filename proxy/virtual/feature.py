@@ -42,6 +42,23 @@ class SharedReads(Protocol):
     def take(self, partition_id: tuple[str, int], ranges: tuple, position: int, now: float) -> Any: ...
 
 
+class CommitLogService(Protocol):
+    """The individual-commit log service (``proxy.commits.service.CommitService``), as the
+    server hands it over: where share watermarks are kept."""
+
+    async def begin_shares(self, ctx: ConnectionContext, group: str, edits: dict, plain: dict) -> Any: ...
+
+    async def finish_shares(self, plan: Any, generation: int, member: str, instance_id: str | None,
+                            results: list) -> dict: ...
+
+    def abandon(self, plan: Any) -> None: ...
+
+    async def read(self, group: str) -> None: ...
+
+    def watermarks(self, group: str, key: tuple[str, int], committed: int,
+                   metadata: str | None) -> tuple[int, dict[int, list[int]]]: ...
+
+
 class _Connection:
     """One client connection's virtual-topic state."""
 
@@ -116,14 +133,14 @@ class _Resolver:
 class VirtualTopicsFeature(Feature):
     name = "virtual-topics"
 
-    def __init__(self, config, cluster: ClusterView, metrics, shared: SharedReads, pool) -> None:
+    def __init__(self, config, cluster: ClusterView, metrics, shared: SharedReads, pool,
+                 store: CommitLogService) -> None:
         self.cluster = cluster
         self.names = VirtualNames(config.get("virtual.topic.suffix"), config.get("virtual.topic.max.shares"))
         self.resolver = _Resolver(self.names, cluster, config)
         self.shared = shared
         self.pool = pool
-        self.table = commits.WatermarkTable()
-        self._locks: dict[tuple, trio.Semaphore] = {}
+        self.store = store
         self._last_refresh = -float("inf")
         self._in_use = False  # decode Fetches only once some client named a virtual topic
         registry = metrics.registry
@@ -210,10 +227,8 @@ class VirtualTopicsFeature(Feature):
             rewrite.describe_topic_partitions_response(body, plan, self.resolver)
         elif what == "configs":
             rewrite.describe_configs_response(body, plan)
-        elif what == "commit":
-            commits.commit_response(body, plan, self.table)
         elif what == "offset_fetch":
-            commits.offset_fetch_response(body, version, plan, self.table, self.names.name)
+            commits.offset_fetch_response(body, version, plan, self._marks_of, self.names.name)
 
     # -- Metadata and friends -------------------------------------------------------------------
     async def on_metadata(self, ctx: ConnectionContext, request: Request) -> Route | None:
@@ -394,69 +409,38 @@ class VirtualTopicsFeature(Feature):
 
     # -- commits -----------------------------------------------------------------------------------
     async def on_offset_commit(self, ctx: ConnectionContext, request: Request) -> Route | None:
-        _, body = request.decoded()
-        targets = commits.commit_targets(body, self.resolver)
-        if targets is None:
-            return None
-        group = body.group_id
-        # One commit per (group, real partition) at a time, from request to response: each
-        # carries every share's watermark accepted before it, so the coordinator's copy
-        # (read back after a restart) never lacks one.
-        locks = [self._locks.setdefault((group, *key), trio.Semaphore(1)) for key in sorted(targets)]
-        taken = []
-        try:
-            with trio.fail_after(_LOAD_TIMEOUT * 3):
-                for lock in locks:
-                    await lock.acquire()
-                    taken.append(lock)
-        except trio.TooSlowError:
-            log.warning("share watermark lock wait timed out group=%s", group)
-        except BaseException:
-            for lock in taken:
-                lock.release()
-            raise
-        ctx.state(STATE).held[request.correlation_id] = taken
-        missing = {key: shares for key, shares in targets.items()
-                   if self.table.get((group, *key), shares) is None}
-        if missing:
-            await self._load(group, missing)
-        plan = commits.commit_request(body, self.resolver, self.table)
+        header, body = request.decoded()
+        plan = commits.commit_plan(body, self.resolver)
         if plan is None:
-            ctx.state(STATE).release(request.correlation_id)
             return None
+        # The commit log service plans S and the watermarks under its per-partition locks
+        # (held until the log is written) and writes the log once the coordinator accepted.
+        shares = await self.store.begin_shares(ctx, plan.group, plan.edits, plan.plain)
+        refused = {**plan.refused, **shares.refused}
         for _name, vt, parts in plan.topics:
             if vt is not None:
                 self._commits.labels(vt.real).inc(len(parts))
-        self._remember(ctx, request, "commit", plan, body)
-        return None
+        if not commits.commit_request(body, plan, shares.offsets, refused):
+            self.store.abandon(shares)
+            response = messages.new_body(ApiKey.OFFSET_COMMIT, request.version, "response")
+            commits.commit_response(response, plan, {}, refused)
+            return Route.answer(messages.encode_response(ApiKey.OFFSET_COMMIT, request.version,
+                                                         messages.new_response_header(request.correlation_id),
+                                                         response))
 
-    async def _load(self, group: str, keys: dict[tuple[str, int], int]) -> None:
-        """Read what the coordinator holds of ``keys`` (after a proxy restart the table is
-        empty, and a commit must not drop the other shares' watermarks)."""
-        cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
-        by_topic: dict[str, list[int]] = {}
-        for real, partition in keys:
-            by_topic.setdefault(real, []).append(partition)
-        body = messages.new_body(ApiKey.OFFSET_FETCH, _OFFSET_FETCH_VERSION, "request", groups=[
-            cls.OffsetFetchRequestGroup(group_id=group, topics=[
-                cls.OffsetFetchRequestTopics(name=topic, partition_indexes=parts) for topic, parts in by_topic.items()])])
-        find = messages.new_body(ApiKey.FIND_COORDINATOR, _FIND_COORDINATOR_VERSION, "request", key_type=0,
-                                 coordinator_keys=[group])
-        with trio.move_on_after(_LOAD_TIMEOUT):
-            try:
-                found = await self.pool.request_any(ApiKey.FIND_COORDINATOR, _FIND_COORDINATOR_VERSION, find)
-                (coordinator,) = found.coordinators
-                response = await self.pool.request((coordinator.host, coordinator.port), ApiKey.OFFSET_FETCH,
-                                                   _OFFSET_FETCH_VERSION, body)
-            except Exception as exc:  # noqa: BLE001 - the commit goes on with what is known
-                log.warning("cannot read share watermarks group=%s reason=%r", group, str(exc))
-                return
-            for entry in response.groups:
-                for topic in entry.topics:
-                    for part in topic.partitions:
-                        key = (topic.name, part.partition_index)
-                        if part.error_code == ErrorCode.NONE and key in keys:
-                            self.table.learn((group, *key), part.committed_offset, part.metadata, keys[key])
+        async def on_response(response: DecodedResponse) -> None:
+            results = [((t.name, p.partition_index), p.error_code) for t in response.body.topics
+                       for p in t.partitions]
+            errors = await self.store.finish_shares(shares, body.generation_id_or_member_epoch, body.member_id,
+                                                    body.group_instance_id, results)
+            commits.commit_response(response.body, plan, errors, refused)
+            response.changed = True
+
+        return Route(messages.encode_request(header, body), on_response=on_response)
+
+    def _marks_of(self, group: str, real: str, partition: int, committed: int,
+                  metadata: str | None) -> tuple[int, dict[int, list[int]]]:
+        return self.store.watermarks(group, (real, partition), committed, metadata)
 
     async def on_offset_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
         _, body = request.decoded()
@@ -467,5 +451,11 @@ class VirtualTopicsFeature(Feature):
         if not every and not any(self.resolver.virtual(name) for name in names):
             return None
         plan = commits.offset_fetch_request(body, version, self.resolver)
+        for group_id in plan.group_ids():
+            try:
+                await self.store.read(group_id)  # the log's watermarks, up to its end
+            except Exception as exc:  # noqa: BLE001 - CommitLogError: answered retriable, never stale
+                log.warning("share watermarks unreadable group=%s reason=%r", group_id, str(exc))
+                plan.unavailable.add(group_id)
         self._remember(ctx, request, "offset_fetch", plan, body)
         return None

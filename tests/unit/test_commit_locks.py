@@ -1,11 +1,11 @@
-"""Per-key serialisation of commits (proxy.commits.feature._KeyLocks)."""
+"""Per-key serialisation of commits (proxy.commits.service.KeyLocks)."""
 
 from __future__ import annotations
 
 import trio
 import trio.testing
 
-from proxy.commits.feature import _KeyLocks
+from proxy.commits.service import KeyLocks as _KeyLocks
 
 
 async def test_holders_of_a_key_take_turns_in_order_and_other_keys_do_not_wait():

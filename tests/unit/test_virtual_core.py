@@ -7,6 +7,7 @@ import uuid
 
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
@@ -80,19 +81,6 @@ def test_compose_at_the_end_of_the_log_adds_nothing():
     assert not composed.control_added and composed.next_offset == 10
 
 
-def test_watermarks_move_s_once_every_share_committed():
-    marks = commits.Watermarks(3, [-1, -1, -1])
-    marks.marks[0] = 10
-    assert marks.stable_after() == -1
-    marks.marks[1], marks.marks[2] = 7, 12
-    assert marks.stable_after() == 7
-    again = commits.decode_marks(commits.encode_marks(marks), 7)
-    assert again.marks == [10, 7, 12] and again.stable == 7
-    started = commits.Watermarks(2, [-1, 30], stable=20)
-    assert started.stable_after() == 20 and started.mark(0) == 20
-    assert commits.decode_marks("plain metadata", 5) is None
-
-
 class _Resolver:
     names = VirtualNames()
 
@@ -115,20 +103,57 @@ def test_commit_rewrites_shares_into_the_real_partition():
         cls.OffsetCommitRequestTopic(name="t.kr2", partitions=[
             cls.OffsetCommitRequestPartition(partition_index=0, committed_offset=40),
             cls.OffsetCommitRequestPartition(partition_index=1, committed_offset=25),
-            cls.OffsetCommitRequestPartition(partition_index=3, committed_offset=9)])])
-    table = commits.WatermarkTable()
-    plan = commits.commit_request(body, _Resolver(), table)
+            cls.OffsetCommitRequestPartition(partition_index=3, committed_offset=9)]),
+        cls.OffsetCommitRequestTopic(name="u", partitions=[
+            cls.OffsetCommitRequestPartition(partition_index=0, committed_offset=5),
+            cls.OffsetCommitRequestPartition(partition_index=1, committed_offset=6,
+                                             offset_ranges=[cls.OffsetRange(start=1, end=2)])])])
+    plan = commits.commit_plan(body, _Resolver())
+    assert plan.edits == {("t", 0): {2: {0: 40, 1: 25}}, ("t", 1): {2: {1: 9}}}
+    assert plan.plain == {("u", 0): 5}
+    assert plan.refused == {("u", 1): ErrorCode.INVALID_REQUEST}  # ranges beside virtual partitions
+    # What the commit log service planned: S and the metadata per real partition.
+    offsets = {("t", 0): (25, "m0"), ("t", 1): (-1, "m1")}
+    assert commits.commit_request(body, plan, offsets, plan.refused)
     sent = {(t.name, p.partition_index): (p.committed_offset, p.committed_metadata)
             for t in body.topics for p in t.partitions}
-    assert sent[("t", 0)][0] == 25 and sent[("t", 1)][0] == -1
+    assert sent == {("u", 0): (5, ""), ("t", 0): (25, "m0"), ("t", 1): (-1, "m1")}
     response_cls = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
     response = messages.new_body(ApiKey.OFFSET_COMMIT, 8, "response", topics=[
         response_cls.OffsetCommitResponseTopic(name="t", partitions=[
             response_cls.OffsetCommitResponsePartition(partition_index=0, error_code=0),
-            response_cls.OffsetCommitResponsePartition(partition_index=1, error_code=0)])])
-    commits.commit_response(response, plan, table)
-    assert [(t.name, [p.partition_index for p in t.partitions]) for t in response.topics] == [("t.kr2", [0, 1, 3])]
-    assert table.entries[("g", "t", 0)].marks == [40, 25]
+            response_cls.OffsetCommitResponsePartition(partition_index=1, error_code=0)]),
+        response_cls.OffsetCommitResponseTopic(name="u", partitions=[
+            response_cls.OffsetCommitResponsePartition(partition_index=0, error_code=0)])])
+    # The log write of real partition 1 failed: its share is answered retriable.
+    commits.commit_response(response, plan, {("t", 1): ErrorCode.COORDINATOR_NOT_AVAILABLE}, plan.refused)
+    answered = [(t.name, [(p.partition_index, p.error_code) for p in t.partitions]) for t in response.topics]
+    assert answered == [("t.kr2", [(0, 0), (1, 0), (3, ErrorCode.COORDINATOR_NOT_AVAILABLE)]),
+                        ("u", [(0, 0), (1, ErrorCode.INVALID_REQUEST)])]
+
+
+def test_offset_fetch_answers_each_share_its_watermark_or_s():
+    req_cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+    body = messages.new_body(ApiKey.OFFSET_FETCH, 8, "request", groups=[
+        req_cls.OffsetFetchRequestGroup(group_id="g", topics=[
+            req_cls.OffsetFetchRequestTopics(name="t.kr2", partition_indexes=[0, 1])])])
+    plan = commits.offset_fetch_request(body, 8, _Resolver())
+    assert [(t.name, t.partition_indexes) for t in body.groups[0].topics] == [("t", [0])]
+    cls = messages.body_class(ApiKey.OFFSET_FETCH, "response")
+    response = messages.new_body(ApiKey.OFFSET_FETCH, 8, "response", groups=[
+        cls.OffsetFetchResponseGroup(group_id="g", topics=[cls.OffsetFetchResponseTopics(name="t", partitions=[
+            cls.OffsetFetchResponsePartitions(partition_index=0, committed_offset=20, metadata="x")])])])
+    asked = []
+
+    def marks_of(group, real, partition, committed, metadata):
+        asked.append((group, real, partition, committed, metadata))
+        return 20, {2: [30, -1]}
+
+    commits.offset_fetch_response(response, 8, plan, marks_of, lambda real, k: f"{real}.kr{k}")
+    assert asked == [("g", "t", 0, 20, "x")]
+    parts = response.groups[0].topics[0].partitions
+    assert response.groups[0].topics[0].name == "t.kr2"
+    assert [(p.partition_index, p.committed_offset) for p in parts] == [(0, 30), (1, 20)]
 
 
 def test_metadata_never_sends_a_virtual_name_and_expands_partitions():

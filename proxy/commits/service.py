@@ -1,0 +1,281 @@
+"""The individual-commit log as a service shared by the features that keep state in it:
+individual commit (offset ranges) and virtual range topics (share watermarks).
+
+One instance per proxy, built by the server beside the broker pool and handed to both
+features, so that both write ``__individual_commit_offsets`` with one protocol, one memory
+of what was read and one set of per-key locks (a virtual commit and a range commit of one
+partition serialise like two range commits). The protocol of one commit is ``RangeCommit``
+(``proxy.commits.range_commit``, no I/O); this module performs its actions: the log-end
+read alongside the broker's commit, the coordinator's correction, the writes and the
+windows after them (docs/individual-commit.md, "Write order").
+
+For virtual topics (docs/wire-contract.md#9-virtual-range-topics) it plans a commit of share
+watermarks (``begin_shares``: S' and the metadata to send the coordinator in the client's
+own OffsetCommit), completes it once the coordinator answered (``finish_shares``: the log
+record, written only for partitions the coordinator accepted), and reads watermarks back
+(``read`` then ``watermarks``: the log's record and the coordinator's copy combined).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import trio
+from prometheus_client import Counter, Histogram
+
+from proxy.commits import watermarks
+from proxy.commits.cluster import Cluster, CommitLogError
+from proxy.commits.log import CommitLog
+from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
+from proxy.commits.state import CommitState, MarkEdit
+from proxy.net.pool import BrokerPool
+from proxy.pipeline import ClusterView, ConnectionContext
+
+log = logging.getLogger("proxy.commits")
+
+Key = tuple[str, int]
+
+
+class KeyLocks:
+    """Serialises commits to one (group, topic, partition) across connections. A holder
+    releases when its response transform has run, or when its connection ends.
+
+    A held key maps to the queue of its waiters (empty when none); ownership passes to the
+    first waiter on release. Taking a free key costs a dict insertion, no scheduling."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple, deque[trio.Event]] = {}
+
+    async def acquire(self, keys: list[tuple]) -> None:
+        taken = []
+        try:
+            for key in sorted(keys):
+                waiters = self._held.get(key)
+                if waiters is None:
+                    self._held[key] = deque()
+                else:
+                    handed = trio.Event()
+                    waiters.append(handed)
+                    try:
+                        await handed.wait()
+                    except BaseException:
+                        if handed.is_set():
+                            taken.append(key)  # handed over as we were cancelled: ours to release
+                        else:
+                            waiters.remove(handed)
+                        raise
+                taken.append(key)
+        except BaseException:
+            self.release(taken)
+            raise
+
+    def release(self, keys) -> None:
+        for key in keys:
+            waiters = self._held[key]
+            if waiters:
+                waiters.popleft().set()
+            else:
+                del self._held[key]
+
+
+class EndCheck:
+    """The log-end read that runs concurrently with the broker's OffsetCommit."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: CommitLogError | None = None
+        self.position = -1  # where the read ended: every record below it was in memory
+
+
+@dataclass
+class Planned:
+    """A commit planned in a request hook: what the coordinator gets (``stable``: S' per
+    range-committed key), the keys refused because the state could not be read, the
+    concurrent end read, and ``done``, to set once the response is out (releases the
+    key locks)."""
+
+    commit: RangeCommit
+    done: trio.Event
+    check: EndCheck | None = None
+    stable: dict[Key, int] = field(default_factory=dict)
+    refused: dict[Key, int] = field(default_factory=dict)
+
+
+@dataclass
+class SharePlan:
+    """A commit of share watermarks planned by ``begin_shares``: ``offsets`` key ->
+    (committed offset, metadata) for the coordinator; ``refused`` key -> error for keys
+    whose state could not be read (the client's commit must not carry them)."""
+
+    group: str
+    planned: Planned
+    offsets: dict[Key, tuple[int, str]] = field(default_factory=dict)
+    refused: dict[Key, int] = field(default_factory=dict)
+
+
+class CommitService:
+    def __init__(self, config, cluster: ClusterView, metrics, *, pool: BrokerPool) -> None:
+        registry = metrics.registry
+        self._write_latency = Histogram("kafka_proxy_individual_commit_log_write_seconds",
+                                        "Time to write states to __individual_commit_offsets (acks=all).",
+                                        buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
+                                        registry=registry)
+        self._foreign = Counter("kafka_proxy_individual_commit_foreign_writes",
+                                "Committed partitions whose state another instance wrote since this one read it.",
+                                registry=registry)
+        self._rebuilds = Counter("kafka_proxy_individual_commit_state_rebuilds",
+                                 "Log partitions read from the start to rebuild state.", registry=registry)
+        self.log = CommitLog(
+            Cluster(pool, cluster),
+            segment_bytes=config.get("individual.commit.log.segment.bytes"),
+            on_rebuild=self._rebuilds.inc,
+            on_write=self._write_latency.observe,
+        )
+        self.locks = KeyLocks()
+
+    # -- one commit's protocol --------------------------------------------------------------------
+    async def plan(self, ctx: ConnectionContext, group: str, commit: RangeCommit, locked: list[Key], *,
+                   with_marks: bool = False) -> Planned:
+        """Take the key locks of ``locked`` (held until ``done`` is set or the connection
+        ends), then ``commit.begin``: from what this instance holds, with the log's end
+        read alongside (or first, the first time the group's log partition is met).
+        ``with_marks``: a key without state starts from the coordinator's committed offset
+        and the watermarks in its metadata."""
+        planned = Planned(commit, trio.Event())
+        keys = [(group, *key) for key in locked]
+        if keys:
+            await self.locks.acquire(keys)
+            ctx.start_soon(self._hold, keys, planned.done)
+        try:
+            if keys:
+                if self.log.current(group):
+                    # Optimistic: compute from what this instance has read, and read the
+                    # log's end concurrently with the broker's commit (merged before any
+                    # log write; see docs/individual-commit.md).
+                    planned.check = EndCheck()
+                    ctx.start_soon(self._check_end, group, planned.check)
+                else:
+                    await self.log.catch_up(group)  # first use: read to the log's end first
+                step = commit.begin(self.log.position(group), self.log.records(group),
+                                    end_read=planned.check is not None)
+                if isinstance(step, FetchCommitted):
+                    if with_marks:
+                        found = await self.log.cluster.committed(group, list(step.keys))
+                        known: dict[Key, int | CommitState] = {
+                            key: watermarks.combine(None, offset, metadata) for key, (offset, metadata) in found.items()}
+                    else:
+                        known = dict(await self.log.cluster.committed_offsets(group, list(step.keys)))
+                    step = commit.on_committed(known, self.log.records(group))
+                planned.stable = step.offsets
+        except CommitLogError as exc:
+            log.warning("individual-commit state unavailable group=%s reason=%r", group, str(exc))
+            planned.refused = commit.unavailable()
+        except BaseException:
+            planned.done.set()
+            raise
+        return planned
+
+    async def _hold(self, keys, done: trio.Event) -> None:
+        try:
+            await done.wait()
+        finally:
+            self.locks.release(keys)
+
+    async def _check_end(self, group: str, check: EndCheck) -> None:
+        try:
+            await self.log.catch_up(group)
+            check.position = self.log.position(group)
+        except CommitLogError as exc:
+            check.error = exc
+        finally:
+            check.done.set()
+
+    async def perform(self, group: str, generation: int, member: str, instance_id: str | None, planned: Planned,
+                      step) -> Answer:
+        """Perform the commit's actions (``proxy.commits.range_commit``) from ``step`` (what
+        ``on_response`` returned) until it answers."""
+        commit, check = planned.commit, planned.check
+        try:
+            while not isinstance(step, Answer):
+                if isinstance(step, ReadLogEnd):
+                    assert check is not None  # a commit reads the log end only when a check runs
+                    await check.done.wait()
+                    if check.error is not None:
+                        log.warning("individual-commit log end unknown group=%s reason=%r", group, str(check.error))
+                        step = commit.on_log_end_failed()
+                    else:
+                        step = commit.on_log_end(check.position, self.log.records(group))
+                elif isinstance(step, Correct):
+                    try:
+                        errors = await self.log.cluster.commit_offsets(group, generation, member, instance_id,
+                                                                       step.offsets)
+                    except CommitLogError as exc:
+                        log.warning("individual-commit correction failed group=%s reason=%r", group, str(exc))
+                        step = commit.on_correction_failed()
+                    else:
+                        step = commit.on_corrected(errors)
+                else:
+                    try:
+                        if isinstance(step, Write):
+                            at = await self.log.write(group, step.states, step.encoded)
+                        else:
+                            window, read_to = await self.log.window(group, step.start, step.stop, step.keys)
+                    except CommitLogError as exc:
+                        log.error("individual-commit log write failed group=%s reason=%r", group, str(exc))
+                        step = commit.on_write_failed()
+                    else:
+                        step = commit.on_written(at) if isinstance(step, Write) else commit.on_window(window, read_to)
+            return step
+        finally:
+            if commit.foreign_writes:
+                self._foreign.inc(commit.foreign_writes)
+
+    # -- share watermarks (virtual range topics) --------------------------------------------------
+    async def begin_shares(self, ctx: ConnectionContext, group: str, edits: dict[Key, dict[int, dict[int, int]]],
+                           plain: dict[Key, int]) -> SharePlan:
+        """Plan a commit of share watermarks: ``edits`` real partition -> K -> share -> W;
+        ``plain``: real partitions the same request commits plainly (a key with state is
+        reset, as individual commit resets it). Holds the keys' locks until
+        ``finish_shares`` or ``abandon`` (or the connection's end)."""
+        commits = {key: [MarkEdit(shares, marks) for shares, marks in sorted(by_k.items())]
+                   for key, by_k in edits.items()}
+        resets = {key: offset for key, offset in plain.items()
+                  if key not in commits and self.log.table.holds_any(group, [key])}
+        commit = RangeCommit(commits, resets)  # type: ignore[arg-type]  # MarkEdit lists are Edit lists
+        planned = await self.plan(ctx, group, commit, sorted({*commits, *resets}), with_marks=True)
+        plan = SharePlan(group, planned, refused=dict(planned.refused))
+        for key, stable in planned.stable.items():
+            state = commit.planned(key)
+            assert state is not None  # a watermark edit's state is computed when planned
+            plan.offsets[key] = (stable, watermarks.encode_metadata(state))
+        return plan
+
+    async def finish_shares(self, plan: SharePlan, generation: int, member: str, instance_id: str | None,
+                            results: list[tuple[Key, int]]) -> dict[Key, int]:
+        """The coordinator's answer (error per real partition): the log is written for the
+        partitions it accepted; returns the error each partition is to be answered with
+        (a partition not in it keeps the coordinator's)."""
+        planned = plan.planned
+        try:
+            step = planned.commit.on_response(results)
+            answer = await self.perform(plan.group, generation, member, instance_id, planned, step)
+            return dict(answer.errors)
+        finally:
+            planned.done.set()
+
+    def abandon(self, plan: SharePlan) -> None:
+        """The commit will not be completed (nothing was sent): release its locks."""
+        plan.planned.done.set()
+
+    async def read(self, group: str) -> None:
+        """Read the group's log partition to its end (raises ``CommitLogError``)."""
+        await self.log.catch_up(group)
+
+    def watermarks(self, group: str, key: Key, committed: int, metadata: str | None) -> tuple[int, dict[int, list[int]]]:
+        """S and W per share per K (-1: none) of ``key``, from what this instance read of
+        the log (``read`` first) and the coordinator's committed offset and metadata."""
+        record = self.log.records(group).get(key)
+        state = watermarks.combine(record[1] if record is not None else None, committed, metadata)
+        return state.stable, watermarks.per_share(state.marks)
