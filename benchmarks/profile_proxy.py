@@ -1,7 +1,7 @@
 """Where the time goes: py-spy samples the proxy process while Kafka's ConsumerPerformance
 (or ProducerPerformance) runs through it, or, with ``--direction key_ordered``, both the
-proxy and our client process while 16 range consumers do 1 ms of paced work per record
-(the key-ordered workload), or, with ``--direction delivery``, the proxy while 4 raw
+proxy and one of 16 range consumers (a process each) while they do 1 ms of paced work per
+record (the key-ordered workload), or, with ``--direction delivery``, the proxy while 4 raw
 clients read equal key ranges of one partition (the key-range delivery workload); the
 samples are summed per function (self time, and time including callees).
 
@@ -54,16 +54,13 @@ def summarise(collapsed: str, top: int = 40) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _key_ordered_client(spy: str, bootstrap: str, directory: Path) -> dict:
-    """The key-ordered workload's 16 range consumers in a process of their own, under py-spy."""
-    import json
+def _key_ordered_client(bootstrap: str, directory: Path, proxy_pid: int) -> dict:
+    """The key-ordered workload's 16 range consumers (a process each); py-spy samples the
+    first of them over the warm-up and the window."""
+    from benchmarks.workloads.key_ordered import ours
 
-    code = ("import json; from benchmarks.workloads.key_ordered import ours; "
-            f"print(json.dumps(ours({bootstrap!r}, 'profile', 16, warmup=3, window=10)))")
-    result = subprocess.run([spy, "record", "--rate", "250", "--format", "raw", "--output",
-                             str(directory / "profile_key_ordered_client.collapsed"), "--",
-                             sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
+    return ours(bootstrap, "profile", 16, warmup=3, window=10, proxy_pid=proxy_pid,
+                profile=directory / "profile_key_ordered_client.collapsed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,15 +103,17 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, delivered = keyrange_delivery.raw_clients(proxy.bootstrap_servers, 4, delivery_records)
                     run = {"records_per_s": round(delivered / seconds)}
                 else:
-                    run = _key_ordered_client(spy, proxy.bootstrap_servers, args.output_dir)
+                    run = _key_ordered_client(proxy.bootstrap_servers, args.output_dir, proxy.pid)
             finally:
                 recorder.send_signal(subprocess.signal.SIGINT)
                 recorder.wait(timeout=60)
         finally:
             proxy.stop()
     if args.direction == "key_ordered":
-        text = (f"16 range consumers, 1 ms of paced work per record: {run['records_per_s']} records/s "
-                f"(ideal 16000)\n\n== our client process ==\n")
+        cpu = ", ".join(f"{side} {run[f'cpu_us_per_record_{side}']} us" for side in ("workers", "proxy", "machine"))
+        text = (f"16 range consumers (a process each), 1 ms of paced work per record: {run['records_per_s']} "
+                f"records/s (ideal 16000); CPU per record over the window: {cpu}\n\n"
+                f"== one of the 16 consumer processes ==\n")
         text += summarise((args.output_dir / "profile_key_ordered_client.collapsed").read_text())
         text += "\n== the proxy ==\n"
     elif args.direction == "delivery":
