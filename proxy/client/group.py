@@ -33,7 +33,7 @@ from proxy.client.committer import Committer
 from proxy.client.config import ConsumerConfig
 from proxy.client.connection import RETRIABLE_FAILURES, Connections
 from proxy.client.coordinator import Coordinator
-from proxy.client.errors import KafkaError
+from proxy.client.errors import ConsumerError, KafkaError
 from proxy.client.group_assignor import Assignment, intersect, to_intervals, to_ranges
 from proxy.client.group_protocol import leave_error
 from proxy.client.membership import Answer, Change, Membership, Phase, difference, union
@@ -125,6 +125,11 @@ class GroupMember:
         self.listener: RebalanceListener = RebalanceListener()
         self._changes: list[Change] = []
         self._to_revoke: Assignment = {}
+        # per partition being revoked: the highest offset handed out before the revocation
+        # arrived (no record of revoked ranges is handed out after it); the revocation
+        # completes once no mark at or below it waits for a commit
+        self._revoke_bounds: dict[TopicPartition, int] = {}
+        self._commit_wanted = False
         self._delayed: set[TopicPartition] = set()
         self._growing: Assignment = {}  # partitions waiting to take on more ranges
         self._lost_last: set[TopicPartition] = set()
@@ -168,6 +173,13 @@ class GroupMember:
             return
         if self._expired:
             await self._sleep(math.inf)  # until the next poll
+            return
+        if self._commit_wanted:
+            self._commit_wanted = False
+            try:
+                await self._commit()  # for a revocation; a failure is asked again by the next poll
+            except ConsumerError as exc:  # not retriable (the cluster lost individual commit, say)
+                self._error = exc
             return
         if m.needs_join:
             await self._join()
@@ -279,7 +291,7 @@ class GroupMember:
         await self._leave("the consumer unsubscribed")
         self.membership.topics = []
         self._drop(self._state_assignment())
-        self._to_revoke, self._changes, self._growing = {}, [], {}
+        self._to_revoke, self._changes, self._growing, self._revoke_bounds = {}, [], {}, {}
 
     def _state_assignment(self) -> Assignment:
         return {tp: list(r) for tp, r in self._state.ranges.items()}
@@ -316,7 +328,7 @@ class GroupMember:
     async def _lose(self, lost: Assignment) -> None:
         self._lost_last = set(lost)
         self._drop(union(lost, self._to_revoke))
-        self._to_revoke, self._growing = {}, {}
+        self._to_revoke, self._growing, self._revoke_bounds = {}, {}, {}
         self._metrics["partitions_lost"] += len(lost)
         await self.listener.on_lost(lost)
 
@@ -335,6 +347,10 @@ class GroupMember:
 
     async def _apply(self, change: Change) -> None:
         self._to_revoke = union(self._to_revoke, change.revoked)
+        for tp in change.revoked:
+            position = self._state.position(tp)
+            handed = position - 1 if position is not None else -1
+            self._revoke_bounds[tp] = max(self._revoke_bounds.get(tp, -1), handed)
         current = self._state_assignment()
         keep: Assignment = {}
         for tp in list(self._growing):
@@ -385,9 +401,18 @@ class GroupMember:
         tracking = self._state.tracking
         done = {tp: ranges for tp, ranges in self._to_revoke.items()
                 if tp not in self._delayed and not (tracking and self.handed.busy(tp, ranges))}
-        if done and not await self._commit():
-            done = {}
+        if tracking and done:
+            # the application's own commits usually carry the marks already; else the
+            # background task commits, and a later poll completes the revocation, so this
+            # poll never waits for a commit
+            acknowledged = {tp: ranges for tp, ranges in done.items() if self._acknowledged(tp)}
+            if len(acknowledged) < len(done):
+                self._commit_wanted = True
+                self.wake()
+            done = acknowledged
         if done:
+            for tp in done:
+                self._revoke_bounds.pop(tp, None)
             await self.listener.on_revoked(done)
             self._to_revoke = difference(self._to_revoke, done)
             self.membership.revoked(done)
@@ -402,6 +427,15 @@ class GroupMember:
             rest[tp] = current[tp]
         self.handed.forget(tp for tp in current if tp not in rest)
         self._set_ranges(rest, self._paused(rest))
+
+    def _acknowledged(self, tp: TopicPartition) -> bool:
+        """Whether every mark of ``tp`` up to the last record handed out before its
+        revocation arrived is carried by an acknowledged commit."""
+        progress = self._state.progress.get(tp)
+        if progress is None or not progress.pending:
+            return True
+        first_pending = progress.pending.first(1)[0][0]
+        return first_pending > self._revoke_bounds.get(tp, -1)
 
     async def _grow(self) -> list[TopicPartition]:
         """Growing partitions with no record out unmarked take on their new ranges: they

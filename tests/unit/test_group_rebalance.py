@@ -109,7 +109,10 @@ class _Committer:
         return {tp: self.group_state.get(tp, (None, [])) for tp in partitions}
 
     async def commit_processed(self, ranges_supported: bool) -> None:
+        """Every mark acknowledged, S where it was."""
         self.commits += 1
+        for progress in self.state.progress.values():
+            progress.acknowledged(list(progress.pending), -1)
 
 
 class _Listener(RebalanceListener):
@@ -183,9 +186,37 @@ async def test_a_member_that_gives_up_a_slice_keeps_handing_out_the_rest():
     for r in [*out, *handed]:
         state.progress[TP].mark(r.offset)
         member.marked(TP, r.offset)
-    await member.before_poll(_no_pattern)  # nothing of the slice is out: the revocation completes
+    await member.before_poll(_no_pattern)  # nothing of the slice is out, but its marks wait for a commit
+    assert member.to_be_revoked() == {TP} and committer.commits == 0, "the poll does not wait for a commit"
+    await member._step()  # the background task commits
+    assert committer.commits == 1
+    await member.before_poll(_no_pattern)
     assert member.to_be_revoked() == set() and committer.commits == 1
     assert [c for c, _ in member.listener.calls] == ["revoked"]
+
+
+async def test_a_revocation_whose_marks_the_application_committed_completes_at_once():
+    state = AssignmentState(read_committed=False, tracking=True)
+    member, committer = _member(state)
+    halves = equal_shares(2)
+    state.assign({TP: halves})
+    state.progress[TP] = PartitionProgress(0)
+    state.positions[TP] = 0
+    state.buffers.add(TP, _records(0, 50), 50)
+    out = state.drain(20, ())
+    member.handed.handed(out)
+    await _sync(member, {TP: halves}, {TP: halves[:1]})
+    for r in out:
+        state.progress[TP].mark(r.offset)
+        member.marked(TP, r.offset)
+    await committer.commit_processed(True)  # the application's own commit
+    more = state.drain(100, ())  # the kept half goes on; its marks above the bound do not hold it up
+    member.handed.handed(more)
+    for r in more:
+        state.progress[TP].mark(r.offset)
+        member.marked(TP, r.offset)
+    await member.before_poll(_no_pattern)
+    assert member.to_be_revoked() == set() and committer.commits == 1 and not member._commit_wanted
 
 
 async def test_a_member_that_grows_goes_on_with_what_it_keeps_and_takes_the_rest_from_the_group_state():
