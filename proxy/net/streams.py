@@ -30,10 +30,12 @@ talks to the socket's file descriptor itself:
   ``_Outbox``): the bytes read into user space (the size prefix, a Fetch response's head
   and tail) join the spliced ones in the pipe, so a 1 MB Fetch response whose bytes are
   all there leaves in one write, not three;
-- the event loop is entered only when the socket would block: ``receive_frame`` is
-  always a checkpoint (one explicit checkpoint when nothing had to wait), ``send_frame``
-  and ``relay_frame`` only when they wait. Every loop of the proxy receives a frame per
-  turn, so a connection that never blocks still lets the others run and can be cancelled.
+- the event loop is entered only when the socket would block, and once per frame
+  received: ``receive_frame``, ``receive_request`` and ``relay_frame`` are always a
+  checkpoint (one explicit checkpoint when nothing had to wait, none more when something
+  did), ``send_frame`` and ``pass_on`` only when they wait. Every loop of the proxy
+  receives a frame per turn, so a connection that never blocks still lets the others run
+  and can be cancelled; and a turn costs one trip through the scheduler, not two.
 
 Both paths parse frames with one sans-IO ``FrameSplitter``: TLS streams feed it what
 ``receive_some`` returns and take whole frames; the plain TCP path feeds it what it reads
@@ -102,7 +104,7 @@ class PartialFrame:
 
     __slots__ = ("size", "head")
 
-    def __init__(self, size: int, head: bytes) -> None:
+    def __init__(self, size: int, head: bytes | bytearray) -> None:
         self.size = size  # the whole frame's, without its size prefix
         self.head = head  # its first bytes: at least the request header, or all of a short frame
 
@@ -153,8 +155,10 @@ class FrameStream:
                 return None
             splitter.feed(chunk)
 
-    async def _receive_direct(self) -> bytearray | None:
-        waits = self._waits
+    async def _receive_direct(self, waits: int | None = None) -> bytearray | None:
+        """``waits``: the wait count when the receive began, if it began before this call."""
+        if waits is None:
+            waits = self._waits
         size, frame, filled = await self._receive_head()
         if frame is None:
             return None
@@ -173,18 +177,21 @@ class FrameStream:
             return await self.receive_frame()
         splitter = self._splitter
         waits = self._waits
-        if not await self._fill_splitter(4, _HEADER_READ):  # small frames: all of them, in one read
+        # Most requests are small and arrive whole in this one read. Of a large one it takes
+        # no more than the head that routing needs: every byte read here is copied through
+        # user space and back into the pipe, while the rest is spliced without a copy.
+        if not await self._fill_splitter(4, 4 + _SPLICE_LOOKAHEAD):
             return None
         size = splitter.next_size()
         assert size is not None
         if size - (splitter.buffered - 4) < pass_on_min:
-            return await self._receive_direct()
+            return await self._receive_direct(waits)  # one checkpoint in all, waited or not
         await self._fill_splitter(4 + min(size, _SPLICE_LOOKAHEAD), 0)  # never False: bytes are buffered
-        start = bytearray(min(splitter.buffered - 4, size))
-        splitter.take_start(start)
+        head = bytearray(min(splitter.buffered - 4, size))
+        splitter.take_start(head)
         if self._waits == waits:
             await trio.lowlevel.checkpoint()
-        return PartialFrame(size, bytes(start))
+        return PartialFrame(size, head)
 
     async def _fill_splitter(self, count: int, read: int) -> bool:
         """Read until the splitter holds ``count`` bytes, taking up to ``read`` bytes a
@@ -264,6 +271,7 @@ class FrameStream:
         ``correlation_id`` (ProtocolError otherwise). Bytes go on as soon as ``relay.walk``
         has shown that they lie before the tail; the tail goes last, through
         ``relay.finish``. Streams that are not plain TCP receive the whole frame first.
+        Like ``receive_frame``, always a checkpoint, and only one when nothing had to wait.
         """
         if self._socket is None or destination._socket is None:
             whole = await self.receive_frame()
@@ -278,6 +286,7 @@ class FrameStream:
             return len(whole)
         splicing = _SPLICE is not None
         head = _SPLICE_LOOKAHEAD if splicing else _HEADER_READ  # splicing: leave the body in the socket
+        waits = self._waits
         size, buffer, filled = await self._receive_head(reuse=True, head=head)
         if buffer is None:
             return None
@@ -330,6 +339,8 @@ class FrameStream:
             else:
                 out.add(view[passed:size])
             await out.flush()
+        if self._waits == waits:
+            await trio.lowlevel.checkpoint()
         return size
 
     async def _splice_into(self, out: _Outbox, count: int) -> None:

@@ -125,7 +125,7 @@ class ClientConnection:
                 nursery.start_soon(self._guarded, self._write_client(upstream, receive_exchanges, scope), scope)
                 nursery.start_soon(self._watch_idle, scope)
         finally:
-            self.metrics.inflight.dec(self._inflight)
+            self.metrics.inflight_requests -= self._inflight
             self._inflight = 0
             unsettled, self._unsettled = self._unsettled, set()
             for exchange in unsettled:
@@ -231,7 +231,7 @@ class ClientConnection:
                         if exchange is not None:
                             await self._queue(exchanges, exchange)
                             self._inflight += 1
-                            metrics.inflight.inc()
+                            metrics.inflight_requests += 1
                         if partial is not None and route.upstream_frame is partial.head:
                             await self.client.pass_on(partial, upstream)
                             metrics.spliced_requests.inc()
@@ -287,7 +287,19 @@ class ClientConnection:
     ) -> None:
         metrics = self.metrics
         async with exchanges:
-            async for exchange in exchanges:
+            while True:
+                # A queued exchange is taken without a trip through the scheduler: the
+                # response's receive below is this turn's checkpoint (each way of
+                # producing a response is one, waited or not).
+                try:
+                    exchange = exchanges.receive_nowait()
+                except trio.WouldBlock:
+                    try:
+                        exchange = await exchanges.receive()
+                    except trio.EndOfChannel:
+                        break
+                except trio.EndOfChannel:
+                    break
                 if exchange.local is None:
                     self._awaiting_upstream -= 1
                 if exchange.sink is not None:
@@ -326,7 +338,7 @@ class ClientConnection:
                 now = trio.current_time()
                 self._last_activity = now
                 self._inflight -= 1
-                metrics.inflight.dec()
+                metrics.inflight_requests -= 1
                 _, _, response_bytes, latency = metrics.for_api(exchange.api_key)
                 response_bytes.inc(size + 4)
                 latency.observe(now - exchange.received_at)

@@ -42,7 +42,10 @@ class ProxyMetrics:
         self.upstream_connects = Counter("kafka_proxy_upstream_connects", "Upstream connections opened.", registry=r)
         self.upstream_connect_failures = Counter("kafka_proxy_upstream_connect_failures",
                                                  "Upstream connection attempts that failed.", registry=r)
+        # Changed twice per request: a plain number, read when the metrics are scraped.
+        self.inflight_requests = 0
         self.inflight = Gauge("kafka_proxy_inflight_requests", "Requests awaiting their response.", registry=r)
+        self.inflight.set_function(lambda: self.inflight_requests)
         self.spliced_requests = Counter("kafka_proxy_spliced_requests",
                                         "Large requests no feature reads (Produce) whose body went from the client's "
                                         "socket to the broker's without entering the proxy.", registry=r)
