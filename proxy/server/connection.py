@@ -172,6 +172,7 @@ class ClientConnection:
         # Large requests the proxy only peeks at (Produce) go on while they arrive, their
         # bodies spliced from the client's socket into the broker's.
         pass_on_min = _PASS_ON_MIN if upstream.splices else None
+        half_sent = False  # between queueing an exchange and the last byte of its request going upstream
         # Closed without a checkpoint: an error unwinding from here must reach ``_guarded``
         # (and its log line) before the writer, woken by the close, can cancel the connection.
         with exchanges:
@@ -228,6 +229,7 @@ class ClientConnection:
                     except trio.WouldBlock:
                         await sending.acquire()
                     try:
+                        half_sent = True
                         if exchange is not None:
                             await self._queue(exchanges, exchange)
                             self._inflight += 1
@@ -243,9 +245,15 @@ class ClientConnection:
                         if own is not None:
                             await self._queue(exchanges, Exchange.own(own, received_at))
                             await upstream.send_frame(own.frame)
+                        half_sent = False
                     finally:
                         sending.release()
                     frame = None
+            if half_sent:
+                # Drained in the middle of a request (a large one still arriving from the
+                # client, or an upstream socket that was full): the broker now holds part
+                # of a frame and will answer nothing more, so the writer could only wait.
+                raise trio.BrokenResourceError("drained while a request was on its way upstream")
 
     async def _queue(self, exchanges: trio.MemorySendChannel, exchange: Exchange) -> None:
         if exchange.local is None:

@@ -268,3 +268,27 @@ async def _send_ignoring_reset(stream: trio.SocketStream, data: bytes) -> None:
         await stream.send_all(data)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the proxy closed the connection on the size prefix, as it should
+
+
+async def test_a_drain_in_the_middle_of_a_spliced_body_ends_the_connection_at_once():
+    """The broker holds part of a frame and will answer nothing more: waiting for it (until
+    the server's drain timeout) would only keep the client waiting for nothing."""
+    metrics = ProxyMetrics()
+    first, big = produce_request(1, 1000), produce_request(2, 2_000_000)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            served = await Served(FeatureChain([]), metrics).start(nursery)
+            await served.client.send_all(first)
+            assert await served.responses(1) == [1]
+            await served.client.send_all(big[: len(big) // 2])  # and then nothing: a stalled client
+
+            def passing_on() -> bool:
+                return sample(metrics, "kafka_proxy_inflight_requests") == 1 and len(served.broker.raw) > len(first)
+
+            while not passing_on():  # polled under the test's deadline
+                await trio.sleep(0.01)
+            served.connection.drain()
+            with trio.fail_after(5):
+                await served.connection.closed.wait()
+            await served.client.aclose()
+    assert sample(metrics, "kafka_proxy_inflight_requests") == 0
