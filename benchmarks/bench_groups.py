@@ -119,6 +119,19 @@ def longest_gap(batches: list[tuple[float, float, int]], t0: float, t1: float) -
     return longest
 
 
+def timeline(log: MemberLog, t0: float, t1: float, origin: float, gap: float = 0.03) -> list[str]:
+    """One member around a join, times in ms from ``origin``: its group state changes and
+    listener calls, and every gap longer than ``gap`` between two finished records (from
+    the last finish before to the first after), in time order; where the time goes."""
+    events = [(t, f"{kind} {what}") for kind, t, what in log.changes]
+    events += [(t, f"S gen {generation} {phase}{' revoking' if revoking else ''} {what}")
+               for t, generation, phase, revoking, what in log.states]
+    ordered = sorted(log.batches)
+    events += [(last, f"stop {1000 * (first - last):.0f} ms")
+               for (_, last, _), (first, _, _) in zip(ordered, ordered[1:]) if first - last > gap]
+    return [f"{1000 * (t - origin):+.0f} {what}" for t, what in sorted(events) if t0 <= t <= t1]
+
+
 def rates(logs: Iterable[MemberLog], t0: float, t1: float, width: float = BIN) -> list[float]:
     """The group's records/s in consecutive bins of ``width`` from t0 (the last bin may be
     shorter, not shorter than half a bin)."""
@@ -323,6 +336,7 @@ def rebalance_run(kind: str, workdir: Path, *, start: Callable[[Fleet, str], Non
                      "records_per_s": [round(r) for r in rates(logs.values(), joined - before, end)]},
         "assignments": {name: (log.states[-1][4] if log.states else log.changes[-1][2] if log.changes else "")
                         for name, log in sorted(logs.items())},
+        "timelines_ms_from_join": {name: timeline(logs[name], joined - 0.5, until, joined) for name in sorted(logs)},
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_groups import finished, java_settled, keyrange_settled, longest_gap, parse, rates
+from benchmarks.bench_groups import finished, java_settled, keyrange_settled, longest_gap, parse, rates, timeline
 
 
 def test_parse_reads_every_kind_of_line() -> None:
@@ -55,3 +55,12 @@ def test_java_settled_needs_all_partitions_owned_and_a_quiet_second() -> None:
     assert not java_settled(logs, 3, 4, now=1.5)
     assert not java_settled(logs[:2], 2, 4, now=2.5)
     assert not java_settled([*logs[:2], parse("R 1.0 t-3\n")], 3, 4, now=2.5)
+
+
+def test_timeline_puts_state_changes_and_stops_in_order() -> None:
+    log = parse("\n".join([
+        "P 10.000 10.049 50", "S 10.050 5 stable 1 t-0[0.20]", "P 10.150 10.199 50", "R 10.200 t-0[0.05]",
+        "P 10.210 10.259 50"]))
+    assert timeline(log, 9.0, 11.0, 10.0) == [
+        "+49 stop 101 ms", "+50 S gen 5 stable revoking t-0[0.20]", "+200 R t-0[0.05]"]
+    assert timeline(log, 10.1, 11.0, 10.0) == ["+200 R t-0[0.05]"]
