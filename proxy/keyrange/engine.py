@@ -351,6 +351,11 @@ class SharedReads:
                                              records=records, **metadata))
         return outputs[:len(wanted)], result.next_offset
 
+    def interest(self, partition_id: tuple[str, int], ranges: RangeSet, now: float) -> None:
+        """Count ``ranges`` as active on the partition (its next reads cache a share of it)
+        before any consumer of it asked."""
+        self.engine.active.touch(partition_id, ranges, now)
+
     def take(self, partition_id: tuple[str, int], ranges: RangeSet, position: int, now: float) -> CachedShare | None:
         """A cached records share of ``ranges`` covering ``position``, removed from the cache."""
         self.engine.active.touch(partition_id, ranges, now)

@@ -31,6 +31,8 @@ _REFRESH_INTERVAL = 5.0  # seconds between full metadata reads to tell real name
 _OFFSET_FETCH_VERSION = 8
 _FIND_COORDINATOR_VERSION = 4
 _LOAD_TIMEOUT = 10.0
+_MERGE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for another connection's read
+_MAX_INFLIGHT_READS = 10_000
 
 
 class SharedReads(Protocol):
@@ -40,6 +42,8 @@ class SharedReads(Protocol):
               now: float) -> tuple[list[bytes], int | None]: ...
 
     def take(self, partition_id: tuple[str, int], ranges: tuple, position: int, now: float) -> Any: ...
+
+    def interest(self, partition_id: tuple[str, int], ranges: tuple, now: float) -> None: ...
 
 
 class CommitLogService(Protocol):
@@ -143,6 +147,11 @@ class VirtualTopicsFeature(Feature):
         self.store = store
         self._last_refresh = -float("inf")
         self._in_use = False  # decode Fetches only once some client named a virtual topic
+        # Broker reads of virtual partitions on their way, by (topic, partition, offset): a
+        # connection at the same position waits for the read and takes its share from the
+        # cache instead of reading the broker again.
+        self._inflight: dict[tuple[str, int, int], trio.Event] = {}
+        self._recent = fetch.RecentReads()
         registry = metrics.registry
         self._records = Counter("kafka_proxy_virtual_records", "Records served to virtual partitions.",
                                 ["topic"], registry=registry)
@@ -320,36 +329,82 @@ class VirtualTopicsFeature(Feature):
         answers: dict = {}
         if resolved.error != ErrorCode.NONE:
             return self._answer_fetch(request, resolved, answers)
-        now, now_ms = trio.current_time(), int(time.time() * 1000)
         for part in resolved.parts:
             if not part.real:
                 answers[part.key] = fetch.PartAnswer(error_code=int(
                     ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
-                continue
-            if part.share is None or (part.real, part.real_partition) not in state.sessions.served:
-                continue
-            share = self.shared.take((part.real, part.real_partition), part.share, part.fetch_offset, now)
-            if share is None:
-                continue
-            composed = fetch.compose(share.records, part.fetch_offset, share.next_offset, now_ms)
-            answers[part.key] = fetch.PartAnswer(
-                high_watermark=share.high_watermark, last_stable_offset=share.last_stable_offset,
-                log_start_offset=share.log_start_offset, aborted_transactions=list(share.aborted_transactions),
-                records=composed.records)
-            self._count(part, composed, hit=True)
-        reads = fetch.plan_reads(resolved.parts, set(answers))
+        self._take_cached(state, resolved.parts, answers)
+        waiting = [event for part in resolved.parts if part.key not in answers and part.share is not None
+                   and (event := self._inflight.get((part.real, part.real_partition, part.fetch_offset)))]
+        if waiting:
+            # Another connection's read of the same position is on its way: its split fills
+            # our shares. Waiting is no worse than the broker holding the fetch (max_wait_ms).
+            with trio.move_on_after(max(body.max_wait_ms, 0) / 1000 + _MERGE_GRACE):
+                for event in waiting:
+                    await event.wait()
+            self._take_cached(state, resolved.parts, answers)
+        served = state.sessions.served
+        reads = fetch.plan_reads(resolved.parts, set(answers), lambda part: None if (
+            part.real, part.real_partition) in served else self._recent.probe_offset(
+            (part.real, part.real_partition), part.fetch_offset))
         if not reads:
             return self._answer_fetch(request, resolved, answers)
-        upstream = fetch.upstream_request(body, version, reads, max_wait_ms=0 if answers else None)
+        upstream = fetch.upstream_request(body, version, reads, max_wait_ms=0 if answers or any(
+            read.probe for read in reads) else None)
         for read in reads:
             self._reads.labels(read.real).inc()
+        announced = self._announce(reads)
 
         async def on_response(response: DecodedResponse) -> None:
             self._complete(state, response.body, reads, answers, version)
             response.body = fetch.client_response(version, resolved, answers, response.body.throttle_time_ms)
             response.changed = True
 
-        return Route(messages.encode_request(header, upstream), on_response=on_response)
+        return Route(messages.encode_request(header, upstream), on_response=on_response,
+                     settle=lambda: self._settle(announced))
+
+    def _take_cached(self, state: _Connection, parts: list[fetch.FetchPart], answers: dict) -> None:
+        """Answer from the result cache the shares it holds, of partitions the broker has
+        served this connection (the cache never answers a connection the broker would refuse)."""
+        now, now_ms = trio.current_time(), int(time.time() * 1000)
+        for part in parts:
+            if part.key in answers or part.share is None:
+                continue
+            if (part.real, part.real_partition) not in state.sessions.served:
+                continue
+            share = self.shared.take((part.real, part.real_partition), part.share, part.fetch_offset, now)
+            if share is None:
+                continue
+            answers[part.key] = self._cached_answer(part, share, now_ms)
+
+    def _cached_answer(self, part: fetch.FetchPart, share: Any, now_ms: int) -> fetch.PartAnswer:
+        composed = fetch.compose(share.records, part.fetch_offset, share.next_offset, now_ms)
+        self._count(part, composed, hit=True)
+        return fetch.PartAnswer(
+            high_watermark=share.high_watermark, last_stable_offset=share.last_stable_offset,
+            log_start_offset=share.log_start_offset, aborted_transactions=list(share.aborted_transactions),
+            records=composed.records)
+
+    def _announce(self, reads: list[fetch.Read]) -> list:
+        """Register this request's broker reads so that other connections at the same
+        position wait for them (a probe reads nothing for anyone else)."""
+        if len(self._inflight) > _MAX_INFLIGHT_READS:
+            for event in self._inflight.values():
+                event.set()
+            self._inflight.clear()
+        announced = []
+        for read in reads:
+            key = (read.real, read.partition, read.fetch_offset)
+            if not read.probe and key not in self._inflight:
+                event = self._inflight[key] = trio.Event()
+                announced.append((key, event))
+        return announced
+
+    def _settle(self, announced: list) -> None:
+        for key, event in announced:
+            if self._inflight.get(key) is event:
+                del self._inflight[key]
+            event.set()
 
     def _answer_fetch(self, request: Request, resolved: fetch.Resolved, answers: dict) -> Route:
         response = fetch.client_response(request.version, resolved, answers)
@@ -365,6 +420,12 @@ class VirtualTopicsFeature(Feature):
                 data[(name, partition.partition_index)] = partition
         for read in reads:
             partition = data.get((read.real, read.partition))
+            if read.probe and partition is not None and partition.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                # The high watermark went back: no leave to use the cache, and no error for a
+                # position the probe did not ask about. The client asks again and reads.
+                for part in read.parts:
+                    answers[part.key] = fetch.PartAnswer()
+                continue
             if partition is None or partition.error_code != ErrorCode.NONE:
                 error = partition.error_code if partition is not None else int(ErrorCode.UNKNOWN_SERVER_ERROR)
                 for part in read.parts:
@@ -373,6 +434,16 @@ class VirtualTopicsFeature(Feature):
             state.sessions.served.add((read.real, read.partition))
             if partition.records:
                 self._bytes.labels(read.real).inc(len(partition.records))
+            if read.probe:
+                self._recent.add((read.real, read.partition), read.fetch_offset, None, partition.high_watermark)
+                for part in read.parts:
+                    share = None if part.share is None else self.shared.take(
+                        (read.real, read.partition), part.share, part.fetch_offset, now)
+                    answers[part.key] = self._cached_answer(part, share, now_ms) if share is not None else \
+                        fetch.PartAnswer(high_watermark=partition.high_watermark,
+                                         last_stable_offset=partition.last_stable_offset,
+                                         log_start_offset=partition.log_start_offset)
+                continue
             aborted = list(partition.aborted_transactions or ())
             metadata = {"high_watermark": partition.high_watermark,
                         "last_stable_offset": partition.last_stable_offset,
@@ -384,8 +455,11 @@ class VirtualTopicsFeature(Feature):
             outputs: list[bytes] = []
             read_end = None
             if wanted and partition.records:
+                for ranges in fetch.every_share(read.parts):
+                    self.shared.interest((read.real, read.partition), ranges, now)
                 outputs, read_end = self.shared.split((read.real, read.partition), wanted, read.fetch_offset,
                                                       partition.records, metadata, now)
+            self._recent.add((read.real, read.partition), read.fetch_offset, read_end, partition.high_watermark)
             for part in read.parts:
                 answer = fetch.PartAnswer(high_watermark=partition.high_watermark,
                                           last_stable_offset=partition.last_stable_offset,

@@ -34,7 +34,7 @@ from proxy.protocol.constants import ErrorCode
 from proxy.ranges import KeyRange
 from proxy.records.batch import CONTROL_BIT, TRANSACTIONAL_BIT, LegacyBatch, PartialBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
-from proxy.virtual.names import VirtualTopic
+from proxy.virtual.names import VirtualTopic, share_ranges
 
 RangeSet = tuple[KeyRange, ...]
 
@@ -63,6 +63,7 @@ class FetchPart:
     max_bytes: int
     current_leader_epoch: int = -1
     last_fetched_epoch: int = -1
+    shares: int = 0  # K of the virtual topic (0: a real partition)
 
     @property
     def key(self) -> tuple[TopicKey, int]:
@@ -176,7 +177,7 @@ def _parts(body: Any, describe: Describe) -> list[FetchPart]:
                 share=(vt.share_range(partition.partition),) if vt else None,
                 fetch_offset=partition.fetch_offset, max_bytes=partition.partition_max_bytes,
                 current_leader_epoch=getattr(partition, "current_leader_epoch", -1),
-                last_fetched_epoch=getattr(partition, "last_fetched_epoch", -1)))
+                last_fetched_epoch=getattr(partition, "last_fetched_epoch", -1), shares=vt.shares if vt else 0))
     return parts
 
 
@@ -265,10 +266,22 @@ class Read:
     max_bytes: int
     current_leader_epoch: int
     parts: list[FetchPart] = field(default_factory=list)
+    # A probe: the connection's parts are already in the result cache, but the broker has
+    # not served this connection that partition yet. The probe asks the broker at the high
+    # watermark (normally no records): its success is the broker's leave to serve the cache.
+    probe: bool = False
 
 
-def plan_reads(parts: list[FetchPart], skip: set[tuple[TopicKey, int]]) -> list[Read]:
-    """The broker reads for ``parts`` (leaving out those in ``skip``, served otherwise)."""
+ProbeAt = Callable[[FetchPart], "int | None"]
+
+
+def plan_reads(parts: list[FetchPart], skip: set[tuple[TopicKey, int]],
+               probe_at: ProbeAt | None = None) -> list[Read]:
+    """The broker reads for ``parts`` (leaving out those in ``skip``, served otherwise).
+
+    ``probe_at(part)``: the offset to probe at when the cache can answer ``part`` once the
+    broker has served this connection its partition, else None. A partition becomes a probe
+    only when every one of its parts can (a real read answers them all anyway)."""
     reads: dict[tuple[str, int], Read] = {}
     for part in parts:
         if part.key in skip or not part.real:
@@ -282,7 +295,64 @@ def plan_reads(parts: list[FetchPart], skip: set[tuple[TopicKey, int]]) -> list[
         read.fetch_offset = min(read.fetch_offset, part.fetch_offset)
         read.max_bytes = max(read.max_bytes, part.max_bytes)
         read.parts.append(part)
+    if probe_at is not None:
+        for read in reads.values():
+            offsets = [probe_at(part) for part in read.parts]
+            if all(offset is not None for offset in offsets) and all(part.share for part in read.parts):
+                read.probe = True
+                read.fetch_offset = max(offset for offset in offsets if offset is not None)
     return list(reads.values())
+
+
+def every_share(parts: list[FetchPart]) -> list[RangeSet]:
+    """Every share of the virtual topics ``parts`` read: a read of a real partition is
+    split into all of them, so that the members of a group that start after the first one
+    (at the same position, as a group starts) find their shares in the cache."""
+    counts = sorted({part.shares for part in parts if part.shares})
+    return [(share,) for count in counts for share in share_ranges(count)]
+
+
+class RecentReads:
+    """The stretches of each real partition recently read from the broker for virtual
+    partitions, and the last high watermark seen: a position inside such a stretch may
+    have its share in the result cache (the other shares of a read are cached), so a
+    connection the broker has not served yet probes instead of reading it all again.
+    Bounded: ``per_partition`` stretches per partition, ``max_partitions`` partitions."""
+
+    def __init__(self, per_partition: int = 8, max_partitions: int = 10_000) -> None:
+        self.per_partition = per_partition
+        self.max_partitions = max_partitions
+        self._reads: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._high_watermark: dict[tuple[str, int], int] = {}
+
+    def add(self, partition: tuple[str, int], start: int, end: int | None, high_watermark: int) -> None:
+        """A successful read of ``partition`` from ``start`` up to ``end`` (exclusive;
+        None: it held no complete batch)."""
+        if high_watermark >= 0:
+            self._high_watermark[partition] = high_watermark
+        if end is None or end <= start:
+            return
+        stretches = self._reads.pop(partition, None)
+        if stretches is None:
+            stretches = []
+            while len(self._reads) >= self.max_partitions:
+                oldest = next(iter(self._reads))
+                del self._reads[oldest]
+                self._high_watermark.pop(oldest, None)
+        stretches.append((start, end))
+        del stretches[:-self.per_partition]
+        self._reads[partition] = stretches  # most recently read partitions last
+
+    def probe_offset(self, partition: tuple[str, int], position: int) -> int | None:
+        """Where to probe ``partition`` for a consumer at ``position``: the last high
+        watermark seen, when a recent read covered ``position``; else None."""
+        high_watermark = self._high_watermark.get(partition)
+        if high_watermark is None or high_watermark < position:
+            return None
+        for start, end in self._reads.get(partition, ()):
+            if start <= position < end:
+                return high_watermark
+        return None
 
 
 def upstream_request(client: Any, version: int, reads: list[Read], *, max_wait_ms: int | None = None) -> Any:
