@@ -24,6 +24,7 @@ from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.virtual import commits, fetch, refusals, rewrite
 from proxy.virtual.names import VirtualNames, VirtualTopic
+from proxy.virtual.precheck import Precheck
 
 log = logging.getLogger("proxy.virtual")
 
@@ -142,11 +143,11 @@ class VirtualTopicsFeature(Feature):
         self.cluster = cluster
         self.names = VirtualNames(config.get("virtual.topic.suffix"), config.get("virtual.topic.max.shares"))
         self.resolver = _Resolver(self.names, cluster, config)
+        self.precheck = Precheck(self.names.suffix)  # which requests are decoded at all
         self.shared = shared
         self.pool = pool
         self.store = store
         self._last_refresh = -float("inf")
-        self._in_use = False  # decode Fetches only once some client named a virtual topic
         # Broker reads of virtual partitions on their way, by (topic, partition, offset): a
         # connection at the same position waits for the read and takes its share from the
         # cache instead of reading the broker again.
@@ -181,7 +182,18 @@ class VirtualTopicsFeature(Feature):
         }
         for api_key in refusals.REFUSED_APIS:
             stages[api_key] = self.on_refused
-        return stages
+        # A request whose bytes cannot name a virtual topic goes on undecoded. Not Fetch (a
+        # connection's own sessions decide, see on_fetch) nor OffsetFetch (asked for every
+        # topic, it lists the virtual partitions too, and its bytes name none).
+        return {api_key: stage if api_key in (ApiKey.FETCH, ApiKey.OFFSET_FETCH) else self._guard(stage)
+                for api_key, stage in stages.items()}
+
+    def _guard(self, stage: RequestStage) -> RequestStage:
+        async def guarded(ctx: ConnectionContext, request: Request) -> Route | None:
+            if not self.precheck.may_name_virtual(request.frame):
+                return None
+            return await stage(ctx, request)
+        return guarded
 
     def response_stages(self) -> Mapping[int, tuple[int, Any]]:
         keys = (ApiKey.METADATA, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.DESCRIBE_CONFIGS,
@@ -228,16 +240,24 @@ class VirtualTopicsFeature(Feature):
     def _rewrite_response(self, what: str, plan: Any, body: Any, version: int) -> None:
         if what == "metadata":
             rewrite.metadata_response(body, version, plan, self.resolver)
+            self._handed_out(body.topics)
         elif what == "list_offsets":
             rewrite.list_offsets_response(body, plan)
         elif what == "leader_epoch":
             rewrite.offsets_for_leader_epoch_response(body, plan)
         elif what == "partitions":
             rewrite.describe_topic_partitions_response(body, plan, self.resolver)
+            self._handed_out(body.topics)
         elif what == "configs":
             rewrite.describe_configs_response(body, plan)
         elif what == "offset_fetch":
             commits.offset_fetch_response(body, version, plan, self._marks_of, self.names.name)
+
+    def _handed_out(self, topics: Any) -> None:
+        """Clients may now name these virtual topics by id: the pre-check looks for them."""
+        for topic in topics or ():
+            if topic.name and self.names.split(topic.name):
+                self.precheck.remember(getattr(topic, "topic_id", None))
 
     # -- Metadata and friends -------------------------------------------------------------------
     async def on_metadata(self, ctx: ConnectionContext, request: Request) -> Route | None:
@@ -247,7 +267,6 @@ class VirtualTopicsFeature(Feature):
         await self._know(t.name for t in body.topics)
         plan = rewrite.metadata_request(body, request.version, self.resolver)
         if plan is not None:
-            self._in_use = True
             self._remember(ctx, request, "metadata", plan, body)
         return None
 
@@ -308,7 +327,7 @@ class VirtualTopicsFeature(Feature):
 
     async def on_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
         state = ctx.existing(STATE)
-        if not self._in_use and (state is None or not state.sessions.sessions):
+        if (state is None or not state.sessions.sessions) and not self.precheck.may_name_virtual(request.frame):
             return None
         header, body = request.decoded()
         state = ctx.state(STATE)
