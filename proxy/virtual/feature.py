@@ -179,6 +179,7 @@ class VirtualTopicsFeature(Feature):
             ApiKey.FETCH: self.on_fetch,
             ApiKey.OFFSET_COMMIT: self.on_offset_commit,
             ApiKey.OFFSET_FETCH: self.on_offset_fetch,
+            ApiKey.CONSUMER_GROUP_HEARTBEAT: self.on_group_heartbeat,
         }
         for api_key in refusals.REFUSED_APIS:
             stages[api_key] = self.on_refused
@@ -311,6 +312,18 @@ class VirtualTopicsFeature(Feature):
             return Route(None, expect_response=False)
         return Route.answer(messages.encode_response(request.api_key, request.version,
                                                      messages.new_response_header(request.correlation_id), response))
+
+    async def on_group_heartbeat(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        _, body = request.decoded()
+        await self._know(body.subscribed_topic_names or ())
+        message = refusals.heartbeat_refusal(body, self.resolver.virtual, self.names.suffix)
+        if message is None:
+            return None
+        self._refused.labels(messages.api_name(request.api_key)).inc()
+        log.warning("refused a consumer-protocol group group=%s reason=%s", body.group_id, message)
+        return Route.answer(messages.encode_response(request.api_key, request.version,
+                                                     messages.new_response_header(request.correlation_id),
+                                                     refusals.refuse_heartbeat(request.version, message)))
 
     # -- Fetch -----------------------------------------------------------------------------------
     def _describe(self, key) -> tuple[VirtualTopic | None, str, uuid.UUID | None] | None:

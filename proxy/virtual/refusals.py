@@ -1,4 +1,5 @@
-"""Writes and topic administration naming a virtual topic are refused, without I/O.
+"""Writes and topic administration naming a virtual topic are refused, without I/O; so is a
+KIP-848 consumer group (ConsumerGroupHeartbeat) subscribing to one.
 
 The proxy answers such a request itself (nothing reaches the broker): every topic of it
 gets INVALID_TOPIC_EXCEPTION, the virtual ones with a message naming the real topic, any
@@ -87,3 +88,57 @@ def refuse(api_key: int, version: int, body: Any, lookup: Lookup) -> Any | None:
             error_code=_INVALID, error_message=message(r.resource_name if r.resource_type == _TOPIC_RESOURCE else ""),
             resource_type=r.resource_type, resource_name=r.resource_name) for r in body.resources]
     return response
+
+
+# -- KIP-848 consumer groups ---------------------------------------------------------------------
+
+
+def heartbeat_refusal(body: Any, lookup: Lookup, suffix: str) -> str | None:
+    """Why a ConsumerGroupHeartbeat must be refused, or None.
+
+    A ``group.protocol=consumer`` group is assigned by the broker, which knows no virtual
+    topic: a member subscribing to one would wait for an assignment forever. Detected where
+    the heartbeat names one: a subscribed name, or a regular expression that spells a
+    virtual name (``orders\\.kr4``); a pattern that only could match one is not seen."""
+    for name in body.subscribed_topic_names or ():
+        vt = lookup(name) if name else None
+        if vt is not None:
+            return _heartbeat_message(vt.name, vt.real)
+    regex = getattr(body, "subscribed_topic_regex", None)
+    if regex:
+        spelled = regex.replace("\\", "")
+        for candidate in _virtual_candidates(spelled, suffix):
+            vt = lookup(candidate)
+            if vt is not None:
+                return _heartbeat_message(f"{vt.name} (in the regular expression {regex!r})", vt.real)
+    return None
+
+
+def _virtual_candidates(text: str, suffix: str) -> list[str]:
+    """The names of the form ``<topic><suffix><K>`` in ``text``: each occurrence of the
+    suffix with its digits, and the longest topic-name characters before it."""
+    out = []
+    at = text.find(suffix)
+    while at > 0:
+        end = at + len(suffix)
+        while end < len(text) and text[end].isdigit():
+            end += 1
+        start = at
+        while start > 0 and (text[start - 1].isalnum() or text[start - 1] in "._-"):
+            start -= 1
+        if end > at + len(suffix):
+            out.append(text[start:end])
+        at = text.find(suffix, at + 1)
+    return out
+
+
+def _heartbeat_message(what: str, real: str) -> str:
+    return (f"virtual range topic {what} of {real} needs the classic group protocol (group.protocol=classic): "
+            f"a group.protocol=consumer group is assigned by the broker, which does not know virtual topics")
+
+
+def refuse_heartbeat(version: int, message: str) -> Any:
+    """The ConsumerGroupHeartbeat response refusing the member (it does not join)."""
+    return messages.new_body(ApiKey.CONSUMER_GROUP_HEARTBEAT, version, "response", throttle_time_ms=0,
+                             error_code=_INVALID, error_message=message, member_id=None, member_epoch=-1,
+                             heartbeat_interval_ms=0, assignment=None)

@@ -1,0 +1,38 @@
+"""A KIP-848 group (``group.protocol=consumer``) subscribing to a virtual range topic is
+refused with a clear error: the broker assigns such groups and knows no virtual topic, so
+without the refusal the member would wait for an assignment that never comes
+(docs/virtual-topics.md, Limits)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from proxy.testing import java_tools
+from tests.integration.virtual_checks import PARTITIONS, SHARES
+
+pytestmark = pytest.mark.kafka
+
+
+def test_java_consumer_protocol_group_on_a_virtual_topic_gets_the_reason(kafka, proxy, topic_factory):
+    topic = topic_factory(kafka, partitions=PARTITIONS)
+    result = java_tools.console_consumer(
+        proxy.bootstrap_servers, f"{topic}.kr{SHARES}", group=f"kip848-{uuid.uuid4().hex[:8]}", timeout_ms=20000,
+        consumer_config={"group.protocol": "consumer"}, timeout=120, check=False)
+    output = result.stdout + result.stderr
+    # The member goes to its fatal state and the tool stops on the error (its exit code is 0).
+    assert "InvalidTopicException" in output and "Processed a total of 0 messages" in output, output[-3000:]
+    assert "group.protocol=classic" in output and f"{topic}.kr{SHARES}" in output, output[-3000:]
+
+
+def test_java_consumer_protocol_group_on_the_real_topic_still_works(kafka, proxy, topic_factory):
+    """Only virtual names are refused: the same client reads the real topic through the proxy."""
+    from tests.integration import virtual_checks as checks
+
+    topic = topic_factory(kafka, partitions=PARTITIONS)
+    checks.produce(proxy.bootstrap_servers, topic, 20)
+    result = java_tools.console_consumer(
+        proxy.bootstrap_servers, topic, group=f"kip848-{uuid.uuid4().hex[:8]}", max_messages=20, timeout_ms=30000,
+        consumer_config={"group.protocol": "consumer"}, timeout=120)
+    assert len([line for line in result.stdout.splitlines() if line.strip()]) == 20, result.stdout[-2000:]
