@@ -367,10 +367,13 @@ class VirtualTopicsFeature(Feature):
                     ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
         self._take_cached(state, resolved.parts, answers)
         waiting = [event for part in resolved.parts if part.key not in answers and part.share is not None
-                   and (event := self._inflight.get((part.real, part.real_partition, part.fetch_offset))) is not None]
+                   and (event := self._inflight.get((part.real, part.real_partition, part.fetch_offset))) is not None
+                   and not self._recent.at_log_end((part.real, part.real_partition), part.fetch_offset)]
         if waiting:
             # Another connection's read of the same position is on its way: its split fills
             # our shares. Waiting is no worse than the broker holding the fetch (max_wait_ms).
+            # Not at the log end: that read is a long poll, and merging two of them only
+            # queues one behind the other.
             with trio.move_on_after(max(body.max_wait_ms, 0) / 1000 + _MERGE_GRACE):
                 for event in waiting:
                     await event.wait()

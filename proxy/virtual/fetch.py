@@ -343,6 +343,12 @@ class RecentReads:
         del stretches[:-self.per_partition]
         self._reads[partition] = stretches  # most recently read partitions last
 
+    def at_log_end(self, partition: tuple[str, int], position: int) -> bool:
+        """Whether ``position`` is at (or past) the last high watermark seen: a read there
+        is a long poll that brings nothing to wait for."""
+        high_watermark = self._high_watermark.get(partition)
+        return high_watermark is None or position >= high_watermark
+
     def probe_offset(self, partition: tuple[str, int], position: int) -> int | None:
         """Where to probe ``partition`` for a consumer at ``position``: the last high
         watermark seen, when a recent read covered ``position``; else None."""

@@ -63,3 +63,10 @@ def test_every_share_of_the_virtual_topics_read():
     real = FetchPart(topic="t", index=0, real="t", real_id=None, real_partition=0, share=None, fetch_offset=0,
                      max_bytes=1)
     assert every_share([real]) == []
+
+
+def test_a_position_at_the_last_high_watermark_is_at_the_log_end():
+    recent = RecentReads()
+    assert recent.at_log_end(("t", 0), 0)  # nothing known: do not wait on anything
+    recent.add(("t", 0), 0, 100, 120)
+    assert not recent.at_log_end(("t", 0), 100) and recent.at_log_end(("t", 0), 120)
