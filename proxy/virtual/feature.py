@@ -197,8 +197,10 @@ class VirtualTopicsFeature(Feature):
         return guarded
 
     def response_stages(self) -> Mapping[int, tuple[int, Any]]:
+        # Not OffsetCommit: a virtual commit has its own route's on_response, and a stage
+        # here would have every commit response decoded (a range commit's too) for nothing.
         keys = (ApiKey.METADATA, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.DESCRIBE_CONFIGS,
-                ApiKey.DESCRIBE_TOPIC_PARTITIONS, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH)
+                ApiKey.DESCRIBE_TOPIC_PARTITIONS, ApiKey.OFFSET_FETCH)
         return {api_key: (0, self._on_response) for api_key in keys}
 
     # -- the cluster view ---------------------------------------------------------------------
