@@ -291,9 +291,9 @@ def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work
 
 
 def rebalance_run(kind: str, workdir: Path, *, start: Callable[[Fleet, str], None], partitions: int,
-                  before: float, after: float) -> dict[str, Any]:
-    """Four members, then a fifth joins: each original member's longest stop and the
-    group's records/s around the join (times from the members' logs)."""
+                  before: float, after: float, original: int = 4) -> dict[str, Any]:
+    """``original`` members (four), then one more joins: each original member's longest stop
+    and the group's records/s around the join (times from the members' logs)."""
     fleet = Fleet(workdir)
 
     def settled(members: int) -> bool:
@@ -302,23 +302,25 @@ def rebalance_run(kind: str, workdir: Path, *, start: Callable[[Fleet, str], Non
             ok = keyrange_settled(logs, members)
         else:
             ok = java_settled(logs, members, partitions, time.monotonic())
-        return ok and all(log.batches for log in logs[:4])
+        return ok and all(log.batches for log in logs[:original])
 
+    newcomer = f"m{original}"
     try:
-        for i in range(4):
+        for i in range(original):
             start(fleet, f"m{i}")
-        _wait(lambda: settled(4), 180, "four members settled")
+        _wait(lambda: settled(original), 180, f"{original} members settled")
         time.sleep(before)  # a stretch of steady running before the join, not a synchronisation
-        start(fleet, "m4")
-        done = _wait(lambda: settled(5) and fleet.logs()["m4"].joined is not None, 180, "five members settled")
+        start(fleet, newcomer)
+        done = _wait(lambda: settled(original + 1) and fleet.logs()[newcomer].joined is not None, 180,
+                     f"{original + 1} members settled")
         time.sleep(after)
         end = time.monotonic()
-        _wait(lambda: all(log.batches[-1][1] >= end for log in list(fleet.logs().values())[:4]), 30,
+        _wait(lambda: all(log.batches[-1][1] >= end for log in list(fleet.logs().values())[:original]), 30,
               "the original members logged past the end")
         logs = fleet.logs()
     finally:
         fleet.stop()
-    joined = logs["m4"].joined
+    joined = logs[newcomer].joined
     assert joined is not None
     changed = max(log.last_change for log in logs.values())
     until = max(changed, joined) + 1.0
@@ -326,9 +328,10 @@ def rebalance_run(kind: str, workdir: Path, *, start: Callable[[Fleet, str], Non
     during = rates(logs.values(), joined, until)
     return {
         "kind": kind, "join_to_settled_s": round(changed - joined, 3), "detected_settled_s": round(done - joined, 3),
-        "stop_ms": {name: round(1000 * longest_gap(logs[name].batches, joined, until), 1) for name in sorted(logs)[:4]},
+        "stop_ms": {name: round(1000 * longest_gap(logs[name].batches, joined, until), 1)
+                    for name in sorted(logs)[:original]},
         "gap_before_join_ms": {name: round(1000 * longest_gap(logs[name].batches, joined - before, joined), 1)
-                               for name in sorted(logs)[:4]},
+                               for name in sorted(logs)[:original]},
         "records_per_s_before": statistics.mean(steady), "records_per_s_during": statistics.mean(during),
         "records_per_s_lowest_bin": min(during),
         "records_per_s_after": statistics.mean(rates(logs.values(), min(until, end - 1.0), end)),
