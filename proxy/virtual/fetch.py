@@ -345,9 +345,10 @@ class RecentReads:
 
     def at_log_end(self, partition: tuple[str, int], position: int) -> bool:
         """Whether ``position`` is at (or past) the last high watermark seen: a read there
-        is a long poll that brings nothing to wait for."""
+        is a long poll that brings nothing to wait for. Unknown before the first read, so
+        consumers that start together wait for the first one's read."""
         high_watermark = self._high_watermark.get(partition)
-        return high_watermark is None or position >= high_watermark
+        return high_watermark is not None and position >= high_watermark
 
     def probe_offset(self, partition: tuple[str, int], position: int) -> int | None:
         """Where to probe ``partition`` for a consumer at ``position``: the last high

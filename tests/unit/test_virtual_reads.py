@@ -67,6 +67,6 @@ def test_every_share_of_the_virtual_topics_read():
 
 def test_a_position_at_the_last_high_watermark_is_at_the_log_end():
     recent = RecentReads()
-    assert recent.at_log_end(("t", 0), 0)  # nothing known: do not wait on anything
+    assert not recent.at_log_end(("t", 0), 0)  # nothing read yet: the first read is worth waiting for
     recent.add(("t", 0), 0, 100, 120)
     assert not recent.at_log_end(("t", 0), 100) and recent.at_log_end(("t", 0), 120)
