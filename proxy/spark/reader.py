@@ -32,7 +32,8 @@ from proxy.spark.offsets import EARLIEST
 from proxy.spark.options import SourceOptions
 
 QUEUE_CHUNKS = 4
-FETCH_MAX_BYTES = 1 << 20
+FIRST_FETCH_MAX_BYTES = 64 << 10  # the task's work starts after a small first answer ...
+FETCH_MAX_BYTES = 1 << 20  # ... and the answers grow to this, doubling each time
 FETCH_MAX_BYTES_CAP = 64 << 20  # a single batch larger than this cannot be read
 FETCH_WAIT_MS = 500
 
@@ -117,7 +118,7 @@ async def fetch_share(options: SourceOptions, task: ShareRead, emit) -> None:
         position = task.start
         if position == EARLIEST:
             position = (await cluster.list_offsets([tp], EARLIEST_TIMESTAMP, options.isolation_level))[tp]
-        max_bytes = FETCH_MAX_BYTES
+        max_bytes = FIRST_FETCH_MAX_BYTES
         stalled_since = trio.current_time()
         while position < task.end:
             part = await cluster.retrying(
@@ -142,6 +143,7 @@ async def fetch_share(options: SourceOptions, task: ShareRead, emit) -> None:
             if decoded.next_offset > position:
                 position = decoded.next_offset
                 stalled_since = trio.current_time()
+                max_bytes = max(max_bytes, min(2 * max_bytes, FETCH_MAX_BYTES))
                 continue
             if decoded.truncated:
                 if max_bytes >= FETCH_MAX_BYTES_CAP:

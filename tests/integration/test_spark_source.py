@@ -102,6 +102,23 @@ def test_batch_read_equals_direct_read_and_keeps_each_share_in_order(spark, kafk
     assert len({(r["partition"], r["keyRangeStart"]) for r in hot}) == len({r["partition"] for r in hot})
 
 
+def test_batches_larger_than_the_first_fetch_are_read_whole(spark, kafka, proxy, topic_factory_module):  # noqa: F811
+    """A task's first Fetch asks for 64 KB and its answers grow from there; a batch larger
+    than what a Fetch asks for still comes whole, between small ones."""
+    from kafka import KafkaProducer
+
+    topic = topic_factory_module(kafka, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", max_request_size=4 << 20)
+    for n in range(60):
+        size = 300_000 if n % 20 == 5 else 100
+        producer.send(topic, key=f"key-{n % 7}".encode(), value=bytes([n]) * size)
+    producer.flush(30)
+    producer.close()
+    rows = _keyrange(spark, proxy, topic, 3).select(*COLUMNS).collect()
+    assert Counter(tuple(r) for r in rows) == _direct(spark, kafka.bootstrap_servers, topic, "read_uncommitted")
+    assert sorted(len(r["value"]) for r in rows)[-3:] == [300_000] * 3
+
+
 def test_read_uncommitted_sees_aborted_records_like_a_direct_read(spark, kafka, proxy, mixed_topic):  # noqa: F811
     rows = _keyrange(spark, proxy, mixed_topic, 4).select(*COLUMNS).collect()
     expected = _direct(spark, kafka.bootstrap_servers, mixed_topic, "read_uncommitted")
