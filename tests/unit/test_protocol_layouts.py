@@ -154,9 +154,10 @@ def test_individual_commit_key_and_value_layout():
     value_bytes = messages.encode_data("IndividualCommitValue", value, version=0)
     assert value_bytes == i16(0) + i64(100) + b"\x02" + i64(102) + i64(110) + b"\x00" + b"\x00"
     assert messages.decode_data("IndividualCommitValue", value_bytes) == value
-    # Version 1 (what the proxy writes): R as varint deltas from S, in a compact bytes field.
+    # Version 1 (what the proxy writes for a state without share watermarks): R as varint
+    # deltas from S, in a compact bytes field.
     compact = messages.new_data("IndividualCommitValue", stable_offset=100, range_deltas=b"\x02\x08", reset_epoch=3)
-    compact_bytes = messages.encode_data("IndividualCommitValue", compact)
+    compact_bytes = messages.encode_data("IndividualCommitValue", compact, version=1)
     assert compact_bytes == i16(1) + i64(100) + b"\x03" + b"\x02\x08" + i64(3) + b"\x00"
     assert messages.decode_data("IndividualCommitValue", compact_bytes) == compact
     assert messages.decode_data("IndividualCommitKey", key_bytes) == key
