@@ -70,15 +70,8 @@ class _Connection:
     def __init__(self) -> None:
         self.sessions = fetch.VirtualSessions()
         self.pending: dict[int, tuple[str, Any]] = {}  # correlation id -> (what, plan) for the response
-        self.held: dict[int, list[trio.Semaphore]] = {}  # correlation id -> commit locks it holds
-
-    def release(self, correlation_id: int) -> None:
-        for lock in self.held.pop(correlation_id, ()):
-            lock.release()
 
     def close(self) -> None:
-        for correlation_id in list(self.held):
-            self.release(correlation_id)
         self.pending.clear()
         self.sessions.sessions.clear()
 
@@ -234,10 +227,7 @@ class VirtualTopicsFeature(Feature):
             return
         what, plan = entry
         body, version = response.body, response.version
-        try:
-            self._rewrite_response(what, plan, body, version)
-        finally:
-            state.release(response.header.correlation_id)
+        self._rewrite_response(what, plan, body, version)
         response.changed = True
 
     def _rewrite_response(self, what: str, plan: Any, body: Any, version: int) -> None:
