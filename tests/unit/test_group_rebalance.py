@@ -219,14 +219,21 @@ async def test_a_revocation_whose_marks_the_application_committed_completes_at_o
     assert member.to_be_revoked() == set() and committer.commits == 1 and not member._commit_wanted
 
 
-async def test_a_member_that_grows_goes_on_with_what_it_keeps_and_takes_the_rest_from_the_group_state():
+def _growing_member():
+    """A member reading a quarter of TP from offset 0, and that quarter grown by a fifth
+    of its width downwards (what a neighbour that leaves gives up)."""
     state = AssignmentState(read_committed=False, tracking=True)
     member, committer = _member(state)
-    quarters = equal_shares(4)
-    old, new = [quarters[1]], [KeyRange(quarters[1].start - quarters[1].size // 5, quarters[1].end)]
+    quarter = equal_shares(4)[1]
+    old, new = [quarter], [KeyRange(quarter.start - quarter.size // 5, quarter.end)]
     state.assign({TP: old})
     state.progress[TP] = PartitionProgress(0)
     state.positions[TP] = 0
+    return state, member, committer, old, new
+
+
+async def test_a_member_that_grows_goes_on_with_what_it_keeps_and_takes_the_rest_from_the_group_state():
+    state, member, committer, old, new = _growing_member()
     first = _records_in(old, 0, 100)
     state.buffers.add(TP, first, 100)
     handed = state.drain(10, ())  # out with the application when the growth arrives
@@ -249,13 +256,7 @@ async def test_a_member_that_grows_goes_on_with_what_it_keeps_and_takes_the_rest
 
 
 async def test_a_growth_that_arrives_between_polls_of_a_sequential_application_never_pauses():
-    state = AssignmentState(read_committed=False, tracking=True)
-    member, committer = _member(state)
-    quarters = equal_shares(4)
-    old, new = [quarters[1]], [KeyRange(quarters[1].start - quarters[1].size // 5, quarters[1].end)]
-    state.assign({TP: old})
-    state.progress[TP] = PartitionProgress(0)
-    state.positions[TP] = 0
+    state, member, committer, old, new = _growing_member()
     committer.group_state[TP] = (0, [])
     await _sync(member, {TP: old}, {TP: new})
     assert committer.reads == 1 and state.ranges[TP] == new and not state.paused
