@@ -34,9 +34,33 @@ def proxy_factory(tmp_path_factory) -> Iterator[ProxyFactory]:
         started.append(process)
         return process
 
+    start.started = started  # type: ignore[attr-defined]  # read by the failure report below
     yield start
     for process in started:
         process.stop(timeout=10)
+
+
+LOG_TAIL_CHARS = 6000
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed integration test's report carries the tail of the log of every proxy it used
+    (its own fixtures' and those the factory started during the test), so that a failure in
+    CI, where the temporary directories are gone afterwards, can still be read."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    processes: list[ProxyProcess] = [v for v in item.funcargs.values() if isinstance(v, ProxyProcess)]
+    factory = item.funcargs.get("proxy_factory")
+    processes += [p for p in getattr(factory, "started", ())[-4:] if p not in processes]
+    for process in processes:
+        try:
+            text = process.log_path.read_text(errors="replace")
+        except OSError as exc:
+            text = f"(log unreadable: {exc})"
+        report.sections.append((f"proxy log tail {process.log_path.name}", text[-LOG_TAIL_CHARS:]))
 
 
 @pytest.fixture(scope="session")
