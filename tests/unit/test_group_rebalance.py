@@ -30,12 +30,19 @@ def test_narrows():
     assert not narrows([KeyRange(0, 10), KeyRange(20, 30)], [KeyRange(5, 25)])
 
 
-def test_a_narrowed_range_keeps_its_buffered_records_in_order():
+def _buffered(count: int):
+    """A state holding ``count`` buffered records of TP from offset 100, its fetch ended
+    right after them."""
     state = AssignmentState(read_committed=False, tracking=True)
     state.assign({TP: []})
     state.seek(TP, 100)
-    records = _records(100, 40)
-    state.buffers.add(TP, records, 140)
+    records = _records(100, count)
+    state.buffers.add(TP, records, 100 + count)
+    return state, records
+
+
+def test_a_narrowed_range_keeps_its_buffered_records_in_order():
+    state, records = _buffered(40)
     quarter = equal_shares(4)[1]
     state.assign({TP: [quarter]})
     kept = [r.offset for r in records if contains([quarter], key_hash(r.key, r.offset))]
@@ -46,11 +53,7 @@ def test_a_narrowed_range_keeps_its_buffered_records_in_order():
 
 
 def test_a_buffer_narrowed_to_nothing_moves_the_position_past_the_fetch():
-    state = AssignmentState(read_committed=False, tracking=True)
-    state.assign({TP: []})
-    state.seek(TP, 100)
-    records = _records(100, 3)
-    state.buffers.add(TP, records, 103)
+    state, records = _buffered(3)
     hashes = sorted(key_hash(r.key, r.offset) for r in records)
     state.assign({TP: [KeyRange(hashes[0] + 1, hashes[0] + 1)]})
     assert not state.buffers.has_buffered(TP) and state.position(TP) == 103
