@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +15,22 @@ from proxy.protocol.schema import SchemaError, Versions, build_message, registry
 def test_comment_stripping_leaves_slashes_inside_strings():
     text = '{"a": "http://x//y", // comment "quoted"\n "b": "\\"//\\"" // tail\n}'
     assert schema.parse_json_with_comments(text, "t") == {"a": "http://x//y", "b": '"//"'}
+
+
+def test_comment_stripping_keeps_escaped_quotes_inside_strings():
+    text = '{"a": "say \\"//hi\\"", // gone\n "b": "c:\\\\" // gone too\n}'
+    assert schema.strip_json_comments(text) == '{"a": "say \\"//hi\\"", \n "b": "c:\\\\" \n}'
+
+
+def test_schema_files_are_found_without_importing_the_client_package():
+    """A process that only decodes messages (a Spark worker) should not import
+    kafka-python's client to locate the definitions."""
+    folder = schema._package_directory(schema.KAFKA_SCHEMA_PACKAGE)
+    assert any(entry.name == "FetchRequest.json" for entry in folder.iterdir())
+    assert schema._package_directory("protocol_schemas").is_dir()
+    probe = "import sys, proxy.protocol.messages as m; m.precompile(); print(sorted(n for n in sys.modules if n.split('.')[0] == 'kafka'))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
 
 
 def test_comment_only_lines_and_trailing_comments():
