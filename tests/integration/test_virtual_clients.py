@@ -32,10 +32,18 @@ def _group() -> str:
     return f"vg-{uuid.uuid4().hex[:8]}"
 
 
-# Eight kafka-python members sometimes never settle their group (assignment sizes stuck at
-# [1, 0, 2, ...] for 60 s), about once in ten runs under load, cause not yet known: one rerun,
-# and the failed run's report keeps the proxy's log for the investigation.
-@pytest.mark.flaky(reruns=1)
+# kafka-python 3.0 can lose a group leader's assignment for good, against a broker as well
+# as through the proxy: a leader that joined before its metadata knew the topic rejoins when
+# the metadata arrives; if a poll's timeout ends after that JoinGroup's answer and before
+# the SyncGroup's, the client stops retrying (its rejoin condition already reads as met)
+# and never applies the SyncGroup's result, so it holds no partition and sends no
+# heartbeat. Eight members polling every 200 ms hit it about once in fifteen runs. The test
+# narrows it to the first member's own join (it joins alone, before the others) and to
+# polls of a second, and one rerun covers what remains.
+_KAFKA_PYTHON_LOST_SYNC = pytest.mark.flaky(reruns=1)
+
+
+@_KAFKA_PYTHON_LOST_SYNC
 @pytest.mark.parametrize("members", MEMBERS)
 def test_kafka_python_group_reads_each_record_once(kafka, proxy, topic_factory, members):
     from kafka import KafkaConsumer
@@ -56,7 +64,7 @@ def test_kafka_python_group_reads_each_record_once(kafka, proxy, topic_factory, 
                                  heartbeat_interval_ms=500, max_poll_records=200)
         try:
             while time.monotonic() < deadline:
-                batches = consumer.poll(timeout_ms=200)
+                batches = consumer.poll(timeout_ms=1000)
                 assignment = consumer.assignment()
                 sizes[index] = len(assignment)
                 for tp, records in batches.items():
@@ -75,7 +83,11 @@ def test_kafka_python_group_reads_each_record_once(kafka, proxy, topic_factory, 
             consumer.close()
 
     threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(members)]
-    for thread in threads:
+    # The first member joins alone and holds every partition before the others start, so
+    # that no member's metadata changes after that (see _KAFKA_PYTHON_LOST_SYNC).
+    threads[0].start()
+    checks.wait_assigned(lambda: [sizes.get(0, 0)], 1)
+    for thread in threads[1:]:
         thread.start()
     checks.wait_assigned(lambda: list(sizes.values()), members)
     sent = checks.produce(proxy.bootstrap_servers, topic, RECORDS)
