@@ -54,6 +54,16 @@ class FeatureChain:
             supported = messages.supported_versions(key)
             if supported is not None:
                 self._known[key] = supported
+        for feature in self.features:
+            for key, newest in feature.version_limits().items():
+                if key not in self._known:
+                    raise ValueError(f"{feature.name} limits the versions of {messages.api_name(key)}, "
+                                     "which no feature decodes")
+                low, high = self._known[key]
+                if newest < low:
+                    raise ValueError(f"{feature.name} serves {messages.api_name(key)} up to v{newest}, "
+                                     f"below the oldest version the proxy decodes (v{low})")
+                self._known[key] = (low, min(high, newest))
         self._stages_by_version: dict[tuple[int, int], list[ResponseStage]] = {}
 
     # -- what the chain decodes -------------------------------------------------------------

@@ -42,3 +42,9 @@ class Feature:
     def advertised(self) -> Mapping[str, tuple[int, int]]:
         """SupportedFeatures entries for ApiVersions v3+: name -> (min, max) version."""
         return {}
+
+    def version_limits(self) -> Mapping[int, int]:
+        """API key -> the newest version this feature can serve; ApiVersions advertises no
+        newer one, so clients pick a version whose layout the feature handles (a newer
+        layout may, for example, name topics by id only)."""
+        return {}

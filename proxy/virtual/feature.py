@@ -34,6 +34,7 @@ _FIND_COORDINATOR_VERSION = 4
 _LOAD_TIMEOUT = 10.0
 _MERGE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for another connection's read
 _MAX_INFLIGHT_READS = 10_000
+NEWEST_COMMIT_BY_NAME = 9  # OffsetCommit / OffsetFetch v10 name topics by id only
 
 
 class SharedReads(Protocol):
@@ -181,6 +182,12 @@ class VirtualTopicsFeature(Feature):
         # topic, it lists the virtual partitions too, and its bytes name none).
         return {api_key: stage if api_key in (ApiKey.FETCH, ApiKey.OFFSET_FETCH) else self._guard(stage)
                 for api_key, stage in stages.items()}
+
+    def version_limits(self) -> Mapping[int, int]:
+        # OffsetCommit and OffsetFetch v10 name topics by id only; the watermark commits
+        # and their answers work by name, so clients are offered v9, which every client
+        # that speaks v10 also speaks.
+        return {ApiKey.OFFSET_COMMIT: NEWEST_COMMIT_BY_NAME, ApiKey.OFFSET_FETCH: NEWEST_COMMIT_BY_NAME}
 
     def _guard(self, stage: RequestStage) -> RequestStage:
         async def guarded(ctx: ConnectionContext, request: Request) -> Route | None:

@@ -29,6 +29,17 @@ def test_api_versions_clamped_to_what_the_proxy_decodes(raw):
         assert advertised[key][1] <= messages.supported_versions(key)[1]
 
 
+def test_commit_apis_are_offered_by_name_while_virtual_topics_are_on(kafka, raw):
+    """OffsetCommit and OffsetFetch v10 name topics by id only; virtual topics are
+    committed by name, so the proxy (virtual topics on) offers v9 and refuses v10."""
+    with RawClient.connect(kafka.bootstrap_servers) as direct:
+        broker = direct.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
+    ours = raw.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
+    for key in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH):
+        broker_max = next(e.max_version for e in broker.api_keys if e.api_key == key)
+        assert next(e.max_version for e in ours.api_keys if e.api_key == key) == min(9, broker_max)
+
+
 def test_api_versions_newer_than_known_gets_unsupported_version(raw):
     newest = messages.supported_versions(ApiKey.API_VERSIONS)[1]
     # Hand-built: a version past what our schemas define (body as in v3).

@@ -255,6 +255,39 @@ async def test_a_version_beyond_our_schemas_of_a_decoded_key_is_a_protocol_error
         await _route(chain, bytes(frame))
 
 
+class _Limited(_Recorder):
+    def __init__(self, name: str, limits: dict[int, int], keys=(ApiKey.OFFSET_COMMIT,)) -> None:
+        super().__init__(name, [], keys=keys)
+        self.limits = limits
+
+    def version_limits(self):
+        return self.limits
+
+
+async def test_a_feature_limits_the_versions_advertised_and_accepted():
+    chain = FeatureChain([_Limited("commits-by-name", {ApiKey.OFFSET_COMMIT: 9})])
+    low, high = messages.supported_versions(ApiKey.OFFSET_COMMIT)
+    assert high > 9
+    response_class = messages.body_class(ApiKey.API_VERSIONS, "response")
+    raw = _response(ApiKey.API_VERSIONS, 3, api_keys=[
+        response_class.ApiVersion(api_key=int(ApiKey.OFFSET_COMMIT), min_version=0, max_version=high)])
+    route = await _route(chain, _request(ApiKey.API_VERSIONS, 3, client_software_name="t",
+                                         client_software_version="1"))
+    _, body = messages.decode_response(ApiKey.API_VERSIONS, 3, await route.transform(raw))
+    assert [(e.api_key, e.min_version, e.max_version) for e in body.api_keys] == [(ApiKey.OFFSET_COMMIT, low, 9)]
+    frame = bytearray(_request(ApiKey.OFFSET_COMMIT, 9, group_id="g", topics=[]))
+    frame[2:4] = (10).to_bytes(2, "big")
+    with pytest.raises(ProtocolError, match="beyond the versions the proxy advertised"):
+        await _route(chain, bytes(frame))
+
+
+def test_a_version_limit_needs_a_decoded_key_and_a_version_the_proxy_decodes():
+    with pytest.raises(ValueError, match="which no feature decodes"):
+        FeatureChain([_Limited("a", {ApiKey.OFFSET_FETCH: 9})])
+    with pytest.raises(ValueError, match="below the oldest version"):
+        FeatureChain([_Limited("b", {ApiKey.OFFSET_COMMIT: 0})])
+
+
 def test_two_features_cannot_advertise_one_extension():
     with pytest.raises(ValueError, match="keyrange.fetch"):
         FeatureChain([_Recorder("a", [], advertise={"keyrange.fetch": (1, 1)}),
