@@ -303,7 +303,7 @@ class VirtualTopicsFeature(Feature):
 
     async def on_refused(self, ctx: ConnectionContext, request: Request) -> Route | None:
         _, body = request.decoded()
-        response = refusals.refuse(request.api_key, request.version, body, self.resolver.virtual)
+        response = refusals.refuse(request.api_key, request.version, body, self.resolver.virtual, self.resolver.by_id)
         if response is None:
             return None
         self._refused.labels(messages.api_name(request.api_key)).inc()

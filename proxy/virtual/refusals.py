@@ -9,6 +9,7 @@ is answered whole, and a write must not half-happen because of a typo in one nam
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ _TOPIC_RESOURCE = 2
 _INVALID = int(ErrorCode.INVALID_TOPIC_EXCEPTION)
 
 Lookup = Callable[[str], "VirtualTopic | None"]
+IdLookup = Callable[[uuid.UUID], "VirtualTopic | None"]
 
 _ACTIONS = {
     ApiKey.PRODUCE: "producing",
@@ -35,9 +37,10 @@ _ACTIONS = {
 REFUSED_APIS = tuple(_ACTIONS)
 
 
-def _names(api_key: int, body: Any) -> list[str]:
+def _names(api_key: int, body: Any, by_id: IdLookup | None) -> list[str]:
     if api_key == ApiKey.PRODUCE:
-        return [t.name or "" for t in body.topic_data]
+        # v13+ names a topic by id only: a virtual id is the one Metadata handed out
+        return [t.name or _virtual_name(getattr(t, "topic_id", None), by_id) for t in body.topic_data]
     if api_key in (ApiKey.DELETE_RECORDS, ApiKey.CREATE_TOPICS, ApiKey.CREATE_PARTITIONS):
         return [t.name for t in body.topics]
     if api_key == ApiKey.DELETE_TOPICS:
@@ -47,9 +50,15 @@ def _names(api_key: int, body: Any) -> list[str]:
     return [r.resource_name if r.resource_type == _TOPIC_RESOURCE else "" for r in body.resources]
 
 
-def refuse(api_key: int, version: int, body: Any, lookup: Lookup) -> Any | None:
-    """The response body refusing ``body`` when it names a virtual topic, else None."""
-    names = _names(api_key, body)
+def _virtual_name(topic_id: uuid.UUID | None, by_id: IdLookup | None) -> str:
+    vt = by_id(topic_id) if by_id is not None and topic_id is not None else None
+    return vt.name if vt is not None else ""
+
+
+def refuse(api_key: int, version: int, body: Any, lookup: Lookup, by_id: IdLookup | None = None) -> Any | None:
+    """The response body refusing ``body`` when it names a virtual topic (by name, or for
+    Produce v13+ by the id ``by_id`` knows), else None."""
+    names = _names(api_key, body, by_id)
     virtual = {name: vt for name in names if name and (vt := lookup(name)) is not None}
     if not virtual:
         return None
@@ -68,8 +77,8 @@ def refuse(api_key: int, version: int, body: Any, lookup: Lookup) -> Any | None:
         response.responses = [cls.TopicProduceResponse(
             name=t.name, topic_id=t.topic_id,
             partition_responses=[cls.PartitionProduceResponse(index=p.index, error_code=_INVALID, base_offset=-1,
-                                                              error_message=message(t.name or ""))
-                                 for p in t.partition_data]) for t in body.topic_data]
+                                                              error_message=message(name))
+                                 for p in t.partition_data]) for t, name in zip(body.topic_data, names)]
     elif api_key == ApiKey.DELETE_RECORDS:
         response.topics = [cls.DeleteRecordsTopicResult(name=t.name, partitions=[
             cls.DeleteRecordsPartitionResult(partition_index=p.partition_index, low_watermark=-1, error_code=_INVALID)

@@ -174,3 +174,26 @@ def test_metadata_never_sends_a_virtual_name_and_expands_partitions():
     assert [(p.partition_index, p.leader_id) for p in virtual.partitions] == [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2),
                                                                               (5, 2)]
     assert refused.name == "t.kr999" and refused.error_code == 17
+
+
+def test_produce_by_topic_id_to_a_virtual_topic_is_refused_with_its_name():
+    from proxy.virtual import refusals
+
+    names = VirtualNames(".kr", 64)
+    vt = names.parse("orders.kr4")
+    real_id = uuid.uuid4()
+    virtual_id = vt.topic_id(real_id)
+    cls = messages.body_class(ApiKey.PRODUCE, "request")
+    body = messages.new_body(ApiKey.PRODUCE, 13, "request", acks=-1, timeout_ms=1000, topic_data=[
+        cls.TopicProduceData(name="", topic_id=virtual_id, partition_data=[cls.PartitionProduceData(index=2)])])
+    by_id = {virtual_id: vt}.get
+    assert refusals.refuse(ApiKey.PRODUCE, 13, body, names.parse) is None  # the id unknown: no name to refuse
+    response = refusals.refuse(ApiKey.PRODUCE, 13, body, names.parse, by_id)
+    [topic] = response.responses
+    assert topic.topic_id == virtual_id
+    [part] = topic.partition_responses
+    assert part.index == 2 and part.error_code == ErrorCode.INVALID_TOPIC_EXCEPTION
+    assert "orders.kr4" in part.error_message and "orders" in part.error_message
+    decoded = messages.decode_body(ApiKey.PRODUCE, 13, "response", messages.encode_body(ApiKey.PRODUCE, 13, "response",
+                                                                                          response))
+    assert decoded.responses[0].topic_id == virtual_id
