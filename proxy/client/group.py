@@ -218,13 +218,14 @@ class GroupMember:
             self._committer.member = SIMPLE_GROUP
             self._wake_poll()
             return
-        self._committer.member = CommitIdentity(m.generation, m.member_id, m.instance_id)
         assignments: dict[str, bytes] = {}
         if m.is_leader:
             assignments = m.assignments(await self._partitions(m.subscribed_topics()))
         response = await self._request(ApiKey.SYNC_GROUP, lambda v: m.sync_request(v, assignments))
         answer, change = m.on_sync(response)
         if change is not None:
+            # commits carry the generation whose assignment this member holds
+            self._committer.member = CommitIdentity(m.generation, m.member_id, m.instance_id)
             self.rebalances += 1
             self._changes.append(change)
             self._next_heartbeat = trio.current_time() + config.heartbeat_interval_ms / 1000

@@ -83,7 +83,11 @@ class Membership:
     allows_ranges: bool
     topics: list[str] = field(default_factory=list)
     member_id: str = ""
+    # The generation whose assignment ``owned`` holds: what the subscription claims with,
+    # what heartbeats and commits carry. It becomes the JoinGroup's generation only once
+    # that generation's SyncGroup hands out its assignment.
     generation: int = -1
+    joined_generation: int = -1  # the last JoinGroup's, for its SyncGroup
     protocol: str | None = None
     leader_id: str = ""
     phase: Phase = Phase.UNJOINED
@@ -126,7 +130,7 @@ class Membership:
         code = response.error_code
         if code == ErrorCode.NONE:
             self.member_id = response.member_id
-            self.generation = response.generation_id
+            self.joined_generation = response.generation_id
             self.protocol = response.protocol_name
             self.leader_id = response.leader
             self.members = list(response.members) if self.is_leader else []
@@ -163,7 +167,7 @@ class Membership:
 
     # -- SyncGroup -------------------------------------------------------------------------
     def sync_request(self, version: int, assignments: Mapping[str, bytes]) -> Any:
-        return sync_group_request(version, self.group, self.generation, self.member_id, self.instance_id,
+        return sync_group_request(version, self.group, self.joined_generation, self.member_id, self.instance_id,
                                   self.protocol or KEYRANGE, assignments if self.is_leader else {})
 
     def on_sync(self, response: Any) -> tuple[Answer, Change | None]:
@@ -175,13 +179,20 @@ class Membership:
             # what is being revoked stays owned (and claimed) until the application is done
             self.revoking = union(self.revoking, revoked)
             self.owned = union(new, self.revoking)
+            self.generation = self.joined_generation
             self.phase = Phase.STABLE
             self.members = []
             return Answer.OK, Change(new, added, revoked)
         self.phase = Phase.UNJOINED
-        if code == ErrorCode.REBALANCE_IN_PROGRESS:
+        if code in (ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION):
+            # The generation just joined is gone (a newer rebalance began, or a new
+            # coordinator never learned of it: the old one stopped before storing it), but
+            # what this member owns is still that of ``self.generation``: it joins again
+            # claiming it, and the assignor weighs the claim by that generation. Treating
+            # it as lost would hand the ranges to others from a commit behind this
+            # member's position.
             return Answer.JOIN, None
-        if code in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION):
+        if code == ErrorCode.UNKNOWN_MEMBER_ID:
             return self._lose(code), None
         raise KafkaError.for_code(code, f"SyncGroup of group {self.group!r}")
 
@@ -224,7 +235,7 @@ class Membership:
     def _lose(self, code: int) -> Answer:
         if code == ErrorCode.UNKNOWN_MEMBER_ID:
             self.member_id = ""
-        self.generation = -1
+        self.generation = self.joined_generation = -1
         self.phase = Phase.UNJOINED
         self.lost_owned = union(self.lost_owned, self.owned)
         self.owned, self.revoking = {}, {}
