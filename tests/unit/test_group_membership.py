@@ -101,17 +101,23 @@ def test_revoked_ranges_stay_claimed_until_done_then_rejoin():
     assert m.owned == {TP: [half]} and m.needs_join
 
 
-def test_a_generation_the_coordinator_lost_before_its_sync_keeps_what_the_member_owns():
-    """The coordinator's node stops after answering a JoinGroup and before storing the
-    generation; the new coordinator answers the SyncGroup with ILLEGAL_GENERATION. The
-    member still owns its previous generation's ranges: it rejoins claiming them with that
-    generation, loses nothing, and its commits keep that generation."""
+def _rejoining_owner() -> Membership:
+    """A member that owns TP whole from generation 1 and has sent its next JoinGroup."""
     m = membership()
     m.subscribe(["orders"])
     m.join_request(9)
     m.on_join(join_response(leader="other", generation=1))
     m.on_sync(sync_response(assignment=encode_assignment(KEYRANGE, {TP: []})))
     m.join_request(9)
+    return m
+
+
+def test_a_generation_the_coordinator_lost_before_its_sync_keeps_what_the_member_owns():
+    """The coordinator's node stops after answering a JoinGroup and before storing the
+    generation; the new coordinator answers the SyncGroup with ILLEGAL_GENERATION. The
+    member still owns its previous generation's ranges: it rejoins claiming them with that
+    generation, loses nothing, and its commits keep that generation."""
+    m = _rejoining_owner()
     assert m.on_join(join_response(leader="other", generation=2)) == Answer.SYNC
     assert m.sync_request(5, {}).generation_id == 2
     assert m.generation == 1, "the owned ranges are still generation 1's"
@@ -125,12 +131,7 @@ def test_a_generation_the_coordinator_lost_before_its_sync_keeps_what_the_member
 
 
 def test_a_sync_from_an_unknown_member_loses_what_it_owned():
-    m = membership()
-    m.subscribe(["orders"])
-    m.join_request(9)
-    m.on_join(join_response(leader="other", generation=1))
-    m.on_sync(sync_response(assignment=encode_assignment(KEYRANGE, {TP: []})))
-    m.join_request(9)
+    m = _rejoining_owner()
     m.on_join(join_response(leader="other", generation=2))
     assert m.on_sync(sync_response(ErrorCode.UNKNOWN_MEMBER_ID)) == (Answer.LOST, None)
     assert m.take_lost() == {TP: []} and m.member_id == "" and m.generation == -1
