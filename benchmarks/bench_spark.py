@@ -113,8 +113,8 @@ def timeline(rows, wall_start: float) -> list[list[float]]:
             for _, done in sorted(by_task.items())]
 
 
-def warm_up_session(spark, bootstrap: str, topic: str, work_ms: float, *,
-                    plain_reader: bool = True) -> list[dict]:
+def warm_up_session(spark, bootstrap: str, topic: str, work_ms: float,
+                    readers: tuple[str, ...] = ("kafka",) + WARM_UP_ORDER) -> list[dict]:
     """Bring the session to the state of a long-running application before measuring.
 
     Spark keeps a pool of Python workers and hands each task whichever is idle; a worker
@@ -128,9 +128,9 @@ def warm_up_session(spark, bootstrap: str, topic: str, work_ms: float, *,
 
     Spark also stops the idle workers once no worker has been taken or given back for a
     minute, which the plain reader's job (two tasks for about 100 s) lets happen; the
-    8-task passes are therefore run again after each of its jobs (``plain_reader=False``)."""
+    8-task passes (``WARM_UP_ORDER``) are therefore run again after each of its jobs."""
     passes = []
-    for name in (("kafka",) if plain_reader else ()) + WARM_UP_ORDER:
+    for name in readers:
         result = run_once(spark, name, bootstrap, topic, work_ms)
         passes.append({"reader": name, "seconds": result["seconds"]})
         print(f"warm-up {name}: {result}", flush=True)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 rounds[name].append(result)
                 print(f"round {r + 1} {name}: {result}", flush=True)
                 if name == "kafka":
-                    warm_up_session(spark, proxy.bootstrap_servers, warm_topic, args.work_ms, plain_reader=False)
+                    warm_up_session(spark, proxy.bootstrap_servers, warm_topic, args.work_ms, WARM_UP_ORDER)
         spark.stop()
 
     def spread(values):

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import re
 from dataclasses import dataclass
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -212,7 +213,7 @@ def parse_json_with_comments(text: str, source: str) -> dict:
     return data
 
 
-def _package_directory(package: str) -> Any:
+def _package_directory(package: str) -> Traversable:
     """The folder of ``package``, found without running any ``__init__`` on the way.
 
     ``importlib.resources.files("kafka.protocol...")`` would import kafka-python's whole
@@ -223,7 +224,7 @@ def _package_directory(package: str) -> Any:
     spec = importlib.util.find_spec(top)
     locations = list(spec.submodule_search_locations or ()) if spec else []
     for location in locations:
-        folder = Path(location, *rest.split(".")) if rest else Path(location)
+        folder = Path(location, *rest.split("."))
         if folder.is_dir():
             return folder
     return importlib.resources.files(package)

@@ -40,7 +40,7 @@ REFUSED_APIS = tuple(_ACTIONS)
 def _names(api_key: int, body: Any, by_id: IdLookup | None) -> list[str]:
     if api_key == ApiKey.PRODUCE:
         # v13+ names a topic by id only: a virtual id is the one Metadata handed out
-        return [t.name or _virtual_name(getattr(t, "topic_id", None), by_id) for t in body.topic_data]
+        return [t.name or _virtual_name(t.topic_id, by_id) for t in body.topic_data]
     if api_key in (ApiKey.DELETE_RECORDS, ApiKey.CREATE_TOPICS, ApiKey.CREATE_PARTITIONS):
         return [t.name for t in body.topics]
     if api_key == ApiKey.DELETE_TOPICS:
