@@ -75,6 +75,7 @@ from proxy.client.metadata import ClusterMetadata, refresh_metadata
 from proxy.client.offsets import OffsetResolver
 from proxy.client.records import ConsumerRecord, ConsumerRecords, TopicPartition
 from proxy.protocol import messages
+from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange
 
@@ -479,7 +480,7 @@ class Consumer:
         version = connection.versions[ApiKey.METADATA]
         body = messages.new_body(ApiKey.METADATA, version, "request", topics=None, allow_auto_topic_creation=False)
         response = await self._connections.request(connection, ApiKey.METADATA, version, body)
-        return sorted(t.name for t in response.topics if t.error_code == 0 and self._pattern.fullmatch(t.name)
+        return sorted(t.name for t in response.topics if t.error_code == ErrorCode.NONE and self._pattern.fullmatch(t.name)
                       and not t.is_internal)
 
     async def _poll(self, deadline: float) -> ConsumerRecords:

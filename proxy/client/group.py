@@ -39,6 +39,7 @@ from proxy.client.group_protocol import leave_error
 from proxy.client.membership import Answer, Change, Membership, Phase, difference, union
 from proxy.client.records import ConsumerRecord, TopicPartition
 from proxy.protocol import messages
+from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange
 from proxy.records.keyhash import key_hash
@@ -246,7 +247,7 @@ class GroupMember:
                                  topics=[cls.MetadataRequestTopic(name=t) for t in topics])
         response = await self._connections.request(connection, ApiKey.METADATA, version, body)
         return {t.name: sorted(p.partition_index for p in t.partitions) for t in response.topics
-                if t.error_code == 0}
+                if t.error_code == ErrorCode.NONE}
 
     async def _heartbeat(self) -> None:
         m = self.membership

@@ -123,7 +123,7 @@ class Cluster:
                 continue
             self.partitions[topic.name] = sorted(p.partition_index for p in topic.partitions)
             for p in topic.partitions:
-                self.leaders[(topic.name, p.partition_index)] = p.leader_id if p.error_code == 0 else -1
+                self.leaders[(topic.name, p.partition_index)] = p.leader_id if p.error_code == ErrorCode.NONE else -1
         return errors
 
     async def _seed_request(self, api_key: int, version: int, body: Any) -> Any:

@@ -4,6 +4,7 @@ benchmark. Speaks the tag-10000 extensions of docs/wire-contract.md#3-wire-exten
 from __future__ import annotations
 
 from proxy.protocol import messages
+from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
 from proxy.testing.raw_client import RawClient
 from proxy.testing.wait import wait_until
@@ -60,7 +61,7 @@ class CommitClient:
         body = messages.new_body(ApiKey.OFFSET_FETCH, FETCH_VERSION, "request",
                                  groups=[_F.OffsetFetchRequestGroup(group_id=self.group, topics=[])])
         response = self.client.request(ApiKey.OFFSET_FETCH, FETCH_VERSION, body)
-        return all(group.error_code == 0 for group in response.groups)
+        return all(group.error_code == ErrorCode.NONE for group in response.groups)
 
     def close(self) -> None:
         self.client.close()
@@ -85,18 +86,18 @@ class CommitClient:
                                                                          partition_indexes=list(partitions))])])
             response = self.client.request(ApiKey.OFFSET_FETCH, version, body)
             (group,) = response.groups
-            assert group.error_code == 0, group.error_code
+            assert group.error_code == ErrorCode.NONE, group.error_code
             topics = group.topics
         else:
             body = messages.new_body(ApiKey.OFFSET_FETCH, version, "request", group_id=self.group, topics=[
                 _F.OffsetFetchRequestTopic(name=topic, partition_indexes=list(partitions))])
             response = self.client.request(ApiKey.OFFSET_FETCH, version, body)
-            assert response.error_code == 0, response.error_code
+            assert response.error_code == ErrorCode.NONE, response.error_code
             topics = response.topics
         out = {}
         for t in topics:
             for p in t.partitions:
-                assert p.error_code == 0, p.error_code
+                assert p.error_code == ErrorCode.NONE, p.error_code
                 out[p.partition_index] = (p.committed_offset,
                                           [(r.start, r.end) for r in p.committed_range_offsets or ()])
         return out
