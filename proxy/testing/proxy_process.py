@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -66,7 +67,10 @@ class ProxyProcess:
         workdir: Path | None = None,
         listen_port: int = 0,
         timeout: float = 30.0,
+        source: Path | None = None,
     ) -> ProxyProcess:
+        """``source``: run the proxy of another checkout (its root folder, C kernels built
+        in place) instead of this one's, to compare two builds in one run."""
         workdir = Path(workdir or tempfile.mkdtemp(prefix="keyrange-proxy-"))
         workdir.mkdir(parents=True, exist_ok=True)
         ready = workdir / f"ready-{time.monotonic_ns()}.json"
@@ -80,8 +84,10 @@ class ProxyProcess:
         for key, value in (overrides or {}).items():
             command += ["--override", f"{key}={value}"]
         log_file = open(log_path, "wb")
+        env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
         process = subprocess.Popen(
             command, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+            cwd=source, env=env,
         )
         log_file.close()
         deadline = time.monotonic() + timeout

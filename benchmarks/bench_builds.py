@@ -1,0 +1,136 @@
+"""Two builds of the proxy against each other, and against the broker, in one run.
+
+A change that should not move performance (a refactor, a dependency bump) is checked by
+running the code before and after it side by side: one broker, one proxy process per
+build, and Kafka's own performance tools going direct, through the first build and
+through the second in every round, in an order that rotates from round to round.
+
+    git worktree add /tmp/before <rev>          # and build its C kernels in place
+    .venv/bin/python -m benchmarks.bench_builds --build before=/tmp/before \\
+        --build after=. --rounds 8 --output-dir benchmarks/results/architecture
+
+Reported per build: consume and produce MB/s (ConsumerPerformance, ProducerPerformance,
+1 KB records) as ratios to direct, each round paired with the direct run of the same
+round; and the proxy process's CPU (user + system) per MB moved, as a ratio to the first
+build's in the same round. Writes ``builds.json`` and ``builds.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from benchmarks import results
+from benchmarks.bench_proxy import RECORD_SIZE, _consume, _cpu_seconds, _produce
+from benchmarks.rounds import Row, rotation
+from proxy.testing import java_tools
+from proxy.testing.kafka_cluster import KafkaCluster
+from proxy.testing.proxy_process import ProxyProcess
+from proxy.testing.scratch import scratch_dir
+
+DIRECT = "direct"
+
+
+def _build(text: str) -> tuple[str, Path]:
+    name, sep, folder = text.partition("=")
+    path = Path(folder).resolve()
+    if not sep or not name or name == DIRECT:
+        raise argparse.ArgumentTypeError(f"--build takes NAME=FOLDER (NAME not {DIRECT!r}), got {text!r}")
+    if not (path / "proxy" / "server" / "cli.py").is_file():
+        raise argparse.ArgumentTypeError(f"{path} is not a checkout of the proxy (no proxy/server/cli.py)")
+    return name, path
+
+
+def _revision(path: Path) -> str:
+    done = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", type=_build, action="append", required=True, metavar="NAME=FOLDER",
+                        help="a checkout to run the proxy from (twice or more; the first is the CPU baseline)")
+    parser.add_argument("--consume-mb", type=int, default=1024)
+    parser.add_argument("--produce-mb", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
+    args = parser.parse_args(argv)
+    builds = dict(args.build)
+    if len(builds) < 2:
+        parser.error("give at least two --build, with different names")
+    names = list(builds)
+    consume_records = args.consume_mb * 1024 * 1024 // RECORD_SIZE
+    produce_records = args.produce_mb * 1024 * 1024 // RECORD_SIZE
+
+    report = results.new_report(
+        "builds", "Builds of the proxy side by side: " + ", ".join(f"{n} ({_revision(p)})" for n, p in builds.items()),
+        " ".join(["python -m benchmarks.bench_builds", *(sys.argv[1:] if argv is None else argv)]),
+        "One broker, one proxy process per build. Each round runs ConsumerPerformance over the same topic "
+        "and ProducerPerformance into a fresh topic, direct and through every build, in an order rotating from "
+        "round to round, after one unrecorded consume each way. Ratios are per round, paired with that round's "
+        "direct run (throughput) or first build (CPU per MB).",
+        {"consume MB": args.consume_mb, "produce MB": args.produce_mb, "rounds": args.rounds,
+         "record bytes": RECORD_SIZE, "builds": {n: f"{p} ({_revision(p)})" for n, p in builds.items()}})
+
+    consume: dict[str, list[float]] = {n: [] for n in [DIRECT, *names]}
+    produce: dict[str, list[float]] = {n: [] for n in [DIRECT, *names]}
+    cpu: dict[str, dict[str, list[float]]] = {"consume": {n: [] for n in names}, "produce": {n: [] for n in names}}
+    workdir = scratch_dir("bench-builds-")
+    with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties={"num.partitions": "1"}) as cluster:
+        proxies = {n: ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / n, source=path)
+                   for n, path in builds.items()}
+        try:
+            processes = {n: psutil.Process(p.pid) for n, p in proxies.items()}
+            bootstrap = {DIRECT: cluster.bootstrap_servers, **{n: p.bootstrap_servers for n, p in proxies.items()}}
+            java_tools.create_topic(cluster.bootstrap_servers, "builds-consume", partitions=1)
+            print(f"filling builds-consume with {args.consume_mb} MB ...", flush=True)
+            _produce(cluster.bootstrap_servers, "builds-consume", consume_records)
+            for name in bootstrap:  # warm-up, not recorded
+                _consume(bootstrap[name], "builds-consume", consume_records)
+            for round_number in range(args.rounds):
+                for name in rotation([DIRECT, *names], round_number):
+                    for kind, values in (("consume", consume), ("produce", produce)):
+                        before = _cpu_seconds(processes[name]) if name != DIRECT else 0.0
+                        if kind == "consume":
+                            run = _consume(bootstrap[name], "builds-consume", consume_records)
+                            mb = run["mb"]
+                        else:
+                            topic = f"builds-produce-{name}-{round_number}"
+                            java_tools.create_topic(cluster.bootstrap_servers, topic, partitions=1)
+                            run = _produce(bootstrap[name], topic, produce_records)
+                            mb = produce_records * RECORD_SIZE / 2**20
+                        values[name].append(run["mb_per_s"])
+                        if name != DIRECT:
+                            cpu[kind][name].append((_cpu_seconds(processes[name]) - before) * 1000 / mb)
+                print(f"round {round_number}: consume " + ", ".join(f"{n} {v[-1]:.0f}" for n, v in consume.items())
+                      + " MB/s; produce " + ", ".join(f"{n} {v[-1]:.0f}" for n, v in produce.items()) + " MB/s",
+                      flush=True)
+        finally:
+            for proxy in proxies.values():
+                proxy.stop()
+
+    for kind, values in (("consume", consume), ("produce", produce)):
+        for name in names:
+            report["rows"].append(Row(f"{kind} MB/s", name, "MB/s", values[name], DIRECT, values[DIRECT]).as_dict())
+        report["rows"].append(Row(f"{kind} proxy CPU ms per MB (lower is better)", names[0], "ms/MB",
+                                  cpu[kind][names[0]], higher_is_better=False).as_dict())
+        for name in names[1:]:
+            report["rows"].append(Row(f"{kind} proxy CPU ms per MB (lower is better)", name, "ms/MB", cpu[kind][name],
+                                      names[0], cpu[kind][names[0]], higher_is_better=False).as_dict())
+    path = results.finish(report, args.output_dir)
+    for row in report["rows"]:
+        line = f"{row['group']}: {row['name']} {row['value']:.3g} {row['unit']}"
+        if row["ratio"] is not None:
+            line += (f", ratio to {row['baseline']} {row['ratio']:.3f} "
+                     f"({row['ratio_spread'][0]:.3f}-{row['ratio_spread'][1]:.3f})")
+        print(line)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
