@@ -10,6 +10,10 @@ client reading it directly is reported too. Reports, per N in ``--consumers``:
   partition / the partition's size (with the records cache on, and with it off);
 - the proxy's peak RSS against ``max.bytes.key.range.results``.
 
+Every round runs the direct reads and every N (cache on and off) once, in an order that
+rotates from round to round; each figure is the median over ``--rounds`` with its lowest
+and highest round. The 2 M records default keeps each read above a second.
+
 Run: ``.venv/bin/python -m benchmarks.bench_keyrange``; writes benchmarks/results/keyrange.json.
 """
 
@@ -17,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
+import statistics
 import sys
 import threading
 import time
@@ -27,6 +33,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.rounds import rotation
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.testing import java_tools
@@ -119,66 +126,113 @@ class RssSampler(threading.Thread):
             self.peak = max(self.peak, self.process.memory_info().rss)
 
 
+def _direct_java(bootstrap: str, end: int) -> float:
+    performance = java_tools.consumer_performance(bootstrap, TOPIC, end, timeout=600)
+    line = [row for row in performance.stdout.splitlines() if re.match(r"^\d{4}-", row)][-1]
+    return float(line.split(",")[9])  # fetch.nMsg.sec: the consume rate without the JVM start and group join
+
+
+def _through_proxy(cluster: KafkaCluster, workdir: Path, args: argparse.Namespace, n: int, cache_on: bool,
+                   end: int, partition_bytes: int) -> dict:
+    """N range consumers through a proxy of their own, started cold for this run."""
+    overrides = {"metrics.port": "0", "max.bytes.key.range.results": str(args.cache_mb << 20),
+                 f"topic.{TOPIC}.reserve.message.value.range.fetch": "true" if cache_on else "false"}
+    proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides=overrides, workdir=workdir)
+    sampler = RssSampler(proxy.pid)
+    sampler.start()
+    try:
+        seconds, delivered = _run_consumers(proxy.bootstrap_servers, n, end, args.max_bytes)
+        broker = _broker_bytes(proxy)
+    finally:
+        sampler.stop_event.set()
+        sampler.join()
+        proxy.stop()
+    return {"consumers": n, "records_cache": cache_on, "seconds": seconds, "records": delivered,
+            "records_per_s": delivered / seconds, "broker_read_amplification": broker / partition_bytes,
+            "proxy_rss_baseline_mb": sampler.baseline / 2**20, "proxy_rss_peak_mb": sampler.peak / 2**20}
+
+
+def _label(n: int, cache_on: bool) -> str:
+    return f"N={n} cache={'on' if cache_on else 'off'}"
+
+
+def _summary(rounds: list[dict], label: str) -> dict:
+    """Medians over the rounds, with each round's ratio paired with that round's direct runs."""
+    runs = [r[label] for r in rounds]
+    java = [r["direct_java"]["records_per_s"] for r in rounds]
+    raw = [r["direct_raw_client"]["records_per_s"] for r in rounds]
+    rates = [run["records_per_s"] for run in runs]
+    to_java = [rate / base for rate, base in zip(rates, java)]
+    to_raw = [rate / base for rate, base in zip(rates, raw)]
+    amplification = [run["broker_read_amplification"] for run in runs]
+    return {"consumers": runs[0]["consumers"], "records_cache": runs[0]["records_cache"],
+            "records_per_s": statistics.median(rates), "records_per_s_spread": [min(rates), max(rates)],
+            "seconds": [run["seconds"] for run in runs],
+            "ratio_to_direct": statistics.median(to_java), "ratio_to_direct_spread": [min(to_java), max(to_java)],
+            "ratio_to_direct_raw_client": statistics.median(to_raw),
+            "ratio_to_direct_raw_client_spread": [min(to_raw), max(to_raw)],
+            "broker_read_amplification": statistics.median(amplification),
+            "broker_read_amplification_spread": [min(amplification), max(amplification)],
+            "proxy_rss_peak_mb": max(run["proxy_rss_peak_mb"] for run in runs)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--consumers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--max-bytes", type=int, default=1 << 20, help="fetch size of every consumer")
     parser.add_argument("--cache-mb", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path, default=RESULTS / "keyrange.json")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.records < 1 or min(args.consumers) < 1:
+        parser.error("--rounds, --records and every --consumers count must be at least 1")
     workdir = scratch_dir("bench-keyrange-")
     report: dict = {
         "command": " ".join(["python -m benchmarks.bench_keyrange", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count()},
+        "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count(),
+                    "load_average_at_start": [round(x, 2) for x in os.getloadavg()]},
+        "method": ("per round, in an order rotating from round to round: the whole partition read directly by "
+                   "Kafka's ConsumerPerformance (fetch.nMsg.sec) and by the raw client, then every N and cache "
+                   "setting through a proxy started cold for the run; ratios are per round, paired with that "
+                   "round's direct runs, and reported as the median with the lowest and highest round"),
         "records": args.records, "value_size": args.value_size, "fetch_max_bytes": args.max_bytes,
-        "cache_bytes": args.cache_mb << 20,
-        "runs": [],
+        "cache_bytes": args.cache_mb << 20, "rounds": [],
     }
+    configs = [(n, cache_on) for cache_on in (True, False) for n in args.consumers]
+    labels = ["direct_java", "direct_raw_client", *(_label(n, c) for n, c in configs)]
     with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
         java_tools.create_topic(cluster.bootstrap_servers, TOPIC, partitions=1)
         _produce(cluster.bootstrap_servers, args.records, args.value_size)
         end = args.records
         partition_bytes = _partition_bytes(cluster.bootstrap_servers, end)
         report["partition_bytes"] = partition_bytes
-        seconds, delivered = _run_consumers(cluster.bootstrap_servers, None, end, args.max_bytes)
-        raw_rate = delivered / seconds
-        report["direct_raw_client"] = {"seconds": seconds, "records": delivered, "records_per_s": raw_rate}
-        performance = java_tools.consumer_performance(cluster.bootstrap_servers, TOPIC, end, timeout=600)
-        line = [row for row in performance.stdout.splitlines() if re.match(r"^\d{4}-", row)][-1]
-        # fetch.nMsg.sec: the consume rate without the JVM start and group join
-        direct_rate = float(line.split(",")[9])
-        report["direct"] = {"consumer": "Kafka ConsumerPerformance (Java consumer), fetch.nMsg.sec",
-                            "records_per_s": direct_rate}
-        print(f"direct whole partition: Java consumer {direct_rate:,.0f} records/s, "
-              f"raw client {raw_rate:,.0f} records/s", flush=True)
-        for cache_on in (True, False):
-            for n in args.consumers:
-                overrides = {"metrics.port": "0", "max.bytes.key.range.results": str(args.cache_mb << 20),
-                             f"topic.{TOPIC}.reserve.message.value.range.fetch": "true" if cache_on else "false"}
-                proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides=overrides,
-                                           workdir=workdir / f"proxy-{n}-{cache_on}")
-                sampler = RssSampler(proxy.pid)
-                sampler.start()
-                try:
-                    seconds, delivered = _run_consumers(proxy.bootstrap_servers, n, end, args.max_bytes)
-                    broker = _broker_bytes(proxy)
-                finally:
-                    sampler.stop_event.set()
-                    sampler.join()
-                    proxy.stop()
-                run = {
-                    "consumers": n, "records_cache": cache_on, "seconds": seconds, "records": delivered,
-                    "records_per_s": delivered / seconds, "ratio_to_direct": delivered / seconds / direct_rate,
-                    "ratio_to_direct_raw_client": delivered / seconds / raw_rate,
-                    "broker_read_amplification": broker / partition_bytes,
-                    "proxy_rss_baseline_mb": sampler.baseline / 2**20, "proxy_rss_peak_mb": sampler.peak / 2**20,
-                }
-                report["runs"].append(run)
-                print(f"N={n:2d} cache={'on ' if cache_on else 'off'}: {run['records_per_s']:,.0f} records/s "
-                      f"(x{run['ratio_to_direct']:.2f} of direct), amplification {run['broker_read_amplification']:.2f}, "
-                      f"RSS peak {run['proxy_rss_peak_mb']:.0f} MB", flush=True)
+        _direct_java(cluster.bootstrap_servers, end)  # warm-up (JIT, page cache), not recorded
+        for number in range(args.rounds):
+            this_round: dict = {}
+            for label in rotation(labels, number):
+                if label == "direct_java":
+                    this_round[label] = {"records_per_s": _direct_java(cluster.bootstrap_servers, end)}
+                elif label == "direct_raw_client":
+                    seconds, delivered = _run_consumers(cluster.bootstrap_servers, None, end, args.max_bytes)
+                    this_round[label] = {"seconds": seconds, "records": delivered, "records_per_s": delivered / seconds}
+                else:
+                    n, cache_on = configs[labels.index(label) - 2]
+                    this_round[label] = _through_proxy(cluster, workdir / f"proxy-{number}-{n}-{cache_on}", args,
+                                                       n, cache_on, end, partition_bytes)
+            report["rounds"].append(this_round)
+            print(f"round {number + 1}: direct Java {this_round['direct_java']['records_per_s']:,.0f}, raw "
+                  f"{this_round['direct_raw_client']['records_per_s']:,.0f}; "
+                  + ", ".join(f"{_label(n, c)} {this_round[_label(n, c)]['records_per_s']:,.0f}" for n, c in configs)
+                  + " records/s", flush=True)
+    report["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    report["runs"] = [_summary(report["rounds"], _label(n, c)) for n, c in configs]
+    for run in report["runs"]:
+        print(f"{_label(run['consumers'], run['records_cache'])}: {run['records_per_s']:,.0f} records/s, "
+              f"x{run['ratio_to_direct']:.2f} of direct ({run['ratio_to_direct_spread'][0]:.2f}-"
+              f"{run['ratio_to_direct_spread'][1]:.2f}), amplification {run['broker_read_amplification']:.2f}, "
+              f"RSS peak {run['proxy_rss_peak_mb']:.0f} MB", flush=True)
     report["goals"] = {"ratio_at_4": ">= 0.5", "amplification_at_4_with_cache": "<= 1.1"}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
