@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -28,6 +28,7 @@ from proxy.virtual.precheck import Precheck
 
 log = logging.getLogger("proxy.virtual")
 
+_REGEX_VERDICTS = 256  # heartbeat regular expressions whose verdict is remembered
 _REFRESH_INTERVAL = 5.0  # seconds between full metadata reads to tell real names from virtual ones
 _OFFSET_FETCH_VERSION = 8
 _FIND_COORDINATOR_VERSION = 4
@@ -142,6 +143,7 @@ class VirtualTopicsFeature(Feature):
         self.pool = pool
         self.store = store
         self._last_refresh = -float("inf")
+        self._regex_verdicts: dict[tuple[str, tuple[str, ...], int], str | None] = {}
         # Broker reads of virtual partitions on their way, by (topic, partition, offset): a
         # connection at the same position waits for the read and takes its share from the
         # cache instead of reading the broker again.
@@ -180,7 +182,10 @@ class VirtualTopicsFeature(Feature):
         # A request whose bytes cannot name a virtual topic goes on undecoded. Not Fetch (a
         # connection's own sessions decide, see on_fetch) nor OffsetFetch (asked for every
         # topic, it lists the virtual partitions too, and its bytes name none).
-        return {api_key: stage if api_key in (ApiKey.FETCH, ApiKey.OFFSET_FETCH) else self._guard(stage)
+        # A heartbeat's regular expression may hold the suffix with no digit after it.
+        return {api_key: stage if api_key in (ApiKey.FETCH, ApiKey.OFFSET_FETCH)
+                else self._guard(stage, self.precheck.may_match_virtual if api_key == ApiKey.CONSUMER_GROUP_HEARTBEAT
+                                 else self.precheck.may_name_virtual)
                 for api_key, stage in stages.items()}
 
     def version_limits(self) -> Mapping[int, int]:
@@ -189,9 +194,10 @@ class VirtualTopicsFeature(Feature):
         # that speaks v10 also speaks.
         return {ApiKey.OFFSET_COMMIT: NEWEST_COMMIT_BY_NAME, ApiKey.OFFSET_FETCH: NEWEST_COMMIT_BY_NAME}
 
-    def _guard(self, stage: RequestStage) -> RequestStage:
+    @staticmethod
+    def _guard(stage: RequestStage, may_name: Callable[[bytes | bytearray], bool]) -> RequestStage:
         async def guarded(ctx: ConnectionContext, request: Request) -> Route | None:
-            if not self.precheck.may_name_virtual(request.frame):
+            if not may_name(request.frame):
                 return None
             return await stage(ctx, request)
         return guarded
@@ -208,8 +214,11 @@ class VirtualTopicsFeature(Feature):
         """Make sure the view has seen every real topic a name could be, so a real topic
         named like a virtual one is never taken for one (read at most every few seconds)."""
         unknown = [name for name in names if name and name not in self.cluster.topics and self.names.split(name)]
-        if not unknown:
-            return
+        if unknown:
+            await self._refresh_all()
+
+    async def _refresh_all(self) -> None:
+        """Read every topic's metadata into the view, at most every few seconds."""
         now = trio.current_time()
         if now - self._last_refresh < _REFRESH_INTERVAL:
             return
@@ -315,7 +324,20 @@ class VirtualTopicsFeature(Feature):
     async def on_group_heartbeat(self, ctx: ConnectionContext, request: Request) -> Route | None:
         _, body = request.decoded()
         await self._know(body.subscribed_topic_names or ())
-        message = refusals.heartbeat_refusal(body, self.resolver.virtual, self.names.suffix)
+        regex = refusals.regex_mentions_suffix(body, self.names.suffix)
+        if regex is None:
+            message = refusals.heartbeat_refusal(body, self.resolver.virtual, self.names)
+        else:
+            await self._refresh_all()  # the expression is tried against every real topic
+            # A member may repeat its expression in every heartbeat: the verdict is kept
+            # until the topics the proxy knows change.
+            key = (regex, tuple(body.subscribed_topic_names or ()), len(self.cluster.topics))
+            if key not in self._regex_verdicts:
+                if len(self._regex_verdicts) >= _REGEX_VERDICTS:
+                    self._regex_verdicts.clear()
+                self._regex_verdicts[key] = refusals.heartbeat_refusal(body, self.resolver.virtual, self.names,
+                                                                       self.cluster.topics)
+            message = self._regex_verdicts[key]
         if message is None:
             return None
         self._refused.labels(messages.api_name(request.api_key)).inc()

@@ -67,3 +67,9 @@ class Precheck:
     def may_name_virtual(self, frame: bytes | bytearray | memoryview) -> bool:
         """False when ``frame`` cannot name a virtual topic: it goes on untouched."""
         return names_suffix(frame, self.suffix) or names_any_id(frame, self._ids)
+
+    def may_match_virtual(self, frame: bytes | bytearray | memoryview) -> bool:
+        """Looser, for requests that may carry a regular expression (ConsumerGroupHeartbeat):
+        ``.*\\.kr[0-9]+`` holds the suffix with no digit after it."""
+        data = frame if isinstance(frame, (bytes, bytearray)) else bytes(frame)
+        return self.suffix in data or names_any_id(data, self._ids)

@@ -9,14 +9,15 @@ is answered whole, and a write must not half-happen because of a typo in one nam
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
-from proxy.virtual.names import VirtualTopic
+from proxy.virtual.names import MIN_SHARES, VirtualNames, VirtualTopic
 from proxy.virtual.rewrite import refusal_message
 
 _TOPIC_RESOURCE = 2
@@ -102,24 +103,64 @@ def refuse(api_key: int, version: int, body: Any, lookup: Lookup, by_id: IdLooku
 # -- KIP-848 consumer groups ---------------------------------------------------------------------
 
 
-def heartbeat_refusal(body: Any, lookup: Lookup, suffix: str) -> str | None:
+# Most names a regular expression is tried against (known real topics x every K), so a
+# subscription change costs at most a few milliseconds of the event loop.
+REGEX_PROBES = 20_000
+
+
+def heartbeat_refusal(body: Any, lookup: Lookup, names: VirtualNames, real_topics: Iterable[str] = ()) -> str | None:
     """Why a ConsumerGroupHeartbeat must be refused, or None.
 
     A ``group.protocol=consumer`` group is assigned by the broker, which knows no virtual
     topic: a member subscribing to one would wait for an assignment forever. Detected where
-    the heartbeat names one: a subscribed name, or a regular expression that spells a
-    virtual name (``orders\\.kr4``); a pattern that only could match one is not seen."""
+    the heartbeat names one: a subscribed name; a regular expression that spells a virtual
+    name (``orders\\.kr4``); or one that mentions the suffix and matches ``<topic>.kr<K>``
+    for a known real topic and a K the proxy serves (``.*\\.kr[0-9]+``). A pattern that
+    does not mention the suffix (``orders.*``) subscribes to real topics, as the user meant."""
     for name in body.subscribed_topic_names or ():
         vt = lookup(name) if name else None
         if vt is not None:
             return _heartbeat_message(vt.name, vt.real)
+    regex = regex_mentions_suffix(body, names.suffix)
+    if regex is None:
+        return None
+    for candidate in _virtual_candidates(regex.replace("\\", ""), names.suffix):
+        vt = lookup(candidate)
+        if vt is not None:
+            return _heartbeat_message(f"{vt.name} (in the regular expression {regex!r})", vt.real)
+    vt = _first_virtual_match(regex, lookup, names, real_topics)
+    if vt is not None:
+        return _heartbeat_message(f"{vt.name} (matched by the regular expression {regex!r})", vt.real)
+    return None
+
+
+def regex_mentions_suffix(body: Any, suffix: str) -> str | None:
+    """The heartbeat's subscription regular expression if it spells the virtual suffix
+    (escaped or not), else None: only such an expression is read for virtual names."""
     regex = getattr(body, "subscribed_topic_regex", None)
-    if regex:
-        spelled = regex.replace("\\", "")
-        for candidate in _virtual_candidates(spelled, suffix):
-            vt = lookup(candidate)
-            if vt is not None:
-                return _heartbeat_message(f"{vt.name} (in the regular expression {regex!r})", vt.real)
+    return regex if regex and suffix in regex.replace("\\", "") else None
+
+
+def _first_virtual_match(regex: str, lookup: Lookup, names: VirtualNames,
+                         real_topics: Iterable[str]) -> VirtualTopic | None:
+    """The first virtual name of a known real topic that ``regex`` matches whole, trying at
+    most ``REGEX_PROBES`` names. The broker reads the pattern as RE2J; one that Python's
+    ``re`` cannot compile is left to it."""
+    try:
+        pattern = re.compile(regex)
+    except (re.error, RecursionError):
+        return None
+    probes = 0
+    for real in sorted(t for t in real_topics if not t.startswith("__")):
+        for shares in range(MIN_SHARES, names.max_shares + 1):
+            if probes >= REGEX_PROBES:
+                return None
+            probes += 1
+            name = names.name(real, shares)
+            if pattern.fullmatch(name):
+                vt = lookup(name)
+                if vt is not None:
+                    return vt
     return None
 
 
