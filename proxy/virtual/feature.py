@@ -324,20 +324,11 @@ class VirtualTopicsFeature(Feature):
     async def on_group_heartbeat(self, ctx: ConnectionContext, request: Request) -> Route | None:
         _, body = request.decoded()
         await self._know(body.subscribed_topic_names or ())
-        regex = refusals.regex_mentions_suffix(body, self.names.suffix)
-        if regex is None:
+        if refusals.regex_mentions_suffix(body, self.names.suffix) is None:
             message = refusals.heartbeat_refusal(body, self.resolver.virtual, self.names)
         else:
             await self._refresh_all()  # the expression is tried against every real topic
-            # A member may repeat its expression in every heartbeat: the verdict is kept
-            # until the topics the proxy knows change.
-            key = (regex, tuple(body.subscribed_topic_names or ()), len(self.cluster.topics))
-            if key not in self._regex_verdicts:
-                if len(self._regex_verdicts) >= _REGEX_VERDICTS:
-                    self._regex_verdicts.clear()
-                self._regex_verdicts[key] = refusals.heartbeat_refusal(body, self.resolver.virtual, self.names,
-                                                                       self.cluster.topics)
-            message = self._regex_verdicts[key]
+            message = self._regex_verdict(body)
         if message is None:
             return None
         self._refused.labels(messages.api_name(request.api_key)).inc()
@@ -345,6 +336,17 @@ class VirtualTopicsFeature(Feature):
         return Route.answer(messages.encode_response(request.api_key, request.version,
                                                      messages.new_response_header(request.correlation_id),
                                                      refusals.refuse_heartbeat(request.version, message)))
+
+    def _regex_verdict(self, body: Any) -> str | None:
+        """``heartbeat_refusal`` of a heartbeat carrying a regular expression, remembered until
+        the topics the proxy knows change: a member may repeat its expression in every heartbeat."""
+        key = (body.subscribed_topic_regex, tuple(body.subscribed_topic_names or ()), len(self.cluster.topics))
+        if key not in self._regex_verdicts:
+            if len(self._regex_verdicts) >= _REGEX_VERDICTS:
+                self._regex_verdicts.clear()
+            self._regex_verdicts[key] = refusals.heartbeat_refusal(body, self.resolver.virtual, self.names,
+                                                                   self.cluster.topics)
+        return self._regex_verdicts[key]
 
     # -- Fetch -----------------------------------------------------------------------------------
     def _describe(self, key) -> tuple[VirtualTopic | None, str, uuid.UUID | None] | None:
