@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.rounds import rotation
+from benchmarks.rounds import Row, rotation
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.testing import java_tools
@@ -157,22 +156,22 @@ def _label(n: int, cache_on: bool) -> str:
 
 
 def _summary(rounds: list[dict], label: str) -> dict:
-    """Medians over the rounds, with each round's ratio paired with that round's direct runs."""
+    """Medians over the rounds, with each round's ratio paired with that round's direct runs
+    (``benchmarks.rounds.Row``)."""
     runs = [r[label] for r in rounds]
-    java = [r["direct_java"]["records_per_s"] for r in rounds]
-    raw = [r["direct_raw_client"]["records_per_s"] for r in rounds]
     rates = [run["records_per_s"] for run in runs]
-    to_java = [rate / base for rate, base in zip(rates, java)]
-    to_raw = [rate / base for rate, base in zip(rates, raw)]
-    amplification = [run["broker_read_amplification"] for run in runs]
+    to_java = Row("", label, "records/s", rates, "direct_java",
+                  [r["direct_java"]["records_per_s"] for r in rounds]).as_dict()
+    to_raw = Row("", label, "records/s", rates, "direct_raw_client",
+                 [r["direct_raw_client"]["records_per_s"] for r in rounds]).as_dict()
+    amplification = Row("", label, "x", [run["broker_read_amplification"] for run in runs]).as_dict()
     return {"consumers": runs[0]["consumers"], "records_cache": runs[0]["records_cache"],
-            "records_per_s": statistics.median(rates), "records_per_s_spread": [min(rates), max(rates)],
+            "records_per_s": to_java["value"], "records_per_s_spread": to_java["spread"],
             "seconds": [run["seconds"] for run in runs],
-            "ratio_to_direct": statistics.median(to_java), "ratio_to_direct_spread": [min(to_java), max(to_java)],
-            "ratio_to_direct_raw_client": statistics.median(to_raw),
-            "ratio_to_direct_raw_client_spread": [min(to_raw), max(to_raw)],
-            "broker_read_amplification": statistics.median(amplification),
-            "broker_read_amplification_spread": [min(amplification), max(amplification)],
+            "ratio_to_direct": to_java["ratio"], "ratio_to_direct_spread": to_java["ratio_spread"],
+            "ratio_to_direct_raw_client": to_raw["ratio"], "ratio_to_direct_raw_client_spread": to_raw["ratio_spread"],
+            "broker_read_amplification": amplification["value"],
+            "broker_read_amplification_spread": amplification["spread"],
             "proxy_rss_peak_mb": max(run["proxy_rss_peak_mb"] for run in runs)}
 
 
