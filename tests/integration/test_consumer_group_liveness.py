@@ -105,6 +105,9 @@ async def test_slow_member_that_polls_in_time_keeps_its_membership(kafka, proxy,
                         consumer.mark_processed(record)
                     await _commit(consumer)
             before = slow.group_metadata()
+            # the slow member may have joined alone and handed a partition over on the way
+            # to stable: only what happens from here on counts
+            revoked_before, lost_before = len(listener.revoked), len(listener.lost)
             processed = 0
             stretches = 0
 
@@ -132,5 +135,5 @@ async def test_slow_member_that_polls_in_time_keeps_its_membership(kafka, proxy,
             after = slow.group_metadata()
 
     assert processed > 0
-    assert listener.lost == [] and listener.revoked == []
+    assert listener.lost[lost_before:] == [] and listener.revoked[revoked_before:] == []
     assert (after["member_id"], after["generation"]) == (before["member_id"], before["generation"])

@@ -28,13 +28,18 @@ PARTITIONS = 2
 
 def _at_end(consumer) -> bool:
     """Every assigned partition's position is its high watermark (control batches moved
-    it past the other shares' records)."""
+    it past the other shares' records). A partition handed over after its previous owner
+    read and committed all of it has no position (nothing is left to consume): its
+    committed offset stands in."""
     assigned = consumer.assignment()
     if not assigned:
         return False
-    for tp in consumer.position(assigned):
-        high = consumer.get_watermark_offsets(tp, timeout=5)[1]
-        if tp.offset < 0 or tp.offset != high:
+    positions = consumer.position(assigned)
+    unread = [tp for tp in positions if tp.offset < 0]
+    committed = {tp.partition: tp.offset for tp in consumer.committed(unread, timeout=5)} if unread else {}
+    for tp in positions:
+        offset = tp.offset if tp.offset >= 0 else committed[tp.partition]
+        if offset != consumer.get_watermark_offsets(tp, timeout=5)[1]:
             return False
     return True
 
@@ -49,12 +54,22 @@ def _run_confluent_members(proxy, topic: str, group: str, members: int, total: i
     stop = threading.Event()
     errors: list[str] = []
 
+    def commit(consumer) -> None:
+        try:
+            consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:  # nothing consumed since the last commit
+                raise
+
     def member(index: int) -> None:
         consumer = Consumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": group,
                              "auto.offset.reset": "earliest", "enable.auto.commit": False,
                              "session.timeout.ms": 10000, "heartbeat.interval.ms": 500,
                              "partition.assignment.strategy": "range"})
-        consumer.subscribe([f"{topic}.kr{SHARES}"])
+        # Members join one by one and the first ones start reading at once: a virtual
+        # partition handed on in a rebalance must carry its position, or its next owner
+        # reads it again from the start (the usual commit-on-revoke of a manual-commit app).
+        consumer.subscribe([f"{topic}.kr{SHARES}"], on_revoke=lambda c, _partitions: commit(c))
         try:
             while time.monotonic() < deadline:
                 if stop.is_set() and _at_end(consumer):
@@ -68,11 +83,7 @@ def _run_confluent_members(proxy, topic: str, group: str, members: int, total: i
                 results[index].append((message.partition(), message.offset(), message.key(), message.value()))
                 with lock:
                     seen[0] += 1
-            try:
-                consumer.commit(asynchronous=False)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError._NO_OFFSET:  # nothing consumed since the last commit
-                    raise
+            commit(consumer)
         finally:
             consumer.close()
 
