@@ -264,8 +264,10 @@ class KeyRangeEngine:
         else:
             cached = self.cache.take(partition_id, chosen, fetch_offset) if fetch_offset is not None else None
             if cached is not None and cached.offsets is not None and cached.start_offset == fetch_offset:
-                # The same read was hashed for another consumer: look offsets up instead.
-                output = filter_by_offsets(blob, set(cached.offsets), codec=self.codec)
+                # The same read was hashed for another consumer: look offsets up instead,
+                # and hash what this read holds beyond that one.
+                output = filter_by_offsets(blob, set(cached.offsets), known_below=cached.next_offset,
+                                           plan=self._plan_for((chosen,)), codec=self.codec)
                 partition.records = output.records
                 self._mark_applied(partition, applied, output.stats)
                 self.stats.records_kept += output.stats.records_kept

@@ -23,7 +23,10 @@ batch's bytes unchanged: nothing is rebuilt, recompressed or re-checksummed.
 
 ``match_offsets`` is the offsets-only variant (``reserve.message.value.range.fetch=false``):
 it returns which offsets each set wants, and ``filter_by_offsets`` later rebuilds the
-filtered batches from a fresh read given those offsets, without hashing again.
+filtered batches from a fresh read given those offsets, without hashing again. A fresh
+read of the same fetch offset may reach further than the read the offsets came from (the
+log grew in between): the offsets say nothing of those newer records, so they are hashed,
+never taken as unwanted.
 """
 
 from __future__ import annotations
@@ -206,15 +209,25 @@ def filter_by_offsets(
     blob,
     offsets: Collection[int],
     *,
+    known_below: int | None = None,
+    plan: RangePlan | None = None,
     codec: Codec | int | None = None,
     verify_crc: bool = True,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
 ) -> SetOutput:
     """Rebuild ``blob`` keeping only data records whose offset is in ``offsets``.
 
+    ``known_below``: ``offsets`` were matched on a read that ended there, so they only
+    decide for batches that end at or below it. A batch reaching past it (the log grew
+    after that read) is filtered by hashing its keys against ``plan``, a plan of the one
+    wanted range set; leaving it to ``offsets`` would drop its wanted records while its
+    empty batch moves the consumer past them. None: ``offsets`` cover the whole blob.
+
     Same output rules as ``split_records`` (identity kept, empty batches kept, control and
     magic 0/1 entries unchanged, partial tail dropped).
     """
+    if known_below is not None and (plan is None or len(plan) != 1):
+        raise ValueError("offsets known below an offset need the plan of the one wanted set")
     wanted = offsets if isinstance(offsets, (set, frozenset)) else frozenset(offsets)
     buf = blob if isinstance(blob, bytes) else bytes(blob)
     parts: list = []
@@ -230,9 +243,17 @@ def filter_by_offsets(
             entry.verify_crc()
         keeps_codec = codec is None or int(codec) == header.codec
         payload, start, end = _payload(entry, buf, max_decompressed_bytes)
-        kept_bytes, kept, total = _run(
-            entry, kernels.keep, payload, start, end, header.base_offset, wanted
-        )
+        if known_below is None or header.next_offset <= known_below:
+            kept_bytes, kept, total = _run(
+                entry, kernels.keep, payload, start, end, header.base_offset, wanted
+            )
+        else:
+            assert plan is not None
+            outs, counts, total = _run(
+                entry, kernels.split, payload, start, end, header.base_offset,
+                plan.bounds, plan.members, 1,
+            )
+            kept_bytes, kept = outs[0], counts[0]
         _check_count(entry, total)
         if kept == total and keeps_codec:
             parts.append(entry.data)

@@ -144,3 +144,43 @@ def test_key_ranges_applied_is_present_exactly_when_the_partition_was_filtered()
     assert not legacy.key_ranges_applied  # passed unfiltered: the client filters it itself
     failed = _engine_response(b"", error_code=6)
     assert not failed.key_ranges_applied
+
+
+def _fetch_through(engine, conn, ranges, records: bytes, now: float):
+    """One sessionless range fetch at offset 0: plan, then complete with ``records``."""
+    plan = engine.plan(conn, 12, _request(0, -1, [(0, [ranges])]), now=now)
+    engine.finish(plan)
+    P = messages.body_class(ApiKey.FETCH, "response")
+    response = messages.new_body(ApiKey.FETCH, 12, "response", responses=[P.FetchableTopicResponse(
+        topic="t", partitions=[P.PartitionData(partition_index=0, high_watermark=100, records=records)])])
+    return plan, response
+
+
+def _offsets_in(records: bytes) -> list[int]:
+    from proxy.records.batch import RecordBatch, iter_batches
+
+    return [r.offset for b in iter_batches(records) if isinstance(b, RecordBatch) for r in b.records()]
+
+
+def test_a_read_that_reaches_past_the_cached_match_keeps_every_record_of_its_range():
+    """Two consumers read offset 0 at different times while the log grows: A's read holds
+    offsets 0-9 and caches which of them B wants; B's later read holds 0-29. B must get every
+    record of its range in 0-29, not only those the cached match of 0-9 listed."""
+    from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+    from proxy.records.keyhash import key_hash
+    from proxy.testing.batches import Rec, kafka_python_batch
+
+    def batch(first: int, count: int) -> bytes:
+        return kafka_python_batch([Rec(i - first, f"user-{i % 13}".encode(), b"v")
+                                   for i in range(first, first + count)], base_offset=first)
+
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+                            topic_name=lambda key: key)
+    a, b = ConnectionRanges(), ConnectionRanges()
+    plan_b, response_b = _fetch_through(engine, b, B, batch(0, 10) + batch(10, 10) + batch(20, 10), now=0.0)
+    plan_a, response_a = _fetch_through(engine, a, A, batch(0, 10), now=0.0)
+    engine.complete(a, plan_a, response_a, now=0.0)  # caches B's offsets in 0-9
+    assert len(engine.cache) == 1
+    got = engine.complete(b, plan_b, response_b, now=0.0).responses[0].partitions[0]
+    want = [i for i in range(30) if key_hash(f"user-{i % 13}".encode(), i) >= B.start]
+    assert _offsets_in(got.records) == want

@@ -178,6 +178,33 @@ def test_split_routes_every_record_to_exactly_its_sets(impl, log, sets, out_code
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@settings(max_examples=80 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(log=logs(), sets=range_sets(), data=st.data())
+def test_offsets_matched_on_an_earlier_shorter_read_lose_nothing_of_a_longer_one(impl, log, sets, data) -> None:
+    """The offsets-only cache matches a read that ended at some batch; a later read of the
+    same offset may hold more batches (the log grew). Filtering the later read by those
+    offsets must give exactly what hashing it would: no record beyond the earlier read's end
+    may be dropped for being absent from the match."""
+    blob, entries = log
+    cut = data.draw(st.integers(1, len(entries)), label="batches in the earlier read")
+    earlier = b"".join(e[1] for e in entries[:cut])
+    plan = RangePlan(sets)
+    with use_kernels(impl):
+        matched = match_offsets(earlier, plan)
+        if matched.next_offset is None:
+            return
+        for k, ranges in enumerate(sets):
+            own = RangePlan([ranges])
+            got = filter_by_offsets(blob, matched.offsets[k], known_below=matched.next_offset, plan=own)
+            assert got.records == split_records(blob, own).outputs[0].records
+
+
+def test_offsets_known_below_an_offset_need_the_one_set_plan() -> None:
+    with pytest.raises(ValueError, match="plan of the one wanted set"):
+        filter_by_offsets(b"", [], known_below=10)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_split_output_is_readable_by_kafka_python(impl) -> None:
     recs = [Rec(i, b"key-%d" % (i % 7), b"v" * 50) for i in range(100)]
     blob = (kafka_python_batch(recs, codec=Codec.LZ4, base_offset=1000)
