@@ -174,7 +174,7 @@ def order_violations(deliveries: Iterable[Delivery]) -> list[tuple[bytes | None,
     for delivery in deliveries:
         if delivery.key is not None:
             by_key[delivery.topic, delivery.partition, delivery.key].append(delivery)
-    out = []
+    out: list[tuple[bytes | None, Delivery, Delivery]] = []
     for (_, _, key), records in by_key.items():
         records.sort(key=lambda d: d.offset)
         for earlier, later in itertools.pairwise(records):

@@ -119,9 +119,12 @@ class LiveProducer:
                     break
                 for _ in range(burst.records):
                     key = self.key_of(seq, rng, self.keys)
-                    kwargs = {} if self.partition is None else {"partition": self.partition}
-                    producer.produce(self.topic, key=key, value=str(seq).encode(), on_delivery=self._delivered,
-                                     **kwargs)
+                    value = str(seq).encode()
+                    if self.partition is None:
+                        producer.produce(self.topic, key=key, value=value, on_delivery=self._delivered)
+                    else:
+                        producer.produce(self.topic, key=key, value=value, partition=self.partition,
+                                         on_delivery=self._delivered)
                     seq += 1
                 self.sent = seq
                 producer.poll(0)
