@@ -2,7 +2,7 @@
 display; each writes ``benchmarks/results/<name>.json`` and ``<name>.png``, and the results
 table ``benchmarks/results/README.md`` is regenerated from every JSON file after each.
 
-    python -m benchmarks                     # passthrough, key_ordered, keyrange_delivery
+    python -m benchmarks                     # passthrough, key_ordered, keyrange_delivery, virtual, live_tail
     python -m benchmarks key_ordered         # only those named
     python -m benchmarks --quick             # small sizes: checks the harness, not the figures
     python -m benchmarks --list
@@ -65,6 +65,12 @@ def _keyrange_delivery(report: dict, progress, args: argparse.Namespace) -> None
                           rounds=args.rounds, share_records=args.share_records)
 
 
+def _live_tail(report: dict, progress, args: argparse.Namespace) -> None:
+    from benchmarks.workloads import live_tail
+
+    live_tail.run(report, progress, rounds=args.rounds, records=args.live_records, seconds=args.live_seconds)
+
+
 BENCHMARKS = {b.name: b for b in (
     Benchmark("passthrough", "Passthrough: direct, bare relay, Kroxylicious, our proxy",
               "Kafka's ConsumerPerformance and ProducerPerformance, 1 KB records, one partition; per round every "
@@ -82,6 +88,13 @@ BENCHMARKS = {b.name: b for b in (
               "(ShareConsumerPerformance) against Kafka's ConsumerPerformance. A fresh proxy per range run.",
               lambda a: 3 + a.rounds * 3 * (1 + len(a.workers)), _keyrange_delivery),
     Benchmark("virtual", *importlib.import_module("benchmarks.bench_virtual").REGISTRATION),
+    Benchmark("live_tail", "Live tail: key-range, group and virtual-topic consumers read while records are written",
+              "A fresh one-partition topic per run, written at a steady rate in small bursts with idle gaps "
+              "(acks=all, idempotent, one seeded schedule per round) while the contender reads it: one direct "
+              "librdkafka consumer (baseline), 4 range consumers in assign mode, 4 group members splitting the "
+              "partition, 4 librdkafka consumers of T.kr4. Every acknowledged record is accounted for; latency is "
+              "hand-out time minus CreateTime.",
+              lambda a: 1 + a.rounds * 4, _live_tail),
 )}
 
 
@@ -146,6 +159,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--delivery-mb", type=int, default=320, help="keyrange_delivery: partition size")
     parser.add_argument("--share-records", type=int, default=300_000,
                         help="keyrange_delivery: records the share group rows (and their baseline) read")
+    parser.add_argument("--live-records", type=int, default=40_000, help="live_tail: records written per run")
+    parser.add_argument("--live-seconds", type=float, default=20.0, help="live_tail: seconds the writing lasts")
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)
@@ -155,6 +170,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.rounds, args.consume_mb, args.produce_mb, args.latency_seconds = 1, 32, 16, 3
         args.warmup, args.window, args.delivery_mb = 1.0, 2.0, 8
+        args.live_records, args.live_seconds = 3000, 4.0
     if args.rounds < 1 or min(args.workers) < 1:
         parser.error("--rounds and every --workers count must be at least 1")
     args.argv = list(sys.argv[1:] if argv is None else argv)
