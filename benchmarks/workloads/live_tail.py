@@ -134,7 +134,10 @@ def _librdkafka_members(run: Run, producer: LiveProducer, bootstrap: str, group:
         last_commit = time.monotonic()
         try:
             while not stop.is_set():
-                messages = consumer.consume(500, 0.2)
+                # the first message as soon as one is there, then only what is queued already
+                # (consume(n, timeout) would wait for n messages or the timeout: added latency)
+                first = consumer.poll(0.2)
+                messages = [] if first is None else [first, *consumer.consume(499, 0)]
                 if consumer.assignment():
                     ready.add(index)
                 for message in messages:
