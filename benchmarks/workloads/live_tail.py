@@ -34,6 +34,7 @@ import trio
 
 from benchmarks.rounds import Row, goal, rotation
 from proxy.testing import java_tools
+from proxy.testing.clients import commit_consumed
 from proxy.testing.history import History, check
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.live import LiveProducer
@@ -113,24 +114,17 @@ def _trio_members(run: Run, producer: LiveProducer, bootstrap: str, group: str, 
 
 def _librdkafka_members(run: Run, producer: LiveProducer, bootstrap: str, group: str, topic: str,
                         members: int, shares: int, settled) -> None:
-    from confluent_kafka import Consumer, KafkaError, KafkaException
+    from confluent_kafka import Consumer
 
     stop = threading.Event()
     errors: list[str] = []
     ready: set[int] = set()
 
-    def commit(consumer) -> None:
-        try:
-            consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:
-                raise
-
     def member(index: int) -> None:
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
                              "enable.auto.commit": False, "session.timeout.ms": 10000,
                              "heartbeat.interval.ms": 500, "fetch.wait.max.ms": 100})
-        consumer.subscribe([topic], on_revoke=lambda c, _partitions: commit(c))
+        consumer.subscribe([topic], on_revoke=lambda c, _partitions: commit_consumed(c))
         last_commit = time.monotonic()
         try:
             while not stop.is_set():
@@ -148,7 +142,7 @@ def _librdkafka_members(run: Run, producer: LiveProducer, bootstrap: str, group:
                                 message.timestamp()[1])
                 if messages or time.monotonic() - last_commit > 1.0:
                     # also when idle: positions moved past other shares' records are committed too
-                    commit(consumer)
+                    commit_consumed(consumer)
                     last_commit = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))

@@ -38,3 +38,15 @@ def confluent_roundtrip(config: dict, topic: str, count: int = 100) -> tuple[set
     finally:
         consumer.close()
     return ports, values
+
+
+def commit_consumed(consumer) -> None:
+    """A librdkafka consumer's synchronous commit of what it has consumed; nothing consumed
+    since the last commit (``_NO_OFFSET``) is no error."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        consumer.commit(asynchronous=False)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._NO_OFFSET:
+            raise

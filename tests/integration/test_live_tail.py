@@ -19,9 +19,10 @@ import pytest
 import trio
 
 from proxy.client import Consumer, RetriableError, TopicPartition, equal_shares
-from proxy.testing import java_tools
+from proxy.testing.clients import commit_consumed
 from proxy.testing.history import History, check
 from proxy.testing.live import LiveProducer
+from tests.integration import virtual_checks as checks
 
 pytestmark = pytest.mark.kafka
 
@@ -191,7 +192,6 @@ VIRTUAL_PARTITIONS = 2
 def test_librdkafka_members_of_a_virtual_topic_hand_out_every_record_written_while_they_read(kafka, proxy,
                                                                                                topic_factory):
     from confluent_kafka import Consumer as RdConsumer
-    from confluent_kafka import KafkaError, KafkaException
 
     topic = topic_factory(kafka, partitions=VIRTUAL_PARTITIONS)
     virtual = f"{topic}.kr{SHARES}"
@@ -201,19 +201,12 @@ def test_librdkafka_members_of_a_virtual_topic_hand_out_every_record_written_whi
     stop = threading.Event()
     errors: list[str] = []
 
-    def commit(consumer) -> None:
-        try:
-            consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:  # nothing consumed since the last commit
-                raise
-
     def member(index: int) -> None:
         consumer = RdConsumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": group,
                                "auto.offset.reset": "earliest", "enable.auto.commit": False,
                                "session.timeout.ms": 10000, "heartbeat.interval.ms": 500,
                                "fetch.wait.max.ms": 300})
-        consumer.subscribe([virtual], on_revoke=lambda c, _partitions: commit(c))
+        consumer.subscribe([virtual], on_revoke=lambda c, _partitions: commit_consumed(c))
         last_commit = time.monotonic()
         try:
             while not stop.is_set():
@@ -227,7 +220,7 @@ def test_librdkafka_members_of_a_virtual_topic_hand_out_every_record_written_whi
                                     message.key())
                 if messages or time.monotonic() - last_commit > 1.0:
                     # also when idle: positions moved past other shares' records are committed too
-                    commit(consumer)
+                    commit_consumed(consumer)
                     last_commit = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(repr(exc))
@@ -269,16 +262,11 @@ def test_java_console_consumers_of_a_virtual_topic_hand_out_every_record_written
     group = f"live-{topic}"
     members = 3
     history = History()
-    outputs: list[str | BaseException] = [""] * members
+    outputs: list[checks.Received | BaseException] = [[] for _ in range(members)]
 
     def member(index: int) -> None:
         try:
-            outputs[index] = java_tools.console_consumer(
-                proxy.bootstrap_servers, virtual, group=group, timeout_ms=12000, print_key=True,
-                extra_args=["--formatter-property", "print.partition=true",
-                            "--formatter-property", "print.offset=true"],
-                consumer_config={"session.timeout.ms": "10000", "heartbeat.interval.ms": "1000"},
-                timeout=180).stdout
+            outputs[index] = checks.console_member(proxy.bootstrap_servers, virtual, group, idle_ms=12000)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             outputs[index] = exc
 
@@ -302,13 +290,10 @@ def test_java_console_consumers_of_a_virtual_topic_hand_out_every_record_written
         thread.join(200)
     failures = [o for o in outputs if isinstance(o, BaseException)]
     assert not failures, failures
-    for index, output in enumerate(outputs):
-        assert isinstance(output, str)
-        for line in output.splitlines():
-            cells = line.split("\t")
-            if len(cells) == 4 and cells[0].startswith("Partition:"):
-                partition, offset = int(cells[0].split(":")[1]), int(cells[1].split(":")[1])
-                history.deliver(f"m{index}", topic, partition // SHARES, offset, cells[2].encode())
+    for index, received in enumerate(outputs):
+        assert not isinstance(received, BaseException)
+        for partition, offset, key, _ in received:
+            history.deliver(f"m{index}", topic, partition // SHARES, offset, key)
     assert producer.failed == 0, producer.errors
     verdict = check(history)
     assert verdict.acknowledged == RECORDS

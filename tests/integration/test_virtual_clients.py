@@ -18,7 +18,6 @@ import uuid
 
 import pytest
 
-from proxy.testing import java_tools
 from tests.integration import virtual_checks as checks
 from tests.integration.virtual_checks import PARTITIONS, SHARES
 
@@ -165,16 +164,12 @@ def test_java_console_consumers_in_a_group_read_each_record_once(kafka, proxy, t
 
     topic = topic_factory(kafka, partitions=PARTITIONS)
     group = _group()
-    outputs: list[str | BaseException] = [""] * members
+    outputs: list[checks.Received | BaseException] = [[] for _ in range(members)]
 
     def member(index: int) -> None:
         try:
-            outputs[index] = java_tools.console_consumer(
-                proxy.bootstrap_servers, f"{topic}.kr{SHARES}", group=group, timeout_ms=25000, print_key=True,
-                extra_args=["--formatter-property", "print.partition=true",
-                            "--formatter-property", "print.offset=true"],
-                consumer_config={"session.timeout.ms": "10000", "heartbeat.interval.ms": "1000"},
-                timeout=180).stdout
+            outputs[index] = checks.console_member(proxy.bootstrap_servers, f"{topic}.kr{SHARES}", group,
+                                                   idle_ms=25000)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             outputs[index] = exc
 
@@ -193,18 +188,7 @@ def test_java_console_consumers_in_a_group_read_each_record_once(kafka, proxy, t
         thread.join(200)
     failures = [o for o in outputs if isinstance(o, BaseException)]
     assert not failures, failures
-    results = [_parse_console(out) for out in outputs if isinstance(out, str)]
+    results = [out for out in outputs if not isinstance(out, BaseException)]
     checks.check_delivery(sent, results)
     checks.check_group_at_end(proxy.bootstrap_servers, topic, group)
 
-
-def _parse_console(output: str) -> checks.Received:
-    """Lines of ``Partition:P<TAB>Offset:O<TAB>key<TAB>value``."""
-    received = []
-    for line in output.splitlines():
-        cells = line.split("\t")
-        if len(cells) != 4 or not cells[0].startswith("Partition:"):
-            continue
-        received.append((int(cells[0].split(":")[1]), int(cells[1].split(":")[1]), cells[2].encode(),
-                         cells[3].encode()))
-    return received

@@ -16,6 +16,7 @@ from collections import defaultdict
 import pytest
 
 from proxy.testing import java_tools
+from proxy.testing.clients import commit_consumed
 from proxy.testing.wait import wait_until
 
 from .virtual_checks import check_order, produce
@@ -46,20 +47,13 @@ def _at_end(consumer) -> bool:
 
 def _run_confluent_members(proxy, topic: str, group: str, members: int, total: int,
                            deadline: float) -> list[list[tuple[int, int, bytes, bytes]]]:
-    from confluent_kafka import Consumer, KafkaError, KafkaException
+    from confluent_kafka import Consumer
 
     results: list[list] = [[] for _ in range(members)]
     seen = [0]
     lock = threading.Lock()
     stop = threading.Event()
     errors: list[str] = []
-
-    def commit(consumer) -> None:
-        try:
-            consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:  # nothing consumed since the last commit
-                raise
 
     def member(index: int) -> None:
         consumer = Consumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": group,
@@ -69,7 +63,7 @@ def _run_confluent_members(proxy, topic: str, group: str, members: int, total: i
         # Members join one by one and the first ones start reading at once: a virtual
         # partition handed on in a rebalance must carry its position, or its next owner
         # reads it again from the start (the usual commit-on-revoke of a manual-commit app).
-        consumer.subscribe([f"{topic}.kr{SHARES}"], on_revoke=lambda c, _partitions: commit(c))
+        consumer.subscribe([f"{topic}.kr{SHARES}"], on_revoke=lambda c, _partitions: commit_consumed(c))
         try:
             while time.monotonic() < deadline:
                 if stop.is_set() and _at_end(consumer):
@@ -83,7 +77,7 @@ def _run_confluent_members(proxy, topic: str, group: str, members: int, total: i
                 results[index].append((message.partition(), message.offset(), message.key(), message.value()))
                 with lock:
                     seen[0] += 1
-            commit(consumer)
+            commit_consumed(consumer)
         finally:
             consumer.close()
 

@@ -92,3 +92,25 @@ def wait_until_count(count: Callable[[], int], total: int, deadline: float) -> N
     """Wait until ``count()`` reaches ``total`` or the monotonic ``deadline`` passes."""
     wait_until(lambda: count() >= total, timeout=max(1.0, deadline - time.monotonic()),
                what=lambda: f"{count()} of {total} records received")
+
+
+def console_member(bootstrap: str, topic: str, group: str, *, idle_ms: int) -> Received:
+    """Kafka's console consumer as one group member of ``topic`` (auto-commit on, committed
+    on close); it exits once no record came for ``idle_ms``. What it printed, parsed."""
+    output = java_tools.console_consumer(
+        bootstrap, topic, group=group, timeout_ms=idle_ms, print_key=True,
+        extra_args=["--formatter-property", "print.partition=true", "--formatter-property", "print.offset=true"],
+        consumer_config={"session.timeout.ms": "10000", "heartbeat.interval.ms": "1000"}, timeout=180).stdout
+    return parse_console(output)
+
+
+def parse_console(output: str) -> Received:
+    """Lines of ``Partition:P<TAB>Offset:O<TAB>key<TAB>value``."""
+    received = []
+    for line in output.splitlines():
+        cells = line.split("\t")
+        if len(cells) != 4 or not cells[0].startswith("Partition:"):
+            continue
+        received.append((int(cells[0].split(":")[1]), int(cells[1].split(":")[1]), cells[2].encode(),
+                         cells[3].encode()))
+    return received
