@@ -108,6 +108,9 @@ class AssignmentState:
         self.ends: dict[TopicPartition, EndOffsets] = {}
         self.buffers = FairBuffers()
         self.progress: dict[TopicPartition, PartitionProgress] = {}
+        # A key-range member's reset point per partition, where it read from the group's S
+        # first (see ``reset_to``): its own records below it are marked, not handed out.
+        self.reset_points: dict[TopicPartition, int] = {}
         # assigned but neither fetched nor handed out: a group member's partition whose
         # revocation (or growth) waits for the application's records in flight
         self.paused: set[TopicPartition] = set()
@@ -128,6 +131,7 @@ class AssignmentState:
                 del self.positions[tp]
                 self.ends.pop(tp, None)
                 self.progress.pop(tp, None)
+                self.reset_points.pop(tp, None)
         for tp in new:
             self.positions.setdefault(tp, None)
         self.ranges = {tp: list(ranges) for tp, ranges in new.items()}
@@ -157,6 +161,7 @@ class AssignmentState:
         self.ranges[tp] = list(ranges)
         self.buffers.clear(tp)
         self.positions[tp] = stable
+        self.reset_points.pop(tp, None)
         if not self.tracking:
             return
         old = self.progress.get(tp)
@@ -188,23 +193,44 @@ class AssignmentState:
 
     # -- positions ---------------------------------------------------------------------
     def position(self, tp: TopicPartition) -> int | None:
+        """The next offset that can be handed out: past a reset point still being read up to
+        (``reset_to``), that point."""
         position = self.positions.get(tp)
-        return position if isinstance(position, int) else None
+        if not isinstance(position, int):
+            return None
+        return max(position, self.reset_points.get(tp, position))
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.positions[tp] = offset
+        self.reset_points.pop(tp, None)
         self.buffers.clear(tp)
 
     def reset_later(self, tp: TopicPartition, timestamp: int) -> None:
         """Resolve the position with ListOffsets on the next poll; buffered records go."""
         self.positions[tp] = PendingReset(timestamp)
+        self.reset_points.pop(tp, None)
         self.buffers.clear(tp)
 
-    def reset_to(self, tp: TopicPartition, offset: int) -> None:
-        """A reset resolved to ``offset``. With individual commit it skips the offsets
-        between the group's S and the new position, as a standard consumer does when it
-        commits its position after a reset: they are amended as gaps. With nothing
-        committed S counts as 0 (the proxy's starting S too)."""
+    def needs_log_start(self, tp: TopicPartition) -> bool:
+        """Whether resolving a reset of ``tp`` needs the log start offset too (``reset_to``)."""
+        return self.tracking and bool(self.ranges.get(tp))
+
+    def reset_to(self, tp: TopicPartition, offset: int, log_start: int | None = None) -> None:
+        """A reset resolved to ``offset``. With individual commit the offsets between the
+        group's S and the new position must be committed as skipped, as a standard consumer
+        does when it commits its position after a reset, or S could never pass them. With
+        nothing committed S counts as 0 (the proxy's starting S too).
+
+        A member holding the whole partition amends [S, offset) as a gap. A member holding
+        key ranges must not: the gap would claim the other members' records in it, and two
+        members resetting to the log end a moment apart (A at 100, B at 110) would have B
+        commit A's records 100-109 that nobody processed. Such a member amends only what
+        lies below the log start (deleted: nobody can process it), reads from S on, and
+        marks its own records below ``offset`` processed without handing them out (the
+        reset point in ``reset_points``), so each member commits exactly its own skipped
+        records and S passes the span once every member has. ``log_start``: the
+        partition's log start offset (None: unknown, nothing is amended)."""
+        self.reset_points.pop(tp, None)
         self.positions[tp] = offset
         if not self.tracking:
             return
@@ -213,8 +239,33 @@ class AssignmentState:
             progress = self.progress[tp] = PartitionProgress(None)
         if progress.stable is None:
             progress.stable = 0
-        if offset > progress.stable:
-            progress.mark(progress.stable, offset - 1)
+        stable = progress.stable
+        gap_end = offset if not self.ranges.get(tp) else min(offset, stable if log_start is None else log_start)
+        if gap_end > stable:
+            progress.mark(stable, gap_end - 1)
+        begin = max(stable, gap_end)
+        if offset > begin:
+            self.positions[tp] = begin
+            self.reset_points[tp] = offset
+
+    def take_reset_skips(self, tp: TopicPartition, records: list, next_offset: int) -> list:
+        """Of a fetch's ``records`` of ``tp`` (already in this member's ranges), those to
+        hand out: the ones below the partition's reset point are marked processed instead.
+        The reset point goes once the fetch reaches it."""
+        point = self.reset_points.get(tp)
+        if point is None:
+            return records
+        progress = self.progress.get(tp)
+        kept = []
+        for record in records:
+            if record.offset < point:
+                if progress is not None:
+                    progress.mark(record.offset)
+            else:
+                kept.append(record)
+        if next_offset >= point:
+            del self.reset_points[tp]
+        return kept
 
     def pending_resets(self) -> list[TopicPartition]:
         """Partitions without a position to fetch from."""
@@ -250,8 +301,8 @@ class AssignmentState:
         metadata: dict[TopicPartition, FetchMetadata] = {}
         for tp in itertools.chain(records, received):
             ends = self.ends.get(tp)
-            position = self.positions.get(tp)
-            if ends is None or not isinstance(position, int) or tp in metadata:
+            position = self.position(tp)
+            if ends is None or position is None or tp in metadata:
                 continue
             end = ends.end(self.read_committed)
             metadata[tp] = FetchMetadata(ends.received_time, position, lag(end, position) or 0,

@@ -81,9 +81,11 @@ from proxy.ranges import KeyRange
 
 log = logging.getLogger(__name__)
 
-METRIC_NAMES = ("records_outside_ranges", "unfiltered_range_responses", "aborted_records_dropped",
+METRIC_NAMES = ("records_outside_ranges", "unfiltered_range_responses", "range_responses_discarded",
+                "aborted_records_dropped",
                 "records_returned", "fetch_requests", "metadata_refreshes", "offset_resets", "reconnects",
-                "retriable_errors", "records_already_committed", "range_commits", "plain_commits",
+                "retriable_errors", "records_already_committed", "records_skipped_by_reset", "range_commits",
+                "plain_commits",
                 "partitions_lost", "revocations")
 
 
@@ -341,10 +343,13 @@ class Consumer:
     def metrics(self) -> dict[str, int]:
         """Counters: ``records_outside_ranges`` (dropped: key hash outside the assignment),
         ``unfiltered_range_responses`` (a ranged partition answered without
-        KeyRangesApplied), ``aborted_records_dropped``, ``records_returned``,
+        KeyRangesApplied), ``range_responses_discarded`` (answers filtered for ranges not
+        covering the assignment, refused whole), ``aborted_records_dropped``, ``records_returned``,
         ``fetch_requests``, ``metadata_refreshes``, ``offset_resets``, ``reconnects``,
         ``retriable_errors``, ``records_already_committed`` (skipped: the group's S or R
-        covers them), ``range_commits`` and ``plain_commits`` (acknowledged partitions)."""
+        covers them), ``records_skipped_by_reset`` (a key-range member's own records below
+        its reset point, committed as skipped), ``range_commits`` and ``plain_commits``
+        (acknowledged partitions)."""
         return {key: self._metrics[key] for key in METRIC_NAMES} | dict(self._metrics)
 
     # -- committed offsets -----------------------------------------------------------------

@@ -6,6 +6,10 @@ advertises ``keyrange.fetch``). ``apply_fetch_response`` takes the answer into t
 ``AssignmentState``: records are checked against the partition's ranges whether or not
 the proxy filtered them, dropped when the group already committed them, buffered for the
 fair rotation, and the partition's end offsets are cached for ``current_lag``.
+
+A filtered answer moves the position past batches the filter emptied, which is only sound
+when the filter kept every record of this consumer's ranges: an answer whose
+``KeyRangesApplied`` does not cover them is discarded (see ``apply_partition``).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.client.assignment import AssignmentState, EndOffsets, PendingReset, reset_timestamp
-from proxy.client.errors import METADATA_REFRESH_CODES, KafkaError, OffsetOutOfRangeError
+from proxy.client.assignment import AssignmentState, EndOffsets, PendingReset, narrows, reset_timestamp
+from proxy.client.errors import METADATA_REFRESH_CODES, CorruptRecordError, KafkaError, OffsetOutOfRangeError
 from proxy.client.records import TopicPartition, parse_partition
 from proxy.protocol import messages
 from proxy.protocol.constants import FETCH_SESSION_FINAL_EPOCH, FETCH_SESSIONLESS_ID, ErrorCode
@@ -80,12 +84,21 @@ def apply_fetch_response(state: AssignmentState, response: Any, *, version: int,
                          received_time: float, received: set[TopicPartition], auto_offset_reset: str,
                          metrics: Counter[str]) -> bool:
     """Take a Fetch response for the partitions at ``offsets`` into ``state``. True when
-    metadata must be refreshed before the next fetch (a leader moved)."""
+    metadata must be refreshed before the next fetch (a leader moved).
+
+    A partition filtered for key ranges that do not cover the consumer's is discarded
+    (``apply_partition``) and, once every other partition of the answer is taken in,
+    reported as ``CorruptRecordError``: raised from ``poll`` (a background fetch's at the
+    next one) every time such an answer comes, so a proxy that breaks the filter contract
+    stops the application visibly instead of making it refetch forever in silence. The
+    position stays, so records are neither lost nor skipped; ``seek`` past it is the
+    application's call."""
     if response.error_code != ErrorCode.NONE:
         if response.error_code in METADATA_REFRESH_CODES:
             return True
         raise KafkaError.for_code(response.error_code, f"Fetch from node {node_id}")
     refresh = False
+    discarded: list[str] = []
     for topic in response.responses:
         name = topic.topic if version < TOPIC_IDS_VERSION else topic_names.get(topic.topic_id)
         if name is None:
@@ -96,15 +109,38 @@ def apply_fetch_response(state: AssignmentState, response: Any, *, version: int,
                 continue  # reassigned or moved by seek meanwhile: the data is stale
             refresh = apply_partition(state, tp, part, offsets[tp], received_time=received_time,
                                       received=received, auto_offset_reset=auto_offset_reset,
-                                      metrics=metrics) or refresh
+                                      metrics=metrics, discarded=discarded) or refresh
+    if discarded:
+        raise CorruptRecordError(f"Fetch from node {node_id}: {'; '.join(discarded)}")
     return refresh
+
+
+def covers_held_ranges(applied: Sequence[Any] | None, held: Sequence[KeyRange]) -> bool:
+    """Whether a partition answered with ``KeyRangesApplied`` = ``applied`` (None: the proxy
+    did not filter it) still holds every record of the ranges ``held`` ([] = the whole
+    partition; an empty ``applied`` is the whole partition too, docs/wire-contract.md
+    section 2)."""
+    if applied is None:
+        return True
+    return narrows([KeyRange(r.start, r.end) for r in applied], held)
 
 
 def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch_offset: int, *,
                     received_time: float, received: set[TopicPartition], auto_offset_reset: str,
-                    metrics: Counter[str]) -> bool:
+                    metrics: Counter[str], discarded: list[str] | None = None) -> bool:
     """Take one partition of a Fetch response into ``state``. True when metadata must be
-    refreshed; raises the partition's error when it cannot be retried."""
+    refreshed; raises the partition's error when it cannot be retried.
+
+    A filtered partition (``KeyRangesApplied`` present) moves the position past every batch,
+    emptied ones included, so its records count as all there are of the consumer's ranges
+    only when the applied ranges cover the ranges it holds. When they do not (a proxy that
+    filtered for another member's or narrower ranges), records of its own ranges may have
+    been removed and nothing in the answer tells which: it is discarded whole (no record,
+    gap, end offset or position taken), counted in ``range_responses_discarded`` and
+    described in ``discarded`` for the caller to raise. Keeping the position rather than
+    handing out the records it did get keeps every key's order and loses nothing. Without
+    ``KeyRangesApplied`` nothing was removed (magic 0/1, a plain broker): the records are
+    filtered here, as always."""
     code = part.error_code
     if code in METADATA_REFRESH_CODES:
         metrics["retriable_errors"] += 1
@@ -120,11 +156,20 @@ def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch
     if code != ErrorCode.NONE:
         raise KafkaError.for_code(code, f"Fetch {tp.topic}-{tp.partition} at offset {fetch_offset}")
     ranges = state.ranges[tp]
-    if ranges:
-        applied = part.key_ranges_applied
-        if applied is None or normalize(KeyRange(r.start, r.end) for r in applied) != normalize(ranges):
-            # not filtered (or filtered differently): the local check below decides
-            metrics["unfiltered_range_responses"] += 1
+    applied = part.key_ranges_applied
+    if ranges and (applied is None or normalize(KeyRange(r.start, r.end) for r in applied) != normalize(ranges)):
+        # not filtered (or filtered differently): the local check below decides
+        metrics["unfiltered_range_responses"] += 1
+    if not covers_held_ranges(applied, ranges):
+        metrics["range_responses_discarded"] += 1
+        reason = (f"{tp.topic}-{tp.partition} at offset {fetch_offset} was filtered for key ranges "
+                  f"{_describe(applied)} (KeyRangesApplied), which do not cover this consumer's "
+                  f"{_describe(ranges)}: records of them may be missing, so the answer was discarded "
+                  f"and the position stays at {fetch_offset}")
+        log.warning("consumer: %s", reason)
+        if discarded is not None:
+            discarded.append(reason)
+        return False
     progress = state.progress.get(tp)
     parsed = parse_partition(
         tp, part.records, fetch_offset,
@@ -139,6 +184,9 @@ def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch
             fresh = [r for r in parsed.records if not progress.already_committed(r.offset)]
             metrics["records_already_committed"] += len(parsed.records) - len(fresh)
             parsed.records = fresh
+        kept = state.take_reset_skips(tp, parsed.records, parsed.next_offset)
+        metrics["records_skipped_by_reset"] += len(parsed.records) - len(kept)
+        parsed.records = kept
     state.ends[tp] = EndOffsets(received_time, part.high_watermark, part.last_stable_offset, part.log_start_offset)
     received.add(tp)
     if parsed.records:
@@ -146,3 +194,7 @@ def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch
     else:
         state.positions[tp] = parsed.next_offset
     return False
+
+
+def _describe(ranges: Sequence[Any]) -> str:
+    return ", ".join(f"[{r.start}, {r.end}]" for r in ranges) or "(the whole partition)"

@@ -34,7 +34,7 @@ from proxy.client.config import ConsumerConfig
 from proxy.client.connection import RETRIABLE_FAILURES, Connections
 from proxy.client.coordinator import Coordinator
 from proxy.client.errors import ConsumerError, KafkaError
-from proxy.client.group_assignor import Assignment, intersect, to_intervals, to_ranges
+from proxy.client.group_assignor import Assignment, intersect, subtract, to_intervals, to_ranges
 from proxy.client.group_protocol import leave_error
 from proxy.client.membership import Answer, Change, Membership, Phase, difference, union
 from proxy.client.records import ConsumerRecord, TopicPartition
@@ -133,6 +133,11 @@ class GroupMember:
         self._commit_wanted = False
         self._delayed: set[TopicPartition] = set()
         self._growing: Assignment = {}  # partitions waiting to take on more ranges
+        # growing partitions that keep none of the ranges they held (their new ranges are
+        # disjoint from the old): the state's ranges for them are only a placeholder that
+        # keeps their position and marks until _grow gives them the new ranges; nothing of
+        # them is fetched or handed out meanwhile
+        self._parked: set[TopicPartition] = set()
         self._lost_last: set[TopicPartition] = set()
         self._wake = trio.Event()
         self._last_poll = -math.inf  # set when the background starts (consumers may be built outside trio)
@@ -294,6 +299,7 @@ class GroupMember:
         self.membership.topics = []
         self._drop(self._state_assignment())
         self._to_revoke, self._changes, self._growing, self._revoke_bounds = {}, [], {}, {}
+        self._parked = set()
 
     def _state_assignment(self) -> Assignment:
         return {tp: list(r) for tp, r in self._state.ranges.items()}
@@ -331,6 +337,7 @@ class GroupMember:
         self._lost_last = set(lost)
         self._drop(union(lost, self._to_revoke))
         self._to_revoke, self._growing, self._revoke_bounds = {}, {}, {}
+        self._parked = set()
         self._metrics["partitions_lost"] += len(lost)
         await self.listener.on_lost(lost)
 
@@ -359,16 +366,28 @@ class GroupMember:
             if tp not in change.assignment:
                 del self._growing[tp]
         for tp, ranges in change.assignment.items():
-            if tp in current and difference({tp: ranges}, {tp: current[tp]}):
+            # a parked partition holds nothing: whatever it is assigned now is taken on anew
+            held = [] if tp in self._parked else to_intervals(current[tp]) if tp in current else None
+            if held is not None and subtract(to_intervals(ranges), held):
                 # more ranges of a partition already fetched: they start from the group's
                 # committed state, below this member's position, so the partition starts
                 # over there once no record of it is out unmarked (_complete_revocations);
                 # until then the ranges it keeps go on being fetched and handed out
                 self._growing[tp] = list(ranges)
-                kept = intersect(to_intervals(current[tp]), to_intervals(ranges))
-                keep[tp] = to_ranges(kept) if kept else current[tp]
+                kept = intersect(held, to_intervals(ranges))
+                if kept:
+                    keep[tp] = to_ranges(kept)
+                    self._parked.discard(tp)
+                else:
+                    # nothing kept: the old ranges stay only as the partition's placeholder
+                    # and stop being fetched and handed out now, like every revoked range,
+                    # so none of their records follows their revocation to the next owner
+                    # (section 8) however long the look-up of the new ranges takes
+                    keep[tp] = current[tp]
+                    self._parked.add(tp)
             else:
                 self._growing.pop(tp, None)
+                self._parked.discard(tp)
                 keep[tp] = list(ranges)
         # revoked ranges stop being handed out now; a partition revoked whole stays (paused)
         # until its revocation completes, so its marks can still be committed
@@ -381,10 +400,11 @@ class GroupMember:
 
     def _paused(self, ranges: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[TopicPartition]:
         """Partitions not handed out now: revoked whole (until the revocation completes),
-        and growing ones whose records are still out with the application (so that they
-        come back)."""
+        parked ones (until they grow), and growing ones whose records are still out with the
+        application (so that they come back)."""
         assigned = difference(self.membership.owned, self.membership.revoking)
-        return [tp for tp in ranges if tp not in assigned or (tp in self._growing and self.handed.busy(tp, []))]
+        return [tp for tp in ranges if tp not in assigned or tp in self._parked
+                or (tp in self._growing and self.handed.busy(tp, []))]
 
     async def _commit(self) -> bool:
         """Commit what is marked (individual commit); False when it must wait for a later poll."""
@@ -421,12 +441,17 @@ class GroupMember:
             self._metrics["revocations"] += 1
             self.wake()
         grown = await self._grow()
-        if not done and not grown and not self._growing:
+        if not done and not grown and not self._growing and not self._parked:
             return
         current = self._state_assignment()
         rest = difference(current, {tp: r for tp, r in done.items() if tp not in self._growing})
         for tp in grown:
             rest[tp] = current[tp]
+        # a placeholder whose growth was called off (a later assignment took the partition
+        # elsewhere) goes once nothing of the partition is being revoked any more
+        for tp in [tp for tp in self._parked if tp not in self._growing and tp not in self._to_revoke]:
+            self._parked.discard(tp)
+            rest.pop(tp, None)
         self.handed.forget(tp for tp in current if tp not in rest)
         self._set_ranges(rest, self._paused(rest))
 
@@ -458,6 +483,7 @@ class GroupMember:
         for tp in ready:
             stable, ranges = committed[tp]
             self._state.grow(tp, self._growing.pop(tp), stable, ranges)
+            self._parked.discard(tp)
         return ready
 
     @property

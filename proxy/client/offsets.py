@@ -9,11 +9,11 @@ sends the requests, to each partition's leader.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.client.assignment import AssignmentState, PendingReset, reset_timestamp
+from proxy.client.assignment import EARLIEST_TIMESTAMP, AssignmentState, PendingReset, reset_timestamp
 from proxy.client.committer import Committer
 from proxy.client.connection import Connections
 from proxy.client.errors import METADATA_REFRESH_CODES, KafkaError
@@ -49,24 +49,35 @@ def list_offsets_request(version: int, queries: Sequence[OffsetQuery], *, isolat
         topics=[cls.ListOffsetsTopic(name=name, partitions=parts) for name, parts in topics.items()])
 
 
-def apply_list_offsets(state: AssignmentState, response: Any, metrics: Counter[str]) -> bool:
-    """Resolve the pending resets a ListOffsets response answers. True when one hit a
-    leader change (refresh metadata and retry); raises other partition errors."""
+def apply_list_offsets(state: AssignmentState, response: Any, metrics: Counter[str],
+                       log_starts: Mapping[TopicPartition, int] | None = None) -> bool:
+    """Resolve the pending resets a ListOffsets response answers (``log_starts``: the log
+    start offsets of the partitions ``AssignmentState.needs_log_start`` names). True when
+    one hit a leader change (refresh metadata and retry); raises other partition errors."""
     refresh = False
+    for tp, offset in _answers(response, metrics):
+        if tp not in state or isinstance(state.positions.get(tp), int):
+            continue  # unassigned or sought meanwhile
+        if offset is None:
+            refresh = True
+        else:
+            state.reset_to(tp, offset, (log_starts or {}).get(tp))
+            metrics["offset_resets"] += 1
+    return refresh
+
+
+def _answers(response: Any, metrics: Counter[str]) -> Iterator[tuple[TopicPartition, int | None]]:
+    """Each partition's offset from a ListOffsets response; None for a leader change."""
     for topic in response.topics:
         for part in topic.partitions:
             tp = TopicPartition(topic.name, part.partition_index)
-            if tp not in state or isinstance(state.positions.get(tp), int):
-                continue  # unassigned or sought meanwhile
             if part.error_code in METADATA_REFRESH_CODES:
                 metrics["retriable_errors"] += 1
-                refresh = True
+                yield tp, None
             elif part.error_code != ErrorCode.NONE:
                 raise KafkaError.for_code(part.error_code, f"ListOffsets {tp.topic}-{tp.partition}")
             else:
-                state.reset_to(tp, part.offset)
-                metrics["offset_resets"] += 1
-    return refresh
+                yield tp, part.offset
 
 
 class OffsetResolver:
@@ -111,20 +122,44 @@ class OffsetResolver:
         return await self._reset(pending)
 
     async def _reset(self, pending: list[TopicPartition]) -> bool:
+        # A key-range member resetting past the log start needs the log start too
+        # (AssignmentState.reset_to): asked first, in a request of its own, since one
+        # ListOffsets request cannot name a partition twice.
+        timestamps = {tp: self.reset_timestamp(tp) for tp in pending}  # raises first under "none"
+        starts_wanted = [tp for tp in pending
+                         if self._state.needs_log_start(tp) and timestamps[tp] != EARLIEST_TIMESTAMP]
+        log_starts: dict[TopicPartition, int] = {}
+        retry = False
+        if starts_wanted:
+            retry, responses = await self._list_offsets({tp: EARLIEST_TIMESTAMP for tp in starts_wanted})
+            for response in responses:
+                for tp, offset in _answers(response, self._metrics):
+                    if offset is not None:
+                        log_starts[tp] = offset
+            timestamps = {tp: ts for tp, ts in timestamps.items() if tp not in starts_wanted or tp in log_starts}
+        again, responses = await self._list_offsets(timestamps)
+        for response in responses:
+            for tp, offset in _answers(response, Counter()):  # an earliest reset's answer is its log start
+                if offset is not None and timestamps.get(tp) == EARLIEST_TIMESTAMP and self._state.needs_log_start(tp):
+                    log_starts[tp] = offset
+            if apply_list_offsets(self._state, response, self._metrics, log_starts):
+                self._metadata.stale = again = True
+        return retry or again
+
+    async def _list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> tuple[bool, list[Any]]:
+        """One ListOffsets request per leader: (no partition had a leader, the responses).
+        Partitions without a leader stay pending for a later poll."""
         by_leader: dict[int, list[OffsetQuery]] = {}
-        for tp in pending:
-            timestamp = self.reset_timestamp(tp)  # raises first under "none"
+        for tp, timestamp in timestamps.items():
             leader = self._metadata.leader(tp)
             if leader is None:
                 continue
             by_leader.setdefault(leader.leader, []).append(OffsetQuery(tp, leader.leader_epoch, timestamp))
-        retry = not by_leader
+        responses = []
         for node_id, queries in by_leader.items():
             connection = await self._connections.node(node_id, self._metadata.nodes[node_id])
             version = connection.versions[ApiKey.LIST_OFFSETS]
             body = list_offsets_request(version, queries, isolation_level=self._isolation_level,
                                         timeout_ms=self._timeout_ms)
-            response = await self._connections.request(connection, ApiKey.LIST_OFFSETS, version, body)
-            if apply_list_offsets(self._state, response, self._metrics):
-                self._metadata.stale = retry = True
-        return retry
+            responses.append(await self._connections.request(connection, ApiKey.LIST_OFFSETS, version, body))
+        return not by_leader, responses

@@ -88,7 +88,10 @@ class ConsumerRecords:
 @dataclass
 class ParsedPartition:
     records: list[ConsumerRecord]
-    next_offset: int  # where the next fetch starts
+    # Where the next fetch starts: past every batch read, those a proxy's filter emptied
+    # too, so it may be taken only when that filter kept every record of the consumer's
+    # ranges (fetch_protocol.apply_partition checks KeyRangesApplied first).
+    next_offset: int
     outside_ranges: int = 0  # records dropped because their key hash is not assigned
     aborted: int = 0  # records dropped as part of aborted transactions
     truncated: bool = False  # the blob ended with an incomplete entry

@@ -173,6 +173,103 @@ def test_a_resolved_reset_amends_the_skipped_offsets_with_individual_commit():
     assert plain.position(TP) == 40 and not plain.progress
 
 
+def _ranged_member(share) -> AssignmentState:
+    state = AssignmentState(read_committed=False, tracking=True)
+    state.assign({TP: [share]})
+    state.progress[TP] = PartitionProgress(None, [])  # the group has nothing committed
+    return state
+
+
+def _fetch_into(state: AssignmentState, fetch_offset: int, blob: bytes, end: int, metrics: Counter) -> list[int]:
+    """One fetch response of ``blob`` at ``fetch_offset`` taken in; the offsets handed out."""
+    from proxy.client.fetch_protocol import apply_partition
+
+    part = NS(error_code=0, records=blob, high_watermark=end, last_stable_offset=end, log_start_offset=0,
+              aborted_transactions=[], key_ranges_applied=None)
+    apply_partition(state, TP, part, fetch_offset, received_time=1.0, received=set(), auto_offset_reset="latest",
+                    metrics=metrics)
+    return [r.offset for r in state.drain(10_000, set())]
+
+
+def test_key_range_members_resetting_to_the_log_end_apart_commit_only_their_own_records():
+    """A resets to the log end at 100, B at 110 (ten records later). Neither may commit the
+    other's records: B amending [0, 110) as a gap would claim A's records 100-109 that
+    nobody processed. Each reads from S and commits its own records below its reset point
+    as skipped; together they move S to 100 (A's records from there on are A's to process)."""
+    from proxy.commits.state import CommitState, apply_ranges
+    from proxy.records.keyhash import key_hash
+
+    halves = equal_shares(2)
+    keys = {o: f"key-{o}".encode() for o in range(110)}
+    blob = kafka_python_batch([Rec(o, keys[o], b"v") for o in range(110)], base_offset=0)
+    mine = {i: [o for o in range(110) if halves[i].start <= key_hash(keys[o], o) <= halves[i].end] for i in (0, 1)}
+    a, b = _ranged_member(halves[0]), _ranged_member(halves[1])
+    a.reset_to(TP, 100, log_start=0)
+    b.reset_to(TP, 110, log_start=0)
+    assert (a.position(TP), b.position(TP)) == (100, 110)  # where records are handed out from
+    assert not a.progress[TP].pending and not b.progress[TP].pending  # no gap claimed for anyone
+    metrics: Counter = Counter()
+    assert _fetch_into(a, 0, blob, 110, metrics) == [o for o in mine[0] if o >= 100]
+    assert _fetch_into(b, 0, blob, 110, metrics) == []
+    assert metrics["records_skipped_by_reset"] == sum(o < 100 for o in mine[0]) + len(mine[1])
+    group = CommitState(0)
+    group = apply_ranges(group, list(b.progress[TP].pending))
+    assert not any(group.processed(o) for o in mine[0]), "B's commit claims none of A's records"
+    group = apply_ranges(group, list(a.progress[TP].pending))
+    assert [o for o in range(110) if not group.processed(o)] == [o for o in mine[0] if o >= 100]
+    assert not a.reset_points and not b.reset_points  # the reads reached the reset points
+
+
+def test_a_key_range_member_amends_only_what_lies_below_the_log_start():
+    """Records below the log start are deleted: nobody can process them, so they are
+    amended as a gap by any member; from the log start on only its own records count."""
+    state = _ranged_member(equal_shares(2)[0])
+    state.reset_to(TP, 60, log_start=40)
+    assert list(state.progress[TP].pending) == [(0, 39)]
+    assert state.positions[TP] == 40 and state.position(TP) == 60 and state.reset_points == {TP: 60}
+    earliest = _ranged_member(equal_shares(2)[0])
+    earliest.reset_to(TP, 40, log_start=40)  # an earliest reset
+    assert list(earliest.progress[TP].pending) == [(0, 39)] and earliest.position(TP) == 40
+    assert not earliest.reset_points
+    state.seek(TP, 70)  # the application positions it: no reset point any more
+    assert state.position(TP) == 70 and not state.reset_points
+    unknown = _ranged_member(equal_shares(2)[0])
+    unknown.reset_to(TP, 60)  # log start unknown: nothing amended, own records read up to 60
+    assert not unknown.progress[TP].pending and unknown.positions[TP] == 0 and unknown.reset_points == {TP: 60}
+
+
+def test_a_key_range_member_resolving_a_reset_to_the_end_asks_for_the_log_start_first():
+    """The resolver looks the log start up in a request of its own (one ListOffsets cannot
+    name a partition twice), then the reset itself."""
+    from proxy.client.offsets import OffsetResolver
+
+    state = _ranged_member(equal_shares(2)[0])
+    state.reset_later(TP, LATEST_TIMESTAMP)
+    asked: list[list[int]] = []
+
+    class Connections:
+        async def node(self, node_id, address):
+            return NS(versions={ApiKey.LIST_OFFSETS: 9})
+
+        async def request(self, connection, key, version, body):
+            timestamps = [p.timestamp for t in body.topics for p in t.partitions]
+            asked.append(timestamps)
+            offset = 40 if timestamps == [EARLIEST_TIMESTAMP] else 60
+            return NS(topics=[NS(name="t", partitions=[NS(partition_index=0, error_code=0, offset=offset)])])
+
+    metadata = NS(leader=lambda tp: NS(leader=1, leader_epoch=0), nodes={1: ("127.0.0.1", 1)}, stale=False)
+    resolver = OffsetResolver(state, metadata, Connections(), None, auto_offset_reset="latest",
+                              isolation_level=0, timeout_ms=1000, metrics=Counter())
+    assert trio.run(resolver.resolve) is False
+    assert asked == [[EARLIEST_TIMESTAMP], [LATEST_TIMESTAMP]]
+    assert state.positions[TP] == 40 and state.position(TP) == 60
+    assert list(state.progress[TP].pending) == [(0, 39)]
+    asked.clear()
+    state.reset_later(TP, EARLIEST_TIMESTAMP)  # an earliest reset's answer is the log start itself
+    assert trio.run(resolver.resolve) is False
+    assert asked == [[EARLIEST_TIMESTAMP]] and state.positions[TP] == 40 and not state.reset_points
+
+
 def test_lag_and_fetch_metadata_come_from_the_cached_end_offsets():
     state = AssignmentState(read_committed=True, tracking=False)
     state.assign({TP: []})

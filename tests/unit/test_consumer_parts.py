@@ -18,10 +18,11 @@ from proxy.client import (
     equal_shares,
 )
 from proxy.client.assignment import EARLIEST_TIMESTAMP, AssignmentState, PendingReset
-from proxy.client.errors import NotLeaderOrFollowerError, RetriableError
-from proxy.client.fetch_protocol import apply_partition
+from proxy.client.errors import CorruptRecordError, NotLeaderOrFollowerError, RetriableError
+from proxy.client.fetch_protocol import apply_fetch_response, apply_partition
 from proxy.client.records import FairBuffers, lag, parse_partition
 from proxy.ranges import KeyRange, contains
+from proxy.records.builder import build_batch
 from proxy.records.keyhash import key_hash
 from proxy.testing.batches import Rec, control_batch, kafka_python_batch
 
@@ -238,6 +239,90 @@ def test_key_ranges_applied_matching_the_assignment_counts_nothing():
     applied = [SimpleNamespace(start=share.start, end=share.end)]
     _apply(state, _part(b"", applied=applied, hw=0, lso=0), 0, metrics=metrics)
     assert metrics["unfiltered_range_responses"] == 0
+
+
+def _applied(*ranges: KeyRange) -> list:
+    return [SimpleNamespace(start=r.start, end=r.end) for r in ranges]
+
+
+def _emptied(base_offset: int, count: int) -> bytes:
+    """A batch of ``count`` offsets whose records a filter removed, all of them."""
+    return build_batch(base_offset=base_offset, last_offset_delta=count - 1, records=b"", record_count=0,
+                       base_timestamp=0, max_timestamp=0)
+
+
+def test_a_batch_emptied_for_other_ranges_moves_nothing():
+    halves = equal_shares(2)
+    state = _state([halves[0]])
+    state.seek(TP, 0)
+    metrics: Counter = Counter()
+    received: set = set()
+    discarded: list[str] = []
+    part = _part(_emptied(0, 10), applied=_applied(halves[1]))
+    assert apply_partition(state, TP, part, 0, received_time=1.0, received=received, auto_offset_reset="latest",
+                           metrics=metrics, discarded=discarded) is False
+    assert state.position(TP) == 0, "records of this consumer's half may lie in the emptied batch"
+    assert not state.buffers.has_buffered(TP) and not received and TP not in state.ends
+    assert metrics["range_responses_discarded"] == 1 and metrics["unfiltered_range_responses"] == 1
+    (reason,) = discarded
+    assert "t-0 at offset 0" in reason and f"[{halves[1].start}, {halves[1].end}]" in reason
+    assert "position stays at 0" in reason
+
+
+def test_an_answer_filtered_for_narrower_ranges_hands_out_none_of_its_records():
+    share = equal_shares(2)[0]
+    narrower = KeyRange(share.start, share.start + share.size // 2)
+    blob = kafka_python_batch([Rec(i, f"k{i}".encode(), b"v") for i in range(50)], base_offset=0)
+    assert any(contains([narrower], key_hash(f"k{o}".encode(), o)) for o in range(50))
+    state = _state([share])
+    state.seek(TP, 0)
+    metrics: Counter = Counter()
+    _apply(state, _part(blob, applied=_applied(narrower), hw=50, lso=50), 0, metrics=metrics)
+    assert not state.drain(500, ()) and state.position(TP) == 0
+    assert metrics["range_responses_discarded"] == 1 and metrics["records_outside_ranges"] == 0
+
+
+def test_key_ranges_applied_wider_than_the_ranges_held_are_taken():
+    # the fetch asked for both halves; the assignment narrowed to one while it was out
+    halves = equal_shares(2)
+    state = _state([halves[1]])
+    state.seek(TP, 0)
+    metrics: Counter = Counter()
+    blob = kafka_python_batch([Rec(i, f"k{i}".encode(), b"v") for i in range(20)], base_offset=0) + _emptied(20, 5)
+    _apply(state, _part(blob, applied=_applied(*halves), hw=25, lso=25), 0, metrics=metrics)
+    inside = [o for o in range(20) if contains([halves[1]], key_hash(f"k{o}".encode(), o))]
+    assert [r.offset for r in state.drain(500, ())] == inside and state.position(TP) == 25
+    assert metrics["range_responses_discarded"] == 0
+
+
+def test_a_whole_partition_answered_filtered_is_discarded():
+    state = _state()
+    state.seek(TP, 0)
+    metrics: Counter = Counter()
+    _apply(state, _part(_emptied(0, 10), applied=_applied(equal_shares(2)[0])), 0, metrics=metrics)
+    assert state.position(TP) == 0 and metrics["range_responses_discarded"] == 1
+    assert metrics["unfiltered_range_responses"] == 0
+    _apply(state, _part(_emptied(0, 10), applied=[]), 0, metrics=metrics)  # [] is the whole partition
+    assert state.position(TP) == 10 and metrics["range_responses_discarded"] == 1
+
+
+def test_a_discarded_partition_is_raised_after_the_rest_of_the_answer_is_taken():
+    halves = equal_shares(2)
+    other = TopicPartition("t", 1)
+    state = AssignmentState(read_committed=False, tracking=False)
+    state.assign({TP: [halves[0]], other: [halves[0]]})
+    state.seek(TP, 0)
+    state.seek(other, 0)
+    good = SimpleNamespace(partition_index=1, **vars(_part(_emptied(0, 7), applied=_applied(halves[0]))))
+    bad = SimpleNamespace(partition_index=0, **vars(_part(_emptied(0, 10), applied=_applied(halves[1]))))
+    response = SimpleNamespace(error_code=0, responses=[SimpleNamespace(topic="t", partitions=[bad, good])])
+    metrics: Counter = Counter()
+    with pytest.raises(CorruptRecordError, match="Fetch from node 2: t-0 at offset 0 was filtered") as caught:
+        apply_fetch_response(state, response, version=12, node_id=2, offsets={TP: 0, other: 0}, topic_names={},
+                             received_time=1.0, received=set(), auto_offset_reset="latest", metrics=metrics)
+    assert not caught.value.retriable and caught.value.name == "CORRUPT_MESSAGE"
+    assert state.position(TP) == 0 and state.position(other) == 7
+    assert metrics["range_responses_discarded"] == 1
 
 
 def test_partition_errors():

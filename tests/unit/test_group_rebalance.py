@@ -8,6 +8,7 @@ from proxy.client import TopicPartition, equal_shares
 from proxy.client.assignment import AssignmentState, narrows
 from proxy.client.config import ConsumerConfig
 from proxy.client.connection import Connections
+from proxy.client.errors import NotCoordinatorError
 from proxy.client.group import GroupMember, RebalanceListener
 from proxy.client.membership import Change, difference, union
 from proxy.client.progress import PartitionProgress
@@ -104,11 +105,15 @@ class _Committer:
         self.state = state
         self.group_state: dict[TopicPartition, tuple[int | None, list[tuple[int, int]]]] = {}
         self.reads = 0
+        self.failing_reads = 0  # this many reads fail first (a coordinator moving, say)
         self.commits = 0
         self.member = None
 
     async def committed_ranges(self, partitions):
         self.reads += 1
+        if self.failing_reads:
+            self.failing_reads -= 1
+            raise NotCoordinatorError("moving")
         return {tp: self.group_state.get(tp, (None, [])) for tp in partitions}
 
     async def commit_processed(self, ranges_supported: bool) -> None:
@@ -264,3 +269,78 @@ async def test_a_growth_that_arrives_between_polls_of_a_sequential_application_n
     await _sync(member, {TP: old}, {TP: new})
     assert committer.reads == 1 and state.ranges[TP] == new and not state.paused
     assert [c for c, _ in member.listener.calls] == ["assigned"]
+
+
+def _moving_member():
+    """A member reading the second quarter of TP from offset 0, 200 offsets of it buffered,
+    about to be moved to the third quarter (nothing of the second kept)."""
+    state = AssignmentState(read_committed=False, tracking=True)
+    member, committer = _member(state)
+    quarters = equal_shares(4)
+    old, new = [quarters[1]], [quarters[2]]
+    state.assign({TP: old})
+    state.progress[TP] = PartitionProgress(0)
+    state.positions[TP] = 0
+    state.buffers.add(TP, _records_in(old, 0, 200), 200)
+    return state, member, committer, old, new
+
+
+def _handed_in(ranges, records) -> list[int]:
+    return [r.offset for r in records if contains(ranges, key_hash(r.key, r.offset))]
+
+
+async def test_a_range_moved_to_a_disjoint_one_stops_being_handed_out_at_once():
+    state, member, committer, old, new = _moving_member()
+    out = state.drain(10, ())
+    member.handed.handed(out)
+    for r in out:  # processed, not committed yet: the revocation waits for a commit
+        state.progress[TP].mark(r.offset)
+        member.marked(TP, r.offset)
+    committer.failing_reads = 1
+    committer.group_state[TP] = (0, [])
+    await _sync(member, {TP: old}, {TP: new})
+    assert member.to_be_revoked() == {TP} and committer.reads == 1 and committer.commits == 0
+    assert TP in state.paused and not state.drain(1000, ()), "nothing more of the revoked quarter"
+    assert state.fetchable(lambda tp: True) == []
+    await member._step()  # the background task commits
+    await member.before_poll(_no_pattern)
+    assert member.to_be_revoked() == set() and committer.reads == 2
+    assert state.ranges[TP] == new and TP not in state.paused and state.position(TP) == 0
+
+
+async def test_a_failed_look_up_of_the_new_range_never_revives_the_revoked_one():
+    state, member, committer, old, new = _moving_member()
+    committer.failing_reads = 2
+    committer.group_state[TP] = (40, [])
+    await _sync(member, {TP: old}, {TP: new})
+    assert [c for c, _ in member.listener.calls] == ["assigned", "revoked"], "the revocation completed"
+    assert member.membership.rejoin_needed, "the follow-up rebalance hands the old quarter on"
+    assert _handed_in(old, state.drain(1000, ())) == [] and state.fetchable(lambda tp: True) == []
+    await member.before_poll(_no_pattern)  # the look-up fails again
+    assert committer.reads == 2 and TP in state.paused and state.ranges[TP] == old
+    assert not state.drain(1000, ())
+    await member.before_poll(_no_pattern)  # and is retried until it answers
+    assert committer.reads == 3 and state.ranges[TP] == new and TP not in state.paused
+    assert state.position(TP) == 40
+
+
+async def test_a_parked_partition_given_its_old_range_back_starts_from_the_group_state():
+    state, member, committer, old, new = _moving_member()
+    state.drain(50, ())  # handed out and processed: the position is 50
+    committer.failing_reads = 2
+    await _sync(member, {TP: old}, {TP: new})
+    committer.group_state[TP] = (120, [])  # the next owner of the old quarter went on to 120
+    await _sync(member, {TP: new}, {TP: old})
+    assert TP in state.paused and state.ranges[TP] == old, "not resumed from its own position 50"
+    await member.before_poll(_no_pattern)
+    assert state.ranges[TP] == old and TP not in state.paused and state.position(TP) == 120
+
+
+async def test_a_parked_partition_whose_growth_is_called_off_goes_with_its_revocation():
+    state, member, committer, old, new = _moving_member()
+    committer.failing_reads = 1
+    await _sync(member, {TP: old}, {TP: new})
+    assert TP in state.paused
+    await _sync(member, {TP: new}, {})  # the next rebalance gives the partition to others
+    assert TP not in state.ranges and not member.to_be_revoked()
+    assert [c for c, _ in member.listener.calls] == ["assigned", "revoked", "revoked"]
