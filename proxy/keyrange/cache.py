@@ -11,6 +11,17 @@ Two kinds of share, per topic (``reserve.message.value.range.fetch``):
 - offsets: only which offsets of the read matched the range set; the consumer's own
   broker read is then filtered by offset lookup instead of hashing every key again.
 
+A share is only served to a Fetch of the isolation level its read had. The broker answers
+the two levels differently: a read_committed read stops at the last stable offset and
+lists the aborted transactions it holds, a read_uncommitted one goes on to the high
+watermark and lists none. A read_committed consumer served a read_uncommitted share would
+hand out aborted and undecided records (nothing tells it to drop them) and move its
+position past the last stable offset. The other way round would be correct (the records
+are the same, and read_uncommitted clients ignore the aborted list) but stops at the last
+stable offset, short of what the consumer's own read gets; an exact match is the one rule
+that needs no such reasoning per client. Offsets-only shares follow it too, although which
+offsets match a range does not depend on the level.
+
 Pure state: the caller passes the clock in, so eviction is deterministic in tests.
 """
 
@@ -35,7 +46,8 @@ class CachedShare:
     """One range set's part of one broker read.
 
     ``start_offset``: the fetch offset of the read; ``next_offset``: the offset after its
-    last complete batch. A consumer whose position lies in [start, next) can be served it.
+    last complete batch. A consumer whose position lies in [start, next) can be served it,
+    if it fetches at the read's ``isolation_level`` (0 read_uncommitted, 1 read_committed).
     The partition-level metadata of the read travels with it, so a response built from
     the cache tells the consumer the same high watermark and aborted transactions as the
     broker would have.
@@ -45,6 +57,7 @@ class CachedShare:
     ranges: RangeSet
     start_offset: int
     next_offset: int
+    isolation_level: int
     records: bytes | None = None  # records shares
     offsets: tuple[int, ...] | None = None  # offsets-only shares
     high_watermark: int = -1
@@ -74,8 +87,8 @@ class ShareCache:
         self.bytes_held = 0
         self.stats = CacheStats()
         self._lru: OrderedDict[Hashable, CachedShare] = OrderedDict()
-        # (partition, ranges) -> keys of its shares, for lookup by position
-        self._by_set: dict[tuple[PartitionId, RangeSet], dict[int, Hashable]] = {}
+        # (partition, ranges, isolation level) -> keys of its shares, for lookup by position
+        self._by_set: dict[tuple[PartitionId, RangeSet, int], dict[int, Hashable]] = {}
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -87,7 +100,7 @@ class ShareCache:
         if size > self.max_bytes:
             self.stats.rejected_too_large += 1
             return False
-        key = (share.partition, share.ranges, share.start_offset)
+        key = (share.partition, share.ranges, share.isolation_level, share.start_offset)
         if key in self._lru:
             self._remove(key)
         while self.bytes_held + size > self.max_bytes and self._lru:
@@ -95,14 +108,15 @@ class ShareCache:
             self._remove(oldest)
             self.stats.evictions += 1
         self._lru[key] = share
-        self._by_set.setdefault((share.partition, share.ranges), {})[share.start_offset] = key
+        self._by_set.setdefault((share.partition, share.ranges, share.isolation_level), {})[share.start_offset] = key
         self.bytes_held += size
         self.stats.stored += 1
         return True
 
-    def take(self, partition: PartitionId, ranges: RangeSet, position: int) -> CachedShare | None:
-        """The share of ``ranges`` that covers ``position``, removed from the cache."""
-        starts = self._by_set.get((partition, ranges))
+    def take(self, partition: PartitionId, ranges: RangeSet, position: int, isolation_level: int) -> CachedShare | None:
+        """The share of ``ranges`` read at ``isolation_level`` that covers ``position``,
+        removed from the cache."""
+        starts = self._by_set.get((partition, ranges, isolation_level))
         if starts:
             for key in list(starts.values()):
                 share = self._lru.get(key)
@@ -119,11 +133,12 @@ class ShareCache:
     def _remove(self, key: Hashable) -> None:
         share = self._lru.pop(key)
         self.bytes_held -= share.size
-        per_set = self._by_set.get((share.partition, share.ranges))
+        set_key = (share.partition, share.ranges, share.isolation_level)
+        per_set = self._by_set.get(set_key)
         if per_set is not None:
             per_set.pop(share.start_offset, None)
             if not per_set:
-                del self._by_set[(share.partition, share.ranges)]
+                del self._by_set[set_key]
 
     def shares(self) -> Iterable[CachedShare]:
         return list(self._lru.values())

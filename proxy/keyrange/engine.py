@@ -68,6 +68,7 @@ class FetchPlan:
     fetch_offsets: dict[PartitionKey, int] = field(default_factory=dict)
     names: dict[PartitionKey, str] = field(default_factory=dict)
     sessionless: bool = False
+    isolation_level: int = 0  # the request's: cached shares serve only reads of the same level
 
 
 class ConnectionRanges:
@@ -103,7 +104,8 @@ class KeyRangeEngine:
         ranges = conn.sessions.resolve(request)
         if not ranges.uses_ranges:
             return None
-        plan = FetchPlan(version=version, ranges=ranges, upstream_body=request)
+        plan = FetchPlan(version=version, ranges=ranges, upstream_body=request,
+                         isolation_level=request.isolation_level)
         for topic in request.topics:
             key = topic_key(topic)
             name = self._name(key)
@@ -128,7 +130,9 @@ class KeyRangeEngine:
     def cacheable_misses(self, conn: ConnectionRanges, plan: FetchPlan) -> list[tuple[str, int, int]]:
         """(topic, partition, fetch offset) of the partitions this sessionless request could
         take from the cache but did not find there. A read of one of them already on its
-        way from the broker will fill the cache: the caller may wait for it."""
+        way from the broker will fill the cache: the caller may wait for it. Only a read at
+        the request's isolation level fills it for this request (``plan.isolation_level``);
+        after waiting for one at the other level, the request reads the broker itself."""
         if not plan.sessionless:
             return []
         out = []
@@ -150,7 +154,7 @@ class KeyRangeEngine:
                 continue
             if not self.topic_setting(name, "reserve.message.value.range.fetch"):
                 continue  # offsets-only shares never replace a broker read
-            share = self.cache.take(partition_id, chosen, plan.fetch_offsets[pk])
+            share = self.cache.take(partition_id, chosen, plan.fetch_offsets[pk], plan.isolation_level)
             if share is not None and share.records is not None:
                 plan.hits[pk] = share
 
@@ -203,7 +207,7 @@ class KeyRangeEngine:
                 chosen = ranges.filtered.get(pk)
                 if chosen is None:
                     continue
-                self._filter(partition, name, chosen, plan.fetch_offsets.get(pk), now)
+                self._filter(partition, name, chosen, plan.fetch_offsets.get(pk), plan.isolation_level, now)
         for pk, share in plan.hits.items():
             entry = self._partition_entry(response, topics, pk, response_class)
             entry.records = share.records
@@ -225,7 +229,8 @@ class KeyRangeEngine:
         partition.key_ranges_applied = None
         self.stats.partitions_refused += 1
 
-    def _filter(self, partition: Any, name: str, chosen: RangeSet, fetch_offset: int | None, now: float) -> None:
+    def _filter(self, partition: Any, name: str, chosen: RangeSet, fetch_offset: int | None, isolation_level: int,
+                now: float) -> None:
         """Filter one partition of a broker response to ``chosen``, caching the other active
         sets' shares. ``KeyRangesApplied`` is set exactly when the partition was filtered:
         not on an error, and not when magic 0/1 entries passed through unfiltered (that
@@ -260,9 +265,10 @@ class KeyRangeEngine:
                 for k, other in enumerate(sets):
                     if k != index:
                         self.cache.put(CachedShare(partition_id, other, fetch_offset, result.next_offset,
-                                                   records=result.outputs[k].records, **metadata))
+                                                   isolation_level, records=result.outputs[k].records, **metadata))
         else:
-            cached = self.cache.take(partition_id, chosen, fetch_offset) if fetch_offset is not None else None
+            cached = self.cache.take(partition_id, chosen, fetch_offset, isolation_level) \
+                if fetch_offset is not None else None
             if cached is not None and cached.offsets is not None and cached.start_offset == fetch_offset:
                 # The same read was hashed for another consumer: look offsets up instead,
                 # and hash what this read holds beyond that one.
@@ -283,7 +289,7 @@ class KeyRangeEngine:
                 for k, other in enumerate(sets):
                     if k != index:
                         self.cache.put(CachedShare(partition_id, other, fetch_offset, match.next_offset,
-                                                   offsets=tuple(match.offsets[k])))
+                                                   isolation_level, offsets=tuple(match.offsets[k])))
         self.stats.partitions_filtered += 1
 
     @staticmethod
@@ -332,9 +338,10 @@ class SharedReads:
         self.engine = engine
 
     def split(self, partition_id: tuple[str, int], wanted: list[RangeSet], fetch_offset: int, blob,
-              metadata: dict, now: float) -> tuple[list[bytes], int | None]:
-        """The records of each of ``wanted`` in ``blob`` (read at ``fetch_offset``), and the
-        offset after the read's last complete batch; other active sets' shares are cached."""
+              metadata: dict, now: float, *, isolation_level: int) -> tuple[list[bytes], int | None]:
+        """The records of each of ``wanted`` in ``blob`` (read at ``fetch_offset`` and
+        ``isolation_level``), and the offset after the read's last complete batch; other
+        active sets' shares are cached, for consumers at that isolation level only."""
         engine = self.engine
         for ranges in wanted:
             engine.active.touch(partition_id, ranges, now)
@@ -350,7 +357,7 @@ class SharedReads:
         if result.next_offset is not None:
             for ranges, records in zip(sets[len(wanted):], outputs[len(wanted):]):
                 engine.cache.put(CachedShare(partition_id, ranges, fetch_offset, result.next_offset,
-                                             records=records, **metadata))
+                                             isolation_level, records=records, **metadata))
         return outputs[:len(wanted)], result.next_offset
 
     def interest(self, partition_id: tuple[str, int], ranges: RangeSet, now: float) -> None:
@@ -358,8 +365,10 @@ class SharedReads:
         before any consumer of it asked."""
         self.engine.active.touch(partition_id, ranges, now)
 
-    def take(self, partition_id: tuple[str, int], ranges: RangeSet, position: int, now: float) -> CachedShare | None:
-        """A cached records share of ``ranges`` covering ``position``, removed from the cache."""
+    def take(self, partition_id: tuple[str, int], ranges: RangeSet, position: int, now: float, *,
+             isolation_level: int) -> CachedShare | None:
+        """A cached records share of ``ranges`` covering ``position``, read at
+        ``isolation_level``, removed from the cache."""
         self.engine.active.touch(partition_id, ranges, now)
-        share = self.engine.cache.take(partition_id, ranges, position)
+        share = self.engine.cache.take(partition_id, ranges, position, isolation_level)
         return share if share is not None and share.records is not None else None

@@ -70,7 +70,9 @@ class KeyRangeFetchFeature(Feature):
         self._broker_bytes = Counter("kafka_proxy_keyrange_broker_bytes",
                                      "Record bytes read from brokers for range-filtered partitions.",
                                      ["topic", "partition"], registry=registry)
-        self._inflight: dict[tuple[str, int, int], _Read] = {}
+        # (topic, partition, fetch offset, isolation level) of broker reads on their way: a
+        # read fills the cache only for consumers at its own isolation level
+        self._inflight: dict[tuple[str, int, int, int], _Read] = {}
         self._last = (0, 0, 0, 0, 0)
         self._last_bytes: dict = {}
 
@@ -93,7 +95,9 @@ class KeyRangeFetchFeature(Feature):
         plan = engine.plan(state, version, body, trio.current_time())
         if plan is None:
             return None
-        waiting = [self._inflight[key] for key in engine.cacheable_misses(state, plan) if key in self._inflight]
+        level = plan.isolation_level
+        waiting = [self._inflight[(*key, level)] for key in engine.cacheable_misses(state, plan)
+                   if (*key, level) in self._inflight]
         if waiting:
             # Another consumer's read of the same position is on its way: its split fills
             # our share. Waiting is no worse than the broker holding the fetch (max_wait_ms),
@@ -110,7 +114,7 @@ class KeyRangeFetchFeature(Feature):
             return Route.answer(messages.encode_response(
                 ApiKey.FETCH, version, messages.new_response_header(request.correlation_id), response))
 
-        events = self._announce(reads)
+        events = self._announce([(*key, level) for key in reads])
 
         async def on_response(response: DecodedResponse) -> None:
             response.body = engine.complete(state, plan, response.body, trio.current_time())

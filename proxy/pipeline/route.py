@@ -103,6 +103,10 @@ class Route:
     ``local``: the proxy answers by itself; nothing is expected from the broker.
     ``relay``: the response goes on to the client while it arrives.
     ``follow_up``: a request of the proxy's own, sent upstream right after this one.
+    ``before``: requests of the proxy's own, sent upstream right before this one, in
+    order: the broker answers in order, so their sinks have their responses before this
+    request's response is handled (a question a broker cannot take twice in one request
+    is asked in several, and answered as one).
     ``settle``: runs exactly once when the exchange is over, answered or not (the
     connection may end first); a feature releases what the request holds here.
     """
@@ -114,6 +118,7 @@ class Route:
     local: LocalAnswer | None = None
     relay: Relay | None = None
     follow_up: OwnRequest | None = None
+    before: tuple[OwnRequest, ...] = ()
     settle: Callable[[], None] | None = None
 
     @classmethod

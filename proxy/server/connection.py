@@ -7,8 +7,9 @@ exchanges caps the requests in flight: when it is full the reader stops reading,
 client's socket fills, and the client slows down; nothing buffers without limit.
 
 The proxy may send requests of its own on the upstream connection (``send_own``, and a
-route's ``follow_up``). Queue order must equal the order frames go upstream, since the
-broker answers in that order: a lock covers "queue the exchange, send its frame".
+route's ``before`` and ``follow_up``). Queue order must equal the order frames go
+upstream, since the broker answers in that order: a lock covers "queue the exchange, send
+its frame".
 
 Bad bytes from the client close this connection only, with one log line naming the peer
 and the reason.
@@ -230,6 +231,9 @@ class ClientConnection:
                         await sending.acquire()
                     try:
                         half_sent = True
+                        for ahead in route.before:
+                            await self._queue(exchanges, Exchange.own(ahead, received_at))
+                            await upstream.send_frame(ahead.frame)
                         if exchange is not None:
                             await self._queue(exchanges, exchange)
                             self._inflight += 1

@@ -42,9 +42,10 @@ class SharedReads(Protocol):
     """The key-range engine's result cache, as the server hands it over."""
 
     def split(self, partition_id: tuple[str, int], wanted: list, fetch_offset: int, blob, metadata: dict,
-              now: float) -> tuple[list[bytes], int | None]: ...
+              now: float, *, isolation_level: int) -> tuple[list[bytes], int | None]: ...
 
-    def take(self, partition_id: tuple[str, int], ranges: tuple, position: int, now: float) -> Any: ...
+    def take(self, partition_id: tuple[str, int], ranges: tuple, position: int, now: float, *,
+             isolation_level: int) -> Any: ...
 
     def interest(self, partition_id: tuple[str, int], ranges: tuple, now: float) -> None: ...
 
@@ -144,10 +145,11 @@ class VirtualTopicsFeature(Feature):
         self.store = store
         self._last_refresh = -float("inf")
         self._regex_verdicts: dict[tuple[str, tuple[str, ...], int], str | None] = {}
-        # Broker reads of virtual partitions on their way, by (topic, partition, offset): a
-        # connection at the same position waits for the read and takes its share from the
-        # cache instead of reading the broker again.
-        self._inflight: dict[tuple[str, int, int], trio.Event] = {}
+        # Broker reads of virtual partitions on their way, by (topic, partition, offset,
+        # isolation level): a connection at the same position and level waits for the read
+        # and takes its share from the cache instead of reading the broker again (the cache
+        # serves a share only at the level of its read).
+        self._inflight: dict[tuple[str, int, int, int], trio.Event] = {}
         self._recent = fetch.RecentReads()
         registry = metrics.registry
         self._records = Counter("kafka_proxy_virtual_records", "Records served to virtual partitions.",
@@ -280,20 +282,31 @@ class VirtualTopicsFeature(Feature):
         return None
 
     async def on_list_offsets(self, ctx: ConnectionContext, request: Request) -> Route | None:
-        _, body = request.decoded()
+        header, body = request.decoded()
         await self._know(t.name for t in body.topics)
         plan = rewrite.list_offsets_request(body, self.resolver)
-        if plan is not None:
-            self._remember(ctx, request, "list_offsets", plan, body)
-        return None
+        if plan is None:
+            return None
+        self._remember(ctx, request, "list_offsets", plan, body)
+        return self._asked_apart(request, header, plan)
 
     async def on_leader_epoch(self, ctx: ConnectionContext, request: Request) -> Route | None:
-        _, body = request.decoded()
+        header, body = request.decoded()
         await self._know(t.topic for t in body.topics)
         plan = rewrite.offsets_for_leader_epoch_request(body, self.resolver)
-        if plan is not None:
-            self._remember(ctx, request, "leader_epoch", plan, body)
-        return None
+        if plan is None:
+            return None
+        self._remember(ctx, request, "leader_epoch", plan, body)
+        return self._asked_apart(request, header, plan)
+
+    @staticmethod
+    def _asked_apart(request: Request, header: Any, plan: rewrite.PartitionPlan) -> Route | None:
+        """Shares of one real partition that asked different questions: the further ones go
+        upstream, on the client's connection, just before its request, and its response is
+        rewritten with every answer. None (the request goes on) when one request asks all."""
+        if not plan.extra:
+            return None
+        return Route(request.frame, before=rewrite.extra_requests(header, request.api_key, plan))
 
     async def on_describe_configs(self, ctx: ConnectionContext, request: Request) -> Route | None:
         _, body = request.decoded()
@@ -388,9 +401,11 @@ class VirtualTopicsFeature(Feature):
             if not part.real:
                 answers[part.key] = fetch.PartAnswer(error_code=int(
                     ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
-        self._take_cached(state, resolved.parts, answers)
+        isolation = body.isolation_level
+        self._take_cached(state, resolved.parts, answers, isolation)
         waiting = [event for part in resolved.parts if part.key not in answers and part.share is not None
-                   and (event := self._inflight.get((part.real, part.real_partition, part.fetch_offset))) is not None
+                   and (event := self._inflight.get((part.real, part.real_partition, part.fetch_offset,
+                                                     isolation))) is not None
                    and not self._recent.at_log_end((part.real, part.real_partition), part.fetch_offset)]
         if waiting:
             # Another connection's read of the same position is on its way: its split fills
@@ -400,37 +415,39 @@ class VirtualTopicsFeature(Feature):
             with trio.move_on_after(max(body.max_wait_ms, 0) / 1000 + _MERGE_GRACE):
                 for event in waiting:
                     await event.wait()
-            self._take_cached(state, resolved.parts, answers)
+            self._take_cached(state, resolved.parts, answers, isolation)
         served = state.sessions.served
         reads = fetch.plan_reads(resolved.parts, set(answers), lambda part: None if (
             part.real, part.real_partition) in served else self._recent.probe_offset(
-            (part.real, part.real_partition), part.fetch_offset))
+            (part.real, part.real_partition), part.fetch_offset, isolation), state.sessions.out_of_range.floor)
         if not reads:
             return self._answer_fetch(request, resolved, answers)
         upstream = fetch.upstream_request(body, version, reads, max_wait_ms=0 if answers or any(
             read.probe for read in reads) else None)
         for read in reads:
             self._reads.labels(read.real).inc()
-        announced = self._announce(reads)
+        announced = self._announce(reads, isolation)
 
         async def on_response(response: DecodedResponse) -> None:
-            self._complete(state, response.body, reads, answers, version)
+            self._complete(state, response.body, reads, answers, version, isolation)
             response.body = fetch.client_response(version, resolved, answers, response.body.throttle_time_ms)
             response.changed = True
 
         return Route(messages.encode_request(header, upstream), on_response=on_response,
                      settle=lambda: self._settle(announced))
 
-    def _take_cached(self, state: _Connection, parts: list[fetch.FetchPart], answers: dict) -> None:
-        """Answer from the result cache the shares it holds, of partitions the broker has
-        served this connection (the cache never answers a connection the broker would refuse)."""
+    def _take_cached(self, state: _Connection, parts: list[fetch.FetchPart], answers: dict, isolation: int) -> None:
+        """Answer from the result cache the shares it holds for reads at the request's
+        isolation level, of partitions the broker has served this connection (the cache
+        never answers a connection the broker would refuse)."""
         now, now_ms = trio.current_time(), int(time.time() * 1000)
         for part in parts:
             if part.key in answers or part.share is None:
                 continue
             if (part.real, part.real_partition) not in state.sessions.served:
                 continue
-            share = self.shared.take((part.real, part.real_partition), part.share, part.fetch_offset, now)
+            share = self.shared.take((part.real, part.real_partition), part.share, part.fetch_offset, now,
+                                     isolation_level=isolation)
             if share is None:
                 continue
             answers[part.key] = self._cached_answer(part, share, now_ms)
@@ -443,16 +460,16 @@ class VirtualTopicsFeature(Feature):
             log_start_offset=share.log_start_offset, aborted_transactions=list(share.aborted_transactions),
             records=composed.records)
 
-    def _announce(self, reads: list[fetch.Read]) -> list:
+    def _announce(self, reads: list[fetch.Read], isolation: int) -> list:
         """Register this request's broker reads so that other connections at the same
-        position wait for them (a probe reads nothing for anyone else)."""
+        position and isolation level wait for them (a probe reads nothing for anyone else)."""
         if len(self._inflight) > _MAX_INFLIGHT_READS:
             for event in self._inflight.values():
                 event.set()
             self._inflight.clear()
         announced = []
         for read in reads:
-            key = (read.real, read.partition, read.fetch_offset)
+            key = (read.real, read.partition, read.fetch_offset, isolation)
             if not read.probe and key not in self._inflight:
                 event = self._inflight[key] = trio.Event()
                 announced.append((key, event))
@@ -469,34 +486,52 @@ class VirtualTopicsFeature(Feature):
         return Route.answer(messages.encode_response(ApiKey.FETCH, request.version,
                                                      messages.new_response_header(request.correlation_id), response))
 
-    def _complete(self, state: _Connection, body: Any, reads: list[fetch.Read], answers: dict, version: int) -> None:
+    def _complete(self, state: _Connection, body: Any, reads: list[fetch.Read], answers: dict, version: int,
+                  isolation: int) -> None:
         now, now_ms = trio.current_time(), int(time.time() * 1000)
         data = {}
         for topic in body.responses:
             name = topic.topic if version < 13 else self.cluster.name_of(topic.topic_id)
             for partition in topic.partitions:
                 data[(name, partition.partition_index)] = partition
+        out_of_range = state.sessions.out_of_range
         for read in reads:
             partition = data.get((read.real, read.partition))
             if read.probe and partition is not None and partition.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 # The high watermark went back: no leave to use the cache, and no error for a
                 # position the probe did not ask about. The client asks again and reads.
-                for part in read.parts:
+                self._recent.forget((read.real, read.partition))
+                for part in read.parts + read.below_floor:
                     answers[part.key] = fetch.PartAnswer()
+                continue
+            if partition is not None and partition.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                # Only the parts whose own position is out of range get the error; the others
+                # ask again, and their read starts above the refused position.
+                refused = {part.key for part in out_of_range.refused(read, partition.log_start_offset)}
+                for part in read.parts + read.below_floor:
+                    answers[part.key] = fetch.PartAnswer(error_code=int(ErrorCode.OFFSET_OUT_OF_RANGE)) \
+                        if part.key in refused else fetch.PartAnswer()
                 continue
             if partition is None or partition.error_code != ErrorCode.NONE:
                 error = partition.error_code if partition is not None else int(ErrorCode.UNKNOWN_SERVER_ERROR)
-                for part in read.parts:
+                for part in read.parts + read.below_floor:
                     answers[part.key] = fetch.PartAnswer(error_code=error)
                 continue
             state.sessions.served.add((read.real, read.partition))
             if partition.records:
                 self._bytes.labels(read.real).inc(len(partition.records))
+            refused = {part.key for part in out_of_range.served(read, partition.log_start_offset)}
+            for part in read.below_floor:
+                answers[part.key] = fetch.PartAnswer(error_code=int(ErrorCode.OFFSET_OUT_OF_RANGE)) \
+                    if part.key in refused else fetch.PartAnswer(
+                        high_watermark=partition.high_watermark, last_stable_offset=partition.last_stable_offset,
+                        log_start_offset=partition.log_start_offset)
             if read.probe:
-                self._recent.add((read.real, read.partition), read.fetch_offset, None, partition.high_watermark)
+                self._recent.add((read.real, read.partition), read.fetch_offset, None, partition.high_watermark,
+                                 isolation)
                 for part in read.parts:
                     share = None if part.share is None else self.shared.take(
-                        (read.real, read.partition), part.share, part.fetch_offset, now)
+                        (read.real, read.partition), part.share, part.fetch_offset, now, isolation_level=isolation)
                     answers[part.key] = self._cached_answer(part, share, now_ms) if share is not None else \
                         fetch.PartAnswer(high_watermark=partition.high_watermark,
                                          last_stable_offset=partition.last_stable_offset,
@@ -516,8 +551,9 @@ class VirtualTopicsFeature(Feature):
                 for ranges in fetch.every_share(read.parts):
                     self.shared.interest((read.real, read.partition), ranges, now)
                 outputs, read_end = self.shared.split((read.real, read.partition), wanted, read.fetch_offset,
-                                                      partition.records, metadata, now)
-            self._recent.add((read.real, read.partition), read.fetch_offset, read_end, partition.high_watermark)
+                                                      partition.records, metadata, now, isolation_level=isolation)
+            self._recent.add((read.real, read.partition), read.fetch_offset, read_end, partition.high_watermark,
+                             isolation)
             for part in read.parts:
                 answer = fetch.PartAnswer(high_watermark=partition.high_watermark,
                                           last_stable_offset=partition.last_stable_offset,

@@ -98,6 +98,7 @@ class VirtualSessions:
     def __init__(self, rng: random.Random | None = None) -> None:
         self.sessions: dict[int, Session] = {}
         self.served: set[tuple[str, int]] = set()  # real partitions the broker served this connection
+        self.out_of_range = OutOfRange()
         self._rng = rng or random.SystemRandom()
 
     def owns(self, session_id: int) -> bool:
@@ -270,38 +271,101 @@ class Read:
     # not served this connection that partition yet. The probe asks the broker at the high
     # watermark (normally no records): its success is the broker's leave to serve the cache.
     probe: bool = False
+    # Parts left out of the read because their position is below the partition's floor
+    # (``OutOfRange``): read from there, the broker would refuse the read of every part.
+    below_floor: list[FetchPart] = field(default_factory=list)
 
 
 ProbeAt = Callable[[FetchPart], "int | None"]
+FloorOf = Callable[[tuple[str, int]], "int | None"]
 
 
 def plan_reads(parts: list[FetchPart], skip: set[tuple[TopicKey, int]],
-               probe_at: ProbeAt | None = None) -> list[Read]:
+               probe_at: ProbeAt | None = None, floor_of: FloorOf | None = None) -> list[Read]:
     """The broker reads for ``parts`` (leaving out those in ``skip``, served otherwise).
 
     ``probe_at(part)``: the offset to probe at when the cache can answer ``part`` once the
     broker has served this connection its partition, else None. A partition becomes a probe
-    only when every one of its parts can (a real read answers them all anyway)."""
-    reads: dict[tuple[str, int], Read] = {}
+    only when every one of its parts can (a real read answers them all anyway).
+
+    ``floor_of(partition)``: the position below which the broker last refused this
+    connection the partition (``OutOfRange.floor``). Parts below it go to the read's
+    ``below_floor`` when another part is at or above it, so that the read starts at the
+    lowest position the broker can serve; when none is, the read starts at the lowest
+    position as usual and the broker decides again."""
+    grouped: dict[tuple[str, int], list[FetchPart]] = {}
     for part in parts:
         if part.key in skip or not part.real:
             continue
-        read = reads.get((part.real, part.real_partition))
-        if read is None:
-            reads[(part.real, part.real_partition)] = Read(part.real, part.real_id, part.real_partition,
-                                                           part.fetch_offset, part.max_bytes,
-                                                           part.current_leader_epoch, [part])
-            continue
-        read.fetch_offset = min(read.fetch_offset, part.fetch_offset)
-        read.max_bytes = max(read.max_bytes, part.max_bytes)
-        read.parts.append(part)
+        grouped.setdefault((part.real, part.real_partition), []).append(part)
+    reads = []
+    for partition, members in grouped.items():
+        below: list[FetchPart] = []
+        floor = floor_of(partition) if floor_of is not None else None
+        if floor is not None and any(part.fetch_offset >= floor for part in members):
+            below = [part for part in members if part.fetch_offset < floor]
+            members = [part for part in members if part.fetch_offset >= floor]
+        first = members[0]
+        reads.append(Read(first.real, first.real_id, first.real_partition,
+                          min(part.fetch_offset for part in members), max(part.max_bytes for part in members),
+                          first.current_leader_epoch, members, below_floor=below))
     if probe_at is not None:
-        for read in reads.values():
+        for read in reads:
             offsets = [probe_at(part) for part in read.parts]
             if all(offset is not None for offset in offsets) and all(part.share for part in read.parts):
                 read.probe = True
                 read.fetch_offset = max(offset for offset in offsets if offset is not None)
-    return list(reads.values())
+    return reads
+
+
+class OutOfRange:
+    """Which positions of a real partition the broker refused this connection with
+    OFFSET_OUT_OF_RANGE, so that one share's position does not cost the others theirs.
+
+    One read serves every share a connection holds of a partition, from the lowest
+    position. When that position is out of range (retention moved the log start past a
+    lagging share) the broker refuses the whole read, but the error belongs only to the
+    shares whose own position is out of range: a share told so at a valid position resets
+    (to the log end, with the clients' default auto.offset.reset=latest) and loses its
+    records up to there. So the error goes only to the parts known to be out of range: at
+    the refused position, or below the log start when the broker reports it (Kafka does
+    not: it answers -1 with that error). The others get an answer without records or
+    error, and the client asks again; the next read starts at the lowest position at or
+    above the partition's ``floor`` (above the refused position, and at least the log
+    start), the parts below the floor waiting. A successful read tells the log start,
+    which only grows: the parts that waited below it get the error, the others are read.
+
+    No loop: each refusal raises the floor above the refused position and never above a
+    valid position, so a valid part is read within as many round trips as its connection
+    has parts of the partition at distinct lower positions. When every part is below the
+    floor the read starts at the lowest again and the broker decides. A floor is kept only
+    while some part waits below it. A wrong error would lose records; a wrong empty answer
+    costs a round trip, hence the error only where it is known."""
+
+    def __init__(self) -> None:
+        self._floors: dict[tuple[str, int], int] = {}
+
+    def floor(self, partition: tuple[str, int]) -> int | None:
+        return self._floors.get(partition)
+
+    def refused(self, read: Read, log_start: int) -> list[FetchPart]:
+        """The broker answered OFFSET_OUT_OF_RANGE to ``read``: the parts the error belongs
+        to (the others get no records and no error). ``log_start``: as the broker reported
+        it, -1 when it did not."""
+        self._floors[(read.real, read.partition)] = max(read.fetch_offset + 1, log_start)
+        return [part for part in read.parts + read.below_floor
+                if part.fetch_offset == read.fetch_offset or part.fetch_offset < log_start]
+
+    def served(self, read: Read, log_start: int) -> list[FetchPart]:
+        """``read`` succeeded: the parts it left out that are below ``log_start`` (out of
+        range; -1: not reported, none is known to be)."""
+        partition = (read.real, read.partition)
+        refused = [part for part in read.below_floor if 0 <= log_start and part.fetch_offset < log_start]
+        if refused:
+            self._floors[partition] = log_start
+        else:
+            self._floors.pop(partition, None)
+        return refused
 
 
 def every_share(parts: list[FetchPart]) -> list[RangeSet]:
@@ -317,17 +381,20 @@ class RecentReads:
     partitions, and the last high watermark seen: a position inside such a stretch may
     have its share in the result cache (the other shares of a read are cached), so a
     connection the broker has not served yet probes instead of reading it all again.
+    A stretch counts only for consumers of the isolation level it was read at, the only
+    ones its cached shares serve.
     Bounded: ``per_partition`` stretches per partition, ``max_partitions`` partitions."""
 
     def __init__(self, per_partition: int = 8, max_partitions: int = 10_000) -> None:
         self.per_partition = per_partition
         self.max_partitions = max_partitions
-        self._reads: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._reads: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
         self._high_watermark: dict[tuple[str, int], int] = {}
 
-    def add(self, partition: tuple[str, int], start: int, end: int | None, high_watermark: int) -> None:
+    def add(self, partition: tuple[str, int], start: int, end: int | None, high_watermark: int,
+            isolation_level: int) -> None:
         """A successful read of ``partition`` from ``start`` up to ``end`` (exclusive;
-        None: it held no complete batch)."""
+        None: it held no complete batch) at ``isolation_level``."""
         if high_watermark >= 0:
             self._high_watermark[partition] = high_watermark
         if end is None or end <= start:
@@ -339,7 +406,7 @@ class RecentReads:
                 oldest = next(iter(self._reads))
                 del self._reads[oldest]
                 self._high_watermark.pop(oldest, None)
-        stretches.append((start, end))
+        stretches.append((start, end, isolation_level))
         del stretches[:-self.per_partition]
         self._reads[partition] = stretches  # most recently read partitions last
 
@@ -350,16 +417,23 @@ class RecentReads:
         high_watermark = self._high_watermark.get(partition)
         return high_watermark is not None and position >= high_watermark
 
-    def probe_offset(self, partition: tuple[str, int], position: int) -> int | None:
+    def probe_offset(self, partition: tuple[str, int], position: int, isolation_level: int) -> int | None:
         """Where to probe ``partition`` for a consumer at ``position``: the last high
-        watermark seen, when a recent read covered ``position``; else None."""
+        watermark seen, when a recent read at ``isolation_level`` covered ``position``;
+        else None."""
         high_watermark = self._high_watermark.get(partition)
         if high_watermark is None or high_watermark < position:
             return None
-        for start, end in self._reads.get(partition, ()):
-            if start <= position < end:
+        for start, end, level in self._reads.get(partition, ()):
+            if start <= position < end and level == isolation_level:
                 return high_watermark
         return None
+
+    def forget(self, partition: tuple[str, int]) -> None:
+        """The broker refused a probe at the last high watermark seen (it went back): no
+        more probes there, or the connection would probe the same offset forever."""
+        self._reads.pop(partition, None)
+        self._high_watermark.pop(partition, None)
 
 
 def upstream_request(client: Any, version: int, reads: list[Read], *, max_wait_ms: int | None = None) -> Any:
@@ -372,6 +446,12 @@ def upstream_request(client: Any, version: int, reads: list[Read], *, max_wait_m
             topic = by_topic[read.real] = cls.FetchTopic(topic=read.real, partitions=[])
             if version >= 13:
                 topic.topic_id = read.real_id
+        # No last fetched epoch: with one, a broker whose log diverged answers no records
+        # and a DivergingEpoch (or OFFSET_OUT_OF_RANGE for an epoch it lacks) for the whole
+        # read, from the lowest share's position; neither belongs to the other shares, and
+        # the client's answer has nowhere per share to carry it, so they would stall or reset.
+        # Consumers send none either (Java and librdkafka leave it to followers): they detect
+        # truncation with OffsetsForLeaderEpoch, answered per share (rewrite.py).
         topic.partitions.append(cls.FetchPartition(
             partition=read.partition, current_leader_epoch=read.current_leader_epoch, fetch_offset=read.fetch_offset,
             last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=read.max_bytes))

@@ -10,11 +10,14 @@ goes on untouched). The broker never sees a virtual name.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.pipeline.route import OwnRequest
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
@@ -160,23 +163,53 @@ def virtual_metadata_topic(real: Any, vt: VirtualTopic, response_class: Any, res
 # -- partition-level requests: ListOffsets, OffsetsForLeaderEpoch ----------------------------
 
 
+# Answered to a share whose own question went in a further request that was never answered:
+# every client asks again for the partitions answered this (Kafka's answer while a new
+# leader's high watermark is not yet known), never someone else's answer.
+UNANSWERED = ErrorCode.OFFSET_NOT_AVAILABLE
+_own_ids = itertools.count(1)
+
+
 @dataclass(slots=True)
 class PartitionPlan:
     """Which virtual partitions a request asked for: per response topic position, the
-    virtual topic and its requested partitions, in order."""
+    virtual topic and its requested partitions, in order.
+
+    A broker takes one question per partition in a request (ListOffsets answers a partition
+    named twice INVALID_REQUEST), yet shares of one real partition may ask different ones
+    (``seekToEnd`` of one share and ``seekToBeginning`` of another; OffsetsForLeaderEpoch
+    for the epochs each share last fetched in). The client's request carries the first
+    question asked of each real partition; each further distinct question goes in a
+    request of its own (``extra``, numbered from 1), sent just before the client's on the
+    same connection, and every share is answered its own question's answer.
+    """
 
     topics: list[tuple[str, VirtualTopic | None, list[int]]] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)  # topic name -> message
+    # Per ``topics`` entry, per partition asked: the request that asks its question (0: the client's).
+    numbers: list[list[int]] = field(default_factory=list)
+    extra: list[Any] = field(default_factory=list)  # bodies of requests 1, 2, ...
+    answers: dict[int, Any] = field(default_factory=dict)  # request number -> its response body, once in
 
 
 def _partition_request(topics: list, partition_field: str, topic_class: Callable[..., Any],
-                       resolver: Resolver, name_field: str = "name") -> tuple[list, PartitionPlan] | None:
+                       resolver: Resolver, name_field: str = "name") -> tuple[list, list[list], PartitionPlan] | None:
+    """The client's request's topics, those of each further request, and the plan."""
     plan = PartitionPlan()
     # A real topic the client names itself takes its virtual topics' partitions too: the
     # broker refuses a request naming one topic twice.
     merged: dict[str, Any] = {getattr(t, name_field): t for t in topics
                               if resolver.virtual(getattr(t, name_field)) is None}
+    # The questions asked of each real partition, in order: question i goes in request i.
+    # The client's own questions of real partitions stay in its request as they are.
+    asked: dict[tuple[str, int], list[Any]] = {}
+    for topic in topics:
+        name = getattr(topic, name_field)
+        if resolver.virtual(name) is None and resolver.refusal(name) is None:
+            for part in topic.partitions:
+                asked.setdefault((name, getattr(part, partition_field)), [part])
     out: list[Any] = []
+    further: list[dict[str, Any]] = []  # per request 1, 2, ...: real topic -> its entry
     any_virtual = False
     for topic in topics:
         name = getattr(topic, name_field)
@@ -187,29 +220,50 @@ def _partition_request(topics: list, partition_field: str, topic_class: Callable
             any_virtual = True
             plan.refused[name] = refusal
             plan.topics.append((name, None, parts))
+            plan.numbers.append([0] * len(parts))
             continue
         if vt is None:
             plan.topics.append((name, None, parts))
+            plan.numbers.append([0] * len(parts))
             out.append(topic)
             continue
         any_virtual = True
         plan.topics.append((name, vt, parts))
-        target = merged.get(vt.real)
-        if target is None:
-            target = merged[vt.real] = topic_class(**{name_field: vt.real, "partitions": []})
-            out.append(target)
-        seen = {getattr(p, partition_field) for p in target.partitions}
+        numbers: list[int] = []
+        plan.numbers.append(numbers)
         for part in topic.partitions:
             real_part = vt.real_partition(getattr(part, partition_field))
-            if real_part in seen:
-                continue  # another share of the same real partition: one question is enough
-            seen.add(real_part)
             moved = copy.copy(part)
             setattr(moved, partition_field, real_part)
+            questions = asked.setdefault((vt.real, real_part), [])
+            if moved in questions:  # another share asked the same: one answer serves both
+                numbers.append(questions.index(moved))
+                continue
+            number = len(questions)
+            questions.append(moved)
+            numbers.append(number)
+            if number == 0:
+                target = merged.get(vt.real)
+                if target is None:
+                    target = merged[vt.real] = topic_class(**{name_field: vt.real, "partitions": []})
+                    out.append(target)
+            else:
+                if len(further) < number:
+                    further.append({})
+                request = further[number - 1]
+                target = request.get(vt.real)
+                if target is None:
+                    target = request[vt.real] = topic_class(**{name_field: vt.real, "partitions": []})
             target.partitions.append(moved)
     if not any_virtual:
         return None
-    return out, plan
+    return out, [list(request.values()) for request in further], plan
+
+
+def _with_topics(body: Any, topics: list) -> Any:
+    extra = copy.copy(body)
+    extra.topics = topics
+    return extra
 
 
 def list_offsets_request(body: Any, resolver: Resolver) -> PartitionPlan | None:
@@ -217,7 +271,8 @@ def list_offsets_request(body: Any, resolver: Resolver) -> PartitionPlan | None:
     done = _partition_request(body.topics, "partition_index", topic_class, resolver)
     if done is None:
         return None
-    body.topics, plan = done
+    body.topics, further, plan = done
+    plan.extra = [_with_topics(body, topics) for topics in further]
     return plan
 
 
@@ -234,7 +289,8 @@ def offsets_for_leader_epoch_request(body: Any, resolver: Resolver) -> Partition
     done = _partition_request(body.topics, "partition", topic_class, resolver, name_field="topic")
     if done is None:
         return None
-    body.topics, plan = done
+    body.topics, further, plan = done
+    plan.extra = [_with_topics(body, topics) for topics in further]
     return plan
 
 
@@ -246,11 +302,43 @@ def offsets_for_leader_epoch_response(body: Any, plan: PartitionPlan) -> None:
                                                          error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION)))
 
 
+def extra_requests(header: Any, api_key: int, plan: PartitionPlan) -> tuple[OwnRequest, ...]:
+    """The plan's further requests as requests of the proxy's own, to go upstream right
+    before the client's (``Route.before``) under the client's header (its version and
+    client id): each one's response is kept in ``plan.answers`` for the response rewrite."""
+    own = []
+    for number, body in enumerate(plan.extra, start=1):
+        # Negative: never one a client uses (clients count up from 0).
+        correlation_id = -(next(_own_ids) % (1 << 31)) - 1
+        frame = messages.encode_request(dataclasses.replace(header, correlation_id=correlation_id), body)
+        own.append(OwnRequest(frame, api_key, header.request_api_version, correlation_id,
+                              _keep_answer(plan, number, api_key, header.request_api_version)))
+    return tuple(own)
+
+
+def _keep_answer(plan: PartitionPlan, number: int, api_key: int, version: int) -> Callable[[bytes], Awaitable[None]]:
+    async def keep(raw: bytes) -> None:
+        _, plan.answers[number] = messages.decode_response(api_key, version, raw)
+
+    return keep
+
+
 def _partition_response(body: Any, plan: PartitionPlan, topics_field: str, name_field: str,
                         partitions_field: str, index_field: str, new_topic, new_refused) -> None:
+    responses = {0: body, **plan.answers}  # request number -> the broker's response
     answered = {getattr(t, name_field): t for t in getattr(body, topics_field) or ()}
+    indexed: dict[tuple[int, str], dict[int, Any]] = {}  # (request number, real topic) -> partition -> answer
+
+    def answer_of(number: int, real: str, partition: int) -> Any:
+        key = (number, real)
+        if key not in indexed:
+            topics = getattr(responses[number], topics_field) or ()
+            indexed[key] = {getattr(p, index_field): p for t in topics if getattr(t, name_field) == real
+                            for p in getattr(t, partitions_field) or ()}
+        return indexed[key].get(partition)
+
     out = []
-    for name, vt, parts in plan.topics:
+    for (name, vt, parts), numbers in zip(plan.topics, plan.numbers, strict=True):
         if name in plan.refused:
             topic = new_topic(name)
             setattr(topic, partitions_field, [new_refused(index) for index in parts])
@@ -265,13 +353,13 @@ def _partition_response(body: Any, plan: PartitionPlan, topics_field: str, name_
                         [p for p in getattr(real, partitions_field) or () if getattr(p, index_field) in asked])
                 out.append(entry)
             continue
-        real = answered.get(vt.real)
-        by_index = {getattr(p, index_field): p for p in getattr(real, partitions_field) or ()} if real else {}
         topic = new_topic(name)
         entries = []
-        for index in parts:
-            source = by_index.get(vt.real_partition(index))
-            if source is None:
+        for index, number in zip(parts, numbers, strict=True):
+            if number not in responses:
+                entry = new_refused(index)
+                entry.error_code = int(UNANSWERED)
+            elif (source := answer_of(number, vt.real, vt.real_partition(index))) is None:
                 entry = new_refused(index)
                 entry.error_code = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
             else:

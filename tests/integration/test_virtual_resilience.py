@@ -6,8 +6,11 @@ read by librdkafka (confluent-kafka) as ``<topic>.kr4``:
 - a proxy restart mid-stream loses and duplicates nothing (the new instance learns the
   watermarks from the coordinator);
 - read_committed with aborted transactions gets only committed records, each once, and
-  the positions reach the log end;
-- a compacted topic reads like its real partitions, gaps and all.
+  the positions reach the log end, also when a read_uncommitted consumer read the same
+  partition for another share first;
+- a compacted topic reads like its real partitions, gaps and all;
+- a share whose position fell below the log start resets alone: another share of the same
+  partition on the same consumer keeps its position and gets its records.
 """
 
 from __future__ import annotations
@@ -176,6 +179,51 @@ def test_read_committed_with_aborted_transactions(kafka, proxy, topic_factory):
     checks.check_group_at_end(proxy.bootstrap_servers, topic, group)
 
 
+def test_read_committed_share_after_a_read_uncommitted_read_of_its_partition(kafka, proxy, topic_factory):
+    """A read_uncommitted consumer of share 0 reads the partition first; its read is split
+    into every share and cached. A read_committed consumer of share 1 then starts at the
+    same position: it must not be served that read (it lists no aborted transaction, so
+    the aborted records would be handed out), yet it gets every committed record."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    from proxy.records.keyhash import key_hash
+    from proxy.virtual.names import share_ranges
+
+    topic = topic_factory(kafka, partitions=1)
+    rounds = [([(f"key-{i % 31}".encode(), f"tx{round_}-{i}".encode()) for i in range(120)], round_ % 3 != 1)
+              for round_ in range(6)]
+    produce_transactions(proxy.bootstrap_servers, topic, rounds)
+    one, _ = share_ranges(2)
+
+    def share_of(key: bytes) -> int:
+        return 0 if one.start <= key_hash(key, 0) <= one.end else 1
+
+    every = [record for records, _ in rounds for record in records]
+    committed = [record for records, commit in rounds if commit for record in records]
+    expected = {0: sorted(r for r in every if share_of(r[0]) == 0),
+                1: sorted(r for r in committed if share_of(r[0]) == 1)}
+    assert expected[0] and expected[1] and len(expected[1]) < len([r for r in every if share_of(r[0]) == 1])
+
+    def read_share(share: int, isolation: str) -> list[tuple[bytes, bytes]]:
+        consumer = _consumer(proxy.bootstrap_servers, f"vt-{uuid.uuid4().hex[:8]}", **{"isolation.level": isolation})
+        consumer.assign([TopicPartition(f"{topic}.kr2", share, OFFSET_BEGINNING)])
+        received: checks.Received = []
+        try:
+            def at_end() -> bool:
+                (tp,) = consumer.position([TopicPartition(f"{topic}.kr2", share)])
+                return len(received) >= len(expected[share]) and \
+                    tp.offset == consumer.get_watermark_offsets(tp, cached=True)[1]
+            _poll_until(consumer, received, at_end, 60, f"share {share} ({isolation}) at the end")
+        finally:
+            consumer.close()
+        return sorted((key, value) for _, _, key, value in received)
+
+    assert read_share(0, "read_uncommitted") == expected[0]  # aborted records included
+    got = read_share(1, "read_committed")
+    assert not [value for _, value in got if value.startswith((b"tx1-", b"tx4-"))], "aborted records handed out"
+    assert got == expected[1]
+
+
 def test_compacted_topic_reads_like_its_real_partitions(kafka, proxy, topic_factory):
     from confluent_kafka import TopicPartition
 
@@ -250,3 +298,47 @@ def test_leader_stop_on_three_nodes_loses_and_duplicates_nothing(kafka_cluster, 
         consumer.close()
     checks.check_delivery(sent, [received])
     checks.check_group_at_end(bootstrap, topic, group, timeout=60)
+
+
+def test_a_share_below_the_log_start_resets_alone(kafka, proxy, topic_factory):
+    """One consumer holds both shares of a partition: share 0 at offset 10, below the log
+    start (records deleted up to 100), share 1 at 150. The proxy reads the partition once
+    from 10 and the broker refuses it; only share 0 may be reset (here to the log end, the
+    clients' default): share 1 gets every one of its records from 150 on."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from proxy.records.keyhash import key_hash
+    from proxy.virtual.names import share_ranges
+
+    topic = topic_factory(kafka, partitions=1)
+    sent = checks.produce(proxy.bootstrap_servers, topic, 300)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    (future,) = admin.delete_records([TopicPartition(topic, 0, 100)]).values()
+    assert future.result(timeout=30).low_watermark == 100
+    one, _ = share_ranges(2)
+    expected = [(offset, key) for offset, (key, _) in enumerate(sent)
+                if offset >= 150 and not one.start <= key_hash(key, 0) <= one.end]
+    consumer = _consumer(proxy.bootstrap_servers, f"vt-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "latest"})
+    consumer.assign([TopicPartition(f"{topic}.kr2", 0, 10), TopicPartition(f"{topic}.kr2", 1, 150)])
+    received: list[tuple[int, int, bytes]] = []
+    errors: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len([r for r in received if r[0] == 1]) < len(expected):
+            assert time.monotonic() < deadline, f"share 1 got {len(received)} of {len(expected)}; errors {errors}"
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                errors.append(str(message.error()))  # a client may report share 0's reset
+                continue
+            received.append((message.partition(), message.offset(), message.key()))
+        time.sleep(1)  # anything share 0 would still get
+        while (message := consumer.poll(0.2)) is not None:
+            if not message.error():
+                received.append((message.partition(), message.offset(), message.key()))
+    finally:
+        consumer.close()
+    assert [(offset, key) for partition, offset, key in received if partition == 1] == expected
+    assert not [r for r in received if r[0] == 0], "share 0 reset to the log end: nothing more was written"

@@ -13,19 +13,21 @@ from proxy.ranges import KeyRange, equal_shares
 
 R = messages.body_class(ApiKey.FETCH, "request")
 A, B = equal_shares(2)
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 
 
 def _wire(ranges):
     return None if ranges is None else [R.KeyRange(start=r.start, end=r.end) for r in ranges]
 
 
-def _request(session_id, epoch, partitions, *, top=None, forgotten=()):
+def _request(session_id, epoch, partitions, *, top=None, forgotten=(), fetch_offset=0,
+             isolation_level=READ_UNCOMMITTED):
     topics = [R.FetchTopic(topic="t", partitions=[
-        R.FetchPartition(partition=p, fetch_offset=0, partition_max_bytes=100, key_ranges=_wire(r))
+        R.FetchPartition(partition=p, fetch_offset=fetch_offset, partition_max_bytes=100, key_ranges=_wire(r))
         for p, r in partitions
     ])]
     body = messages.new_body(ApiKey.FETCH, 12, "request", session_id=session_id, session_epoch=epoch, topics=topics,
-                             key_ranges=_wire(top))
+                             key_ranges=_wire(top), isolation_level=isolation_level)
     if forgotten:
         body.forgotten_topics_data = [R.ForgottenTopic(topic="t", partitions=list(forgotten))]
     return body
@@ -70,18 +72,33 @@ def test_sessionless_full_request_starts_from_nothing():
     assert not out.uses_ranges
 
 
-def _share(offset, size, ranges=(A,), partition=("t", 0)):
-    return CachedShare(partition, ranges, offset, offset + 10, records=b"x" * size)
+def _share(offset, size, ranges=(A,), partition=("t", 0), isolation_level=READ_UNCOMMITTED):
+    return CachedShare(partition, ranges, offset, offset + 10, isolation_level, records=b"x" * size)
 
 
 def test_cache_serves_once_and_by_position():
     cache = ShareCache(10_000)
     assert cache.put(_share(100, 50))
-    assert cache.take(("t", 0), (B,), 100) is None
-    assert cache.take(("t", 0), (A,), 99) is None
-    hit = cache.take(("t", 0), (A,), 105)
+    assert cache.take(("t", 0), (B,), 100, READ_UNCOMMITTED) is None
+    assert cache.take(("t", 0), (A,), 99, READ_UNCOMMITTED) is None
+    hit = cache.take(("t", 0), (A,), 105, READ_UNCOMMITTED)
     assert hit is not None and hit.start_offset == 100
-    assert cache.take(("t", 0), (A,), 105) is None, "a served share is evicted"
+    assert cache.take(("t", 0), (A,), 105, READ_UNCOMMITTED) is None, "a served share is evicted"
+    assert cache.bytes_held == 0
+
+
+def test_cache_serves_a_share_only_at_the_isolation_level_of_its_read():
+    """A read_committed read stops at the last stable offset and lists aborted transactions;
+    a read_uncommitted one does neither: neither kind may stand in for the other."""
+    cache = ShareCache(10_000)
+    assert cache.put(_share(100, 50, isolation_level=READ_UNCOMMITTED))
+    assert cache.put(_share(100, 60, isolation_level=READ_COMMITTED))  # the same start: both kept
+    assert len(cache) == 2
+    committed = cache.take(("t", 0), (A,), 105, READ_COMMITTED)
+    assert committed is not None and committed.isolation_level == READ_COMMITTED and len(committed.records) == 60
+    assert cache.take(("t", 0), (A,), 105, READ_COMMITTED) is None
+    uncommitted = cache.take(("t", 0), (A,), 105, READ_UNCOMMITTED)
+    assert uncommitted is not None and uncommitted.isolation_level == READ_UNCOMMITTED
     assert cache.bytes_held == 0
 
 
@@ -91,21 +108,22 @@ def test_cache_evicts_least_recently_used_and_rejects_oversized():
     cache.put(_share(10, 300))
     cache.put(_share(20, 300))
     assert cache.bytes_held <= 1000
-    assert cache.take(("t", 0), (A,), 0) is None, "the oldest share went first"
+    assert cache.take(("t", 0), (A,), 0, READ_UNCOMMITTED) is None, "the oldest share went first"
     assert not cache.put(_share(30, 5000))
     assert cache.stats.rejected_too_large == 1
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(300, 5000), st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 2000)),
+@given(st.integers(300, 5000), st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 2000),
+                                                   st.sampled_from([READ_UNCOMMITTED, READ_COMMITTED])),
                                          max_size=120))
 def test_cache_never_holds_more_than_its_cap(cap, operations):
     cache = ShareCache(cap)
-    for is_put, offset_slot, size in operations:
+    for is_put, offset_slot, size, level in operations:
         if is_put:
-            cache.put(_share(offset_slot * 10, size))
+            cache.put(_share(offset_slot * 10, size, isolation_level=level))
         else:
-            cache.take(("t", 0), (A,), offset_slot * 10 + 3)
+            cache.take(("t", 0), (A,), offset_slot * 10 + 3, level)
         assert 0 <= cache.bytes_held <= cap
         assert cache.bytes_held == sum(share.size for share in cache.shares())
 
@@ -184,3 +202,89 @@ def test_a_read_that_reaches_past_the_cached_match_keeps_every_record_of_its_ran
     got = engine.complete(b, plan_b, response_b, now=0.0).responses[0].partitions[0]
     want = [i for i in range(30) if key_hash(f"user-{i % 13}".encode(), i) >= B.start]
     assert _offsets_in(got.records) == want
+
+
+def _transactional_log() -> bytes:
+    """Offsets 0-4: a range-B record at 0, an aborted transaction of producer 7 holding
+    range-B records at 1 and 2, its ABORT marker at 3, a range-A record at 4."""
+    from proxy.testing.batches import Rec, control_batch, kafka_python_batch
+
+    in_b = [f"user-{i}".encode() for i in range(100) if _key_hash(f"user-{i}".encode()) >= B.start][:2]
+    in_a = [f"user-{i}".encode() for i in range(100) if _key_hash(f"user-{i}".encode()) < B.start][:1]
+    return (kafka_python_batch([Rec(0, in_b[0], b"v")])
+            + kafka_python_batch([Rec(0, in_b[0], b"v"), Rec(1, in_b[1], b"v")], base_offset=1, transactional=True,
+                                 producer_id=7, producer_epoch=0, base_sequence=0)
+            + control_batch(base_offset=3, commit=False, producer_id=7)
+            + kafka_python_batch([Rec(0, in_a[0], b"v")], base_offset=4))
+
+
+def _key_hash(key: bytes) -> int:
+    from proxy.records.keyhash import key_hash
+
+    return key_hash(key, 0)
+
+
+def _range_fetch(engine, conn, ranges, offset, isolation_level, records=None, aborted=()):
+    """One sessionless range fetch of partition 0; ``records``: the broker's answer if the
+    plan reads the broker. Returns (plan, the client's partition answer)."""
+    P = messages.body_class(ApiKey.FETCH, "response")
+    plan = engine.plan(conn, 12, _request(0, -1, [(0, [ranges])], fetch_offset=offset,
+                                          isolation_level=isolation_level), now=0.0)
+    engine.finish(plan)
+    response = None
+    if plan.upstream_body is not None:
+        response = messages.new_body(ApiKey.FETCH, 12, "response", responses=[P.FetchableTopicResponse(
+            topic="t", partitions=[P.PartitionData(
+                partition_index=0, high_watermark=5, last_stable_offset=5, records=records or b"",
+                aborted_transactions=[P.AbortedTransaction(producer_id=p, first_offset=f) for p, f in aborted])])])
+    return plan, engine.complete(conn, plan, response, now=0.0).responses[0].partitions[0]
+
+
+def _handed_out(part, read_committed: bool) -> list[int]:
+    from proxy.records.batch import RecordBatch, iter_batches
+    from proxy.records.transactions import TransactionFilter, Verdict
+
+    verdicts = TransactionFilter([(a.producer_id, a.first_offset) for a in part.aborted_transactions or ()],
+                                 read_committed)
+    return [r.offset for b in iter_batches(part.records or b"") if isinstance(b, RecordBatch)
+            and verdicts.verdict(b) is Verdict.DELIVER for r in b.records()]
+
+
+def test_a_read_committed_range_fetch_is_not_served_a_read_uncommitted_share():
+    """The keyrange source with kafka.isolation.level=read_committed beside a read_uncommitted
+    consumer of the other range: the share cached from the read_uncommitted read lists no
+    aborted transaction, so serving it would hand out records 1 and 2."""
+    from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+
+    log = _transactional_log()
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: True, topic_name=lambda k: k)
+    a, b = ConnectionRanges(), ConnectionRanges()
+    _range_fetch(engine, b, B, 5, READ_COMMITTED)  # the broker has served b this partition
+    _range_fetch(engine, a, A, 0, READ_UNCOMMITTED, log)  # caches range B's share, read_uncommitted
+    plan, got = _range_fetch(engine, b, B, 0, READ_COMMITTED, log, aborted=[(7, 1)])
+    assert plan.upstream_body is not None, "served from a read of the other isolation level"
+    assert _handed_out(got, read_committed=True) == [0]
+    # A consumer at the level of the cached share is still served from it.
+    c = ConnectionRanges()
+    _range_fetch(engine, c, B, 5, READ_UNCOMMITTED)
+    plan, got = _range_fetch(engine, c, B, 0, READ_UNCOMMITTED)
+    assert plan.upstream_body is None and _handed_out(got, read_committed=False) == [0, 1, 2]
+
+
+def test_offsets_only_shares_are_matched_only_at_the_isolation_level_of_their_read():
+    from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+
+    log = _transactional_log()
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+                            topic_name=lambda k: k)
+    _range_fetch(engine, ConnectionRanges(), B, 5, READ_COMMITTED)  # range B is asked for
+    _range_fetch(engine, ConnectionRanges(), A, 0, READ_UNCOMMITTED, log)  # caches which offsets range B holds
+    assert [s.isolation_level for s in engine.cache.shares()] == [READ_UNCOMMITTED]
+    _, got = _range_fetch(engine, ConnectionRanges(), B, 0, READ_COMMITTED, log, aborted=[(7, 1)])
+    assert _handed_out(got, read_committed=True) == [0]
+    def range_b_matches():
+        return [share.isolation_level for share in engine.cache.shares() if share.ranges == (B,)]
+
+    assert range_b_matches() == [READ_UNCOMMITTED], "the read_uncommitted match was used by a read_committed read"
+    _, got = _range_fetch(engine, ConnectionRanges(), B, 0, READ_UNCOMMITTED, log)
+    assert _handed_out(got, read_committed=False) == [0, 1, 2] and range_b_matches() == []
