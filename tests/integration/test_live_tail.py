@@ -130,6 +130,68 @@ async def test_assigned_range_members_hand_out_every_record_written_while_they_r
     assert verdict.ok(), verdict.summary()
 
 
+async def test_range_members_starting_at_the_log_end_apart_commit_only_their_own_records(kafka, proxy,
+                                                                                         topic_factory):
+    """Two members of one group start at the log end ("latest", nothing committed) a moment
+    apart while records are written. Neither commits the other's records as skipped: each
+    hands out every record of its range from where it started, none written after its reset
+    is skipped, and the group's committed offset still reaches the log end. (The second
+    member may find the first one's commits and start at the group's S instead of resetting:
+    then it hands out its records from there.)"""
+    from proxy.records.keyhash import key_hash
+
+    topic = topic_factory(kafka, partitions=1)
+    tp = TopicPartition(topic, 0)
+    group = f"live-{topic}"
+    shares = equal_shares(2)
+    history = History()
+    producer = LiveProducer(proxy.bootstrap_servers, topic, history, records=RECORDS, seconds=SECONDS, seed=26)
+    stop = trio.Event()
+    bounds: dict[int, tuple[int, int]] = {}  # member -> (log end before it started, after its reset)
+
+    def log_end() -> int:
+        return _log_end(kafka.bootstrap_servers, topic, 1)[(topic, 0)]
+
+    async def member(i: int) -> None:
+        before = await trio.to_thread.run_sync(log_end)
+        async with Consumer(proxy.bootstrap_servers, group_id=group, client_id=f"m{i}", allow_individual_commit=True,
+                            auto_offset_reset="latest") as consumer:
+            consumer.assign({tp: [shares[i]]})
+            while not stop.is_set():
+                for record in await consumer.poll(0.3):
+                    history.deliver(f"m{i}", record.topic, record.partition, record.offset, record.key)
+                    consumer.mark_processed(record)
+                if i not in bounds and consumer.position(tp) is not None:
+                    bounds[i] = (before, await trio.to_thread.run_sync(log_end))
+                await consumer.commit()
+
+    async with trio.open_nursery() as nursery:
+        producer.start()
+        await _until(lambda: len(history.acks) > 200, 30)
+        nursery.start_soon(member, 0)
+        await _until(lambda: len(history.acks) > 260, 30)  # a few bursts later
+        nursery.start_soon(member, 1)
+        await _until(lambda: producer.done, SECONDS + DEADLINE)
+        await _until(lambda: _at_log_end(kafka, group, topic, 1), DEADLINE)
+        stop.set()
+    producer.join()
+    assert producer.failed == 0, producer.errors
+    assert set(bounds) == {0, 1}
+    for i, (before, after) in bounds.items():
+        own = sorted(a.offset for a in history.acks
+                     if shares[i].start <= key_hash(a.key, a.offset) <= shares[i].end)
+        handed = sorted(d.offset for d in history.deliveries if d.member == f"m{i}")
+        assert handed, f"member {i} handed out nothing"
+        first = handed[0]
+        if i == 0:
+            assert before <= first, f"member 0 handed out {first}, written before it started (log end {before})"
+        assert handed == [o for o in own if o >= first], f"member {i} skipped records of its own range after {first}"
+        assert all(o < after for o in own if o < first), f"member {i} skipped its records written after its reset"
+    verdict = _verdict(kafka, history, topic, 1, group)
+    assert not verdict.duplicates and not verdict.strays and not verdict.order_violations, verdict.summary()
+    assert not verdict.committed_behind, verdict.summary()
+
+
 # -- consumer groups ----------------------------------------------------------------------
 
 GROUPS = {
