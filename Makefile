@@ -51,5 +51,14 @@ demo: venv jars
 bench: venv jars
 	$(PY) -m benchmarks
 
+# Coverage-guided fuzzing of everything that parses bytes from clients, brokers or the
+# configuration (python -m fuzz; one target at a time, FUZZ_RUNS executions each); writes
+# benchmarks/results/fuzz.json and saves crashes to fuzz/crashes/. Not part of `make test`.
+FUZZ_RUNS ?= 1000000
+.PHONY: fuzz
+fuzz: venv
+	$(PY) -m pip install --quiet -e '.[fuzz]'
+	$(PY) -m fuzz all --runs $(FUZZ_RUNS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,365 @@
+"""The seed corpora: real traffic first, synthetic inputs only for what it lacks.
+
+Frames, message bodies and record batches come from ``tests/golden/kafka-traffic.jsonl``,
+what the Java clients, librdkafka and kafka-python exchanged with a real broker; a fuzzer
+that starts from them spends its time on the structure of real messages instead of
+rediscovering the size prefix. Some things no recorded exchange holds (snappy, magic 0
+and 1, transaction markers, range commits, SASL, the commit log, configuration files) are
+built here from the documented layouts, with kafka-python's encoders where it has one.
+
+Each input is laid out as its target reads it (control bytes first, see each target's
+docstring). Files are named after what they hold, stay below 64 KiB, and a target keeps
+a few dozen of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import struct
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from fuzz import CORPUS, DICTIONARIES, ROOT
+from fuzz.surface import decoded_versions
+from proxy.commits.codec import encode_key, encode_value, encode_value_generic
+from proxy.commits.state import CommitState
+from proxy.commits.watermarks import PREFIX, encode_metadata
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey, api_name
+from proxy.protocol.framing import frame_bytes
+from proxy.records.batch import TRANSACTIONAL_BIT, RecordBatch, iter_batches
+from proxy.records.builder import build_batch, encode_record
+from proxy.records.compression import Codec
+from proxy.server.config import PROXY_SETTINGS, TOPIC_SETTINGS
+from proxy.testing.batches import Rec, control_batch, kafka_python_batch, legacy_batch
+from proxy.testing.golden import GoldenExchange, read_golden
+
+GOLDEN = ROOT.parent / "tests" / "golden" / "kafka-traffic.jsonl"
+MAX_SEED_BYTES = 64 * 1024
+Seed = tuple[str, bytes]
+
+_KEY_AND_VERSION = struct.Struct(">hh")
+
+
+def _golden() -> list[GoldenExchange]:
+    return read_golden(GOLDEN)[1]
+
+
+def _label(ex: GoldenExchange) -> str:
+    return f"{ex.client}-{api_name(ex.api_key)}-v{ex.api_version}"
+
+
+def _one_per_kind(exchanges: Iterable[GoldenExchange]) -> Iterator[GoldenExchange]:
+    """The first exchange of each (api key, version), so no kind crowds out the others."""
+    seen = set()
+    for ex in exchanges:
+        if (ex.api_key, ex.api_version) not in seen:
+            seen.add((ex.api_key, ex.api_version))
+            yield ex
+
+
+# -- record sets --------------------------------------------------------------------------------
+
+def _golden_record_sets() -> list[Seed]:
+    """Record sets of recorded Produce requests and Fetch responses (lz4, zstd, gzip)."""
+    found: list[Seed] = []
+    for ex in _golden():
+        if ex.api_key == ApiKey.PRODUCE:
+            _, body = messages.decode_request(ex.request)
+            sets = [p.records for t in body.topic_data for p in t.partition_data]
+        elif ex.api_key == ApiKey.FETCH and ex.response:
+            _, body = messages.decode_response(ex.api_key, ex.api_version, ex.response)
+            sets = [p.records for t in body.responses for p in t.partitions]
+        else:
+            continue
+        for number, records in enumerate(r for r in sets if r):
+            found.append((f"golden-{_label(ex)}-{number}", bytes(records)))
+    return found
+
+
+def _records(n: int, *, start: int = 0, null_keys: bool = False) -> list[Rec]:
+    return [Rec(i, None if null_keys and i % 3 == 0 else b"key-%d" % (start + i % 5), b"value-%d" % i * (1 + i % 4),
+                1_700_000_000_000 + 17 * i, [("trace", b"%d" % i)] if i % 2 else [])
+            for i in range(n)]
+
+
+def _synthetic_record_sets() -> list[Seed]:
+    sets: list[Seed] = [
+        ("kafka-python-none", kafka_python_batch(_records(6), base_offset=40)),
+        ("kafka-python-snappy", kafka_python_batch(_records(12) * 3, codec=2, base_offset=7)),
+        ("transactional", kafka_python_batch(_records(4), transactional=True, base_offset=100)),
+        ("control-commit", control_batch(base_offset=104, commit=True)),
+        ("control-abort", control_batch(base_offset=104, commit=False)),
+        ("legacy-magic0", legacy_batch(_records(3), magic=0, base_offset=5)),
+        ("legacy-magic1", legacy_batch(_records(3), magic=1, base_offset=8)),
+        ("legacy-magic1-gzip", legacy_batch(_records(5), magic=1, codec=1, base_offset=11)),
+        ("null-keys", kafka_python_batch(_records(8, null_keys=True), base_offset=2**40)),
+    ]
+    raw = [encode_record(offset_delta=i, timestamp_delta=i, key=b"k%d" % i, value=b"v" * i) for i in range(5)]
+    for codec in (Codec.SNAPPY, Codec.LZ4, Codec.ZSTD, Codec.GZIP):
+        sets.append((f"ours-{codec.name.lower()}", build_batch(
+            base_offset=50, last_offset_delta=4, records=raw, record_count=5, base_timestamp=1_700_000_000_000,
+            max_timestamp=1_700_000_000_004, codec=codec)))
+    empty = build_batch(base_offset=60, last_offset_delta=3, records=b"", record_count=0,
+                        base_timestamp=1_700_000_000_000, max_timestamp=1_700_000_000_000,
+                        attributes=TRANSACTIONAL_BIT, producer_id=9, producer_epoch=1, base_sequence=0)
+    sets.append(("empty-after-filtering", empty))
+    mixed = kafka_python_batch(_records(3), transactional=True, base_offset=0) + \
+        control_batch(base_offset=3, commit=False) + legacy_batch(_records(2), magic=1, base_offset=4) + \
+        kafka_python_batch(_records(4), base_offset=6)
+    sets.append(("mixed-log", mixed))
+    sets.append(("partial-tail", mixed + kafka_python_batch(_records(4), base_offset=10)[:45]))
+    return sets
+
+
+def _record_sets() -> list[Seed]:
+    return _golden_record_sets()[:14] + _synthetic_record_sets()
+
+
+def _sections() -> list[tuple[str, Codec, bytes]]:
+    """Compressed records sections, each with its codec."""
+    found: list[tuple[str, Codec, bytes]] = []
+    for name, blob in _record_sets():
+        for number, entry in enumerate(iter_batches(blob)):
+            if isinstance(entry, RecordBatch) and entry.header.codec is not Codec.NONE:
+                found.append((f"{name}-{number}", entry.header.codec, bytes(entry.records_section())))
+    return found
+
+
+# -- per target ---------------------------------------------------------------------------------
+
+def records_seeds() -> list[Seed]:
+    seeds = [(f"blob-{name}", b"\x00" + blob) for name, blob in _record_sets()]
+    seeds += [(f"section-{name}", b"\x01" + bytes((codec,)) + section) for name, codec, section in _sections()[:8]]
+    plain = b"".join(encode_record(offset_delta=i, key=b"k%d" % i, value=b"x" * (i * 13)) for i in range(40))
+    seeds += [(f"roundtrip-{codec.name.lower()}", b"\x02" + bytes((codec,)) + plain) for codec in Codec]
+    return seeds
+
+
+def split_seeds() -> list[Seed]:
+    seeds = []
+    for number, (name, blob) in enumerate(_record_sets()):
+        plan = (number % 4) | (0x10 if number % 3 == 0 else 0) | (0x20 if number % 5 == 0 else 0)
+        options = number % 4
+        seeds.append((f"{name}-plan{plan}-opt{options}", bytes((plan, options)) + blob))
+    return seeds
+
+
+def messages_seeds() -> list[Seed]:
+    decoded = decoded_versions()
+    seeds: list[Seed] = []
+    covered = set()
+    for ex in _one_per_kind(_golden()):
+        if ex.api_key not in decoded:
+            continue
+        covered.add(ex.api_key)
+        seeds.append((f"request-{_label(ex)}", b"\x00" + ex.request))
+        if ex.response is not None:
+            seeds.append((f"response-{_label(ex)}", b"\x01" + _KEY_AND_VERSION.pack(ex.api_key, ex.api_version)
+                          + ex.response))
+    # Keys no recorded client used: their default bodies at the newest version.
+    for api_key, (_low, high) in decoded.items():
+        if api_key in covered:
+            continue
+        for version in (high,):
+            name = f"{api_name(api_key)}-v{version}"
+            header = messages.new_request_header(api_key, version, 7, "seed")
+            request = messages.encode_request(header, messages.new_body(api_key, version, "request"))
+            response = messages.encode_response(api_key, version, messages.new_response_header(7),
+                                                messages.new_body(api_key, version, "response"))
+            seeds.append((f"request-default-{name}", b"\x00" + request))
+            seeds.append((f"response-default-{name}", b"\x01" + _KEY_AND_VERSION.pack(api_key, version) + response))
+    return seeds
+
+
+def frames_seeds() -> list[Seed]:
+    seeds: list[Seed] = []
+    golden = list(_one_per_kind(_golden()))
+    for ex in golden:
+        if ex.api_key == ApiKey.FETCH and ex.response is not None:
+            control = (ex.api_version - 12) << 2 | (0x80 if ex.api_version >= 16 else 0)
+            seeds.append((f"fetch-response-{_label(ex)}", bytes((control, 3, 40)) + frame_bytes(ex.response)))
+        elif ex.api_key in (ApiKey.PRODUCE, ApiKey.METADATA, ApiKey.API_VERSIONS, ApiKey.OFFSET_COMMIT):
+            seeds.append((f"request-{_label(ex)}", bytes((0, 0, 0)) + frame_bytes(ex.request)))
+    stream = b"".join(frame_bytes(ex.request) for ex in golden[:6])
+    seeds.append(("client-stream", bytes((1, 5, 2)) + stream))
+    seeds.append(("oversized-prefix", bytes((1, 0, 0)) + struct.pack(">i", 5000) + b"\x00" * 64))
+    return seeds
+
+
+def _commit_request(version: int, ranges: list[tuple[int, int]] | None, metadata: str | None = None) -> bytes:
+    request = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+    topic = request.OffsetCommitRequestTopic(
+        name="orders" if version < 10 else "", topic_id=uuid.UUID(int=7) if version >= 10 else uuid.UUID(int=0),
+        partitions=[request.OffsetCommitRequestPartition(
+            partition_index=index, committed_offset=-1 if ranges else 42, committed_metadata=metadata,
+            offset_ranges=None if ranges is None else [request.OffsetRange(start=s, end=e) for s, e in ranges])
+            for index in (0, 3)])
+    body = messages.new_body(ApiKey.OFFSET_COMMIT, version, "request", group_id="workers",
+                             generation_id_or_member_epoch=3, member_id="member-1", topics=[topic])
+    return messages.encode_request(messages.new_request_header(ApiKey.OFFSET_COMMIT, version, 11, "seed"), body)
+
+
+def _commit_response(version: int, stable: bool) -> bytes:
+    response = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
+    partitions = [response.OffsetCommitResponsePartition(partition_index=i, error_code=0,
+                                                         stable_offset=90 if stable and i else -1)
+                  for i in range(3)]
+    topic = response.OffsetCommitResponseTopic(name="orders" if version < 10 else "",
+                                               topic_id=uuid.UUID(int=7) if version >= 10 else uuid.UUID(int=0),
+                                               partitions=partitions)
+    body = messages.new_body(ApiKey.OFFSET_COMMIT, version, "response", topics=[topic])
+    return messages.encode_response(ApiKey.OFFSET_COMMIT, version, messages.new_response_header(11), body)
+
+
+def commit_wire_seeds() -> list[Seed]:
+    seeds: list[Seed] = []
+    for ex in _golden():
+        if ex.api_key == ApiKey.OFFSET_COMMIT and ex.api_version >= 8:
+            seeds.append((f"request-{_label(ex)}", b"\x00" + ex.request))
+            if ex.response is not None:
+                control = 1 | ((ex.api_version - 8) << 1)
+                seeds.append((f"response-{_label(ex)}", bytes((control,)) + ex.response))
+    for version in (8, 9, 10):
+        seeds.append((f"request-ranges-v{version}", b"\x02" + _commit_request(version, [(50, 59), (43, 45)])))
+        seeds.append((f"request-plain-v{version}", b"\x00" + _commit_request(version, None, "meta")))
+        for stable in (False, True):
+            control = 1 | ((version - 8) << 1) | (0x78 if stable else 0)
+            seeds.append((f"response-v{version}-stable{int(stable)}", bytes((control,))
+                          + _commit_response(version, stable)))
+    return seeds
+
+
+def commit_log_seeds() -> list[Seed]:
+    states = {
+        "plain": CommitState(120),
+        "ranges": CommitState(40, [(43, 45), (50, 50), (70, 99)], epoch=2),
+        "watermarks": CommitState(10, [(12, 14)], epoch=1, marks=((4, 0, 11, 3), (4, 1, 30, 1), (4, 3, 12, 2))),
+    }
+    key = encode_key("workers", "orders", 3)
+    seeds: list[Seed] = [("tombstone", b"\x00" + struct.pack(">H", len(key)) + key)]
+    for name, state in states.items():
+        value = encode_value(state)
+        seeds.append((f"record-{name}", b"\x00" + struct.pack(">H", len(key)) + key + value))
+        if not state.marks:
+            legacy = encode_value_generic(state, 0)
+            seeds.append((f"record-{name}-v0", b"\x00" + struct.pack(">H", len(key)) + key + legacy))
+    packed = struct.pack(">qqxqqx", 50, 59, 43, 45)
+    deltas = bytes((3, 2, 4, 9))
+    seeds.append(("kernels", b"\x01" + struct.pack(">q", 40) + b"\x01" + struct.pack(">H", len(packed)) + packed
+                  + deltas))
+    seeds.append(("kernels-unsorted", b"\x01" + struct.pack(">q", 0) + b"\x00" + struct.pack(">H", 34)
+                  + struct.pack(">qqxqqx", 9, 12, 1, 3)))
+    committed = struct.pack(">Q", (1 << 63) + 25)
+    seeds.append(("metadata-v2", b"\x02" + committed + encode_metadata(states["watermarks"]).encode()))
+    seeds.append(("metadata-v1", b"\x02" + committed + b"keyrange.watermarks/1:3:30,-1,12"))
+    seeds.append(("metadata-foreign", b"\x02" + committed + b"a client's own metadata"))
+    return seeds
+
+
+def _sasl_request(api_key: int, version: int, **fields: Any) -> bytes:
+    header = messages.new_request_header(api_key, version, 2, "seed")
+    return frame_bytes(messages.encode_request(header, messages.new_body(api_key, version, "request", **fields)))
+
+
+def sasl_seeds() -> list[Seed]:
+    api_versions = next(ex.request for ex in _golden() if ex.api_key == ApiKey.API_VERSIONS)
+    plain_token = b"\x00alice\x00secret"
+    scram_first = b"n,,n=alice,r=fyko+d2lbbFgONRv9qkxdawL"
+    seeds: list[Seed] = []
+    for version in (0, 1):
+        handshake = _sasl_request(ApiKey.SASL_HANDSHAKE, version, mechanism="PLAIN")
+        seeds.append((f"handshake-v{version}", frame_bytes(api_versions) + handshake))
+    for version in (0, 1, 2):
+        authenticate = _sasl_request(ApiKey.SASL_AUTHENTICATE, version, auth_bytes=plain_token)
+        seeds.append((f"plain-v{version}", _sasl_request(ApiKey.SASL_HANDSHAKE, 1, mechanism="PLAIN") + authenticate))
+    seeds.append(("scram-first", _sasl_request(ApiKey.SASL_HANDSHAKE, 1, mechanism="SCRAM-SHA-256")
+                  + _sasl_request(ApiKey.SASL_AUTHENTICATE, 2, auth_bytes=scram_first)))
+    # After SaslHandshake v0 a client sends raw tokens without a Kafka header.
+    seeds.append(("handshake-v0-raw-token", _sasl_request(ApiKey.SASL_HANDSHAKE, 0, mechanism="PLAIN")
+                  + frame_bytes(plain_token)))
+    return seeds
+
+
+def config_seeds() -> list[Seed]:
+    properties = "\n".join([
+        "# a sidecar in front of one broker",
+        "bootstrap.servers=broker1:9092",
+        "topology=sidecar",
+        "listen.host: 0.0.0.0",
+        "listen.port = 9192",
+        "sidecar.node.addresses=1@proxy-1:9192,2@[::1]:9193",
+        "max.frame.bytes=0x100_000",
+        "ssl.upstream.enabled=no",
+        "virtual.topics.enabled=true",
+        "virtual.topic.max.shares=16",
+        "topic.orders.v2.accept.range.fetch=false",
+        "topic.orders.reserve.message.value.range.fetch=yes",
+        "log.level=DEBUG \\",
+        "",
+    ])
+    overrides = "bootstrap.servers=a:1,b:2\nmetrics.port=0\nfetch.readahead.enabled=on\nkey.range.fetch.compression=none"
+    return [
+        ("properties", b"\x00" + properties.encode()),
+        ("file", b"\x01" + properties.encode()),
+        ("overrides", b"\x02" + overrides.encode()),
+        ("port-per-broker", b"\x00bootstrap.servers=localhost:9092\nnode.port.base=9300\nmax.connections=5\n"),
+    ]
+
+
+def _dictionaries() -> dict[str, list[bytes]]:
+    """Tokens a mutation is unlikely to spell by chance: setting names, the metadata format
+    of share watermarks, numbers at the edges of int64."""
+    edges = [b"9223372036854775807", b"9223372036854775808", b"-1", b"99999999999999999999", b"0x7fffffff"]
+    settings = [setting.name.encode() for setting in PROXY_SETTINGS]
+    settings += [b"topic.orders." + setting.name.encode() for setting in TOPIC_SETTINGS]
+    return {
+        "config": settings + edges + [b"=", b":", b"\\\n", b"true", b"false", b"sidecar", b"port-per-broker", b"[::1]:"],
+        "commit_log": [PREFIX.encode() + b"2:", PREFIX.encode() + b"1:", b"/", b"=", b"@", b","] + edges,
+    }
+
+
+def write_dictionaries(folder: Path = DICTIONARIES) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for target, tokens in _dictionaries().items():
+        lines = ['"' + "".join(chr(b) if 32 <= b < 127 and b not in b'"\\' else f"\\x{b:02x}" for b in token) + '"'
+                 for token in tokens]
+        (folder / f"{target}.dict").write_text("\n".join(lines) + "\n")
+
+
+SEEDERS = {
+    "frames": frames_seeds,
+    "messages": messages_seeds,
+    "records": records_seeds,
+    "split": split_seeds,
+    "commit_log": commit_log_seeds,
+    "commit_wire": commit_wire_seeds,
+    "sasl": sasl_seeds,
+    "config": config_seeds,
+}
+
+
+def _file_name(label: str, data: bytes) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+    return f"{safe}-{hashlib.sha1(data).hexdigest()[:8]}"
+
+
+def write_corpora(corpus: Path = CORPUS) -> dict[str, int]:
+    """Rewrite every target's seed directory; returns how many seeds each got."""
+    counts = {}
+    for target, seeder in SEEDERS.items():
+        folder = corpus / target
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        written = set()
+        for label, data in seeder():
+            if len(data) >= MAX_SEED_BYTES or data in written:
+                continue
+            written.add(data)
+            (folder / _file_name(label, data)).write_bytes(data)
+        counts[target] = len(written)
+    write_dictionaries()
+    return counts

@@ -1,0 +1,1 @@
+"""One module per parsing surface; each exposes ``one_input(data: bytes)``."""

@@ -1,0 +1,253 @@
+"""Frame splitting and the cheap peeks that route a frame before (or instead of) decoding it.
+
+These run on every byte a client or a broker sends, before any schema is consulted, and
+the relayed Fetch path never decodes at all: the walk over a Fetch response decides where
+the rewritable tail starts while the rest of the frame streams past the proxy. So besides
+"only ProtocolError escapes", this target checks what the relay relies on:
+
+* a stream split as it arrives in arbitrary pieces, or with each body read in place after
+  ``take_start`` (the socket path of ``net/streams.py``), gives the same frames as the
+  stream split whole;
+* the streaming walk never reads a byte it was not yet given, nor one before the point it
+  declared forwardable, and finds the same tail as the walk over the complete frame;
+* every Fetch response the codec accepts, the walk accepts too (a valid response must
+  never close a connection), and the tail rewrite keeps the tail's length exactly.
+
+Input: three control bytes, then the byte stream of size-prefixed frames. The first
+control byte holds the frame size limit (bits 0-1), the Fetch version the frames are read
+as when taken for responses (12 + bits 2-4), and whether the proxy's advertised host is
+long enough to overflow the tail (bit 7); the other two are the sizes of the pieces the
+stream arrives in.
+"""
+
+from __future__ import annotations
+
+from fuzz.common import Choices, InvariantBroken, check_not_internal
+from proxy.features.addresses import rewrite_fetch_tail
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
+from proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameSplitter, peek_correlation_id, peek_request_header
+from proxy.protocol.peek import (
+    FETCH_NODE_ENDPOINTS_VERSION,
+    NODE_ENDPOINTS_TAG,
+    fetch_response_tail,
+    has_tag,
+    produce_acks,
+    walk_fetch_response,
+)
+
+# The limits a proxy may be configured with, down to the smallest max.frame.bytes allowed.
+FRAME_LIMITS = (DEFAULT_MAX_FRAME_BYTES, 1024, 4096, 1 << 16)
+FIRST_FLEXIBLE_FETCH = 12
+FETCH_VERSIONS = 7  # 12..18
+MAX_FRAMES = 8  # frames past these add time, not coverage
+
+
+class _Book:
+    """An address book that hands out a host as long as the input asks for, so that a
+    rewrite that no longer fits (and has to drop the hints) is reachable too."""
+
+    def __init__(self, host_length: int) -> None:
+        self.host = "p" * max(1, host_length)
+
+    def learn(self, node_id: int, host: str, port: int) -> None:
+        pass
+
+    def advertised(self, node_id: int) -> tuple[str, int]:
+        return self.host, 9000 + node_id % 1000
+
+
+class _Guarded:
+    """A frame buffer that refuses reads the relay contract forbids: bytes not received
+    yet (at or past ``filled``) and bytes already forwarded (before ``floor``)."""
+
+    __slots__ = ("data", "filled", "floor")
+
+    def __init__(self, data: bytes, filled: int) -> None:
+        self.data = data
+        self.filled = filled
+        self.floor = 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> int:
+        if not isinstance(index, int):
+            raise InvariantBroken(f"the Fetch walk sliced the frame ({index!r})")
+        if index < self.floor:
+            raise InvariantBroken(f"the Fetch walk read byte {index} after declaring bytes before {self.floor} forwardable")
+        if index >= self.filled:
+            raise InvariantBroken(f"the Fetch walk read byte {index} with only {self.filled} received")
+        return self.data[index]
+
+
+def _chunk_sizes(choices: Choices, stream_bytes: int) -> tuple[int, int]:
+    """Two piece sizes the stream alternates between; at least 1/256 of the stream, so a
+    large input arrives in a few hundred pieces rather than byte by byte."""
+    floor = max(1, stream_bytes // 256)
+    return max(floor, 1 + choices.byte()), max(floor, 1 + 7 * choices.byte())
+
+
+def _split_whole(stream: bytes, limit: int) -> tuple[list[bytes], bool]:
+    splitter = FrameSplitter(limit)
+    splitter.feed(stream)
+    frames: list[bytes] = []
+    try:
+        while (frame := splitter.next_frame()) is not None:
+            frames.append(frame)
+    except ProtocolError:
+        return frames, True
+    return frames, False
+
+
+def _split_chunked(stream: bytes, limit: int, sizes: tuple[int, int]) -> tuple[list[bytes], bool]:
+    splitter = FrameSplitter(limit)
+    frames: list[bytes] = []
+    pos = turn = 0
+    try:
+        while pos < len(stream):
+            size = sizes[turn % 2]
+            turn += 1
+            splitter.feed(memoryview(stream)[pos:pos + size])
+            pos += size
+            while (frame := splitter.next_frame()) is not None:
+                frames.append(frame)
+    except ProtocolError:
+        return frames, True
+    return frames, False
+
+
+def _split_in_place(stream: bytes, limit: int, sizes: tuple[int, int]) -> tuple[list[bytes], bool]:
+    """As the socket path reads: the splitter sees the size prefix and whatever arrived
+    with it; the rest of the body goes straight from the source into the frame."""
+    splitter = FrameSplitter(limit)
+    frames: list[bytes] = []
+    pos = turn = 0
+    try:
+        while True:
+            size = splitter.next_size()
+            if size is None:
+                if pos >= len(stream):
+                    break
+                chunk = sizes[turn % 2]
+                turn += 1
+                splitter.feed(stream[pos:pos + chunk])
+                pos = min(len(stream), pos + chunk)
+                continue
+            if splitter.buffered - 4 + len(stream) - pos < size:
+                break  # the stream ends inside this body (checked first: sizes go up to 100 MiB)
+            frame = bytearray(size)
+            got = splitter.take_start(memoryview(frame))
+            rest = stream[pos:pos + size - got]
+            frame[got:] = rest
+            pos += len(rest)
+            frames.append(bytes(frame))
+    except ProtocolError:
+        return frames, True
+    return frames, False
+
+
+def _check_splitting(stream: bytes, limit: int, sizes: tuple[int, int]) -> list[bytes]:
+    whole, whole_failed = _split_whole(stream, limit)
+    chunked, chunked_failed = _split_chunked(stream, limit, sizes)
+    if (chunked, chunked_failed) != (whole, whole_failed):
+        raise InvariantBroken(f"chunked split gave {len(chunked)} frames (failed={chunked_failed}), "
+                              f"whole split {len(whole)} (failed={whole_failed})")
+    in_place, in_place_failed = _split_in_place(stream, limit, sizes)
+    if (in_place, in_place_failed) != (whole, whole_failed):
+        raise InvariantBroken(f"in-place split gave {len(in_place)} frames (failed={in_place_failed}), "
+                              f"whole split {len(whole)} (failed={whole_failed})")
+    return whole
+
+
+def _check_request(frame: bytes) -> None:
+    try:
+        peek = peek_request_header(frame)
+    except ProtocolError:
+        return
+    try:
+        header, body = messages.decode_request(frame)
+    except UnsupportedVersionError:
+        header = body = None
+    except ProtocolError as exc:
+        check_not_internal(exc)
+        header = body = None
+    if header is not None and (peek.api_key, peek.api_version, peek.correlation_id, peek.client_id) != \
+            (header.request_api_key, header.request_api_version, header.correlation_id, header.client_id):
+        raise InvariantBroken(f"header peek {peek} differs from the decoded header {header}")
+    if peek.api_key != ApiKey.PRODUCE:
+        return
+    try:
+        acks = produce_acks(frame, peek)
+    except ProtocolError:
+        if body is not None:
+            raise InvariantBroken("produce_acks refused a Produce request the codec decodes") from None
+        return
+    if body is not None and acks != body.acks:
+        raise InvariantBroken(f"produce_acks read {acks}, the codec {body.acks}")
+
+
+def _walk_streaming(frame: bytes, version: int, sizes: tuple[int, int]) -> int:
+    size = len(frame)
+    guarded = _Guarded(frame, min(size, sizes[1] * 37))
+    walk = walk_fetch_response(guarded, size, version, guarded.filled)
+    turn = 0
+    try:
+        need, safe = next(walk)
+        while True:
+            if need <= guarded.filled:
+                raise InvariantBroken(f"the Fetch walk waited for byte {need} with {guarded.filled} received")
+            guarded.floor = max(guarded.floor, min(need, safe))
+            guarded.filled = min(size, need + (sizes[turn % 2] - 1) * 5)
+            turn += 1
+            need, safe = walk.send(guarded.filled)
+    except StopIteration as done:
+        return done.value
+
+
+def _check_fetch_response(frame: bytes, version: int, sizes: tuple[int, int], book: _Book) -> None:
+    try:
+        peek_correlation_id(frame)
+    except ProtocolError:
+        return
+    try:
+        tail = fetch_response_tail(frame, version)
+    except ProtocolError:
+        tail = None
+    try:
+        streamed: int | None = _walk_streaming(frame, version, sizes)
+    except ProtocolError:
+        streamed = None
+    if streamed != tail:
+        raise InvariantBroken(f"streaming walk found the tail at {streamed}, the complete walk at {tail}")
+    if tail is None:
+        try:
+            messages.decode_response(ApiKey.FETCH, version, frame)
+        except ProtocolError as exc:
+            check_not_internal(exc)
+            return
+        raise InvariantBroken(f"the walk refused a Fetch v{version} response the codec decodes")
+    if version < FETCH_NODE_ENDPOINTS_VERSION:
+        return
+    try:
+        has_tag(frame, tail, NODE_ENDPOINTS_TAG)
+        rewritten = rewrite_fetch_tail(frame, tail, version, book)
+    except ProtocolError as exc:
+        check_not_internal(exc)
+        return
+    if len(rewritten) != len(frame) - tail:
+        raise InvariantBroken(f"the tail rewrite made {len(frame) - tail} bytes into {len(rewritten)}")
+
+
+def one_input(data: bytes) -> None:
+    choices = Choices(data)
+    control = choices.byte()
+    limit = FRAME_LIMITS[control & 3]
+    version = FIRST_FLEXIBLE_FETCH + ((control >> 2) & 7) % FETCH_VERSIONS
+    sizes = _chunk_sizes(choices, len(data))
+    book = _Book(sizes[0] * 2 if control & 0x80 else 9)
+    frames = _check_splitting(choices.rest(), limit, sizes)
+    for frame in frames[:MAX_FRAMES]:
+        _check_request(frame)
+        _check_fetch_response(frame, version, sizes, book)
