@@ -104,13 +104,14 @@ def _response(frame: bytes, version: int, control: int) -> None:
         raise InvariantBroken("parse_response reads other values than the codec")
     if len(set(names)) != len(names):
         return
+    keys = [(name, part.partition_index) for name, topic in zip(names, body.topics) for part in topic.partitions]
+    if len(set(keys)) != len(keys):
+        return  # duplicate partitions: answers go by (topic, partition), so one applies to each
     errors: dict[tuple[str, int], int] = {}
     stable: dict[tuple[str, int], int] = {}
     for name, topic in zip(names, body.topics):
         for number, part in enumerate(topic.partitions):
             key = (name, part.partition_index)
-            if key in errors or key in stable:
-                return  # duplicate partitions: one answer applies to each
             if (control >> (3 + number % 4)) & 1:
                 errors[key] = part.partition_index % 120
                 part.error_code = errors[key]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 
 from proxy.commits.packed import RANGE_SIZE, from_deltas, to_deltas
-from proxy.commits.state import CommitState
+from proxy.commits.state import CommitState, checked_marks
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.primitives import read_uvarint, uvarint_bytes
@@ -102,7 +102,17 @@ def encode_value(state: CommitState) -> bytes:
 
 def decode_value(data) -> CommitState:
     """A value as this proxy writes it (version 1, or 0 of earlier releases) is read from
-    slices; anything else (tagged fields a newer writer added) through the schema codec."""
+    slices; anything else (tagged fields a newer writer added) through the schema codec.
+
+    Share watermarks no proxy writes (a K beyond ``MAX_SHARES``, a share outside its K or
+    listed twice; ``checked_marks``) make the whole value unreadable: ValueError, as any
+    malformed value, which the log's reader skips with a warning. Not repaired by dropping
+    what is wrong: which of a share's two watermarks is meant, or whether the rest of a
+    record claiming a billion shares is, cannot be told, and a guess would join into the
+    key's state like a proxy's record. A skipped record can only make this instance hold
+    less than was processed (records re-delivered), never more (S past unprocessed ones).
+    A W below -1 is read as -1: both mean the share has none (earlier releases kept what a
+    client committed), so nothing needs guessing there."""
     data = bytes(data)
     if len(data) >= 12 and data[-1] == 0:
         version, stable = _VALUE_HEAD.unpack_from(data, 0)
@@ -120,11 +130,8 @@ def decode_value(data) -> CommitState:
     value = messages.decode_data("IndividualCommitValue", data)
     version = messages.data_version(data)
     if version >= 1:
-        marks = tuple(sorted((mark.shares, mark.share, mark.offset, mark.sequence)
-                             for mark in value.watermarks or ())) if version >= 2 else ()
-        for shares, share, _offset, _sequence in marks:
-            if not 0 <= share < shares:
-                raise ValueError(f"share watermark of share {share} of {shares}")
+        marks = checked_marks((mark.shares, mark.share, max(mark.offset, -1), mark.sequence)
+                              for mark in value.watermarks or ()) if version >= 2 else ()
         return CommitState.from_packed(value.stable_offset, from_deltas(value.stable_offset, value.range_deltas or b""),
                                        value.reset_epoch, marks)
     return CommitState(value.stable_offset, tuple((r.start, r.end) for r in value.ranges))

@@ -18,7 +18,10 @@ a Python object per range. ``ranges`` gives the tuples for everything else.
 A key may also hold the share watermarks of virtual range topics (``marks``,
 docs/wire-contract.md#9-virtual-range-topics): W(i) per share i of K. Within an epoch they merge per share (the
 higher sequence wins), and S moves to at least the lowest W once every share of a K has
-one (``settle``); a plain commit (a reset) clears them with the ranges.
+one (``settle``); a plain commit (a reset) clears them with the ranges. A key holds at most
+one watermark per (K, share), and K is at most ``MAX_SHARES``: ``checked_marks`` is what
+both copies of the watermarks (the log's value, the coordinator's metadata) are read
+through.
 """
 
 from __future__ import annotations
@@ -30,9 +33,19 @@ from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, u
 
 Marks = tuple[tuple[int, int, int, int], ...]  # sorted (K, share, W, sequence)
 
-__all__ = ["MAX_OFFSET", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks", "apply_packed",
-           "apply_plain", "apply_ranges", "check", "check_packed", "join", "join_marks", "normalise", "rebase",
-           "rebase_commit", "settle", "stable_after", "validate", "watermark_floor"]
+# The largest K of a share watermark. ``virtual.topic.max.shares`` cannot be set above it
+# (the configuration refuses that), and a higher K is read from nowhere whatever this
+# instance's setting is: the log and the coordinator's copy are read by every instance, and
+# instances configured differently must agree on what is readable. 64: the coordinator
+# keeps the watermarks in the committed offset's metadata, which Kafka caps at
+# offset.metadata.max.bytes (4096 characters by default); every share of one K, each
+# ``K/i=W@sequence`` with int64 W and sequence, fits in it up to 88 shares, and 64 leaves room.
+MAX_SHARES = 64
+
+__all__ = ["MAX_OFFSET", "MAX_SHARES", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks",
+           "apply_packed", "apply_plain", "apply_ranges", "check", "check_packed", "checked_marks", "join",
+           "join_marks", "normalise", "rebase", "rebase_commit", "settle", "stable_after", "validate",
+           "watermark_floor"]
 
 
 class CommitState:
@@ -138,16 +151,41 @@ def join_marks(a: Marks, b: Marks) -> Marks:
     return tuple(sorted(best.values()))
 
 
+def checked_marks(marks: Iterable[tuple[int, int, int, int]]) -> Marks:
+    """``marks`` (K, share, W, sequence) as a key holds them, sorted; ValueError when they
+    are not what a proxy writes: K outside 1..MAX_SHARES, a share outside 0..K-1, or two
+    watermarks of one share. Both copies of a key's watermarks can come from anyone (any
+    client may produce to the log, any group member may set its committed offset's
+    metadata), and what reads them relies on these: ``per_share`` allocates K entries per
+    K, and ``watermark_floor`` must not count a share twice."""
+    ordered = sorted(marks)
+    for index, (shares, share, _offset, _sequence) in enumerate(ordered):
+        if not 0 < shares <= MAX_SHARES:
+            raise ValueError(f"share watermark of {shares} shares: K is 1..{MAX_SHARES}")
+        if not 0 <= share < shares:
+            raise ValueError(f"share watermark of share {share} of {shares}")
+        if index and ordered[index - 1][:2] == (shares, share):
+            raise ValueError(f"share watermark of share {share} of {shares} listed twice")
+    return tuple(ordered)
+
+
 def watermark_floor(marks: Marks) -> int:
     """The offset below which the watermarks show the whole partition processed: for each
-    K whose every share has a watermark, the lowest of them; the highest such (-1: none)."""
+    K whose every share has a watermark, the lowest of them; the highest such (-1: none).
+
+    Shares are counted once each, and only 0..K-1: counting watermarks instead would let a
+    K with one share listed twice (or a share that does not exist) pass for complete while
+    a share has none, and S would move past records no member processed. A share listed
+    twice counts with the lower of its watermarks."""
     floor = -1
-    by_k: dict[int, list[int]] = {}
-    for shares, _share, offset, _sequence in marks:
-        by_k.setdefault(shares, []).append(offset)
-    for shares, offsets in by_k.items():
-        if len(offsets) == shares:
-            floor = max(floor, min(offsets))
+    by_k: dict[int, dict[int, int]] = {}
+    for shares, share, offset, _sequence in marks:
+        if 0 <= share < shares:
+            lowest = by_k.setdefault(shares, {})
+            lowest[share] = min(offset, lowest.get(share, offset))
+    for shares, lowest in by_k.items():
+        if len(lowest) == shares:
+            floor = max(floor, min(lowest.values()))
     return floor
 
 
@@ -229,10 +267,14 @@ Edit = bytes | MarkEdit  # one commit's change to a key
 
 def apply_marks(state: CommitState, edit: MarkEdit) -> CommitState:
     """Set W(share) of ``edit``'s shares with the key's next sequence (one above any held in
-    this epoch, so the newest commit of a share wins a merge), then settle S."""
+    this epoch, so the newest commit of a share wins a merge), then settle S.
+
+    A negative W (a client may commit any offset) is held as -1, which means the same
+    everywhere (no watermark: the share reads S, and its K does not settle S) and is the
+    lowest the coordinator's copy is read back with (``watermarks.decode_metadata``)."""
     sequence = max((mark[3] for mark in state.marks), default=0) + 1
     kept = [mark for mark in state.marks if not (mark[0] == edit.shares and mark[1] in edit.marks)]
-    kept += [(edit.shares, share, offset, sequence) for share, offset in edit.marks.items()]
+    kept += [(edit.shares, share, max(offset, -1), sequence) for share, offset in edit.marks.items()]
     return settle(CommitState.from_packed(state.stable, state.packed, state.epoch, tuple(sorted(kept))))
 
 

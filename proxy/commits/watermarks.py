@@ -14,7 +14,7 @@ that kept the watermarks only there; it reads as sequence 0 of an unknown epoch.
 
 from __future__ import annotations
 
-from proxy.commits.state import CommitState, Marks, join_marks, rebase, settle
+from proxy.commits.state import MAX_OFFSET, MAX_SHARES, CommitState, Marks, checked_marks, join_marks, rebase, settle
 
 __all__ = ["PREFIX", "combine", "decode_metadata", "encode_metadata", "per_share"]
 
@@ -30,7 +30,15 @@ def encode_metadata(state: CommitState) -> str:
 
 def decode_metadata(metadata: str | None) -> tuple[int | None, Marks] | None:
     """(reset epoch, or None when unknown; the watermarks) of a committed offset's
-    metadata; None when it holds none or is not ours (a client's own metadata)."""
+    metadata; None when it holds none or is not ours (a client's own metadata).
+
+    Any group member can set this metadata with a plain OffsetCommit, and OffsetFetch of
+    every member reads it, so whatever it holds must not fail the reader: metadata that is
+    not what ``encode_metadata`` writes (a number beyond int64, an offset below -1 or any
+    other number below 0, a K beyond ``MAX_SHARES``, a share listed twice, ...) is read as
+    none, and the log's copy alone counts. All of it, not just the wrong parts: a copy wrong anywhere is
+    not a proxy's, and ignoring it can only make OffsetFetch answer older watermarks
+    (records re-delivered), never newer ones than were processed."""
     if not metadata or not metadata.startswith(PREFIX):
         return None
     try:
@@ -41,25 +49,31 @@ def decode_metadata(metadata: str | None) -> tuple[int | None, Marks] | None:
                 slot, _, value = item.partition("=")
                 k_text, _, share_text = slot.partition("/")
                 offset_text, _, sequence_text = value.partition("@")
-                marks.append((int(k_text), int(share_text), int(offset_text), int(sequence_text)))
-            return int(epoch_text), _checked(marks)
+                marks.append((_number(k_text, 1), _number(share_text, 0), _number(offset_text, -1),
+                              _number(sequence_text, 0)))
+            return _number(epoch_text, 0), checked_marks(marks)
         if metadata.startswith(_V1):
             shares_text, _, rest = metadata[len(_V1):].partition(":")
-            shares = int(shares_text)
-            offsets = [int(part) for part in rest.split(",")]
+            shares = _number(shares_text, 1)
+            if shares > MAX_SHARES:
+                return None
+            offsets = [_number(part, -1) for part in rest.split(",")]
             if len(offsets) != shares:
                 return None
-            return None, _checked([(shares, share, offset, 0) for share, offset in enumerate(offsets) if offset >= 0])
+            return None, checked_marks([(shares, share, offset, 0) for share, offset in enumerate(offsets)
+                                        if offset >= 0])
     except ValueError:
         return None
     return None
 
 
-def _checked(marks: list[tuple[int, int, int, int]]) -> Marks:
-    for shares, share, _offset, _sequence in marks:
-        if not 0 <= share < shares:
-            raise ValueError(f"share {share} of {shares}")
-    return tuple(sorted(marks))
+def _number(text: str, lowest: int) -> int:
+    """An integer of the metadata: ``lowest`` (-1 for an offset, meaning none) up to int64's
+    highest, as the coordinator's offsets and the log's fields are."""
+    value = int(text)
+    if not lowest <= value <= MAX_OFFSET:
+        raise ValueError(f"{value} is outside {lowest}..{MAX_OFFSET}")
+    return value
 
 
 def combine(logged: CommitState | None, committed: int, metadata: str | None) -> CommitState:
@@ -89,8 +103,14 @@ def combine(logged: CommitState | None, committed: int, metadata: str | None) ->
 
 
 def per_share(marks: Marks) -> dict[int, list[int]]:
-    """K -> W per share of K (-1: that share has none)."""
+    """K -> W per share of K (-1: that share has none).
+
+    A list is as long as its K says, so a K is listed only up to ``MAX_SHARES`` (and a
+    share only below its K): marks read from the log or the coordinator never hold another
+    (``checked_marks``), and the guard keeps a K no virtual topic can have from costing
+    memory should one be built some other way."""
     out: dict[int, list[int]] = {}
     for shares, share, offset, _sequence in marks:
-        out.setdefault(shares, [-1] * shares)[share] = offset
+        if 0 <= share < shares <= MAX_SHARES:
+            out.setdefault(shares, [-1] * shares)[share] = offset
     return out

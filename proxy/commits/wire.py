@@ -100,10 +100,14 @@ def _read_ranges(buf, pos: int, end: int) -> bytes | None:
 
 def _topic_head(buf, pos: int, end: int, version: int):
     """A topic entry's name (v8-9) or id (v10+): (name, topic_id, (start, end) of the
-    head in the frame, position after it)."""
+    head in the frame, position after it). A frame ending inside the id is ProtocolError,
+    like every other truncation here: a slice past the end is short, not an error, and
+    would reach ``uuid.UUID`` as fewer than 16 bytes."""
     start = pos
     name = topic_id = None
     if version >= 10:
+        if end - pos < 16:
+            _fail("truncated TopicId", pos)
         topic_id = uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
         pos += 16
     else:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.commits.state import MAX_SHARES
+
 
 class ConfigError(ValueError):
     """A configuration mistake, phrased for the person who made it."""
@@ -80,6 +82,10 @@ class Setting:
 
 def _at_least(minimum: int) -> Callable[[int], str | None]:
     return lambda value: None if value >= minimum else f"must be at least {minimum}"
+
+
+def _within(minimum: int, maximum: int) -> Callable[[int], str | None]:
+    return lambda value: None if minimum <= value <= maximum else f"must be {minimum}..{maximum}"
 
 
 def _one_of(*choices: str) -> Callable[[str], str | None]:
@@ -160,7 +166,10 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
             "every Metadata, Fetch and OffsetCommit on its way, which costs the other features)."),
     Setting("virtual.topic.suffix", _parse_str, ".kr", "What separates a topic from its share count K.",
             lambda value: None if value else "must not be empty"),
-    Setting("virtual.topic.max.shares", _parse_int, 64, "Largest K of a virtual range topic.", _at_least(2)),
+    # Why the ceiling is fixed, and 64: proxy.commits.state.MAX_SHARES.
+    Setting("virtual.topic.max.shares", _parse_int, 64,
+            f"Largest K of a virtual range topic, at most {MAX_SHARES} (the watermarks of every share of a "
+            "partition must fit the coordinator's offset metadata).", _within(2, MAX_SHARES)),
 )
 
 TOPIC_SETTINGS: tuple[Setting, ...] = (
@@ -266,16 +275,45 @@ def build_config(entries: dict[str, str]) -> ProxyConfig:
 def load_config(path: str | None, overrides: list[str]) -> ProxyConfig:
     entries: dict[str, str] = {}
     if path:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {path!r} does not exist")
-        entries.update(parse_properties(file.read_text(encoding="utf-8"), source=path))
+        entries.update(parse_properties(_read_properties(path), source=path))
     for override in overrides:
         key, sep, value = override.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--override {override!r}: expected key=value")
         entries[key.strip()] = value.strip()
     return build_config(entries)
+
+
+def _read_properties(path: str) -> str:
+    """The properties file's text. It must be UTF-8: a file that is not is ConfigError
+    naming it and its first byte that is not.
+
+    Kafka reads properties files as ISO-8859-1 (``Utils.loadProps`` calls
+    ``Properties.load(InputStream)``) and writes anything beyond it as ``\\uXXXX``, an
+    escape this reader does not take. The two encodings agree on ASCII, which every setting
+    name and nearly every value is, so a file Kafka's tools read reads the same here unless
+    it holds a non-ASCII byte. There they disagree, and taking ISO-8859-1 would misread
+    silently: every byte is valid ISO-8859-1, so a UTF-8 file (what editors and shells write,
+    and what ``--override`` arguments arrive as) with a non-ASCII host name or path would give
+    other characters, advertised to clients or looked up as a file that is not there. UTF-8
+    refuses an ISO-8859-1 byte instead, at start, where it is."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {path!r} does not exist")
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file {path!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(
+            f"config file {path!r} is not UTF-8: at byte offset {exc.start} (line {line}, column {column}) is "
+            f"0x{data[exc.start]:02x}, {exc.reason}; the proxy reads its properties file as UTF-8 "
+            f"(Kafka's tools read ISO-8859-1; the two agree on ASCII only)"
+        ) from None
 
 
 def describe_settings() -> str:

@@ -3,12 +3,15 @@ the merge rule of two writers, S settling, and the coordinator's copy (no I/O)."
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.commits.codec import decode_value, encode_value, encode_value_generic
+from proxy.commits.codec import decode_value, encode_key, encode_value, encode_value_generic
+from proxy.commits.packed import MAX_OFFSET
 from proxy.commits.range_commit import Forward, RangeCommit, Write
 from proxy.commits.state import (
+    MAX_SHARES,
     CommitState,
     MarkEdit,
     apply_marks,
@@ -16,8 +19,10 @@ from proxy.commits.state import (
     apply_ranges,
     join,
     rebase_commit,
+    settle,
     watermark_floor,
 )
+from proxy.commits.table import StateTable
 from proxy.commits.watermarks import combine, decode_metadata, encode_metadata, per_share
 
 K = ("t", 0)
@@ -122,6 +127,72 @@ def test_metadata_carries_epoch_and_sequences_and_reads_the_old_form():
     assert decode_metadata("a client's own metadata") is None
     assert decode_metadata("keyrange.watermarks/2:x:") is None
     assert decode_metadata("keyrange.watermarks/2:0:2/5=1@1") is None  # share out of range
+
+
+def test_s_does_not_move_while_a_share_is_missing_even_with_another_listed_twice():
+    # Share 1 of 2 has processed nothing; share 0 is listed twice.
+    twice = ((2, 0, 50, 1), (2, 0, 60, 2))
+    assert watermark_floor(twice) == -1
+    assert settle(CommitState(10, (), 0, twice)).stable == 10
+    assert watermark_floor(((2, 0, 50, 1), (2, 5, 60, 1))) == -1  # a share that does not exist counts for none
+    # Every share present, one twice: complete, at the lower of its two watermarks.
+    assert watermark_floor(((2, 0, 50, 1), (2, 0, 60, 2), (2, 1, 70, 1))) == 50
+    # Neither copy of the watermarks can hold a share twice: the coordinator's is read as
+    # none (S stays the committed offset), the log's is skipped as unreadable.
+    metadata = "keyrange.watermarks/2:0:2/0=50@1,2/0=60@2"
+    assert decode_metadata(metadata) is None
+    assert combine(None, 10, metadata) == CommitState(10)
+    logged = apply_marks(CommitState(10), MarkEdit(2, {0: 40}))
+    assert combine(logged, 10, metadata) == logged
+    with pytest.raises(ValueError, match="twice"):
+        decode_value(encode_value_generic(CommitState(10, (), 0, twice), 2))
+    table = StateTable()
+    assert table.apply(3, encode_key("g", "t", 0), encode_value_generic(CommitState(10, (), 0, twice), 2)) is None
+    assert table.groups == {}
+
+
+def test_a_share_count_beyond_max_shares_is_read_from_neither_copy():
+    at_most = ((MAX_SHARES, MAX_SHARES - 1, 7, 1),)
+    assert decode_value(encode_value_generic(CommitState(0, (), 0, at_most), 2)).marks == at_most
+    assert decode_metadata(f"keyrange.watermarks/2:0:{MAX_SHARES}/{MAX_SHARES - 1}=7@1") == (0, at_most)
+    beyond = MAX_SHARES + 1
+    # The log: anyone who can produce to it could claim any K; the record is skipped.
+    with pytest.raises(ValueError, match=f"{beyond} shares"):
+        decode_value(encode_value_generic(CommitState(0, (), 0, ((beyond, 0, 7, 1),)), 2))
+    with pytest.raises(ValueError, match="shares"):
+        decode_value(encode_value_generic(CommitState(0, (), 0, ((1 << 30, 1, 7, 1),)), 2))
+    # The coordinator's copy: any group member sets it; OffsetFetch reads the log's alone.
+    assert decode_metadata(f"keyrange.watermarks/2:0:{beyond}/0=7@1") is None
+    assert decode_metadata(f"keyrange.watermarks/1:{beyond}:" + ",".join(["-1"] * beyond)) is None
+    assert decode_metadata(f"keyrange.watermarks/1:{beyond}:" + ",".join(["7"] * beyond)) is None
+    logged = apply_marks(CommitState(0), MarkEdit(2, {0: 5}))
+    assert combine(logged, 0, f"keyrange.watermarks/2:1:{1 << 30}/0=7@9") == logged
+    # Nothing read holds such a K; a state built otherwise is not listed at its length.
+    assert per_share(((1 << 30, 0, 7, 1), (2, 1, 3, 1))) == {2: [-1, 3]}
+
+
+def test_metadata_numbers_are_read_only_within_the_logs_ranges():
+    # An int64 kernel never sees a number the log's int64 fields could not hold.
+    assert decode_metadata("keyrange.watermarks/1:1:" + str(1 << 64)) is None
+    assert combine(None, 5, "keyrange.watermarks/1:1:" + str(1 << 64)) == CommitState(5)
+    for item in (f"2/0={1 << 63}@1", f"2/0=1@{1 << 63}", "2/0=-2@1", "2/0=1@-1", "2/-1=1@1", "0/0=1@1"):
+        assert decode_metadata(f"keyrange.watermarks/2:0:{item}") is None, item
+    assert decode_metadata(f"keyrange.watermarks/2:{1 << 63}:2/0=1@1") is None
+    assert decode_metadata("keyrange.watermarks/2:-1:2/0=1@1") is None
+    highest = f"keyrange.watermarks/2:0:2/0={MAX_OFFSET}@{MAX_OFFSET},2/1={MAX_OFFSET}@1"
+    assert decode_metadata(highest) == (0, ((2, 0, MAX_OFFSET, MAX_OFFSET), (2, 1, MAX_OFFSET, 1)))
+    assert combine(None, 5, highest).stable == MAX_OFFSET
+    assert decode_metadata("keyrange.watermarks/2:0:2/0=-1@1") == (0, ((2, 0, -1, 1),))
+
+
+def test_a_negative_commit_of_a_share_is_held_and_read_back_as_none():
+    state = apply_marks(CommitState(0, epoch=1), MarkEdit(2, {0: -5, 1: 8}))
+    assert per_share(state.marks) == {2: [-1, 8]} and state.stable == 0
+    assert decode_metadata(encode_metadata(state)) == (1, state.marks)
+    # Earlier releases kept the negative W as committed: the log's value reads it as none.
+    kept = CommitState(0, (), 1, ((1, 0, -5, 1), (2, 0, -5, 1), (2, 1, 8, 1)))
+    read = decode_value(encode_value_generic(kept, 2))
+    assert read.marks == ((1, 0, -1, 1), (2, 0, -1, 1), (2, 1, 8, 1)) and watermark_floor(read.marks) == -1
 
 
 def test_the_coordinators_copy_wins_where_newer_and_a_reset_drops_it():

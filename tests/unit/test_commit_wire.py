@@ -98,6 +98,23 @@ def test_ranges_and_metadata_are_read_and_truncated_or_trailing_bytes_refused():
 _R = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
 
 
+def test_a_frame_ending_inside_a_topic_id_is_refused():
+    topic_id = uuid.UUID(int=hash("t") & ((1 << 128) - 1)).bytes  # as _frame derives it
+    frame = _frame(10, "g", 3, "m", None, [("t", [(0, 5, -1, None, None)])])
+    start = frame.index(topic_id)
+    for cut in range(start, start + 16):
+        with pytest.raises(ProtocolError):
+            parse_request(frame[:cut])
+    body = messages.new_body(ApiKey.OFFSET_COMMIT, 10, "response", topics=[_R.OffsetCommitResponseTopic(
+        name="", topic_id=uuid.UUID(bytes=topic_id),
+        partitions=[_R.OffsetCommitResponsePartition(partition_index=0, error_code=0)])])
+    response = messages.encode_response(ApiKey.OFFSET_COMMIT, 10, messages.new_response_header(1), body)
+    assert parse_response(response, 10) is not None
+    start = response.index(topic_id)
+    for cut in range(start, start + 16):
+        assert parse_response(response[:cut], 10) is None  # the caller falls back to the codec
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from([8, 9, 10]), st.integers(0, 1000),
        st.lists(st.tuples(st.text(min_size=1, max_size=10), st.lists(st.tuples(st.integers(0, 1 << 20),

@@ -53,6 +53,8 @@ def test_properties_file_with_comments_continuations_and_overrides(tmp_path):
         ({"bootstrap.servers": "h:1", "socket.send.buffer.bytes": "0"},
          "socket.send.buffer.bytes: must be -1 (the operating system's default) or at least 4096 (got '0')"),
         ({"bootstrap.servers": "h:1", "socket.send.buffer.bytes": "1MB"}, "socket.send.buffer.bytes: invalid value '1MB'"),
+        ({"bootstrap.servers": "h:1", "virtual.topic.max.shares": "65"}, "virtual.topic.max.shares: must be 2..64"),
+        ({"bootstrap.servers": "h:1", "virtual.topic.max.shares": "1"}, "virtual.topic.max.shares: must be 2..64"),
     ],
 )
 def test_mistakes_name_the_key_and_the_problem(entries, message):
@@ -77,6 +79,41 @@ def test_missing_file_and_bad_override():
         load_config("/no/such/file.properties", [])
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(None, ["bootstrap.servers"])
+
+
+def test_virtual_topic_max_shares_reaches_the_ceiling_watermarks_are_read_with():
+    from proxy.commits.state import MAX_SHARES
+
+    config = build_config({"bootstrap.servers": "h:1", "virtual.topic.max.shares": str(MAX_SHARES)})
+    assert config.get("virtual.topic.max.shares") == MAX_SHARES == 64
+
+
+def test_a_file_that_is_not_utf8_is_refused_with_where(tmp_path):
+    path = tmp_path / "proxy.properties"
+    # ISO-8859-1, as Kafka's tools read properties files: the comment's "ü" is byte 0xfc.
+    path.write_bytes("bootstrap.servers=h:1\n# Zürich\nlisten.port=1\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as error:
+        load_config(str(path), [])
+    message = str(error.value)
+    assert str(path) in message and "not UTF-8" in message
+    assert "byte offset 25 (line 2, column 4) is 0xfc" in message
+    # UTF-8, non-ASCII included, is read as written.
+    path.write_text("bootstrap.servers=h:1\n# Zürich\nadvertised.host=zürich.example\n", encoding="utf-8")
+    assert load_config(str(path), []).advertised_host == "zürich.example"
+
+
+def test_an_unreadable_file_is_refused_naming_it(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    path = tmp_path / "proxy.properties"
+    path.write_text("bootstrap.servers=h:1\n")
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(ConfigError, match="cannot be read: Permission denied"):
+        load_config(str(path), [])
 
 
 def test_sidecar_addresses_parse():
