@@ -11,7 +11,7 @@ PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
 # split kernel needs), so the virtualenv and its C accelerators are rebuilt exactly then.
 SYSDEPS := build/system-deps.stamp
 
-.PHONY: venv jars lint test demo clean system-deps FORCE
+.PHONY: venv jars toxiproxy lint test demo clean system-deps FORCE
 
 system-deps: $(SYSDEPS)
 
@@ -33,13 +33,18 @@ $(STAMP): pyproject.toml setup.py proxy/records/_ckernels.c proxy/commits/_cpack
 jars: $(STAMP)
 	$(PY) -m proxy.testing.kafka_cluster fetch-jars
 
+# Builds the Toxiproxy server (network fault injection for the fault tests) with `go install`
+# into ${KEYRANGE_CACHE:-~/.cache/keyrange-proxy}/toxiproxy-<version> once; silent when there.
+toxiproxy: $(STAMP)
+	@$(PY) -m proxy.testing.toxiproxy install
+
 # ruff (style, imports, likely bugs) and mypy (types) over the code; before the suite, so a
 # slip fails in seconds rather than after it.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check proxy tests benchmarks
 	$(VENV)/bin/mypy
 
-test: venv jars lint
+test: venv jars toxiproxy lint
 	$(PY) -m pytest $(PYTEST_FLAGS)
 
 demo: venv jars

@@ -9,6 +9,7 @@ from proxy.client.errors import (
     ConsumerError,
     IllegalStateError,
     KafkaError,
+    NetworkExceptionError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     RangeFetchNotSupportedError,
@@ -21,7 +22,7 @@ from proxy.ranges import KeyRange, equal_share, equal_shares
 
 __all__ = [
     "CommitFailedError", "ConfigError", "Consumer", "ConsumerConfig", "ConsumerConnectionError", "ConsumerError", "ConsumerRecord",
-    "ConsumerRecords", "FetchMetadata", "IllegalStateError", "KafkaError", "KeyRange",
+    "ConsumerRecords", "FetchMetadata", "IllegalStateError", "KafkaError", "KeyRange", "NetworkExceptionError",
     "NoOffsetForPartitionError", "OffsetOutOfRangeError", "RangeFetchNotSupportedError", "RebalanceInProgressError",
     "RebalanceListener", "RetriableError",
     "TopicPartition", "equal_share", "equal_shares",

@@ -59,12 +59,13 @@ from proxy.client.assignment import (
 from proxy.client.commit_protocol import Range
 from proxy.client.committer import Committer
 from proxy.client.config import ConsumerConfig
-from proxy.client.connection import RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Connections, NodeConnection
+from proxy.client.connection import NETWORK_ERRORS, RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Connections, NodeConnection
 from proxy.client.coordinator import Coordinator
 from proxy.client.errors import (
     CommitFailedError,
     IllegalGenerationError,
     IllegalStateError,
+    NetworkExceptionError,
     RangeFetchNotSupportedError,
     RebalanceInProgressError,
     UnknownMemberIdError,
@@ -304,7 +305,15 @@ class Consumer:
             self._metadata.stale = True
 
     async def _commit_supported(self) -> bool:
-        return (await self._connections.any()).commits_ranges
+        return (await self._any_connection()).commits_ranges
+
+    async def _any_connection(self) -> NodeConnection:
+        """A connection for a call outside the poll loop's retries: a failure to open one
+        is the retriable ``NetworkExceptionError``, not the transport's own exception."""
+        try:
+            return await self._connections.any()
+        except NETWORK_ERRORS as exc:
+            raise NetworkExceptionError(f"no connection to the cluster: {exc}") from exc
 
     def assignment(self) -> dict[TopicPartition, list[KeyRange]]:
         return {tp: list(ranges) for tp, ranges in self._state.ranges.items()}
@@ -421,7 +430,7 @@ class Consumer:
         if not self._state.tracking:
             raise IllegalStateError("commit_processed needs allow_individual_commit=True")
         with self._generation_races():
-            await committer.commit_processed((await self._connections.any()).commits_ranges)
+            await committer.commit_processed((await self._any_connection()).commits_ranges)
 
     @contextmanager
     def _generation_races(self) -> Iterator[None]:

@@ -164,6 +164,13 @@ class OffsetNotAvailableError(RetriableError):
     code, name = ErrorCode.OFFSET_NOT_AVAILABLE, "OFFSET_NOT_AVAILABLE"
 
 
+class NetworkExceptionError(RetriableError):
+    """No connection to the cluster could be had for a call (``commit``): retry it later;
+    what it would have sent is still pending."""
+
+    code, name = ErrorCode.NETWORK_EXCEPTION, "NETWORK_EXCEPTION"
+
+
 class UnknownTopicIdError(RetriableError):
     code, name = ErrorCode.UNKNOWN_TOPIC_ID, "UNKNOWN_TOPIC_ID"
 
@@ -181,7 +188,7 @@ _BY_CODE: dict[int, type[KafkaError]] = {
         GroupAuthorizationFailedError, RebalanceInProgressError, FencedInstanceIdError,
         TopicAuthorizationFailedError, UnsupportedVersionError, InvalidRequestError, KafkaStorageError,
         FencedLeaderEpochError, UnknownLeaderEpochError, OffsetNotAvailableError, UnknownTopicIdError,
-        InconsistentTopicIdError,
+        InconsistentTopicIdError, NetworkExceptionError,
     )
 }
 

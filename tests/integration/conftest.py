@@ -8,6 +8,7 @@ import pytest
 
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
+from proxy.testing.toxiproxy import ToxiproxyError, ToxiproxyServer
 
 ProxyFactory = Callable[..., ProxyProcess]
 
@@ -73,6 +74,18 @@ def proxy(kafka: KafkaCluster, proxy_factory: ProxyFactory) -> ProxyProcess:
 def cluster_proxy(kafka_cluster: KafkaCluster, proxy_factory: ProxyFactory) -> ProxyProcess:
     """One proxy (port per broker) in front of the three-node ``kafka_cluster``."""
     return proxy_factory(kafka_cluster)
+
+
+@pytest.fixture(scope="session")
+def toxiproxy(tmp_path_factory) -> Iterator[ToxiproxyServer]:
+    """One Toxiproxy server (built into the cache on first use) for every test that puts
+    network faults between a client and what it talks to; stopped by its PID at the end."""
+    try:
+        server = ToxiproxyServer.start(workdir=tmp_path_factory.mktemp("toxiproxy"))
+    except ToxiproxyError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
 
 
 def real_ports(cluster: KafkaCluster) -> set[int]:
