@@ -38,7 +38,7 @@ import cramjam  # noqa: E402
 import xxhash  # noqa: E402
 
 from proxy.ranges import KeyRange, equal_shares  # noqa: E402
-from proxy.records import _kernels_py, kernels  # noqa: E402
+from proxy.records import kernels  # noqa: E402
 from proxy.records.builder import build_batch, encode_record  # noqa: E402
 from proxy.records.compression import Codec  # noqa: E402
 from proxy.records.plan import RangePlan  # noqa: E402
@@ -86,19 +86,6 @@ def make_blob(codec: Codec, seed: int = 7) -> tuple[bytes, int]:
         offset += per_batch
         count += per_batch
     return b"".join(batches), count
-
-
-@contextlib.contextmanager
-def kernels_of(name: str):
-    impl = _kernels_py
-    if name == "c":
-        from proxy.records import _ckernels as impl  # type: ignore[no-redef]
-    saved = (kernels.split, kernels.match, kernels.keep)
-    kernels.split, kernels.match, kernels.keep = impl.split, impl.match, impl.keep
-    try:
-        yield
-    finally:
-        kernels.split, kernels.match, kernels.keep = saved
 
 
 def measure(blob: bytes, count: int, plan: RangePlan, seconds: float) -> float:
@@ -155,7 +142,7 @@ def main() -> None:
     for codec in (Codec.NONE, Codec.LZ4):
         blob, count = make_blob(codec)
         for impl in impls:
-            with kernels_of(impl):
+            with kernels.using(impl):
                 for case, sets in CASES.items():
                     plan = RangePlan(sets)
                     rate = measure(blob, count, plan, args.seconds)

@@ -14,9 +14,8 @@ set), an options byte (CRC checking, output codec), then the Records blob.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -39,14 +38,6 @@ except ImportError:  # not built: the reference runs alone
     pass
 
 
-@contextlib.contextmanager
-def _kernels(impl: ModuleType) -> Iterator[None]:
-    saved = (kernels.split, kernels.match, kernels.keep)
-    kernels.split, kernels.match, kernels.keep = impl.split, impl.match, impl.keep
-    try:
-        yield
-    finally:
-        kernels.split, kernels.match, kernels.keep = saved
 
 
 def _plan(control: int) -> RangePlan:
@@ -150,7 +141,7 @@ def one_input(data: bytes) -> None:
     blob = choices.rest()
     outcomes = []
     for impl in IMPLEMENTATIONS:
-        with _kernels(impl):
+        with kernels.using(impl):
             outcomes.append(_runs(blob, plan, verify, codec))
     for other in outcomes[1:]:
         for name, ours, theirs in zip(("split_records", "match_offsets", "filter_by_offsets",

@@ -7,7 +7,6 @@ with both kernel implementations (pure Python and, when built, the C accelerator
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 
@@ -29,20 +28,6 @@ from proxy.testing.batches import Rec, control_batch, kafka_python_batch, legacy
 # KEYRANGE_FUZZ_SCALE=20 runs twenty times the examples, for a deeper local run.
 SCALE = int(os.environ.get("KEYRANGE_FUZZ_SCALE", "1"))
 IMPLS = ["python"] + (["c"] if kernels.ACCELERATED else [])
-
-
-@contextlib.contextmanager
-def use_kernels(name: str):
-    """Route proxy.records.split through one kernel implementation."""
-    impl = _kernels_py
-    if name == "c":
-        from proxy.records import _ckernels as impl  # type: ignore[no-redef]
-    saved = (kernels.split, kernels.match, kernels.keep)
-    kernels.split, kernels.match, kernels.keep = impl.split, impl.match, impl.keep
-    try:
-        yield
-    finally:
-        kernels.split, kernels.match, kernels.keep = saved
 
 
 # ---------------------------------------------------------------- generated logs
@@ -138,7 +123,7 @@ def test_split_routes_every_record_to_exactly_its_sets(impl, log, sets, out_code
         for sub in ([("pass", bytes(x.data)) for x in iter_batches(e[1])] if e[0] == "pass" else [e])
     ]
     plan = RangePlan(sets)
-    with use_kernels(impl):
+    with kernels.using(impl):
         result = split_records(blob, plan, codec=out_codec)
         matched = match_offsets(blob, plan)
     assert len(result.outputs) == len(sets)
@@ -172,7 +157,7 @@ def test_split_routes_every_record_to_exactly_its_sets(impl, log, sets, out_code
         assert (stats.records_kept, stats.records_dropped) == (kept, dropped)
         assert stats.bytes_out == len(result.outputs[k].records)
         assert matched.offsets[k] == expected_offsets
-        with use_kernels(impl):
+        with kernels.using(impl):
             again = filter_by_offsets(blob, matched.offsets[k], codec=out_codec)
         assert again.records == result.outputs[k].records
 
@@ -189,7 +174,7 @@ def test_offsets_matched_on_an_earlier_shorter_read_lose_nothing_of_a_longer_one
     cut = data.draw(st.integers(1, len(entries)), label="batches in the earlier read")
     earlier = b"".join(e[1] for e in entries[:cut])
     plan = RangePlan(sets)
-    with use_kernels(impl):
+    with kernels.using(impl):
         matched = match_offsets(earlier, plan)
         if matched.next_offset is None:
             return
@@ -210,7 +195,7 @@ def test_split_output_is_readable_by_kafka_python(impl) -> None:
     blob = (kafka_python_batch(recs, codec=Codec.LZ4, base_offset=1000)
             + control_batch(base_offset=1100, commit=True)
             + kafka_python_batch(recs, codec=Codec.NONE, base_offset=1101))
-    with use_kernels(impl):
+    with kernels.using(impl):
         result = split_records(blob, RangePlan([[r] for r in equal_shares(4)]))
     total = 0
     for out in result.outputs:
@@ -228,7 +213,7 @@ def test_split_output_is_readable_by_kafka_python(impl) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 def test_full_range_set_gets_source_batches_unchanged(impl) -> None:
     blob = kafka_python_batch([Rec(i, b"k%d" % i, b"v") for i in range(10)], codec=Codec.GZIP)
-    with use_kernels(impl):
+    with kernels.using(impl):
         result = split_records(blob, RangePlan([None, [], [KeyRange(0, HASH_MAX)], [KeyRange(0, 10)]]))
     assert [o.records == blob for o in result.outputs] == [True, True, True, False]
 
@@ -284,7 +269,7 @@ def _mutate(blob: bytes, muts, cut: int | None, fix_crc: bool) -> bytes:
 def test_mutated_input_raises_only_protocol_error(impl, muts, cut, fix_crc) -> None:
     blob = _mutate(_valid_blob(), muts, cut, fix_crc)
     plan = RangePlan([[r] for r in equal_shares(3)])
-    with use_kernels(impl):
+    with kernels.using(impl):
         for run in (
             lambda: split_records(blob, plan, max_decompressed_bytes=1 << 20),
             lambda: split_records(blob, plan, verify_crc=False, max_decompressed_bytes=1 << 20),
@@ -331,7 +316,7 @@ def test_errors_carry_blob_offsets(impl) -> None:
     bad = bytearray(good)
     bad[61] = 0x7F  # first record's length varint now claims more than the batch holds
     struct.pack_into(">I", bad, 17, compute_crc(bad))
-    with use_kernels(impl), pytest.raises(ProtocolError) as info:
+    with kernels.using(impl), pytest.raises(ProtocolError) as info:
         split_records(good + bytes(bad), RangePlan([[KeyRange(0, 5)]]))
     assert info.value.offset == len(good) + 61
 
