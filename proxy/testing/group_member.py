@@ -21,14 +21,20 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import trio
 
 from proxy.client import Consumer, RebalanceListener, RetriableError
 from proxy.client.group import describe
+
+_REPO = Path(__file__).resolve().parents[2]
 
 
 class _Events:
@@ -198,3 +204,86 @@ def order_violations(events: list[Event], ends: dict[int, int], killed: set[str]
                                 f"offset {oi} of its key finished")
                 break
     return problems
+
+
+class MemberProcesses:
+    """Member processes of one group, for the tests that SIGKILL them: started with
+    ``options`` (more of this module's flags), killed or stopped by name, their event files
+    read back; whatever still runs at the end is killed by its PID (``close``)."""
+
+    def __init__(self, tmp: Path, bootstrap: str, group: str, topic: str, options: Sequence[str] = ()) -> None:
+        self.tmp, self.bootstrap, self.group, self.topic = tmp, bootstrap, group, topic
+        self.options = list(options)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.killed: dict[str, float] = {}  # name -> time.monotonic() once it is dead
+
+    def events_path(self, name: str) -> str:
+        return str(self.tmp / f"{name}.events")
+
+    def stop_path(self, name: str) -> Path:
+        return self.tmp / f"{name}.stop"
+
+    def start(self, name: str, seed: int) -> None:
+        with open(self.tmp / f"{name}.log", "wb") as out:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "proxy.testing.group_member", "--bootstrap", self.bootstrap,
+                 "--group", self.group, "--topic", self.topic, "--name", name, "--events", self.events_path(name),
+                 "--stop", str(self.stop_path(name)), "--seed", str(seed), *self.options],
+                cwd=_REPO, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        self.killed[name] = time.monotonic()
+
+    def leave(self, name: str) -> None:
+        """Ask ``name`` to commit and leave, and wait for it to exit cleanly."""
+        self.stop_path(name).touch()
+        assert self.procs[name].wait(60) == 0, self.log_tail(name)
+
+    def stop_all(self, timeout: float = 60.0) -> None:
+        """``leave`` for every live member at once, within ``timeout`` in all."""
+        running = self.alive()
+        for name in running:
+            self.stop_path(name).touch()
+        deadline = time.monotonic() + timeout
+        for name in running:
+            code = self.procs[name].wait(max(0.1, deadline - time.monotonic()))
+            assert code == 0, f"{name} exited with {code}:\n{self.log_tail(name)}"
+
+    def alive(self) -> list[str]:
+        return [name for name, proc in self.procs.items() if proc.poll() is None]
+
+    def events(self) -> list[Event]:
+        return read_events([self.events_path(name) for name in self.procs])
+
+    def finished(self) -> int:
+        return finished_count(self.events())
+
+    def handed_out(self) -> dict[str, int]:
+        """Records handed out so far, per member."""
+        counts = dict.fromkeys(self.procs, 0)
+        for event in self.events():
+            if event.kind == "H":
+                counts[event.member] += 1
+        return counts
+
+    def in_flight(self, name: str) -> int:
+        """Records ``name`` was handed and has not finished processing (by its event file)."""
+        events = read_events([self.events_path(name)])
+        return sum(e.kind == "H" for e in events) - sum(e.kind == "F" for e in events)
+
+    def log_tail(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def check_running(self) -> None:
+        for name, proc in self.procs.items():
+            if name not in self.killed and proc.poll() not in (None, 0):
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)

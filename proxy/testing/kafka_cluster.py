@@ -393,6 +393,19 @@ def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
     )
 
 
+def terminate(process: subprocess.Popen[Any], timeout: float) -> int:
+    """SIGTERM ``process`` (it may drain), SIGKILL it past ``timeout``; its exit code."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 # --------------------------------------------------------------------------------------
 # Ports and the readiness probe
 

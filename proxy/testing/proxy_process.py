@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from proxy.testing.kafka_cluster import terminate
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -106,14 +108,7 @@ class ProxyProcess:
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (the proxy drains), then SIGKILL past ``timeout``. Returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return terminate(self.process, timeout)
 
     def kill(self) -> None:
         if self.process.poll() is None:

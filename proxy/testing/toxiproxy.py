@@ -37,7 +37,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -50,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.testing.kafka_cluster import cache_root, spawn
+from proxy.testing.kafka_cluster import cache_root, spawn, terminate
 
 __all__ = [
     "VERSION",
@@ -330,15 +329,7 @@ class ToxiproxyServer:
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL past ``timeout``; returns the exit code."""
         _running.discard(self)
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return terminate(self.process, timeout)
 
     def log_text(self) -> str:
         try:

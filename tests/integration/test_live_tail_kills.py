@@ -24,18 +24,14 @@ from __future__ import annotations
 import logging
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import trio
 
 from proxy.testing.commit_client import CommitClient
-from proxy.testing.group_member import Event, order_violations, read_events
+from proxy.testing.group_member import Event, MemberProcesses, order_violations
 from proxy.testing.history import History, Verdict
 from proxy.testing.live import LiveProducer
 from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
@@ -46,7 +42,6 @@ from tests.integration.test_live_tail_faults import Members, _wait, member
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
 MEMBERS = 4
 PARTITIONS = 3  # fewer than members: the assignor splits partitions into key ranges
 SETTLE_TIMEOUT = 20.0
@@ -237,74 +232,6 @@ DELAY_MAX_MS = 10  # per record processed: a poll's records take long enough for
 SESSION_TIMEOUT_MS = 6000  # the broker's minimum: a killed member's ranges wait this long for a new owner
 
 
-class MemberProcesses:
-    """Group members in processes of their own; whatever is still running at the end is
-    killed by its PID."""
-
-    def __init__(self, tmp: Path, bootstrap: str, group: str, topic: str) -> None:
-        self.tmp, self.bootstrap, self.group, self.topic = tmp, bootstrap, group, topic
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.killed: dict[str, float] = {}  # name -> time.monotonic() once it is dead
-
-    def events_path(self, name: str) -> str:
-        return str(self.tmp / f"{name}.events")
-
-    def start(self, name: str, seed: int) -> None:
-        with open(self.tmp / f"{name}.log", "wb") as out:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "proxy.testing.group_member", "--bootstrap", self.bootstrap,
-                 "--group", self.group, "--topic", self.topic, "--name", name, "--events", self.events_path(name),
-                 "--stop", str(self.tmp / f"{name}.stop"), "--seed", str(seed), "--delay-max-ms", str(DELAY_MAX_MS),
-                 "--max-poll-records", "50", "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
-                 "--heartbeat-interval-ms", "500", "--max-poll-interval-ms", "30000"],
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-
-    def kill(self, name: str) -> None:
-        proc = self.procs[name]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        self.killed[name] = time.monotonic()
-
-    def stop_all(self, timeout: float = 60.0) -> None:
-        """Ask every live member to commit and leave, and wait for it to exit cleanly."""
-        running = [name for name, proc in self.procs.items() if proc.poll() is None]
-        for name in running:
-            (self.tmp / f"{name}.stop").touch()
-        deadline = time.monotonic() + timeout
-        for name in running:
-            code = self.procs[name].wait(max(0.1, deadline - time.monotonic()))
-            assert code == 0, f"{name} exited with {code}:\n{self.log_tail(name)}"
-
-    def events(self) -> list[Event]:
-        return read_events([self.events_path(name) for name in self.procs])
-
-    def handed_out(self) -> dict[str, int]:
-        counts = dict.fromkeys(self.procs, 0)
-        for event in self.events():
-            if event.kind == "H":
-                counts[event.member] += 1
-        return counts
-
-    def in_flight(self, name: str) -> int:
-        """Records ``name`` was handed and has not finished processing (by its event file)."""
-        events = read_events([self.events_path(name)])
-        return sum(e.kind == "H" for e in events) - sum(e.kind == "F" for e in events)
-
-    def log_tail(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
-
-    def check_running(self) -> None:
-        for name, proc in self.procs.items():
-            if name not in self.killed and proc.poll() not in (None, 0):
-                raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-
-
 def _history_of(events: list[Event], topic: str, history: History) -> None:
     """Replay the members' hand-outs, on their shared monotonic clock, into ``history``.
 
@@ -341,7 +268,9 @@ def test_group_members_hand_out_every_record_written_while_members_are_killed(ka
     history = History()
     producer = LiveProducer(kafka.bootstrap_servers, topic, history, records=MEMBER_RECORDS,
                             seconds=MEMBER_SECONDS, seed=seed)
-    members = MemberProcesses(tmp_path, proxy.bootstrap_servers, group, topic)
+    members = MemberProcesses(tmp_path, proxy.bootstrap_servers, group, topic, options=[
+        "--delay-max-ms", str(DELAY_MAX_MS), "--max-poll-records", "50", "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
+        "--heartbeat-interval-ms", "500", "--max-poll-interval-ms", "30000"])
     names = [f"m{i}" for i in range(MEMBERS)]
     timeline: list[str] = []
     began = time.monotonic()

@@ -23,7 +23,7 @@ from proxy.server.connection import ClientConnection
 from proxy.server.metrics import ProxyMetrics
 from proxy.virtual import rewrite
 from proxy.virtual.feature import VirtualTopicsFeature
-from proxy.virtual.names import VirtualNames
+from tests.unit.test_virtual_core import _Resolver
 
 EARLIEST, LATEST = -2, -1
 LOG_START, HIGH_WATERMARK = 100, 5000
@@ -33,22 +33,6 @@ LIST_RESPONSE = messages.body_class(ApiKey.LIST_OFFSETS, "response")
 EPOCH = messages.body_class(ApiKey.OFFSET_FOR_LEADER_EPOCH, "request")
 EPOCH_RESPONSE = messages.body_class(ApiKey.OFFSET_FOR_LEADER_EPOCH, "response")
 EPOCH_ENDS = {5: 2000, 3: 800}  # the new leader's log: epoch 3 ended at 800 (records after it were lost)
-
-
-class _Resolver:
-    names = VirtualNames()
-
-    def virtual(self, name):
-        return self.names.parse(name)
-
-    def refusal(self, name):
-        return self.names.out_of_bounds(name)
-
-    def by_id(self, topic_id):
-        return None
-
-    def real_id(self, real):
-        return None
 
 
 def _offset_of(timestamp: int, partition: int) -> int:
