@@ -41,7 +41,7 @@ toxiproxy: $(STAMP)
 # ruff (style, imports, likely bugs) and mypy (types) over the code; before the suite, so a
 # slip fails in seconds rather than after it.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check proxy tests benchmarks
+	$(VENV)/bin/ruff check proxy tests benchmarks fuzz chaos
 	$(VENV)/bin/mypy
 
 test: venv jars toxiproxy lint
@@ -64,6 +64,15 @@ FUZZ_RUNS ?= 1000000
 fuzz: venv
 	$(PY) -m pip install --quiet -e '.[fuzz]'
 	$(PY) -m fuzz all --runs $(FUZZ_RUNS)
+
+# The chaos matrix (python -m chaos): every workload under every fault, with live production,
+# on a three-node cluster with a sidecar proxy per broker; writes
+# benchmarks/results/reliability.json and docs/reliability.md. Its smoke (chaos.matrix.SMOKE)
+# is part of `make test`. CHAOS_ARGS: cell globs or --seed N, e.g. CHAOS_ARGS='group-*:* --seed 7'.
+CHAOS_ARGS ?=
+.PHONY: chaos
+chaos: venv jars toxiproxy
+	$(PY) -m chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -3,7 +3,9 @@
     python -m proxy.testing.group_member --bootstrap HOST:PORT --group G --topic T \
         --name m1 --events /tmp/m1.events --stop /tmp/stop
 
-It subscribes, processes each record for a random time (``--delay-max-ms``), marks it
+It subscribes (or, with ``--assign``, takes partitions itself: ``share/of`` for share
+``share`` of ``of`` equal key ranges of every partition, or ``whole`` for every partition
+whole; commits then go to ``--group`` without membership), processes each record for a random time (``--delay-max-ms``), marks it
 processed and commits after every poll, and appends one line per event to ``--events``:
 
     H <name> <partition> <offset> <key-hex> <time>   handed out by poll
@@ -31,7 +33,7 @@ from typing import Any, NamedTuple
 
 import trio
 
-from proxy.client import Consumer, RebalanceListener, RetriableError
+from proxy.client import Consumer, RebalanceListener, RetriableError, TopicPartition, equal_shares
 from proxy.client.group import describe
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -71,19 +73,23 @@ class _Listener(RebalanceListener):
 async def run(args: argparse.Namespace) -> None:
     events = _Events(args.events, args.name)
     rng = random.Random(args.seed)
-    settings = dict(group_id=args.group, client_id=args.name, allow_individual_commit=True,
+    settings = dict(group_id=args.group, client_id=args.name, allow_individual_commit=not args.standard_commits,
                     auto_offset_reset="earliest", max_poll_records=args.max_poll_records,
                     heartbeat_interval_ms=args.heartbeat_interval_ms, session_timeout_ms=args.session_timeout_ms,
                     max_poll_interval_ms=args.max_poll_interval_ms)
     async with Consumer(args.bootstrap, **settings) as consumer:
-        consumer.subscribe([args.topic], _Listener(events))
+        if args.assign is None:
+            consumer.subscribe([args.topic], _Listener(events))
+        else:
+            consumer.assign(_assignment(args.topic, args.partitions, args.assign))
         while not os.path.exists(args.stop):
             records = await consumer.poll(0.2)
             events.records("H", records)
             for record in records:
                 await trio.sleep(rng.random() * args.delay_max_ms / 1000)
                 events.records("F", [record])
-                consumer.mark_processed(record)
+                if not args.standard_commits:
+                    consumer.mark_processed(record)
             await _commit(consumer)
         with trio.fail_after(30):
             while True:
@@ -92,6 +98,17 @@ async def run(args: argparse.Namespace) -> None:
                     break
                 except RetriableError:
                     await trio.sleep(0.1)
+
+
+def _assignment(topic: str, partitions: int, spec: str) -> dict[TopicPartition, list]:
+    """``whole`` or ``share/of`` (see the module docstring) over ``partitions`` partitions."""
+    if spec == "whole":
+        return {TopicPartition(topic, p): [] for p in range(partitions)}
+    share, _, of = spec.partition("/")
+    if not (share.isdigit() and of.isdigit() and 0 <= int(share) < int(of)):
+        raise SystemExit(f"--assign: expected 'whole' or 'share/of' with 0 <= share < of, got {spec!r}")
+    key_range = equal_shares(int(of))[int(share)]
+    return {TopicPartition(topic, p): [key_range] for p in range(partitions)}
 
 
 async def _commit(consumer: Consumer) -> None:
@@ -110,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", required=True)
     parser.add_argument("--stop", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--assign", help="'whole' or 'share/of': assign instead of subscribing")
+    parser.add_argument("--partitions", type=int, default=1, help="with --assign: the topic's partition count")
+    parser.add_argument("--standard-commits", action="store_true",
+                        help="commit the standard offset only (no individual commit)")
     parser.add_argument("--delay-max-ms", type=float, default=4.0)
     parser.add_argument("--max-poll-records", type=int, default=10)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=500)
@@ -211,9 +232,11 @@ class MemberProcesses:
     ``options`` (more of this module's flags), killed or stopped by name, their event files
     read back; whatever still runs at the end is killed by its PID (``close``)."""
 
-    def __init__(self, tmp: Path, bootstrap: str, group: str, topic: str, options: Sequence[str] = ()) -> None:
+    def __init__(self, tmp: Path, bootstrap: str, group: str, topic: str, options: Sequence[str] = (),
+                 module: str = "proxy.testing.group_member") -> None:
         self.tmp, self.bootstrap, self.group, self.topic = tmp, bootstrap, group, topic
         self.options = list(options)
+        self.module = module  # the member program: this module, or proxy.testing.rdkafka_member
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.killed: dict[str, float] = {}  # name -> time.monotonic() once it is dead
 
@@ -223,12 +246,13 @@ class MemberProcesses:
     def stop_path(self, name: str) -> Path:
         return self.tmp / f"{name}.stop"
 
-    def start(self, name: str, seed: int) -> None:
+    def start(self, name: str, seed: int, options: Sequence[str] = ()) -> None:
+        """Start member ``name``; ``options`` are flags of its own, after the fleet's."""
         with open(self.tmp / f"{name}.log", "wb") as out:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "proxy.testing.group_member", "--bootstrap", self.bootstrap,
+                [sys.executable, "-m", self.module, "--bootstrap", self.bootstrap,
                  "--group", self.group, "--topic", self.topic, "--name", name, "--events", self.events_path(name),
-                 "--stop", str(self.stop_path(name)), "--seed", str(seed), *self.options],
+                 "--stop", str(self.stop_path(name)), "--seed", str(seed), *self.options, *options],
                 cwd=_REPO, stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self, name: str) -> None:

@@ -1,0 +1,71 @@
+"""``python -m chaos``: the chaos matrix (``make chaos``), or a part of it.
+
+    python -m chaos                      # every cell; writes benchmarks/results/reliability.json
+    python -m chaos --smoke              # the few cells `make test` runs
+    python -m chaos 'group-*:*kill'      # cells matching workload:fault globs
+    python -m chaos --seed 7             # another seeded schedule (the default replays the last)
+    python -m chaos --list
+    python -m chaos --report             # only regenerate docs/reliability.md from the JSON
+
+Each cell's result replaces that cell's entry in ``benchmarks/results/reliability.json``
+(other cells stay), then ``docs/reliability.md`` is written from the JSON. Exit status 1 if
+any cell run now failed its goals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from chaos import matrix, report
+from chaos.env import ChaosEnv
+from chaos.runner import run_cell
+
+DEFAULT_SEED = 20261125
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description="Run the chaos matrix.")
+    parser.add_argument("cells", nargs="*", help="workload:fault globs (default: every cell)")
+    parser.add_argument("--smoke", action="store_true", help="only the smoke cells")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--records", type=int, default=3000, help="records written per cell")
+    parser.add_argument("--seconds", type=float, default=20.0, help="seconds the producer writes per cell")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--report", action="store_true", help="only regenerate docs/reliability.md")
+    parser.add_argument("--no-save", action="store_true", help="do not write the JSON or the page")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    matrix.load_optional()
+    if args.report:
+        report.write_page()
+        return 0
+    cells = matrix.SMOKE if args.smoke else matrix.select(args.cells)
+    if args.list:
+        for workload, fault in cells:
+            print(f"{workload}:{fault}")
+        return 0
+    if not cells:
+        parser.error(f"no cell matches {args.cells}; see --list")
+    command = "python -m chaos " + " ".join(argv if argv is not None else sys.argv[1:])
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="keyrange-chaos-") as tmp, ChaosEnv(Path(tmp), args.seed) as env:
+        for i, (workload, fault) in enumerate(cells, 1):
+            began = time.monotonic()
+            result = run_cell(env, workload, fault, args.seed, records=args.records, seconds=args.seconds,
+                              workdir=Path(tmp))
+            failed += not result["ok"]
+            print(report.one_line(result) + f"  [{i}/{len(cells)}, {time.monotonic() - began:.0f} s]", flush=True)
+            if not args.no_save:
+                report.save_cell(result, command)
+    if not args.no_save:
+        report.write_page()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
