@@ -4,7 +4,9 @@ Three KRaft nodes on loopback (replication 3, ``min.insync.replicas`` 2, so one 
 without losing an acknowledged record), one proxy per broker as a sidecar (the shape that
 scales with Kafka), and a Toxiproxy link in front of each sidecar: every address a client
 learns (bootstrap, Metadata, FindCoordinator) is a link, so network faults reach every
-connection a consumer makes. Producers write straight to the brokers (acks=all,
+connection a consumer makes. On a cluster of its own, the sidecars reach the brokers
+through links too (the brokers advertise them on a listener of their own), so faults can
+also strike between the proxy and the brokers. Producers write straight to the brokers (acks=all,
 idempotent): their acknowledgements are the truth the consumers are held to, whatever
 dies on the consumers' side.
 
@@ -29,6 +31,7 @@ from proxy.testing.toxiproxy import Proxy, ToxiproxyServer
 log = logging.getLogger("chaos")
 
 NODES = 3
+RELAYED = "RELAYED"  # the brokers' listener behind the sidecar -> broker links
 PROXY_SETTINGS = {
     "topology": "sidecar",
     "virtual.topics.enabled": "true",
@@ -44,21 +47,32 @@ class ChaosEnv:
         self.cluster: KafkaCluster | None = cluster
         self._owns_cluster = cluster is None
         self.toxiproxy: ToxiproxyServer | None = None
-        self.links: dict[int, Proxy] = {}
+        self.links: dict[int, Proxy] = {}  # client -> sidecar, per node
+        self.broker_links: dict[int, Proxy] = {}  # sidecar -> broker, per node (a cluster of our own only)
         self.sidecars: dict[int, ProxyProcess] = {}
         self.sidecar_ports: dict[int, int] = {}
-        self.paused: set[int] = set()
+        self.paused: set[int] = set()  # sidecars stopped by SIGSTOP
+        self.paused_brokers: set[int] = set()
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> ChaosEnv:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.toxiproxy = ToxiproxyServer.start(workdir=self.workdir / "toxiproxy", seed=self.seed)
         if self.cluster is None:
-            self.cluster = KafkaCluster.start(NODES, workdir=self.workdir / "kafka",
-                                              broker_properties={"min.insync.replicas": "2"})
+            # The brokers advertise, on a listener of their own, a link per broker: the
+            # sidecars bootstrap there, so every connection they make to a broker crosses a link.
+            for node_id in range(1, NODES + 1):
+                self.broker_links[node_id] = self.toxiproxy.create_proxy(f"broker-{node_id}",
+                                                                         upstream=("127.0.0.1", 9))
+            self.cluster = KafkaCluster.start(
+                NODES, workdir=self.workdir / "kafka", broker_properties={"min.insync.replicas": "2"},
+                extra_listeners={RELAYED: "PLAINTEXT"},
+                advertised_ports={RELAYED: {n: link.listen[1] for n, link in self.broker_links.items()}})
+            for node in self.cluster.nodes:
+                self.broker_links[node.node_id].set_upstream(("127.0.0.1", node.listener_ports[RELAYED]))
         elif len(self.cluster.nodes) != NODES:
             raise ValueError(f"the chaos deployment needs {NODES} nodes, the cluster given has "
                              f"{len(self.cluster.nodes)}")
-        self.toxiproxy = ToxiproxyServer.start(workdir=self.workdir / "toxiproxy", seed=self.seed)
         for node in self.cluster.nodes:
             self.links[node.node_id] = self.toxiproxy.create_proxy(f"sidecar-{node.node_id}", upstream=("127.0.0.1", 9))
         for node in self.cluster.nodes:
@@ -69,6 +83,8 @@ class ChaosEnv:
     def close(self) -> None:
         for node_id in list(self.paused):
             self.resume_sidecar(node_id)
+        for node_id in list(self.paused_brokers):
+            self.resume_broker(node_id)
         for sidecar in self.sidecars.values():
             with contextlib.suppress(Exception):
                 sidecar.stop(timeout=10)
@@ -104,12 +120,14 @@ class ChaosEnv:
     # -- sidecars ------------------------------------------------------------------------
     def _start_sidecar(self, node_id: int, listen_port: int) -> ProxyProcess:
         node = self.kafka.node(node_id)
+        upstream = (f"127.0.0.1:{self.broker_links[node_id].listen[1]}" if node_id in self.broker_links
+                    else f"127.0.0.1:{node.port}")
         mapping = ",".join(f"{n}@{link.address}" for n, link in sorted(self.links.items()))
         settings = {**PROXY_SETTINGS, "sidecar.node.addresses": mapping}
         last: Exception | None = None
         for _ in range(10):
             try:
-                sidecar = ProxyProcess.start(f"127.0.0.1:{node.port}", overrides=settings,
+                sidecar = ProxyProcess.start(upstream, overrides=settings,
                                              workdir=self.workdir / f"sidecar-{node_id}", listen_port=listen_port)
                 break
             except ProxyStartError as exc:  # the old listener's port may still be held for a moment
@@ -130,6 +148,19 @@ class ChaosEnv:
     def pause_sidecar(self, node_id: int) -> None:
         os.kill(self.sidecars[node_id].pid, signal.SIGSTOP)
         self.paused.add(node_id)
+
+    def pause_broker(self, node_id: int) -> None:
+        process = self.kafka.node(node_id).process
+        assert process is not None
+        os.kill(process.pid, signal.SIGSTOP)
+        self.paused_brokers.add(node_id)
+
+    def resume_broker(self, node_id: int) -> None:
+        process = self.kafka.node(node_id).process
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+        self.paused_brokers.discard(node_id)
 
     def resume_sidecar(self, node_id: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -164,6 +195,8 @@ class ChaosEnv:
         self.toxiproxy.reset()
         for node_id in list(self.paused):
             self.resume_sidecar(node_id)
+        for node_id in list(self.paused_brokers):
+            self.resume_broker(node_id)
         stopped = [node for node in self.kafka.nodes if not node.is_running]
         for node in stopped:
             self.kafka.start_node(node.node_id, wait=False)

@@ -128,10 +128,36 @@ def network(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Ran
             until: float) -> list[Action]:
     """On every client -> sidecar link, in a seeded order: latency with jitter, connection
     resets, a blackhole longer than a request timeout, a refused port, a slow link."""
+    return _toxics(list(env.links.values()), "clients", rng, until)
+
+
+def network_broker(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Random,
+                   until: float) -> list[Action]:
+    """The same faults between the sidecars and the brokers (the producer, writing straight
+    to the brokers, and replication are not touched)."""
+    if not env.broker_links:
+        raise RuntimeError("network-broker needs the sidecar -> broker links of a cluster the chaos env started")
+    return _toxics(list(env.broker_links.values()), "brokers", rng, until)
+
+
+def broker_pause(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Random,
+                 until: float) -> list[Action]:
+    """SIGSTOP of partition 0's leader for 3-9 s (past the broker session timeout of 6 s at
+    the long end: the controller fences it and moves leadership), then SIGCONT."""
+    if not _pause(rng.uniform(2.0, 4.0), until):
+        return []
+    node = env.leader_of(ctx.topic, 0)
+    began = time.monotonic()
+    env.pause_broker(node)
+    time.sleep(rng.uniform(3.0, 9.0))
+    env.resume_broker(node)
+    return [Action("broker-pause", f"broker-{node}", began, time.monotonic())]
+
+
+def _toxics(links: list, where: str, rng: random.Random, until: float) -> list[Action]:
     actions = []
     kinds = list(NETWORK)
     rng.shuffle(kinds)
-    links = list(env.links.values())
     for kind in kinds:
         if not _pause(rng.uniform(0.5, 1.5), until):
             break
@@ -164,7 +190,7 @@ def network(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Ran
             time.sleep(seconds)  # the fault's duration
             for toxic in placed:
                 toxic.remove()
-        actions.append(Action(f"network-{kind}", "all links", began, time.monotonic(), detail))
+        actions.append(Action(f"network-{kind}", f"links to the {where}", began, time.monotonic(), detail))
     return actions
 
 
@@ -175,6 +201,8 @@ FAULTS: dict[str, Fault] = {
     "broker-kill": broker_kill,
     "leader-kill": leader_kill,
     "coordinator-kill": coordinator_kill,
+    "broker-pause": broker_pause,
     "member-kill": member_kill,
     "network": network,
+    "network-broker": network_broker,
 }

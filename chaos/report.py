@@ -50,6 +50,12 @@ def one_line(result: dict) -> str:
         return f"FAIL {cell}: {result['error']}"
     status = "ok  " if result["ok"] else "FAIL"
     redelivered = ", ".join(f"{k} {v}" for k, v in sorted(result.get("redelivered", {}).items())) or "0"
+    if "exact" in result:
+        exact = result["exact"]
+        return (f"{status} {cell}: {result['acknowledged']} acknowledged, output "
+                f"{'exact' if exact['exact'] else 'NOT exact'} ({exact['records_counted']} counted of "
+                f"{exact['records_expected']}, {exact['under']} keys short, {exact['over']} over), committed "
+                f"behind {len(result['committed_behind'])}")
     return (f"{status} {cell}: {result['acknowledged']} acknowledged, {result['lost']} lost, re-delivered "
             f"{redelivered}, order {result['order_violations']} (+{result['order_after_redelivery']} after "
             f"re-delivery), committed behind {len(result['committed_behind'])}, recovery max "
@@ -118,6 +124,13 @@ def _chaos_section(cells: dict) -> list[str]:
         if "error" in c:
             out.append(f"| {c['workload']} | {c['fault']} | | | | | | | harness error: "
                        f"{c['error'][:80].replace('|', '/')} |")
+            continue
+        if "exact" in c:
+            e = c["exact"]
+            committed = "yes" if not c.get("committed_behind") else f"no ({len(c['committed_behind'])} behind)"
+            out.append(f"| {c['workload']} | {c['fault']} | {c['acknowledged']} | {e['under']} keys short | "
+                       f"{e['over']} keys over (exactly-once) | n/a | | {committed} | "
+                       f"{'ok, output exact' if c['ok'] else '**FAIL**'} |")
             continue
         r = c.get("redelivered", {})
         redelivered = f"{r.get('member_killed', 0)} / {r.get('member_lost', 0)} / {r.get('other', 0)}"

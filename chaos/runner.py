@@ -14,6 +14,7 @@ import logging
 import random
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 from chaos.env import ChaosEnv
@@ -92,6 +93,15 @@ def run_cell(env: ChaosEnv, workload_name: str, fault_name: str, seed: int, *, r
         verdict = judge(acked, outcome.handed, killed=outcome.killed, lost_members=outcome.lost_members,
                         keyed_order=workload.keyed_order, committed=committed,
                         log_end=log_end if workload.commits else None, heals=[a.healed for a in actions])
+        if workload.exactly_once:
+            # judged by the output: nothing is handed out record by record
+            exact = workload.exact(Counter(a.key for a in history.acks if a.key is not None))
+            verdict.lost = []
+            verdict.recovery = []
+            result["exact"] = exact
+            if not exact["exact"]:
+                outcome.notes.append(f"output not exact: {exact['under']} keys counted short, {exact['over']} "
+                                     f"counted twice, e.g. {exact['examples']}")
         result.update(verdict.as_dict())
         result["delivered_in_time"] = delivered
         result["producer_failed"] = producer.failed

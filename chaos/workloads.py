@@ -11,6 +11,7 @@ group's committed offsets must reach the log end (``commits``).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,12 @@ class Workload:
     commits = True  # the group's committed offsets must reach the log end
     partitions = 2
     shares: int | None = None  # K when the members read the virtual topic <topic>.krK
+    exactly_once = False  # judged by its output (``exact``), not by hand-outs
+
+    def exact(self, acked_keys: Counter[bytes]) -> dict:
+        """For an exactly-once workload: its output against the acknowledged records per key,
+        with at least ``exact`` (bool), ``under`` and ``over`` (keys counted short or twice)."""
+        raise NotImplementedError
 
     def start(self, ctx: CellContext) -> None:
         raise NotImplementedError

@@ -21,7 +21,7 @@ from proxy.testing.kafka_cluster import KafkaHarnessError, cache_root, find_java
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "benchmarks" / "java"
 OUTPUT = ROOT / "build" / "bench-java"
-MODULES = ("bench-share", "bench-parallel", "bench-kroxylicious")
+MODULES = ("bench-share", "bench-parallel", "bench-kroxylicious", "bench-streams")
 JVM_OPTIONS = ("-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-Djava.awt.headless=true")
 
 
