@@ -51,6 +51,7 @@ from proxy.readahead.feature import ReadAheadFeature
 from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
+from proxy.server.limits import LogThrottle
 from proxy.server.metrics import ProxyMetrics, serve_metrics
 from proxy.virtual.feature import VirtualTopicsFeature
 
@@ -59,6 +60,8 @@ log = logging.getLogger("proxy.server")
 METADATA_VERSION = 12  # every Kafka 4.x broker speaks it; it carries topic ids
 _RETRY_FIRST = 0.25  # seconds before the second try to reach the cluster; doubles up to _RETRY_MAX
 _RETRY_MAX = 10.0
+_TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds, or less when connections.setup.timeout.ms ends sooner
+_CROWD_LOG_INTERVAL = 10.0  # seconds between two log lines about refusals, or about setup timeouts
 
 
 class StartupError(Exception):
@@ -102,6 +105,9 @@ class ProxyServer:
         )
         self.chain = FeatureChain(self._features())
         self.connections: set[ClientConnection] = set()
+        self._handshaking = 0  # TLS connections accepted, in their handshake: they count towards max.connections
+        self._refusals = LogThrottle(_CROWD_LOG_INTERVAL)
+        self._setup_timeouts = LogThrottle(_CROWD_LOG_INTERVAL)
         self.node_ports: dict[int, int] = {}
         self.metrics_port: int | None = None
         self._listener_nursery: trio.Nursery | None = None
@@ -303,22 +309,24 @@ class ProxyServer:
                 self._connection_nursery.start_soon(self._handle, stream, node_id)
 
     async def _handle(self, stream: trio.abc.Stream, node_id: int | None) -> None:
+        accepted_at = trio.current_time()
+        setup_deadline = accepted_at + self.config.get("connections.setup.timeout.ms") / 1000
         peer = _peer_name(stream)
-        if len(self.connections) >= self.config.get("max.connections"):
-            self.metrics.connections_refused.labels("max_connections").inc()
-            log.warning("refusing connection peer=%s reason=max.connections (%s) reached",
-                        peer, self.config.get("max.connections"))
-            await trio.aclose_forcefully(stream)
+        if len(self.connections) + self._handshaking >= self.config.get("max.connections"):
+            await self._refuse(stream, peer)
             return
         if isinstance(stream, trio.SSLStream):
+            self._handshaking += 1
             try:
-                with trio.fail_after(10):
+                with trio.fail_at(min(accepted_at + _TLS_HANDSHAKE_TIMEOUT, setup_deadline)):
                     await stream.do_handshake()
             except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError, OSError) as exc:
                 log.info("TLS handshake failed peer=%s reason=%r", peer, str(exc))
                 self.metrics.errors.labels("tls_handshake").inc()
                 await trio.aclose_forcefully(stream)
                 return
+            finally:
+                self._handshaking -= 1
         tune_socket(stream, self.config.get("socket.send.buffer.bytes"))
         idle_ms = self.config.get("connections.max.idle.ms")
         connection = ClientConnection(
@@ -331,6 +339,8 @@ class ProxyServer:
             max_inflight=self.config.get("max.inflight.requests.per.connection"),
             idle_timeout=idle_ms / 1000 if idle_ms > 0 else math.inf,
             target="bootstrap" if node_id is None else f"node-{node_id}",
+            setup_deadline=setup_deadline,
+            setup_log=self._setup_timeouts,
         )
         self.connections.add(connection)
         self.metrics.connections.inc()
@@ -343,6 +353,16 @@ class ProxyServer:
         finally:
             self.connections.discard(connection)
             self.metrics.connections.dec()
+
+    async def _refuse(self, stream: trio.abc.Stream, peer: str) -> None:
+        """Close a connection beyond max.connections at once: no byte read, none written.
+        Counted every time; logged at once, then at most every _CROWD_LOG_INTERVAL."""
+        self.metrics.connections_refused.labels("max_connections").inc()
+        unlogged = self._refusals.allow(trio.current_time())
+        if unlogged is not None:
+            log.warning("refusing connection peer=%s reason=max.connections (%s) reached refused_unlogged=%s",
+                        peer, self.config.get("max.connections"), unlogged)
+        await trio.aclose_forcefully(stream)
 
     async def _open_upstream(self, node_id: int | None) -> trio.abc.Stream:
         timeout = self.config.get("upstream.connect.timeout.ms") / 1000

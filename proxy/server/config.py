@@ -120,6 +120,9 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
             lambda value: None if value == -1 or value >= 4096
             else "must be -1 (the operating system's default) or at least 4096"),
     Setting("connections.max.idle.ms", _parse_int, 540000, "Close a connection idle this long.", _at_least(1000)),
+    Setting("connections.setup.timeout.ms", _parse_int, 30000,
+            "Close a client connection that has not, this long after it was accepted, delivered its first "
+            "complete request and, if it began SASL authentication first, finished it.", _at_least(1000)),
     Setting("upstream.connect.timeout.ms", _parse_int, 10000, "Deadline to connect to a broker.", _at_least(1)),
     Setting("shutdown.drain.timeout.ms", _parse_int, 30000,
             "On SIGTERM, how long in-flight requests may take to finish.", _at_least(0)),

@@ -13,6 +13,18 @@ its frame".
 
 Bad bytes from the client close this connection only, with one log line naming the peer
 and the reason.
+
+Two clocks bound a connection that does not do its part:
+
+- setup (``setup_deadline``, from ``connections.setup.timeout.ms`` after it was accepted):
+  by then it must have delivered its first complete request and, if it began SASL
+  authentication first, finished it (``proxy.server.limits.ConnectionSetup``). A client
+  trickling its first frame a byte at a time is closed at the deadline like one that
+  sends nothing.
+- idle (``idle_timeout``): closed once no request has begun arriving and no response has
+  left for that long, with nothing in flight. A request whose bytes are still arriving
+  (passed on to the broker while it arrives) does not count as in flight here, so a
+  client trickling the body of a large request is closed too.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from proxy.pipeline.route import OwnRequest
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import peek_correlation_id, peek_request_header
 from proxy.server.exchange import Exchange
+from proxy.server.limits import ConnectionSetup, LogThrottle
 from proxy.server.metrics import ProxyMetrics
 
 log = logging.getLogger("proxy.connection")
@@ -69,6 +82,8 @@ class ClientConnection:
         max_inflight: int,
         idle_timeout: float,
         target: str,
+        setup_deadline: float = math.inf,
+        setup_log: LogThrottle | None = None,
     ) -> None:
         self.id = next(_connection_ids)
         self.peer = peer
@@ -80,6 +95,10 @@ class ClientConnection:
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
         self.idle_timeout = idle_timeout
+        self.setup_deadline = setup_deadline  # on trio's clock; see the module's docstring
+        self.setup = ConnectionSetup()
+        self._setup_closed = False  # counted and logged as a setup timeout
+        self._setup_log = setup_log  # shared by the server's connections; None logs every closure
         self.context = ConnectionContext(self.id, peer, target, send_own=self.send_own,
                                          own_responses=chain.decode_own_response)
         self._unsettled: set[Exchange] = set()  # exchanges whose route must be told they are over
@@ -87,6 +106,8 @@ class ClientConnection:
         self._first_request_scope: trio.CancelScope | None = None
         self._last_activity = trio.current_time()
         self._inflight = 0
+        self._arriving = 0  # 1 while a request is passed on upstream as its bytes arrive
+        self._scope: trio.CancelScope | None = None  # the connection's nursery, once it runs
         self._upstream: FrameStream | None = None
         self._exchanges: trio.MemorySendChannel | None = None
         self._sending = trio.Lock()  # held from queueing an exchange to its frame being sent
@@ -100,7 +121,8 @@ class ClientConnection:
             # The upstream connection opens on the first request, so idle or port-scanning
             # clients cost the brokers nothing.
             first = None
-            with trio.move_on_after(self.idle_timeout) as self._first_request_scope:
+            idle_deadline = self._last_activity + self.idle_timeout
+            with trio.move_on_at(min(self.setup_deadline, idle_deadline)) as self._first_request_scope:
                 try:
                     first = await self.client.receive_frame()
                 except ProtocolError as exc:
@@ -109,6 +131,15 @@ class ClientConnection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
                     return
             if first is None:
+                if self._first_request_scope.cancelled_caught and trio.current_time() >= idle_deadline:
+                    self._closing_idle()
+                elif self._first_request_scope.cancelled_caught and trio.current_time() >= self.setup_deadline:
+                    self._closing_unset_up()
+                return
+            try:
+                self.setup.on_request(peek_request_header(first).api_key)
+            except ProtocolError as exc:  # not a request: no broker connection for it
+                self._log_protocol_error(exc)
                 return
             try:
                 upstream = FrameStream(await self.open_upstream(), self.max_frame_bytes)
@@ -121,10 +152,10 @@ class ClientConnection:
             self._upstream, self._exchanges = upstream, send_exchanges
             async with trio.open_nursery() as nursery:
                 self.context.nursery = nursery
-                scope = nursery.cancel_scope
+                scope = self._scope = nursery.cancel_scope
                 nursery.start_soon(self._guarded, self._read_client(upstream, send_exchanges, first), scope, False)
                 nursery.start_soon(self._guarded, self._write_client(upstream, receive_exchanges, scope), scope)
-                nursery.start_soon(self._watch_idle, scope)
+                nursery.start_soon(self._watch, scope)
         finally:
             self.metrics.inflight_requests -= self._inflight
             self._inflight = 0
@@ -174,6 +205,7 @@ class ClientConnection:
         # bodies spliced from the client's socket into the broker's.
         pass_on_min = _PASS_ON_MIN if upstream.splices else None
         half_sent = False  # between queueing an exchange and the last byte of its request going upstream
+        counted = True  # the first request has been counted towards the setup already (run)
         # Closed without a checkpoint: an error unwinding from here must reach ``_guarded``
         # (and its log line) before the writer, woken by the close, can cancel the connection.
         with exchanges:
@@ -195,6 +227,10 @@ class ClientConnection:
                     else:
                         whole = frame
                         peek = peek_request_header(whole)
+                    if counted:
+                        counted = False
+                    elif not self.setup.past_authentication:
+                        self._set_up_by(peek.api_key, received_at)
                     try:
                         route = await self.chain.route(self.context, peek, partial.head if partial else whole)
                     except ProtocolError:
@@ -239,7 +275,11 @@ class ClientConnection:
                             self._inflight += 1
                             metrics.inflight_requests += 1
                         if partial is not None and route.upstream_frame is partial.head:
-                            await self.client.pass_on(partial, upstream)
+                            self._arriving = 1
+                            try:
+                                await self.client.pass_on(partial, upstream)
+                            finally:
+                                self._arriving = 0
                             metrics.spliced_requests.inc()
                         elif partial is not None and route.upstream_frame is not None:
                             raise AssertionError("a route replaced a request it never saw whole")
@@ -365,15 +405,50 @@ class ClientConnection:
             except Exception:  # noqa: BLE001 - a feature's clean-up must not take the connection down
                 log.exception("settling a request failed conn=%s api_key=%s", self.id, exchange.api_key)
 
-    async def _watch_idle(self, scope: trio.CancelScope) -> None:
-        if not math.isfinite(self.idle_timeout):
-            return
+    async def _watch(self, scope: trio.CancelScope) -> None:
+        """Close the connection at the setup deadline if it has not set up by then, or once
+        it has been idle for ``idle_timeout``; one task for both (it costs every connection)."""
+        setup_pending = math.isfinite(self.setup_deadline) and not self.setup.past_authentication
         while True:
-            deadline = self._last_activity + self.idle_timeout
             now = trio.current_time()
-            if now >= deadline and self._inflight == 0:
-                log.info("closing idle connection conn=%s peer=%s idle_s=%.0f", self.id, self.peer, self.idle_timeout)
+            if setup_pending and now >= self.setup_deadline:
+                if not self.setup.complete:
+                    self._closing_unset_up()
+                    scope.cancel()
+                    return
+                setup_pending = False  # a SASL begun later is caught as it arrives (_set_up_by)
+            idle_deadline = self._last_activity + self.idle_timeout
+            if now >= idle_deadline and self._inflight - self._arriving == 0:
+                self._closing_idle()
                 scope.cancel()
                 return
-            await trio.sleep(max(deadline - now, 1.0))
+            wake = max(idle_deadline, now + 1.0)  # in flight past the deadline: look again each second
+            if setup_pending:
+                wake = min(wake, self.setup_deadline)
+            if not math.isfinite(wake):
+                return
+            await trio.sleep_until(wake)
+
+    def _closing_idle(self) -> None:
+        self.metrics.connections_closed.labels("idle").inc()
+        log.info("closing idle connection conn=%s peer=%s idle_s=%.0f", self.id, self.peer, self.idle_timeout)
+
+    # -- setup ------------------------------------------------------------------------------
+    def _set_up_by(self, api_key: int, now: float) -> None:
+        """One more request while the connection may still be setting up (the reader's)."""
+        self.setup.on_request(api_key)
+        if not self.setup.complete and now >= self.setup_deadline and self._scope is not None:
+            # SASL begun after the deadline, on a connection not yet past authentication.
+            self._closing_unset_up()
+            self._scope.cancel()
+
+    def _closing_unset_up(self) -> None:
+        if self._setup_closed:
+            return
+        self._setup_closed = True
+        self.metrics.connections_closed.labels("setup_timeout").inc()
+        unlogged = 0 if self._setup_log is None else self._setup_log.allow(trio.current_time())
+        if unlogged is not None:  # a crowd of them (a slow-loris attack) is logged a line at a time
+            log.info("closing connection not set up in time conn=%s peer=%s target=%s lacking=%r "
+                     "closed_unlogged=%s", self.id, self.peer, self.target, self.setup.describe(), unlogged)
 

@@ -3,6 +3,11 @@
 Label children are looked up once per api key and cached, because ``labels()`` costs a
 dictionary walk and a lock on every call and the request path runs it several times per
 request.
+
+Resource use, for soak runs and dashboards: ``process_resident_memory_bytes``,
+``process_open_fds`` and the rest of prometheus_client's process collector (read from
+/proc/self when scraped), and ``kafka_proxy_trio_tasks``, the live trio tasks counted when
+scraped by walking the task tree (the endpoint runs in the proxy's trio thread).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import logging
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from proxy.protocol.messages import api_name
@@ -18,6 +23,30 @@ from proxy.protocol.messages import api_name
 log = logging.getLogger("proxy.metrics")
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def count_tasks(root: trio.lowlevel.Task) -> int:
+    """The tasks in the tree under ``root``, ``root`` included: each task's child nurseries'
+    tasks, and theirs. Iterative, so a deep tree cannot exhaust the stack; one pass over
+    the live tasks (a few per client connection)."""
+    count = 0
+    stack = [root]
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
+
+
+def live_trio_tasks() -> float:
+    """Every live task of the trio run this thread is in (system tasks included); NaN
+    outside a trio run, e.g. when a test renders the metrics from plain code."""
+    try:
+        root = trio.lowlevel.current_root_task()
+    except RuntimeError:
+        return float("nan")
+    return float("nan") if root is None else float(count_tasks(root))
 
 
 class ProxyMetrics:
@@ -37,6 +66,9 @@ class ProxyMetrics:
                                          registry=r)
         self.connections_refused = Counter("kafka_proxy_client_connections_refused",
                                            "Client connections refused, by reason.", ["reason"], registry=r)
+        self.connections_closed = Counter("kafka_proxy_client_connections_closed",
+                                          "Client connections the proxy closed on a timeout, by reason "
+                                          "(setup_timeout, idle).", ["reason"], registry=r)
         self.errors = Counter("kafka_proxy_connection_errors", "Connections closed on an error, by kind.", ["kind"],
                               registry=r)
         self.upstream_connects = Counter("kafka_proxy_upstream_connects", "Upstream connections opened.", registry=r)
@@ -50,6 +82,11 @@ class ProxyMetrics:
                                         "Large requests no feature reads (Produce) whose body went from the client's "
                                         "socket to the broker's without entering the proxy.", registry=r)
         self._per_api: dict[int, tuple] = {}
+        # Resource use, read when scraped: process_resident_memory_bytes, process_open_fds, ...
+        ProcessCollector(registry=r)
+        self.trio_tasks = Gauge("kafka_proxy_trio_tasks", "Live trio tasks, counted when the metrics are scraped.",
+                                registry=r)
+        self.trio_tasks.set_function(live_trio_tasks)
 
     def for_api(self, api_key: int) -> tuple:
         """(requests, request_bytes, response_bytes, latency) children for one api key."""
