@@ -9,6 +9,7 @@ says everything the page shows, and the page is only ever generated from it.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import subprocess
 from pathlib import Path
@@ -35,6 +36,14 @@ def _commit() -> str:
 
 
 def save_cell(result: dict, command: str) -> None:
+    """Replace the cell's entry; under a lock, since two matrix runs may share the file."""
+    JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
+    with open(JSON_PATH.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _save_cell(result, command)
+
+
+def _save_cell(result: dict, command: str) -> None:
     data = load()
     chaos = data.setdefault("chaos", {"cells": {}})
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -87,11 +96,51 @@ def render(data: dict) -> str:
         "How the figures are made, and how to run them again, is in each section.",
         "",
     ]
+    lines += _goals_section(data)
     lines += _chaos_section(data.get("chaos", {}).get("cells", {}))
     lines += _fuzz_section(data.get("fuzz"))
     lines += _soak_section(data.get("soak"))
     lines += _connections_section(data.get("connections"))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _goals_section(data: dict) -> list[str]:
+    """The campaign's goals against what the sections below measured."""
+    out = ["## Goals", "", "| goal | measured | met |", "| --- | --- | --- |"]
+    cells = list(data.get("chaos", {}).get("cells", {}).values())
+    if cells:
+        broken = [c for c in cells if "error" in c]
+        judged = [c for c in cells if "error" not in c]
+        lost = sum(c.get("lost", 0) for c in judged)
+        order = sum(c.get("order_violations", 0) for c in judged)
+        exact = [c for c in judged if "exact" in c]
+        behind = sum(bool(c.get("committed_behind")) for c in judged)
+        out.append(f"| 0 acknowledged records lost in every chaos cell | {lost} lost in {len(judged)} cells"
+                   f"{f', {len(broken)} cells broke' if broken else ''} | {_met(lost == 0 and not broken)} |")
+        out.append(f"| 0 per-key order violations except after re-delivery | {order} | {_met(order == 0)} |")
+        if exact:
+            inexact = sum(not c["exact"]["exact"] for c in exact)
+            out.append(f"| exactly-once cells exact | {len(exact) - inexact} of {len(exact)} exact | "
+                       f"{_met(inexact == 0)} |")
+        out.append(f"| committed offsets at the log end after every cell | {len(judged) - behind} of {len(judged)} | "
+                   f"{_met(behind == 0)} |")
+    fuzz = data.get("fuzz") or {}
+    targets = fuzz.get("targets", {})
+    if targets:
+        fewest = min(t.get("executions", 0) for t in targets.values())
+        open_crashes = sum(len(t.get("open_crashes", [])) for t in targets.values())
+        out.append(f"| fuzzing: >= 1 M executions per target, 0 crashes open | fewest {fewest:,} over "
+                   f"{len(targets)} targets, {open_crashes} open | {_met(fewest >= 1_000_000 and not open_crashes)} |")
+    for name in ("soak", "connections"):
+        for goal in (data.get(name) or {}).get("goals", []):
+            measured = goal.get("measured")
+            shown = f"{measured:,.4g}" if isinstance(measured, (int, float)) else str(measured)
+            out.append(f"| {name}: {goal.get('goal', '')} | {shown} | {_met(bool(goal.get('met')))} |")
+    return out + [""]
+
+
+def _met(ok: bool) -> str:
+    return "yes" if ok else "**no**"
 
 
 def _chaos_section(cells: dict) -> list[str]:
@@ -162,27 +211,41 @@ def _fuzz_section(fuzz: dict | None) -> list[str]:
     return out + [""]
 
 
-def _soak_section(soak: dict | None) -> list[str]:
-    out = ["## Soak", ""]
-    if not soak:
-        return out + ["No soak result yet: `python -m benchmarks.bench_soak --minutes 30`.", ""]
-    out.append(f"`{soak.get('command', '')}`; chart: `benchmarks/results/soak.png`.")
-    out.append("")
-    summary = soak.get("summary") or {}
-    if summary:
-        out += ["| figure | value |", "| --- | --- |"]
-        out += [f"| {k} | {v} |" for k, v in summary.items()]
+def _benchmark_section(title: str, result: dict | None, missing: str, chart: str) -> list[str]:
+    """A benchmark result in the shape of ``benchmarks.results``: its rows and its goals."""
+    out = [f"## {title}", ""]
+    if not result:
+        return out + [f"No result yet: `{missing}`.", ""]
+    out += [f"`{result.get('command', missing)}`, {result.get('started', '')}; chart: `benchmarks/results/{chart}`.",
+            ""]
+    if result.get("method"):
+        out += [result["method"], ""]
+    rows = result.get("rows", [])
+    if rows:
+        out += ["| measured | value | against the baseline |", "| --- | ---: | ---: |"]
+        for row in rows:
+            value = row.get("value")
+            shown = f"{value:,.4g} {row.get('unit', '')}" if isinstance(value, (int, float)) else str(value)
+            ratio = row.get("ratio")
+            out.append(f"| {row.get('group', '')}: {row.get('name', '')} | {shown} | "
+                       f"{'' if ratio is None else f'{ratio:.3g} x'} |")
+        out.append("")
+    goals = result.get("goals", [])
+    if goals:
+        out += ["| goal | measured | met |", "| --- | ---: | --- |"]
+        for goal in goals:
+            measured = goal.get("measured")
+            shown = f"{measured:,.4g}" if isinstance(measured, (int, float)) else str(measured)
+            out.append(f"| {goal.get('goal', '')} | {shown} | {'yes' if goal.get('met') else '**no**'} |")
+        out.append("")
+    out += [f"- {note}" for note in result.get("notes", [])]
     return out + [""]
+
+
+def _soak_section(soak: dict | None) -> list[str]:
+    return _benchmark_section("Soak", soak, "python -m benchmarks.bench_soak --minutes 30", "soak.png")
 
 
 def _connections_section(connections: dict | None) -> list[str]:
-    out = ["## Connections", ""]
-    if not connections:
-        return out + ["No connection-load result yet: `python -m benchmarks.bench_connections`.", ""]
-    out.append(f"`{connections.get('command', '')}`; chart: `benchmarks/results/connections.png`.")
-    out.append("")
-    summary = connections.get("summary") or {}
-    if summary:
-        out += ["| figure | value |", "| --- | --- |"]
-        out += [f"| {k} | {v} |" for k, v in summary.items()]
-    return out + [""]
+    return _benchmark_section("Connections", connections, "python -m benchmarks.bench_connections",
+                              "connections.png")

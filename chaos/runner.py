@@ -44,8 +44,8 @@ class TimedHistory(History):
         super().ack(topic, partition, offset, key, value)
 
 
-def run_cell(env: ChaosEnv, workload_name: str, fault_name: str, seed: int, *, records: int = 3000,
-             seconds: float = 20.0, workdir: Path) -> dict:
+def run_cell(env: ChaosEnv, workload_name: str, fault_name: str, seed: int, *, records: int = 2400,
+             seconds: float = 16.0, workdir: Path) -> dict:
     workload = WORKLOADS[workload_name]()
     fault = FAULTS[fault_name]
     rng = random.Random(f"{seed}/{workload_name}/{fault_name}")

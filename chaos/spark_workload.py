@@ -14,9 +14,10 @@ Two members a ``member-kill`` may pick:
   Python workers, each by PID); a new driver starts at once on the same checkpoint, as an
   orchestrator would restart it. The micro-batch in progress is run again by the new
   driver: its records are handed out again, their earlier holder the killed driver.
-- ``task``: kill -9 of one of the JVM's Python workers, one that is reading a share for
-  the stream at that moment (connected to the proxy) if one is found within a few seconds,
-  else an idle one. Spark tries the task again (``local[2,4]``); the stream goes on, and
+- ``task``: kill -9 of one of the JVM's Python workers, one running a task of the stream
+  at that moment (connected to the proxy, or using CPU) if one is found within 15 s (while
+  ``foreachBatch`` works on a large batch no task runs), else an idle one (the next task
+  handed to it fails). Spark tries the task again (``local[2,4]``); the stream goes on, and
   ``foreachBatch`` sees the batch once. The kill is recorded in ``killed`` as
   ``task-busy-<pid>`` or ``task-idle-<pid>`` (nothing holds records under that name).
 
@@ -43,7 +44,7 @@ log = logging.getLogger("chaos")
 
 _REPO = Path(__file__).resolve().parents[1]
 START_DEADLINE = 240.0  # a driver's session, its warm-up read and the query's first (empty) batch
-BUSY_SEARCH = 5.0  # seconds to look for a Python worker running a task before taking an idle one
+BUSY_SEARCH = 15.0  # seconds to look for a Python worker running a task before taking an idle one
 SPLITS = 3
 # Up to 6 ms of work per row in foreachBatch (3 on average): the driver is inside a
 # micro-batch a good part of the time, so a driver kill may find one in progress.
@@ -164,40 +165,52 @@ class SparkStream(Workload):
                     workers.append(p.pid)
         return workers
 
-    def _busy(self, pids: list[int]) -> int | None:
-        """A worker with a TCP connection to the proxy: reading a share for a task."""
+    def _busy(self, pids: list[int], cpu: dict[int, float]) -> tuple[int, str] | None:
+        """A worker running a task, and why it looks busy: it is connected to the proxy
+        (reading a share), or it is on CPU now and used CPU since the last look (``cpu``:
+        PID -> CPU seconds then, brought up to date here); an idle worker waits on its
+        socket to the JVM."""
         import psutil
 
         assert self.ctx is not None
         ports = {int(address.rsplit(":", 1)[1]) for address in self.ctx.bootstrap.split(",")}
+        found: tuple[int, str] | None = None
         for pid in pids:
             with contextlib.suppress(psutil.Error):
-                for conn in psutil.Process(pid).net_connections(kind="tcp"):
-                    if conn.raddr and conn.raddr.port in ports and conn.status == psutil.CONN_ESTABLISHED:
-                        return pid
-        return None
+                process = psutil.Process(pid)
+                if found is None and any(conn.raddr and conn.raddr.port in ports
+                                         and conn.status == psutil.CONN_ESTABLISHED
+                                         for conn in process.net_connections(kind="tcp")):
+                    found = (pid, "reading from the proxy")
+                times = process.cpu_times()
+                used = times.user + times.system
+                if found is None and pid in cpu and used > cpu[pid] and process.status() == psutil.STATUS_RUNNING:
+                    found = (pid, "on CPU")
+                cpu[pid] = used
+        return found
 
     def _kill_task(self) -> None:
         """kill -9 of a Python worker of the driver's JVM, one running a task if possible."""
-        busy: int | None = None
+        busy: tuple[int, str] | None = None
+        cpu: dict[int, float] = {}
         deadline = time.monotonic() + BUSY_SEARCH
         while busy is None and time.monotonic() < deadline:
-            busy = self._busy(self.python_workers())
+            busy = self._busy(self.python_workers(), cpu)
             if busy is None:
                 time.sleep(0.02)  # the polling interval of the search, bounded by its deadline
         if busy is not None:
-            victim, how = busy, "busy"
+            (victim, why), how = busy, "busy"
         else:
             workers = self.python_workers()
             if not workers:
                 self.kills.append("task: no Python worker to kill")
                 log.info("spark-stream: %s", self.kills[-1])
                 return
-            victim, how = workers[0], "idle"
+            victim, how, why = workers[0], "idle", f"none busy within {BUSY_SEARCH:g} s"
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
         self.killed[f"task-{how}-{victim}"] = time.monotonic()
-        self.kills.append(f"task: killed the {how} Python worker {victim} of {self.driver}")
+        self.kills.append(f"task: killed the {how} Python worker {victim} of {self.driver} ({why})")
         log.info("spark-stream: %s", self.kills[-1])
 
     # -- progress and the end ------------------------------------------------------------
@@ -224,6 +237,15 @@ class SparkStream(Workload):
             else:
                 if code != 0:
                     notes.append(f"{name} exited with {code}: {self.log_tail(name)[-500:]}")
+        for driver in self.procs:  # what the kills did, as Spark saw it
+            try:
+                lines = self._path(driver, "log").read_text(errors="replace").splitlines()
+            except FileNotFoundError:
+                continue
+            lost = [line for line in lines if "WARN TaskSetManager" in line and "Lost task" in line]
+            if lost:
+                log.info("spark-stream: %s lost %d task(s) and tried them again: %s", driver, len(lost),
+                         "; ".join(line[:160] for line in lost[:3]))
         handed: list[Handed] = pair_events(
             (e.kind, e.member, e.partition, e.offset, None if e.key == "-" else bytes.fromhex(e.key), e.time)
             for e in self.events())
