@@ -59,6 +59,10 @@ class Retry(Exception):
     """A retriable failure; the caller refreshes metadata and tries again."""
 
 
+_CONNECT_BACKOFF_MIN = 0.05  # seconds between rounds over the bootstrap servers, doubling
+_CONNECT_BACKOFF_MAX = 1.0
+
+
 @dataclass
 class Node:
     conn: BrokerConnection
@@ -81,14 +85,31 @@ class Cluster:
 
     @classmethod
     async def connect(cls, bootstrap: str, *, timeout: float = 30.0, client_id: str = "keyrange-spark") -> Cluster:
-        errors = []
-        for host, port in parse_bootstrap(bootstrap):
-            try:
-                seed = await _open_node(host, port, timeout, client_id)
-                return cls(bootstrap, timeout, client_id, seed)
-            except (*NETWORK_ERRORS, SourceReadError) as exc:
-                errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
-        raise KeyRangeSourceError(f"kafka.bootstrap.servers: no server answered ({'; '.join(errors)})")
+        """The first bootstrap server that answers. Every server is tried in turn, again and
+        again with a growing pause between rounds, until ``timeout``: a proxy restarting or
+        a link refusing for a moment must not fail a task or end a stream, as it does not
+        stop a Kafka client (which reconnects with a backoff)."""
+        servers = parse_bootstrap(bootstrap)
+        deadline = trio.current_time() + timeout
+        backoff = _CONNECT_BACKOFF_MIN
+        errors: list[str] = []
+        while True:
+            errors = []
+            for host, port in servers:
+                left = deadline - trio.current_time()
+                if left <= 0:
+                    break
+                try:
+                    seed = await _open_node(host, port, left, client_id)
+                    return cls(bootstrap, timeout, client_id, seed)
+                except (*NETWORK_ERRORS, SourceReadError) as exc:
+                    errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+            if trio.current_time() + backoff >= deadline:
+                break
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, _CONNECT_BACKOFF_MAX)
+        raise KeyRangeSourceError(f"kafka.bootstrap.servers: no server answered within {timeout:g} s (last tries: "
+                                  f"{'; '.join(errors) or 'none'})")
 
     @property
     def features(self) -> frozenset[str]:
