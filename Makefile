@@ -41,7 +41,7 @@ toxiproxy: $(STAMP)
 # ruff (style, imports, likely bugs) and mypy (types) over the code; before the suite, so a
 # slip fails in seconds rather than after it.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check proxy tests benchmarks fuzz chaos
+	$(VENV)/bin/ruff check proxy tests benchmarks fuzz chaos experiments
 	$(VENV)/bin/mypy
 
 test: venv jars toxiproxy lint
