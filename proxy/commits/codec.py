@@ -18,23 +18,7 @@ from proxy.protocol.errors import ProtocolError
 from proxy.protocol.primitives import read_uvarint, uvarint_bytes
 
 __all__ = ["decode_key", "decode_value", "encode_key", "encode_key_generic", "encode_value",
-           "encode_value_generic", "group_partition", "java_string_hash"]
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode``: over UTF-16 code units, 32-bit signed arithmetic."""
-    value = 0
-    data = text.encode("utf-16-be")
-    for index in range(0, len(data), 2):
-        value = (31 * value + ((data[index] << 8) | data[index + 1])) & 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
-
-
-def group_partition(group: str, partitions: int) -> int:
-    """``Utils.abs(group.hashCode()) % partitions``; Utils.abs(Integer.MIN_VALUE) is 0."""
-    value = java_string_hash(group)
-    value = 0 if value == -(1 << 31) else abs(value)
-    return value % partitions
+           "encode_value_generic"]
 
 
 def encode_key_generic(group: str, topic: str, partition: int) -> bytes:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import trio
 
 from proxy.commits.cluster import LOG_TOPIC, Cluster, CommitLogError, LogTopic
-from proxy.commits.codec import encode_key, encode_value, group_partition
+from proxy.commits.codec import encode_key, encode_value
 from proxy.commits.producer import IdempotentProducer
 from proxy.commits.state import CommitState
 from proxy.commits.table import Key, Record, StateTable
@@ -28,6 +28,7 @@ from proxy.net.broker_connection import BrokerConnectionError
 from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.groups import group_partition
 from proxy.protocol.messages import ApiKey
 from proxy.records.batch import RecordBatch, iter_batches
 

@@ -452,7 +452,7 @@ def test_a_plain_commit_through_another_instance_resets_the_state(kafka, proxy, 
     """The second instance already uses the log (for another group on another log
     partition) but has never read this group's: its plain commit still resets the state
     the first instance wrote."""
-    from proxy.commits.codec import group_partition
+    from proxy.protocol.groups import group_partition
     from proxy.testing.commit_client import commit_body, coordinator_address
 
     topic = topic_factory(kafka)

@@ -8,7 +8,6 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.commits.codec import group_partition, java_string_hash
 from proxy.commits.state import (
     CommitState,
     apply_plain,
@@ -17,6 +16,7 @@ from proxy.commits.state import (
     rebase,
     validate,
 )
+from proxy.protocol.groups import group_partition, java_string_hash
 
 
 def _expand(state: CommitState, limit: int) -> set[int]:
