@@ -24,7 +24,7 @@ from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.virtual import commits, fetch, refusals, rewrite
 from proxy.virtual.names import VirtualNames, VirtualTopic
-from proxy.virtual.precheck import Precheck
+from proxy.virtual.precheck import Precheck, fetch_topic_ids
 
 log = logging.getLogger("proxy.virtual")
 
@@ -362,10 +362,23 @@ class VirtualTopicsFeature(Feature):
         return self._regex_verdicts[key]
 
     # -- Fetch -----------------------------------------------------------------------------------
+    def _names_unknown_id(self, request: Request) -> bool:
+        """Whether a Fetch the pre-check let pass names a topic id this proxy cannot name:
+        maybe a virtual topic's, handed out by another proxy instance (a sidecar of another
+        broker, or this one before a restart). It is decoded then, which looks the id up
+        (every topic's metadata, at most once per lookup interval) and remembers it for
+        the pre-check once it is a virtual topic's. An id that cannot be read or is a real
+        topic's costs only the walk over the request."""
+        ids = fetch_topic_ids(request.frame, request.version)
+        if ids is None:
+            return request.version >= 13
+        return any(self.cluster.name_of(uuid.UUID(bytes=topic_id)) is None for topic_id in ids)
+
     def _describe(self, key) -> tuple[VirtualTopic | None, str, uuid.UUID | None] | None:
         if isinstance(key, uuid.UUID):
             vt = self.resolver.by_id(key)
             if vt is not None:
+                self.precheck.remember(key)  # handed out by another instance, maybe: known from now on
                 return vt, vt.real, self.cluster.id_of(vt.real)
             name = self.cluster.name_of(key)
             return (None, name, key) if name else None
@@ -376,7 +389,8 @@ class VirtualTopicsFeature(Feature):
 
     async def on_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
         state = ctx.existing(STATE)
-        if (state is None or not state.sessions.sessions) and not self.precheck.may_name_virtual(request.frame):
+        if ((state is None or not state.sessions.sessions) and not self.precheck.may_name_virtual(request.frame)
+                and not self._names_unknown_id(request)):
             return None
         header, body = request.decoded()
         state = ctx.state(STATE)

@@ -15,6 +15,7 @@ names a virtual topic by name, nor by an id this proxy handed out.
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections.abc import Collection
 
@@ -73,3 +74,73 @@ class Precheck:
         ``.*\\.kr[0-9]+`` holds the suffix with no digit after it."""
         data = frame if isinstance(frame, (bytes, bytearray)) else bytes(frame)
         return self.suffix in data or names_any_id(data, self._ids)
+
+
+# -- Fetch by topic id: the ids a request names, without decoding it ----------------------------
+
+_FIRST_FETCH_BY_ID = 13  # Fetch names topics by id from v13 on
+_LAST_WITH_REPLICA_ID = 14  # ReplicaId moved into a tagged field at v15
+
+
+def fetch_topic_ids(frame: bytes | bytearray | memoryview, version: int) -> list[bytes] | None:
+    """The 16-byte topic ids of a Fetch request's Topics (v13+), walked over the raw frame
+    (request header v2, then the body up to the end of Topics); None when the frame does
+    not parse as one (the caller then decodes it, and the decoder says what is wrong).
+
+    Why: a client learns a virtual topic's id from the Metadata answer of whichever proxy
+    instance it asked (a sidecar of another broker, or this proxy before a restart); one
+    that never handed that id out must still see that a Fetch may name it."""
+    if version < _FIRST_FETCH_BY_ID:
+        return None
+    data = frame if isinstance(frame, (bytes, bytearray)) else bytes(frame)
+    try:
+        pos = 8  # api key, version, correlation id
+        (client_len,) = _INT16.unpack_from(data, pos)
+        pos += 2 + max(client_len, 0)
+        pos = _skip_tags(data, pos)  # the header's tagged fields
+        pos += (4 if version <= _LAST_WITH_REPLICA_ID else 0) + 4 + 4 + 4 + 1 + 4 + 4
+        topics, pos = _uvarint(data, pos)
+        ids = []
+        for _ in range(topics - 1):
+            topic_id = data[pos:pos + 16]
+            if len(topic_id) != 16:
+                return None
+            ids.append(bytes(topic_id))
+            pos += 16
+            partitions, pos = _uvarint(data, pos)
+            for _ in range(partitions - 1):
+                pos = _skip_tags(data, pos + _FETCH_PARTITION_FIXED)
+            pos = _skip_tags(data, pos)
+        if pos > len(data):
+            return None
+        return ids
+    except (IndexError, ValueError, struct.error):
+        return None
+
+
+# Partition, CurrentLeaderEpoch, FetchOffset, LastFetchedEpoch, LogStartOffset, PartitionMaxBytes
+_FETCH_PARTITION_FIXED = 4 + 4 + 8 + 4 + 8 + 4
+_INT16 = struct.Struct(">h")
+_UVARINT_MAX_BYTES = 5
+
+
+def _uvarint(data: bytes | bytearray, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    for i in range(_UVARINT_MAX_BYTES):
+        byte = data[pos + i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos + i + 1
+        shift += 7
+    raise ValueError("unsigned varint longer than 5 bytes")
+
+
+def _skip_tags(data: bytes | bytearray, pos: int) -> int:
+    count, pos = _uvarint(data, pos)
+    for _ in range(count):
+        _, pos = _uvarint(data, pos)
+        size, pos = _uvarint(data, pos)
+        pos += size
+    if pos > len(data):
+        raise ValueError("tagged fields run past the frame")
+    return pos
