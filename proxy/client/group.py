@@ -193,7 +193,14 @@ class GroupMember:
         if m.phase == Phase.STABLE and now >= self._next_heartbeat:
             await self._heartbeat()
             return
-        wake_at = min(poll_deadline, self._next_heartbeat if m.phase == Phase.STABLE else math.inf)
+        if m.phase == Phase.UNJOINED:
+            # Not in the group and nothing to join (an assign-mode consumer, or a revocation
+            # the next poll completes): no poll deadline to watch, sleep until woken. With
+            # the deadline, once max_poll_interval_ms had passed without a poll (assign mode
+            # never reports its polls here) every step slept for 0 s: a busy loop.
+            wake_at = math.inf
+        else:
+            wake_at = min(poll_deadline, self._next_heartbeat if m.phase == Phase.STABLE else math.inf)
         await self._sleep(wake_at - now)
 
     async def _sleep(self, seconds: float) -> None:

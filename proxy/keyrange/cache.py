@@ -2,9 +2,13 @@
 
 One broker read of a partition is split once into every range set recently requested for
 that partition; the requester takes its share now and the other shares wait here for
-their consumers. A share is removed the moment it is served; when the bytes held would
-pass ``max_bytes`` the least recently used shares go first, so the bytes held never
-exceed the cap (a share larger than the cap is simply not kept).
+their consumers. A share is removed the moment it is served, or once its consumer is past
+it; when the bytes held would pass ``max_bytes`` the least recently used shares go first,
+so the bytes held never exceed the cap (a share larger than the cap is simply not kept).
+When a range set has not been requested for the interest time (its consumer left, or a
+rebalance gave it other ranges) its shares are dropped with it: nobody would take them,
+and without that they would stay until the cap pushed them out, the cache growing with
+every departed consumer up to ``max_bytes``.
 
 Two kinds of share, per topic (``reserve.message.value.range.fetch``):
 - records: the filtered Records blob itself, so the broker is not read again;
@@ -28,7 +32,7 @@ Pure state: the caller passes the clock in, so eviction is deterministic in test
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +83,7 @@ class CacheStats:
     evictions: int = 0  # by the byte cap (served shares are not counted)
     stored: int = 0
     rejected_too_large: int = 0
+    expired: int = 0  # dropped with their range set, nobody having asked for it for the interest time
 
 
 class ShareCache:
@@ -140,6 +145,19 @@ class ShareCache:
             if not per_set:
                 del self._by_set[set_key]
 
+    def drop_set(self, partition: PartitionId, ranges: RangeSet) -> int:
+        """Drop every share of ``ranges`` on ``partition`` (at either isolation level); how many."""
+        dropped = 0
+        for level in (0, 1):
+            starts = self._by_set.get((partition, ranges, level))
+            if starts:
+                for key in list(starts.values()):
+                    if key in self._lru:
+                        self._remove(key)
+                        dropped += 1
+        self.stats.expired += dropped
+        return dropped
+
     def shares(self) -> Iterable[CachedShare]:
         return list(self._lru.values())
 
@@ -148,29 +166,56 @@ class ActiveRangeSets:
     """Which range sets have been requested for each partition recently.
 
     A read of a partition is split into all of them. A set not requested for
-    ``ttl`` seconds is dropped, so consumers that left stop costing split work and cache.
+    ``ttl`` seconds is dropped, so consumers that left stop costing split work and cache:
+    ``on_expire(partition, ranges)`` is told of every set dropped (the cache drops its
+    shares). Sets expire when their partition's sets are read, and every ``ttl`` / 4 all
+    partitions are swept (on the next ``touch``), so a partition nobody reads any more lets
+    go of its sets too.
     """
 
-    def __init__(self, ttl: float, max_sets_per_partition: int = 64) -> None:
+    def __init__(self, ttl: float, max_sets_per_partition: int = 64,
+                 on_expire: Callable[[PartitionId, RangeSet], object] | None = None) -> None:
         self.ttl = ttl
         self.max_sets = max_sets_per_partition
+        self.on_expire = on_expire
         self._seen: dict[PartitionId, dict[RangeSet, float]] = {}
+        self._swept = -float("inf")
 
     def touch(self, partition: PartitionId, ranges: RangeSet, now: float) -> None:
+        if now - self._swept >= self.ttl / 4:
+            self.sweep(now)
         sets = self._seen.setdefault(partition, {})
         sets.pop(ranges, None)
         sets[ranges] = now
         if len(sets) > self.max_sets:
-            sets.pop(next(iter(sets)))
+            oldest = next(iter(sets))
+            del sets[oldest]
+            self._expired(partition, oldest)
 
     def active(self, partition: PartitionId, now: float) -> list[RangeSet]:
         sets = self._seen.get(partition)
         if not sets:
             return []
+        self._expire(partition, sets, now)
+        return list(sets)
+
+    def sweep(self, now: float) -> None:
+        """Expire the sets of every partition; forget partitions left with none."""
+        self._swept = now
+        for partition, sets in list(self._seen.items()):
+            self._expire(partition, sets, now)
+            if not sets:
+                del self._seen[partition]
+
+    def _expire(self, partition: PartitionId, sets: dict[RangeSet, float], now: float) -> None:
         expired = [r for r, seen in sets.items() if now - seen > self.ttl]
         for r in expired:
             del sets[r]
-        return list(sets)
+            self._expired(partition, r)
+
+    def _expired(self, partition: PartitionId, ranges: RangeSet) -> None:
+        if self.on_expire is not None:
+            self.on_expire(partition, ranges)
 
 
 def copy_metadata(partition_data: Any) -> dict:

@@ -90,7 +90,8 @@ class KeyRangeEngine:
         interest_seconds: float = 30.0,
     ) -> None:
         self.cache = ShareCache(cache_bytes)
-        self.active = ActiveRangeSets(interest_seconds)
+        # a set nobody asked for in the interest time takes its cached shares with it
+        self.active = ActiveRangeSets(interest_seconds, on_expire=self.cache.drop_set)
         self.topic_setting = topic_setting
         self.topic_name = topic_name
         self.codec = None if recompress else Codec.NONE

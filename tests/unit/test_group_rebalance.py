@@ -344,3 +344,31 @@ async def test_a_parked_partition_whose_growth_is_called_off_goes_with_its_revoc
     await _sync(member, {TP: new}, {})  # the next rebalance gives the partition to others
     assert TP not in state.ranges and not member.to_be_revoked()
     assert [c for c, _ in member.listener.calls] == ["assigned", "revoked", "revoked"]
+
+
+async def test_a_consumer_outside_the_group_sleeps_past_the_poll_deadline(autojump_clock):
+    """Found by the soak benchmark (benchmarks/bench_soak.py): an assign-mode consumer with a
+    group_id (individual commit) runs the group's background task but never reports its
+    polls to it; once max_poll_interval_ms had passed, every step slept for 0 s, a busy loop
+    that took a core per consumer. Outside the group it now sleeps until woken."""
+    import trio
+
+    state = AssignmentState(read_committed=False, tracking=True)
+    member, _ = _member(state)  # never subscribed: assign mode
+    deadline = member.config.max_poll_interval_ms / 1000
+    steps = 0
+    step = member._step
+
+    async def counted() -> None:
+        nonlocal steps
+        steps += 1
+        if steps > 1000:
+            raise AssertionError(f"busy loop: {steps} steps by {trio.current_time():.0f} s")
+        await step()
+
+    member._step = counted
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(member.run)
+        await trio.sleep(3 * deadline)  # virtual time: the clock jumps whenever every task waits
+        nursery.cancel_scope.cancel()
+    assert steps <= 2

@@ -288,3 +288,71 @@ def test_offsets_only_shares_are_matched_only_at_the_isolation_level_of_their_re
     assert range_b_matches() == [READ_UNCOMMITTED], "the read_uncommitted match was used by a read_committed read"
     _, got = _range_fetch(engine, ConnectionRanges(), B, 0, READ_UNCOMMITTED, log)
     assert _handed_out(got, read_committed=False) == [0, 1, 2] and range_b_matches() == []
+
+
+def test_expired_range_sets_are_reported_from_reads_sweeps_and_overflow():
+    dropped: list[tuple] = []
+    active = ActiveRangeSets(ttl=10, max_sets_per_partition=2, on_expire=lambda p, r: dropped.append((p, r)))
+    active.touch(("t", 0), (A,), now=0)
+    active.touch(("t", 1), (A,), now=0)
+    active.touch(("t", 0), (B,), now=5)
+    assert active.active(("t", 0), now=12) == [(B,)]
+    assert dropped == [(("t", 0), (A,))]
+    # nobody reads partition 1 any more: a sweep, on a later touch of another partition, lets its set go
+    active.touch(("t", 0), (B,), now=13)
+    assert dropped == [(("t", 0), (A,)), (("t", 1), (A,))]
+    # more sets than a partition may hold: the least recently requested goes
+    c, d = equal_shares(4)[:2]
+    active.touch(("t", 0), (c,), now=14)
+    active.touch(("t", 0), (d,), now=14)
+    assert dropped[-1] == (("t", 0), (B,))
+    assert active.active(("t", 0), now=14) == [(c,), (d,)]
+
+
+def test_dropping_a_set_removes_its_shares_at_both_isolation_levels_and_nothing_else():
+    cache = ShareCache(10_000)
+    for offset in (0, 10, 20):
+        cache.put(_share(offset, 50))
+    cache.put(_share(0, 50, isolation_level=READ_COMMITTED))
+    cache.put(_share(0, 50, ranges=(B,)))
+    cache.put(_share(0, 50, partition=("t", 1)))
+    assert cache.drop_set(("t", 0), (A,)) == 4
+    assert cache.stats.expired == 4
+    assert [(s.partition, s.ranges) for s in cache.shares()] == [(("t", 0), (B,)), (("t", 1), (A,))]
+    assert cache.bytes_held == sum(share.size for share in cache.shares())
+    assert cache.drop_set(("t", 0), (A,)) == 0
+
+
+def test_shares_of_a_consumer_that_left_do_not_outlive_its_interest():
+    """Found by the soak benchmark (benchmarks/bench_soak.py): a range set whose consumer
+    left (a member replaced, a rebalance that moved the ranges) kept every share the other
+    consumers' reads cached for it, until the byte cap pushed them out, so the cache and the
+    proxy's memory grew with every departed consumer up to max.bytes.key.range.results.
+    Now they go with the set's interest: A reads on alone for two minutes, B left at once."""
+    from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+    from proxy.testing.batches import Rec, kafka_python_batch
+
+    engine = KeyRangeEngine(cache_bytes=1 << 30, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+                            topic_name=lambda key: key, interest_seconds=30.0)
+    a, b = ConnectionRanges(), ConnectionRanges()
+    P = messages.body_class(ApiKey.FETCH, "response")
+
+    def fetch(conn, ranges, offset: int, now: float) -> None:
+        plan = engine.plan(conn, 12, _request(0, -1, [(0, [ranges])], fetch_offset=offset), now=now)
+        engine.finish(plan)
+        records = kafka_python_batch([Rec(i, f"user-{offset + i}".encode(), b"v") for i in range(10)],
+                                     base_offset=offset)
+        response = messages.new_body(ApiKey.FETCH, 12, "response", responses=[P.FetchableTopicResponse(
+            topic="t", partitions=[P.PartitionData(partition_index=0, high_watermark=offset + 10,
+                                                   records=records)])])
+        engine.complete(conn, plan, response, now=now)
+
+    fetch(b, B, 0, now=0.0)  # B asks once, then is gone
+    held = []
+    for second in range(1, 121):
+        fetch(a, A, second * 10, now=float(second))  # every read of A caches B's share
+        held.append(len(engine.cache))
+    assert max(held) <= 31, "B's shares are cached only while B's interest lasts"
+    assert held[-1] == 0 and engine.cache.bytes_held == 0
+    assert engine.cache.stats.expired >= 29
+    assert engine.active.active(("t", 0), now=120.0) == [(A,)]
