@@ -22,8 +22,8 @@ if ROOT not in sys.path:
 
 import kafka.errors as kafka_errors  # noqa: E402
 
-from proxy.protocol.groups import group_partition  # noqa: E402
 from proxy.protocol import messages  # noqa: E402
+from proxy.protocol.groups import group_partition  # noqa: E402
 from proxy.protocol.messages import ApiKey  # noqa: E402
 from proxy.records.batch import TRANSACTIONAL_BIT  # noqa: E402
 from proxy.records.builder import build_batch, encode_record  # noqa: E402
