@@ -97,6 +97,9 @@ def render(data: dict) -> str:
         "",
     ]
     lines += _goals_section(data)
+    lines += _findings_section(data.get("findings", []))
+    if data.get("open"):
+        lines += ["## Known and open", ""] + [f"- {text}" for text in data["open"]] + [""]
     lines += _chaos_section(data.get("chaos", {}).get("cells", {}))
     lines += _fuzz_section(data.get("fuzz"))
     lines += _soak_section(data.get("soak"))
@@ -136,6 +139,17 @@ def _goals_section(data: dict) -> list[str]:
             measured = goal.get("measured")
             shown = f"{measured:,.4g}" if isinstance(measured, (int, float)) else str(measured)
             out.append(f"| {name}: {goal.get('goal', '')} | {shown} | {_met(bool(goal.get('met')))} |")
+    return out + [""]
+
+
+def _findings_section(findings: list[dict]) -> list[str]:
+    """The faults the campaign found, each fixed with a regression test (kept by hand in the
+    JSON: a finding is a judgement, not a measurement)."""
+    if not findings:
+        return []
+    out = ["## Faults found", "", "| fault | found by | fixed in | regression test |", "| --- | --- | --- | --- |"]
+    for f in findings:
+        out.append(f"| {f['fault']} | {f['found_by']} | `{f['fixed_in']}` | {f['regression_test']} |")
     return out + [""]
 
 
