@@ -11,12 +11,12 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy.testing.kafka_cluster import KafkaHarnessError, cache_root, find_java, kafka_dist_dir, spawn
+from proxy.testing import maven
+from proxy.testing.kafka_cluster import KafkaHarnessError, find_java, kafka_dist_dir, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "benchmarks" / "java"
@@ -57,20 +57,10 @@ def build(*, timeout: float = 900.0) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a test run and a benchmark may both build
         if current():
             return OUTPUT
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise HarnessError("Maven (mvn) is needed to build benchmarks/java: apt-get install maven.")
-        command = [mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(SOURCES / "pom.xml"),
-                   f"-Dmaven.repo.local={cache_root() / 'm2'}", "package"]
         try:
-            result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                    timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise HarnessError(f"building benchmarks/java took longer than {timeout:.0f} s "
-                               "(is Maven Central reachable?)") from None
-        if result.returncode != 0:
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-30:])
-            raise HarnessError(f"building benchmarks/java failed (exit code {result.returncode}):\n{tail}")
+            maven.package(SOURCES / "pom.xml", what="benchmarks/java", timeout=timeout)
+        except maven.MavenError as exc:
+            raise HarnessError(str(exc)) from None
         stamp.write_text(json.dumps({"digest": digest}))
     return OUTPUT
 

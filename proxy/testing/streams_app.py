@@ -39,7 +39,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -52,7 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from proxy.testing.kafka_cluster import KafkaHarnessError, cache_root, find_java, spawn, terminate
+from proxy.testing import maven
+from proxy.testing.kafka_cluster import KafkaHarnessError, find_java, spawn, terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "benchmarks" / "java"
@@ -121,20 +121,10 @@ def build(*, timeout: float = 900.0) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if current():
             return out
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise StreamsAppError("Maven (mvn) is needed to build benchmarks/java/streams: apt-get install maven.")
-        command = [mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(SOURCES / "pom.xml"),
-                   f"-Dmaven.repo.local={cache_root() / 'm2'}", "-pl", "streams", "-am", "package"]
         try:
-            result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                    timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise StreamsAppError(f"building benchmarks/java/streams took longer than {timeout:.0f} s "
-                                  "(is Maven Central reachable?)") from None
-        if result.returncode != 0:
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-30:])
-            raise StreamsAppError(f"building benchmarks/java/streams failed (exit code {result.returncode}):\n{tail}")
+            maven.package(SOURCES / "pom.xml", what="benchmarks/java/streams", projects=["streams"], timeout=timeout)
+        except maven.MavenError as exc:
+            raise StreamsAppError(str(exc)) from None
         stamp.write_text(json.dumps({"digest": digest}))
     return out
 

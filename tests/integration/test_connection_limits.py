@@ -22,6 +22,7 @@ from proxy.testing.clients import confluent_roundtrip
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.wait import wait_until
 
+from .test_proxy_robustness import _read_frame
 from .test_proxy_security import PASSWORD, USER, _sasl_client_config
 
 SLACK = 2.0  # seconds beyond a timeout within which the proxy must have closed the connection
@@ -55,20 +56,6 @@ def _connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    def exact(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("closed by the proxy")
-            data += chunk
-        return data
-
-    (size,) = struct.unpack(">i", exact(4))
-    return exact(size)
 
 
 def _ask(sock: socket.socket, request: bytes, correlation_id: int) -> bytes:
