@@ -27,6 +27,7 @@ from proxy.testing.live import LiveProducer
 log = logging.getLogger("chaos")
 
 WARM_UP_DEADLINE = 30.0  # for the members to hand out their first records
+MIN_FAULT_WINDOW = 8.0  # seconds a fault schedule always has after the warm-up
 CATCH_UP = 90.0  # after the producer and the fault are done, for every record to be handed out
 COMMIT_DEADLINE = 30.0  # then for the committed offsets to reach the log end
 STOP_TIMEOUT = 60.0
@@ -69,7 +70,9 @@ def run_cell(env: ChaosEnv, workload_name: str, fault_name: str, seed: int, *, r
         # the warm-up: members have joined and hand records out before the fault strikes
         result["warmed_up"] = wait_for(lambda: workload.handed_count() > 0, WARM_UP_DEADLINE,
                                        also=[workload.check_running])
-        actions = fault(env, workload, ctx, rng, producer_began + seconds)
+        # The fault strikes while the producer writes; if the members were slow to start (a
+        # loaded machine), it still gets a window of its own rather than none.
+        actions = fault(env, workload, ctx, rng, max(producer_began + seconds, time.monotonic() + MIN_FAULT_WINDOW))
         env.heal()
         producer.join(seconds + 120)
         faults_over = time.monotonic()
