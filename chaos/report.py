@@ -28,11 +28,19 @@ def load() -> dict:
 
 
 def _commit() -> str:
+    """HEAD when the run began (cells run the code they were started with)."""
+    return _COMMIT_AT_START
+
+
+def _head() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=PAGE.parent, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+_COMMIT_AT_START = ""
 
 
 def save_cell(result: dict, command: str) -> None:
@@ -41,6 +49,9 @@ def save_cell(result: dict, command: str) -> None:
     with open(JSON_PATH.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _save_cell(result, command)
+
+
+_COMMIT_AT_START = _head()
 
 
 def _save_cell(result: dict, command: str) -> None:
@@ -175,25 +186,26 @@ def _chaos_section(cells: dict) -> list[str]:
         "- **recovery**: after the fault healed, seconds until every record acknowledged before the",
         "  heal had been handed out (the worst strike of the cell).",
         "- **committed**: the group's committed offsets at the log end once the consumers stop.",
+        "- **commit**: the code the cell's run started with (HEAD when `python -m chaos` began).",
         "",
     ]
     if not cells:
         return out + ["No cell has been run yet: `make chaos`.", ""]
     out += ["| workload | fault | acknowledged | lost | re-delivered (killed / lost / other) | order (after "
-            "re-delivery) | recovery s | committed at end | verdict |",
-            "| --- | --- | ---: | ---: | --- | --- | ---: | --- | --- |"]
+            "re-delivery) | recovery s | committed at end | verdict | commit |",
+            "| --- | --- | ---: | ---: | --- | --- | ---: | --- | --- | --- |"]
     for key in sorted(cells):
         c = cells[key]
         if "error" in c:
             out.append(f"| {c['workload']} | {c['fault']} | | | | | | | harness error: "
-                       f"{c['error'][:80].replace('|', '/')} |")
+                       f"{c['error'][:80].replace('|', '/')} | `{c.get('git_commit', '')}` |")
             continue
         if "exact" in c:
             e = c["exact"]
             committed = "yes" if not c.get("committed_behind") else f"no ({len(c['committed_behind'])} behind)"
             out.append(f"| {c['workload']} | {c['fault']} | {c['acknowledged']} | {e['under']} keys short | "
                        f"{e['over']} keys over (exactly-once) | n/a | | {committed} | "
-                       f"{'ok, output exact' if c['ok'] else '**FAIL**'} |")
+                       f"{'ok, output exact' if c['ok'] else '**FAIL**'} | `{c.get('git_commit', '')}` |")
             continue
         r = c.get("redelivered", {})
         redelivered = f"{r.get('member_killed', 0)} / {r.get('member_lost', 0)} / {r.get('other', 0)}"
@@ -201,7 +213,8 @@ def _chaos_section(cells: dict) -> list[str]:
         recovery = c.get("recovery_max_s")
         out.append(f"| {c['workload']} | {c['fault']} | {c['acknowledged']} | {c['lost']} | {redelivered} | "
                    f"{c['order_violations']} ({c['order_after_redelivery']}) | "
-                   f"{'' if recovery is None else recovery} | {committed} | {'ok' if c['ok'] else '**FAIL**'} |")
+                   f"{'' if recovery is None else recovery} | {committed} | {'ok' if c['ok'] else '**FAIL**'} | "
+                   f"`{c.get('git_commit', '')}` |")
     workloads = {c["workload"]: c.get("description", "") for c in cells.values()}
     out += ["", "Workloads:", ""]
     out += [f"- `{name}`: {text}" for name, text in sorted(workloads.items())]
