@@ -4,7 +4,9 @@
     .venv/bin/python -m benchmarks.bench_soak --minutes 2      # checks the harness
 
 A one-node Kafka and the proxy (its own process; ``metrics.port``,
-``virtual.topics.enabled=true``, ``fetch.readahead.enabled=true``) carry, for ``--minutes``:
+``virtual.topics.enabled=true``, ``fetch.readahead.enabled=true``, and 1 MiB segments for
+``__individual_commit_offsets`` (``--ic-segment-bytes``), so that the broker's compaction of
+the log shows within the run) carry, for ``--minutes``:
 
 - a producer (librdkafka, acks=all, idempotent, through the proxy) writing keyed records at
   ``--rate`` records/s in total, in turn to three topics;
@@ -35,8 +37,9 @@ accounted for per role (bitmaps of offsets: every acknowledged record of the rol
 must have been handed out; re-deliveries are counted, they are legal after a member left).
 Growth per hour of RSS, fds and tasks is the least-squares slope over the samples of the
 load phase after ``--warmup-minutes`` (default: 5, at most a quarter of the run), as a
-percentage of their mean there; the max-min spread is reported beside it. The goal is RSS
-growth under 5 %/hour.
+percentage of their mean there; the max-min spread is reported beside it, and the same
+slope over the second half of that window only (a leak keeps its slope there, the heap
+reaching its high-water mark flattens out). The goal is RSS growth under 5 %/hour.
 
 Writes ``benchmarks/results/soak.json`` and ``soak.png`` (the samples over time). Holds
 ``/tmp/keyrange-bench.lock`` while it runs, as ``python -m benchmarks`` does.
@@ -652,6 +655,10 @@ def summarise(report: dict, samples: list[dict], ledger: Ledger, behind: dict[st
                for name in (*GROWTH_FIELDS, "cache_bytes", "ic_ranges_held", "ic_log_end_offsets", "ic_log_bytes",
                             "readahead_bytes", "connections", "harness_rss_bytes")}
     report["growth"] = figures
+    # The same over the second half of that window only: a leak keeps its slope there, a
+    # warm-up (the heap reaching its high-water mark) flattens out.
+    middle = (warmup + load_seconds) / 2
+    report["growth_second_half"] = {name: growth(load, name, middle, load_seconds) for name in GROWTH_FIELDS}
     cpu = {name: statistics.fmean(v) if (v := [s[name] for s in load if s.get(name) is not None]) else None
            for name in ("proxy_cpu_pct", "kafka_cpu_pct", "harness_cpu_pct")}
     report["cpu_mean_pct_of_a_core"] = {k: None if v is None else round(v, 1) for k, v in cpu.items()}
@@ -666,6 +673,8 @@ def summarise(report: dict, samples: list[dict], ledger: Ledger, behind: dict[st
     report["producer_failed"] = ledger.failed
     report["producer_errors"] = ledger.errors[:10]
     report["errors"] = soak.errors
+    report["proxy_log_warnings"] = [line[:300] for line in proxy_log.splitlines()
+                                    if "level=warning" in line or "level=error" in line][:20]
     report["churn_actions"] = dict(soak.churn_done)
     report["librdkafka_commit_refusals"] = dict(soak.commit_refusals)
     report["visitor_records"] = dict(ledger.visited)
@@ -704,8 +713,8 @@ def summarise(report: dict, samples: list[dict], ledger: Ledger, behind: dict[st
     report["notes"] += [
         f"Mean CPU over the load, % of one core: proxy {_fmt(proxy_cpu)}, Kafka {_fmt(cpu['kafka_cpu_pct'])}, "
         f"harness (producer and every consumer) {_fmt(cpu['harness_cpu_pct'])}.",
-        f"Proxy log: {proxy_log.count(' ERROR ') + proxy_log.count('level=error')} error lines, "
-        f"{proxy_log.count('Traceback')} tracebacks.",
+        f"Proxy log: {proxy_log.count('level=error')} error and {proxy_log.count('level=warning')} warning "
+        f"lines, {proxy_log.count('Traceback')} tracebacks.",
     ]
 
 
@@ -774,6 +783,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=750.0, help="records/s written, all topics together")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--churn-seconds", type=float, default=10.0, help="seconds between churn actions")
+    parser.add_argument("--ic-segment-bytes", type=int, default=1 << 20,
+                        help="individual.commit.log.segment.bytes (the proxy's default is 10 MiB, which this load "
+                             "fills in about an hour: the broker compacts only segments that have rolled)")
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.rate <= 0 or args.interval <= 0 or args.churn_seconds <= 0:
@@ -800,14 +812,15 @@ def main(argv: list[str] | None = None) -> int:
         f"slope over the load's samples after the warm-up, per hour, as % of their mean.",
         {"minutes": args.minutes, "warm-up seconds": warmup, "rate": f"{args.rate:g} records/s",
          "value bytes": VALUE_BYTES, "keys": KEYS, "sample interval s": args.interval,
-         "churn interval s": args.churn_seconds})
+         "churn interval s": args.churn_seconds, "IC log segment bytes": args.ic_segment_bytes})
     with bench_lock():
         workdir = scratch_dir("bench-soak-")
         say(f"starting Kafka and the proxy in {workdir}")
         with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
             create_topics(cluster.bootstrap_servers)
             proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides={
-                "metrics.port": "0", "virtual.topics.enabled": "true", "fetch.readahead.enabled": "true"})
+                "metrics.port": "0", "virtual.topics.enabled": "true", "fetch.readahead.enabled": "true",
+                "individual.commit.log.segment.bytes": str(args.ic_segment_bytes)})
             try:
                 soak = Soak(proxy.bootstrap_servers, cluster.bootstrap_servers, args.rate)
                 soak.hard_deadline = time.monotonic() + seconds + DRAIN_LIMIT + SETTLE_LIMIT + 300
@@ -832,8 +845,9 @@ def main(argv: list[str] | None = None) -> int:
     for g in report["goals"]:
         say(f"{'met   ' if g['met'] else 'MISSED'} {g['goal']}: {g['measured']}")
     for name, label in GROWTH_FIELDS.items():
-        f = report["growth"][name]
-        say(f"{label}: {f['first']} -> {f['last']}, {_fmt_pct(f['pct_per_hour'])} %/h, spread {f['spread']}")
+        f, late = report["growth"][name], report["growth_second_half"][name]
+        say(f"{label}: {f['first']} -> {f['last']}, {_fmt_pct(f['pct_per_hour'])} %/h "
+            f"(second half {_fmt_pct(late['pct_per_hour'])} %/h), spread {f['spread']}")
     say(f"wrote {path} and {args.output_dir / 'soak.png'}")
     return 0 if all(g["met"] for g in report["goals"]) else 1
 
