@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import functools
 import itertools
 import random
@@ -60,7 +59,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -625,20 +624,6 @@ async def run_load(soak: Soak, sampler: Sampler, *, seconds: float, interval: fl
     return timings
 
 
-@contextlib.contextmanager
-def bench_lock() -> Iterator[None]:
-    with open(LOCK, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"waiting for {LOCK} (another benchmark is running)")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def create_topics(broker: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -813,7 +798,9 @@ def main(argv: list[str] | None = None) -> int:
         {"minutes": args.minutes, "warm-up seconds": warmup, "rate": f"{args.rate:g} records/s",
          "value bytes": VALUE_BYTES, "keys": KEYS, "sample interval s": args.interval,
          "churn interval s": args.churn_seconds, "IC log segment bytes": args.ic_segment_bytes})
-    with bench_lock():
+    from benchmarks.__main__ import _bench_lock  # the lock every benchmark holds
+
+    with _bench_lock(say):
         workdir = scratch_dir("bench-soak-")
         say(f"starting Kafka and the proxy in {workdir}")
         with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
