@@ -18,7 +18,8 @@ The flow for one FetchRequest carrying ranges:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,14 @@ from proxy.records.split import filter_by_offsets, match_offsets, split_records
 
 _SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
 _EMPTY_RECORDS = b""
+# split plans kept (about 1.4 KB each); a partition's active range sets change rarely
+MAX_PLANS = 256
+
+
+def canonical_sets(sets: Iterable[RangeSet]) -> tuple[RangeSet, ...]:
+    """``sets`` without repeats, in one order whatever order they came in: a read is split
+    with the plan of the set of range sets, not of the order they were last asked for."""
+    return tuple(sorted(set(sets)))
 
 
 @dataclass(slots=True)
@@ -96,7 +105,9 @@ class KeyRangeEngine:
         self.topic_name = topic_name
         self.codec = None if recompress else Codec.NONE
         self.stats = FilterStats()
-        self._plans: dict[tuple[RangeSet, ...], RangePlan] = {}
+        # keyed by the sets in canonical order: the active sets' recency order changes on
+        # every read, and keying by it made one plan per permutation
+        self._plans: OrderedDict[tuple[RangeSet, ...], RangePlan] = OrderedDict()
 
     # -- request -----------------------------------------------------------------------------
     def plan(self, conn: ConnectionRanges, version: int, request: Any, now: float) -> FetchPlan | None:
@@ -248,11 +259,9 @@ class KeyRangeEngine:
         read = self.stats.broker_bytes
         read[partition_id] = read.get(partition_id, 0) + len(blob)
         self.stats.touched.add(partition_id)
-        sets = self.active.active(partition_id, now) if fetch_offset is not None else []
-        if chosen not in sets:
-            sets = [chosen, *sets]
+        sets = canonical_sets([chosen, *(self.active.active(partition_id, now) if fetch_offset is not None else ())])
         index = sets.index(chosen)
-        plan = self._plan_for(tuple(sets))
+        plan = self._plan_for(sets)
         keep_values = self.topic_setting(name, "reserve.message.value.range.fetch")
         if keep_values:
             result = split_records(blob, plan, codec=self.codec)
@@ -316,11 +325,15 @@ class KeyRangeEngine:
         return entry
 
     def _plan_for(self, sets: tuple[RangeSet, ...]) -> RangePlan:
-        plan = self._plans.get(sets)
+        """The split plan of ``sets``, least recently used plans beyond ``MAX_PLANS`` dropped."""
+        plans = self._plans
+        plan = plans.get(sets)
         if plan is None:
-            if len(self._plans) > 1024:
-                self._plans.clear()
-            plan = self._plans[sets] = RangePlan(sets)
+            plan = plans[sets] = RangePlan(sets)
+            if len(plans) > MAX_PLANS:
+                plans.popitem(last=False)
+        else:
+            plans.move_to_end(sets)
         return plan
 
     def _name(self, key: Any) -> str:
@@ -346,20 +359,21 @@ class SharedReads:
         engine = self.engine
         for ranges in wanted:
             engine.active.touch(partition_id, ranges, now)
-        sets = list(wanted) + [s for s in engine.active.active(partition_id, now) if s not in wanted]
+        sets = canonical_sets([*wanted, *engine.active.active(partition_id, now)])
         read = engine.stats.broker_bytes
         read[partition_id] = read.get(partition_id, 0) + len(blob)
         engine.stats.touched.add(partition_id)
-        result = split_records(blob, engine._plan_for(tuple(sets)), codec=engine.codec)
-        outputs = [output.records for output in result.outputs]
-        for output in result.outputs[:len(wanted)]:
+        result = split_records(blob, engine._plan_for(sets), codec=engine.codec)
+        mine = [result.outputs[sets.index(ranges)] for ranges in wanted]
+        for output in mine:
             engine.stats.records_kept += output.stats.records_kept
             engine.stats.records_dropped += output.stats.records_dropped
         if result.next_offset is not None:
-            for ranges, records in zip(sets[len(wanted):], outputs[len(wanted):]):
-                engine.cache.put(CachedShare(partition_id, ranges, fetch_offset, result.next_offset,
-                                             isolation_level, records=records, **metadata))
-        return outputs[:len(wanted)], result.next_offset
+            for ranges, output in zip(sets, result.outputs):
+                if ranges not in wanted:
+                    engine.cache.put(CachedShare(partition_id, ranges, fetch_offset, result.next_offset,
+                                                 isolation_level, records=output.records, **metadata))
+        return [output.records for output in mine], result.next_offset
 
     def interest(self, partition_id: tuple[str, int], ranges: RangeSet, now: float) -> None:
         """Count ``ranges`` as active on the partition (its next reads cache a share of it)
