@@ -126,16 +126,56 @@ class Cluster:
                     raise CommitLogError(f"cannot read the committed offsets of {group}: {exc}") from exc
                 await trio.sleep(0.1)  # the coordinator is loading or moving: ask again shortly
 
+    async def committed_groups(self, coordinator_of: str, groups: dict[str, list[Key]], *,
+                               require_stable: bool) -> dict[str, dict[Key, tuple[int, str | None, int]]]:
+        """The committed offsets, metadata and error code of several groups that share
+        ``coordinator_of``'s coordinator (shadow groups of a transactional commit), in one
+        OffsetFetch; with ``require_stable`` a key a transaction holds pending answers
+        UNSTABLE_OFFSET_COMMIT. Raises CommitLogError when no coordinator answers in time."""
+        asked = {group: keys for group, keys in groups.items() if keys}
+        if not asked:
+            return {}
+        cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+        request_groups = []
+        for group, keys in asked.items():
+            by_topic: dict[str, list[int]] = {}
+            for topic, partition in keys:
+                by_topic.setdefault(topic, []).append(partition)
+            request_groups.append(cls.OffsetFetchRequestGroup(group_id=group, topics=[
+                cls.OffsetFetchRequestTopics(name=topic, partition_indexes=parts) for topic, parts in by_topic.items()]))
+        body = messages.new_body(ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, "request", groups=request_groups,
+                                 require_stable=require_stable)
+        deadline = trio.current_time() + 30
+        while True:
+            try:
+                address = await self.find_coordinator(coordinator_of)
+                response = await self.request(address, ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, body)
+                out: dict[str, dict[Key, tuple[int, str | None, int]]] = {}
+                for entry in response.groups:
+                    if entry.error_code != ErrorCode.NONE:
+                        raise CommitLogError(f"OffsetFetch({entry.group_id}) error {ErrorCode.name_of(entry.error_code)}")
+                    out[entry.group_id] = {(topic.name, part.partition_index): (
+                        part.committed_offset, part.metadata, part.error_code)
+                        for topic in entry.topics for part in topic.partitions}
+                return out
+            except (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError) as exc:
+                if trio.current_time() > deadline:
+                    raise CommitLogError(f"cannot read the committed offsets of {sorted(asked)}: {exc}") from exc
+                await trio.sleep(0.1)  # the coordinator is loading or moving: ask again shortly
+
     async def commit_offsets(self, group: str, generation: int, member: str, instance_id: str | None,
-                             offsets: dict[Key, int]) -> dict[Key, int]:
+                             offsets: dict[Key, int] | dict[Key, tuple[int, str]]) -> dict[Key, int]:
         """A standard OffsetCommit from the proxy's own connection to the coordinator, with
         the generation and member of the client's commit (the broker checks them as for the
-        client); the error code per key. Raises CommitLogError when no coordinator answers."""
+        client); the error code per key. An offset may come with its metadata. Raises
+        CommitLogError when no coordinator answers."""
         cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
         by_topic: dict[str, list] = {}
-        for (topic, partition), offset in offsets.items():
+        for (topic, partition), value in offsets.items():
+            offset, metadata = value if isinstance(value, tuple) else (value, "")
             by_topic.setdefault(topic, []).append(
-                cls.OffsetCommitRequestPartition(partition_index=partition, committed_offset=offset))
+                cls.OffsetCommitRequestPartition(partition_index=partition, committed_offset=offset,
+                                                 committed_metadata=metadata))
         body = messages.new_body(ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION, "request", group_id=group,
                                  generation_id_or_member_epoch=generation, member_id=member,
                                  group_instance_id=instance_id,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -32,6 +33,7 @@ from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCom
 from proxy.commits.state import CommitState, MarkEdit
 from proxy.net.pool import BrokerPool
 from proxy.pipeline import ClusterView, ConnectionContext
+from proxy.protocol.constants import ErrorCode
 
 log = logging.getLogger("proxy.commits")
 
@@ -113,6 +115,8 @@ class SharePlan:
     planned: Planned
     offsets: dict[Key, tuple[int, str]] = field(default_factory=dict)
     refused: dict[Key, int] = field(default_factory=dict)
+    # key -> (reset epoch, (K, share) -> sequence) of its watermarks with the edits applied
+    sequences: dict[Key, tuple[int, dict[tuple[int, int], int]]] = field(default_factory=dict)
 
 
 class CommitService:
@@ -250,6 +254,7 @@ class CommitService:
             state = commit.planned(key)
             assert state is not None  # a watermark edit's state is computed when planned
             plan.offsets[key] = (stable, watermarks.encode_metadata(state))
+            plan.sequences[key] = (state.epoch, watermarks.sequences(state))
         return plan
 
     async def finish_shares(self, plan: SharePlan, generation: int, member: str, instance_id: str | None,
@@ -265,6 +270,46 @@ class CommitService:
         finally:
             planned.done.set()
 
+    async def settle_shares(self, ctx: ConnectionContext, group: str, edits: dict[Key, dict[int, dict[int, int]]],
+                            generation: int, member: str, instance_id: str | None) -> dict[Key, int]:
+        """A commit of share watermarks that are already committed elsewhere (a transaction's
+        shadow groups), made by the proxy itself: S' and the watermarks reach the
+        coordinator in an OffsetCommit of its own with the member's generation, then the
+        log, for the keys the coordinator accepted. Returns the error per key."""
+        plan = await self.begin_shares(ctx, group, edits, {})
+        try:
+            results: list[tuple[Key, int]] = []
+            if plan.offsets:
+                try:
+                    answered = await self.log.cluster.commit_offsets(group, generation, member, instance_id,
+                                                                     plan.offsets)
+                except CommitLogError as exc:
+                    log.warning("share watermarks not settled group=%s reason=%r", group, str(exc))
+                    answered = {}
+                results = [(key, answered.get(key, ErrorCode.COORDINATOR_NOT_AVAILABLE)) for key in plan.offsets]
+            errors = await self.finish_shares(plan, generation, member, instance_id, results)
+            return {**plan.refused, **{key: code for key, code in results}, **errors}
+        finally:
+            self.abandon(plan)
+
+    async def shadow_offsets(self, group: str, shadows: dict[str, list[Key]], *,
+                             require_stable: bool) -> dict[str, dict[Key, tuple[int, str | None, int]]]:
+        """Committed offset, metadata and error of ``shadows`` (groups on ``group``'s
+        coordinator), in one request (raises ``CommitLogError``)."""
+        return await self.log.cluster.committed_groups(group, shadows, require_stable=require_stable)
+
+    def fold_edits(self, group: str, shadows: dict[Key, list[watermarks.ShadowMark]]) -> dict[Key, dict[int, dict[int, int]]]:
+        """The watermark edits that bring each key's log record (``read`` first) up to its
+        committed shadow watermarks; keys with nothing newer are left out."""
+        records = self.log.records(group)
+        edits = {}
+        for key, marks in shadows.items():
+            record = records.get(key)
+            by_k = watermarks.fold(record[1] if record is not None else CommitState(-1), marks)
+            if by_k:
+                edits[key] = by_k
+        return edits
+
     def abandon(self, plan: SharePlan) -> None:
         """The commit will not be completed (nothing was sent): release its locks."""
         plan.planned.done.set()
@@ -273,9 +318,13 @@ class CommitService:
         """Read the group's log partition to its end (raises ``CommitLogError``)."""
         await self.log.catch_up(group)
 
-    def watermarks(self, group: str, key: Key, committed: int, metadata: str | None) -> tuple[int, dict[int, list[int]]]:
+    def watermarks(self, group: str, key: Key, committed: int, metadata: str | None,
+                   shadows: Sequence[watermarks.ShadowMark] = ()) -> tuple[int, dict[int, list[int]]]:
         """S and W per share per K (-1: none) of ``key``, from what this instance read of
-        the log (``read`` first) and the coordinator's committed offset and metadata."""
+        the log (``read`` first), the coordinator's committed offset and metadata, and the
+        committed shadow watermarks of transactions (the newer of each share's)."""
         record = self.log.records(group).get(key)
         state = watermarks.combine(record[1] if record is not None else None, committed, metadata)
+        if shadows:
+            state = watermarks.overlay(state, list(shadows))
         return state.stable, watermarks.per_share(state.marks)

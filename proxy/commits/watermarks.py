@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from proxy.commits.state import MAX_OFFSET, MAX_SHARES, CommitState, Marks, checked_marks, join_marks, rebase, settle
 
-__all__ = ["PREFIX", "combine", "decode_metadata", "encode_metadata", "per_share"]
+__all__ = ["PREFIX", "ShadowMark", "combine", "decode_metadata", "encode_metadata", "fold", "newer", "overlay",
+           "per_share", "sequences"]
+
+# A transaction's shadow-group watermark (proxy.virtual.txn), committed:
+# (K, share, W, reset epoch, sequence).
+ShadowMark = tuple[int, int, int, int, int]
 
 PREFIX = "keyrange.watermarks/"
 _V1 = PREFIX + "1:"
@@ -114,3 +119,42 @@ def per_share(marks: Marks) -> dict[int, list[int]]:
         if 0 <= share < shares <= MAX_SHARES:
             out.setdefault(shares, [-1] * shares)[share] = offset
     return out
+
+
+# -- shadow watermarks of transactional commits -------------------------------------------------
+
+
+def sequences(state: CommitState) -> dict[tuple[int, int], int]:
+    """(K, share) -> the sequence of the share's watermark in ``state``."""
+    return {(mark[0], mark[1]): mark[3] for mark in state.marks}
+
+
+def newer(state: CommitState, shadow: ShadowMark) -> bool:
+    """Whether a committed shadow watermark is newer than ``state``'s watermark of its share:
+    of the state's reset epoch (or a later one) with a higher sequence. Ties go to the log:
+    folding a shadow gives the share a sequence at least the shadow's."""
+    shares, share, offset, epoch, sequence = shadow
+    if offset < 0 or epoch < state.epoch:
+        return False
+    if epoch > state.epoch:
+        return True
+    return sequence > sequences(state).get((shares, share), 0)
+
+
+def overlay(state: CommitState, shadows: list[ShadowMark]) -> CommitState:
+    """``state`` with every newer shadow watermark in place of its share's."""
+    taken = {(s[0], s[1]): (s[0], s[1], s[2], s[4]) for s in shadows if newer(state, s)}
+    if not taken:
+        return state
+    kept = tuple(mark for mark in state.marks if (mark[0], mark[1]) not in taken)
+    return settle(CommitState.from_packed(state.stable, state.packed, state.epoch,
+                                          join_marks(kept, tuple(sorted(taken.values())))))
+
+
+def fold(state: CommitState, shadows: list[ShadowMark]) -> dict[int, dict[int, int]]:
+    """The watermark edits (K -> share -> W) that bring ``state`` up to its newer shadows."""
+    edits: dict[int, dict[int, int]] = {}
+    for shadow in shadows:
+        if newer(state, shadow):
+            edits.setdefault(shadow[0], {})[shadow[1]] = shadow[2]
+    return edits

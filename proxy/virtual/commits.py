@@ -151,6 +151,22 @@ class FetchPlan:
     all_topics: set[str | None] = field(default_factory=set)  # groups asked for every topic
     group_id: str = ""  # the single-group form's group
     unavailable: set[str] = field(default_factory=set)  # groups whose log could not be read
+    # (group, real topic, real partition, K, share) -> (error, client metadata) of the
+    # share's shadow group (transactional commits): UNSTABLE_OFFSET_COMMIT while its
+    # transaction is open (RequireStable), else the metadata the client committed with W(i)
+    shadows: dict[tuple[str, str, int, int, int], tuple[int, str]] = field(default_factory=dict)
+    # (group, real key) -> the committed shadow watermarks (K, share, W, epoch, sequence)
+    shadow_marks: dict[tuple[str, RealKey], list[tuple[int, int, int, int, int]]] = field(default_factory=dict)
+
+    def virtual_partitions(self) -> list[tuple[str, VirtualTopic, int]]:
+        """(group, virtual topic, virtual partition) of every virtual partition asked by name."""
+        out: list[tuple[str, VirtualTopic, int]] = []
+        for group, asked in self.groups.items():
+            group_id = group if group is not None else self.group_id
+            for _name, vt, parts in asked:
+                if vt is not None:
+                    out.extend((group_id, vt, index) for index in parts or ())
+        return out
 
     def group_ids(self) -> list[str]:
         return [group if group is not None else self.group_id for group in self.groups]
@@ -226,7 +242,8 @@ def offset_fetch_response(body: Any, version: int, plan: FetchPlan, marks_of: Ma
                 group.topics = []
                 continue
             group.topics = _answer(group.group_id, group.topics, asked, group.group_id in plan.all_topics, marks_of,
-                                   cls.OffsetFetchResponseTopics, cls.OffsetFetchResponsePartitions, name_of_virtual)
+                                   cls.OffsetFetchResponseTopics, cls.OffsetFetchResponsePartitions, name_of_virtual,
+                                   plan.shadows)
     else:
         if plan.group_id in plan.unavailable and body.error_code == ErrorCode.NONE:
             body.error_code = int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
@@ -234,17 +251,24 @@ def offset_fetch_response(body: Any, version: int, plan: FetchPlan, marks_of: Ma
             return
         asked = plan.groups.get(None, [])
         body.topics = _answer(plan.group_id, body.topics, asked, None in plan.all_topics, marks_of,
-                              cls.OffsetFetchResponseTopic, cls.OffsetFetchResponsePartition, name_of_virtual)
+                              cls.OffsetFetchResponseTopic, cls.OffsetFetchResponsePartition, name_of_virtual,
+                              plan.shadows)
 
 
 def _answer(group: str, topics: list, asked: list, every: bool, marks_of: MarksOf, topic_class, part_class,
-            name_of_virtual) -> list:
+            name_of_virtual, shadows: dict[tuple[str, str, int, int, int], tuple[int, str]]) -> list:
     answered = {t.name: t for t in topics or ()}
     sources = {(t.name, p.partition_index): p for t in topics or () for p in t.partitions}
     known: dict[RealKey, tuple[int, dict[int, list[int]]]] = {}
+    pending_carrier: set[RealKey] = set()
     for (real, partition), part in sources.items():
         if part.error_code == ErrorCode.NONE:
             known[(real, partition)] = marks_of(group, real, partition, part.committed_offset, part.metadata)
+        elif part.error_code == ErrorCode.UNSTABLE_OFFSET_COMMIT:
+            # Another share's transaction holds a carrier of the real partition: a share's own
+            # pending commit shows in its shadow; the others read the log's state.
+            known[(real, partition)] = marks_of(group, real, partition, -1, None)
+            pending_carrier.add((real, partition))
     out = []
     if every:
         out = list(topics or ())
@@ -278,13 +302,21 @@ def _answer(group: str, topics: list, asked: list, every: bool, marks_of: MarksO
                 entries.append(part_class(partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
                                           metadata="", error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)))
                 continue
-            offset = source.committed_offset
+            offset, error = source.committed_offset, source.error_code
+            if (vt.real, real_partition) in pending_carrier:
+                error = int(ErrorCode.NONE)
             found = known.get((vt.real, real_partition))
             if found is not None:
                 stable, per_k = found
                 mark = per_k.get(vt.shares, [-1] * vt.shares)[vt.share(index)]
                 offset = mark if mark >= 0 else stable
+            metadata = ""
+            shadow = shadows.get((group, vt.real, real_partition, vt.shares, vt.share(index)))
+            if shadow is not None:
+                shadow_error, metadata = shadow
+                if error == ErrorCode.NONE and shadow_error != ErrorCode.NONE:
+                    offset, error, metadata = -1, shadow_error, ""
             entries.append(part_class(partition_index=index, committed_offset=offset, committed_leader_epoch=-1,
-                                      metadata="", error_code=source.error_code))
+                                      metadata=metadata, error_code=error))
         out.append(topic_class(name=name, partitions=entries))
     return out

@@ -8,6 +8,7 @@ It runs right after the cluster feed, so the shared cluster view learns only rea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -18,11 +19,13 @@ import trio
 from prometheus_client import Counter
 
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
+from proxy.pipeline.cluster import CONSUMER_OFFSETS
 from proxy.pipeline.context import StateKey
+from proxy.pipeline.route import OwnRequest
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
-from proxy.virtual import commits, fetch, refusals, rewrite
+from proxy.virtual import commits, fetch, refusals, rewrite, shadows, txn
 from proxy.virtual.names import VirtualNames, VirtualTopic
 from proxy.virtual.precheck import Precheck, fetch_topic_ids
 
@@ -35,6 +38,11 @@ _FIND_COORDINATOR_VERSION = 4
 _LOAD_TIMEOUT = 10.0
 _MERGE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for another connection's read
 _MAX_INFLIGHT_READS = 10_000
+# After a transactional commit's answer, its shadows are asked with RequireStable first
+# after this, then with the delay doubling up to the cap, until the transaction ended.
+_SETTLE_FIRST_DELAY = 0.02
+_SETTLE_MAX_DELAY = 1.0
+_SETTLE_DEADLINE = 900.0  # transaction.max.timeout.ms, Kafka's default: no transaction is open longer
 NEWEST_COMMIT_BY_NAME = 9  # OffsetCommit / OffsetFetch v10 name topics by id only
 
 
@@ -64,7 +72,14 @@ class CommitLogService(Protocol):
     async def read(self, group: str) -> None: ...
 
     def watermarks(self, group: str, key: tuple[str, int], committed: int,
-                   metadata: str | None) -> tuple[int, dict[int, list[int]]]: ...
+                   metadata: str | None, shadows: Any = ()) -> tuple[int, dict[int, list[int]]]: ...
+
+    def fold_edits(self, group: str, shadows: dict) -> dict: ...
+
+    async def shadow_offsets(self, group: str, shadows: dict, *, require_stable: bool) -> dict: ...
+
+    async def settle_shares(self, ctx: ConnectionContext, group: str, edits: dict, generation: int, member: str,
+                            instance_id: str | None) -> dict: ...
 
 
 class _Connection:
@@ -166,6 +181,10 @@ class VirtualTopicsFeature(Feature):
                                 ["api"], registry=registry)
         self._commits = Counter("kafka_proxy_virtual_commits", "Virtual partitions committed.", ["topic"],
                                 registry=registry)
+        self._txn_commits = Counter("kafka_proxy_virtual_txn_commits", "Virtual partitions committed inside "
+                                    "transactions.", ["topic"], registry=registry)
+        self._settles = Counter("kafka_proxy_virtual_txn_settles", "Committed transactions whose share watermarks "
+                                "were folded into the log and S moved.", registry=registry)
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         stages: dict[int, RequestStage] = {
@@ -177,6 +196,7 @@ class VirtualTopicsFeature(Feature):
             ApiKey.FETCH: self.on_fetch,
             ApiKey.OFFSET_COMMIT: self.on_offset_commit,
             ApiKey.OFFSET_FETCH: self.on_offset_fetch,
+            ApiKey.TXN_OFFSET_COMMIT: self.on_txn_offset_commit,
             ApiKey.CONSUMER_GROUP_HEARTBEAT: self.on_group_heartbeat,
         }
         for api_key in refusals.REFUSED_APIS:
@@ -262,7 +282,14 @@ class VirtualTopicsFeature(Feature):
         elif what == "configs":
             rewrite.describe_configs_response(body, plan)
         elif what == "offset_fetch":
-            commits.offset_fetch_response(body, version, plan, self._marks_of, self.names.name)
+            shadow_marks = plan.shadow_marks
+
+            def marks_of(group: str, real: str, partition: int, committed: int,
+                         metadata: str | None) -> tuple[int, dict[int, list[int]]]:
+                return self.store.watermarks(group, (real, partition), committed, metadata,
+                                             shadow_marks.get((group, (real, partition)), ()))
+
+            commits.offset_fetch_response(body, version, plan, marks_of, self.names.name)
 
     def _handed_out(self, topics: Any) -> None:
         """Clients may now name these virtual topics by id: the pre-check looks for them."""
@@ -639,5 +666,156 @@ class VirtualTopicsFeature(Feature):
             except Exception as exc:  # noqa: BLE001 - CommitLogError: answered retriable, never stale
                 log.warning("share watermarks unreadable group=%s reason=%r", group_id, str(exc))
                 plan.unavailable.add(group_id)
+        await self._read_shadows(plan, bool(getattr(body, "require_stable", False)))
         self._remember(ctx, request, "offset_fetch", plan, body)
         return None
+
+    # -- transactional commits ---------------------------------------------------------------
+    async def _offsets_partitions(self) -> int:
+        """The partition count of ``__consumer_offsets`` (shadow group names depend on it)."""
+        count = self.cluster.consumer_offsets_partitions
+        if count is None:
+            await self.cluster.refresh([CONSUMER_OFFSETS])
+            count = self.cluster.consumer_offsets_partitions
+        if count is None:
+            raise shadows.ShadowNameError("the partition count of __consumer_offsets is unknown")
+        return count
+
+    async def _read_shadows(self, plan: commits.FetchPlan, require_stable: bool) -> None:
+        """The committed watermark of each shadow group of the virtual partitions asked (one
+        request per group: the shadows share its coordinator), for the answer."""
+        wanted: dict[str, dict[str, set[tuple[str, int]]]] = {}  # group -> shadow -> real keys
+        slots: dict[tuple[str, str], tuple[int, int]] = {}  # (group, shadow) -> (K, share)
+        partitions = None
+        for group, vt, index in plan.virtual_partitions():
+            if group in plan.unavailable:
+                continue
+            try:
+                partitions = partitions or await self._offsets_partitions()
+                shadow = shadows.shadow_group(group, vt.shares, vt.share(index), partitions)
+            except shadows.ShadowNameError:
+                continue  # such a group cannot have committed transactionally
+            wanted.setdefault(group, {}).setdefault(shadow, set()).add((vt.real, vt.real_partition(index)))
+            slots[(group, shadow)] = (vt.shares, vt.share(index))
+        for group, by_shadow in wanted.items():
+            try:
+                found = await self.store.shadow_offsets(group, {name: sorted(keys) for name, keys in by_shadow.items()},
+                                                        require_stable=require_stable)
+            except Exception as exc:  # noqa: BLE001 - CommitLogError: answered retriable, never stale
+                log.warning("shadow watermarks unreadable group=%s reason=%r", group, str(exc))
+                plan.unavailable.add(group)
+                continue
+            for shadow, keys in found.items():
+                shares, share = slots[(group, shadow)]
+                for key, (offset, metadata, error) in keys.items():
+                    if error != ErrorCode.NONE:
+                        plan.shadows[(group, *key, shares, share)] = (error, "")
+                        continue
+                    mark = txn.shadow_mark(shares, share, offset, metadata)
+                    decoded = shadows.decode_metadata(metadata)
+                    if mark is None or decoded is None:
+                        continue
+                    plan.shadows[(group, *key, shares, share)] = (int(ErrorCode.NONE), decoded.client)
+                    plan.shadow_marks.setdefault((group, key), []).append(mark)
+
+    async def on_txn_offset_commit(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        header, body = request.decoded()
+        await self._know(t.name for t in body.topics)
+        plan = txn.commit_plan(body, self.resolver)
+        if plan is None:
+            return None
+        refused = dict(plan.refused)
+        try:
+            partitions = await self._offsets_partitions()
+            for shares, share in plan.slots():
+                plan.shadows[(shares, share)] = shadows.shadow_group(plan.group, shares, share, partitions)
+        except shadows.ShadowNameError as exc:
+            log.warning("transactional commit refused group=%s reason=%r", plan.group, str(exc))
+            for key in plan.edits:
+                refused.setdefault(key, int(ErrorCode.INVALID_REQUEST))
+        edits = {key: by_k for key, by_k in plan.edits.items() if key not in refused}
+        # S_c and the watermarks, computed under the keys' locks as a plain virtual commit
+        # plans them; nothing is written to the log: the transaction may still abort.
+        planned = await self.store.begin_shares(ctx, plan.group, edits, {})
+        refused.update(planned.refused)
+        own = []
+        for slot, shadow_body in txn.shadow_requests(body, plan, planned.sequences, refused):
+            correlation_id = rewrite.own_correlation_id()
+            own.append(OwnRequest(
+                messages.encode_request(dataclasses.replace(header, correlation_id=correlation_id), shadow_body),
+                ApiKey.TXN_OFFSET_COMMIT, request.version, correlation_id, self._keep_shadow(plan, slot, request.version)))
+        for _name, vt, parts in plan.topics:
+            if vt is not None:
+                self._txn_commits.labels(vt.real).inc(len(parts))
+        if not txn.carrier_request(body, plan, planned.offsets, refused):
+            # every partition refused: nothing goes to the broker
+            self.store.abandon(planned)
+            response = messages.new_body(ApiKey.TXN_OFFSET_COMMIT, request.version, "response")
+            txn.commit_response(response, plan, refused)
+            return Route.answer(messages.encode_response(ApiKey.TXN_OFFSET_COMMIT, request.version,
+                                                         messages.new_response_header(request.correlation_id),
+                                                         response))
+        generation, member, instance = body.generation_id, body.member_id, body.group_instance_id
+
+        async def on_response(response: DecodedResponse) -> None:
+            self.store.abandon(planned)
+            outcome = txn.commit_response(response.body, plan, refused)
+            response.changed = True
+            committed = {key: plan.edits[key] for key, code in outcome.items() if code == ErrorCode.NONE}
+            if committed:
+                ctx.start_soon(self._settle_txn, ctx, plan.group, committed, generation, member, instance)
+
+        return Route(messages.encode_request(header, body), before=tuple(own), on_response=on_response,
+                     settle=lambda: self.store.abandon(planned))
+
+    @staticmethod
+    def _keep_shadow(plan: txn.TxnPlan, slot: tuple[int, int], version: int):
+        async def keep(raw: bytes) -> None:
+            _, plan.answers[slot] = messages.decode_response(ApiKey.TXN_OFFSET_COMMIT, version, raw)
+        return keep
+
+    async def _settle_txn(self, ctx: ConnectionContext, group: str, keys: dict, generation: int, member: str,
+                          instance: str | None) -> None:
+        """Once the transaction has ended, fold the committed shadows of ``keys`` (real ->
+        K -> shares) into the log and move S at the coordinator; an aborted transaction left
+        nothing newer, and nothing is written."""
+        try:
+            partitions = await self._offsets_partitions()
+            asked: dict[str, list[tuple[str, int]]] = {}
+            slots: dict[str, tuple[int, int]] = {}
+            for key, by_k in keys.items():
+                for shares in by_k:
+                    for share in range(shares):  # every share of K: a settle catches up the others' too
+                        name = shadows.shadow_group(group, shares, share, partitions)
+                        asked.setdefault(name, []).append(key)
+                        slots[name] = (shares, share)
+            delay = _SETTLE_FIRST_DELAY
+            deadline = trio.current_time() + _SETTLE_DEADLINE
+            while True:
+                await trio.sleep(delay)
+                found = await self.store.shadow_offsets(group, asked, require_stable=True)
+                if not any(error == ErrorCode.UNSTABLE_OFFSET_COMMIT for answers in found.values()
+                           for _o, _m, error in answers.values()):
+                    break
+                if trio.current_time() > deadline:
+                    return
+                delay = min(delay * 2, _SETTLE_MAX_DELAY)
+            marks: dict[tuple[str, int], list] = {}
+            for name, answers in found.items():
+                shares, share = slots[name]
+                for key, (offset, metadata, error) in answers.items():
+                    mark = txn.shadow_mark(shares, share, offset, metadata) if error == ErrorCode.NONE else None
+                    if mark is not None:
+                        marks.setdefault(key, []).append(mark)
+            await self.store.read(group)
+            edits = self.store.fold_edits(group, marks)
+            if not edits:
+                return
+            errors = await self.store.settle_shares(ctx, group, edits, generation, member, instance)
+            failed = {key: code for key, code in errors.items() if code != ErrorCode.NONE}
+            if failed:
+                log.info("transactional watermarks folded later group=%s refused=%s", group,
+                         {f"{t}-{p}": ErrorCode.name_of(c) for (t, p), c in failed.items()})
+            self._settles.inc()
+        except Exception as exc:  # noqa: BLE001 - the next commit or OffsetFetch folds them
+            log.warning("transactional watermarks not settled group=%s reason=%r", group, str(exc))

@@ -302,14 +302,19 @@ def offsets_for_leader_epoch_response(body: Any, plan: PartitionPlan) -> None:
                                                          error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION)))
 
 
+def own_correlation_id() -> int:
+    """A correlation id for a request of the proxy's own on a client's connection:
+    negative, never one a client uses (clients count up from 0)."""
+    return -(next(_own_ids) % (1 << 31)) - 1
+
+
 def extra_requests(header: Any, api_key: int, plan: PartitionPlan) -> tuple[OwnRequest, ...]:
     """The plan's further requests as requests of the proxy's own, to go upstream right
     before the client's (``Route.before``) under the client's header (its version and
     client id): each one's response is kept in ``plan.answers`` for the response rewrite."""
     own = []
     for number, body in enumerate(plan.extra, start=1):
-        # Negative: never one a client uses (clients count up from 0).
-        correlation_id = -(next(_own_ids) % (1 << 31)) - 1
+        correlation_id = own_correlation_id()
         frame = messages.encode_request(dataclasses.replace(header, correlation_id=correlation_id), body)
         own.append(OwnRequest(frame, api_key, header.request_api_version, correlation_id,
                               _keep_answer(plan, number, api_key, header.request_api_version)))

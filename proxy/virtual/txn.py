@@ -1,0 +1,205 @@
+"""Transactional commits of virtual partitions, without I/O (docs/individual-commit.md,
+"Transactional commits (exactly-once on shared partitions)").
+
+A TxnOffsetCommit of group G naming virtual partition (p, share i) of ``T.krK`` at offset
+X means W(i) = X inside the client's transaction. Inside a transaction the watermarks of
+one real partition cannot share a key (of two pending writes Kafka keeps the one appended
+last), so the request becomes, on the client's own connection and in this order:
+
+1. one TxnOffsetCommit per (K, share) named, to the share's *shadow group*
+   (``proxy.virtual.shadows``): the real (T, p) at X, with the client's transactional id,
+   producer id and epoch, generation -1 and no member (``shadow_requests``);
+2. the client's request itself, the *carrier*: G with the client's generation and member
+   (the broker's KIP-447 fencing), each virtual partition replaced by its real partition at
+   S_c, the S this instance computes with the request's watermarks applied, and the
+   watermarks as metadata (``carrier_request``).
+
+The broker answers in order; the client gets per virtual partition the carrier's error
+for (T, p) if any, else its shadow's (``commit_response``). Once the transaction is
+committed the shadows are folded into the log and S reaches the coordinator
+(``proxy.commits.watermarks.fold``); until then, and for OffsetFetch, each committed
+shadow newer than the log's watermark of its share counts (``watermarks.overlay``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
+from proxy.virtual import shadows
+from proxy.virtual.names import VirtualTopic
+from proxy.virtual.rewrite import Resolver
+
+RealKey = tuple[str, int]  # (real topic, real partition)
+Slot = tuple[int, int]  # (K, share)
+
+
+@dataclass(slots=True)
+class TxnPlan:
+    """What a TxnOffsetCommit asks, by real partition."""
+
+    group: str
+    topics: list[tuple[str, VirtualTopic | None, list[int]]] = field(default_factory=list)  # as asked
+    edits: dict[RealKey, dict[int, dict[int, int]]] = field(default_factory=dict)  # real -> K -> share -> X
+    sent: dict[tuple[RealKey, int, int], Any] = field(default_factory=dict)  # (real, K, share) -> partition as sent
+    refused: dict[RealKey, int] = field(default_factory=dict)  # answered without the broker
+    shadows: dict[Slot, str] = field(default_factory=dict)  # (K, share) -> shadow group
+    answers: dict[Slot, Any] = field(default_factory=dict)  # (K, share) -> the shadow commit's response
+
+    def slots(self) -> list[Slot]:
+        return sorted({(shares, share) for by_k in self.edits.values() for shares, marks in by_k.items()
+                       for share in marks})
+
+
+def commit_plan(body: Any, resolver: Resolver) -> TxnPlan | None:
+    """None when the request names no virtual partition. A real partition named both plainly
+    and through a virtual topic is refused (INVALID_REQUEST), as OffsetCommit does."""
+    plan = TxnPlan(body.group_id)
+    plain: set[RealKey] = set()
+    for topic in body.topics:
+        vt = resolver.virtual(topic.name) if topic.name else None
+        plan.topics.append((topic.name, vt, [p.partition_index for p in topic.partitions]))
+        for part in topic.partitions:
+            if vt is None:
+                plain.add((topic.name, part.partition_index))
+                continue
+            key = (vt.real, vt.real_partition(part.partition_index))
+            share = vt.share(part.partition_index)
+            plan.edits.setdefault(key, {}).setdefault(vt.shares, {})[share] = part.committed_offset
+            plan.sent[(key, vt.shares, share)] = part
+    if not plan.edits:
+        return None
+    for key in plan.edits:
+        if key in plain:
+            plan.refused[key] = int(ErrorCode.INVALID_REQUEST)
+    return plan
+
+
+Sequences = tuple[int, dict[Slot, int]]  # a key's reset epoch, and (K, share) -> its watermark's sequence
+
+
+def shadow_requests(body: Any, plan: TxnPlan, sequences: dict[RealKey, Sequences], refused: dict[RealKey, int],
+                    metadata_limit: int = shadows.DEFAULT_METADATA_MAX) -> list[tuple[Slot, Any]]:
+    """One TxnOffsetCommit body per (K, share) of the plan (``plan.shadows`` names their
+    groups): the client's transaction, no member, the real partitions at the client's
+    offsets with the share's epoch and sequence in ``sequences`` (the key's state with the
+    request's watermarks applied). A key whose metadata would be too long is added to
+    ``refused`` (OFFSET_METADATA_TOO_LARGE), as the broker would have answered."""
+    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
+    by_slot: dict[Slot, dict[str, list]] = {}
+    for key, by_k in plan.edits.items():
+        if key in refused or key not in sequences:
+            continue
+        epoch, sequence_of = sequences[key]
+        parts = []
+        for shares, marks in sorted(by_k.items()):
+            for share in sorted(marks):
+                sent = plan.sent[(key, shares, share)]
+                try:
+                    metadata = shadows.encode_metadata(epoch, sequence_of.get((shares, share), 0),
+                                                       sent.committed_metadata, metadata_limit)
+                except shadows.ShadowMetadataTooLarge:
+                    refused[key] = int(ErrorCode.OFFSET_METADATA_TOO_LARGE)
+                    break
+                parts.append(((shares, share), cls.TxnOffsetCommitRequestPartition(
+                    partition_index=key[1], committed_offset=sent.committed_offset,
+                    committed_leader_epoch=sent.committed_leader_epoch, committed_metadata=metadata)))
+            else:
+                continue
+            break
+        if key in refused:
+            continue
+        for slot, part in parts:
+            by_slot.setdefault(slot, {}).setdefault(key[0], []).append(part)
+    out = []
+    for slot, topics in sorted(by_slot.items()):
+        shadow = copy.copy(body)
+        shadow.group_id = plan.shadows[slot]
+        shadow.generation_id = -1
+        shadow.member_id = ""
+        shadow.group_instance_id = None
+        shadow.topics = [cls.TxnOffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()]
+        out.append((slot, shadow))
+    return out
+
+
+def carrier_request(body: Any, plan: TxnPlan, offsets: dict[RealKey, tuple[int, str]],
+                    refused: dict[RealKey, int]) -> bool:
+    """Rewrite ``body`` into the carrier: every real partition with watermarks at
+    ``offsets[key]`` (S_c and the watermarks as metadata), the client's real partitions as
+    sent, ``refused`` ones left out. Returns whether anything is left to send."""
+    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
+    virtual = {vt.name for _, vt, _ in plan.topics if vt is not None}
+    out: dict[str, Any] = {}
+    for topic in body.topics:
+        if topic.name in virtual:
+            continue
+        kept = [p for p in topic.partitions if (topic.name, p.partition_index) not in refused]
+        if kept:
+            out.setdefault(topic.name, cls.TxnOffsetCommitRequestTopic(name=topic.name, partitions=[])) \
+                .partitions.extend(kept)
+    for (real, partition), (offset, metadata) in sorted(offsets.items()):
+        if (real, partition) in refused or (real, partition) not in plan.edits:
+            continue
+        target = out.get(real)
+        if target is None:
+            target = out[real] = cls.TxnOffsetCommitRequestTopic(name=real, partitions=[])
+        target.partitions.append(cls.TxnOffsetCommitRequestPartition(
+            partition_index=partition, committed_offset=offset, committed_leader_epoch=-1,
+            committed_metadata=metadata))
+    body.topics = list(out.values())
+    return bool(body.topics)
+
+
+def _errors(response: Any) -> dict[RealKey, int]:
+    return {(t.name, p.partition_index): p.error_code for t in response.topics or () for p in t.partitions}
+
+
+def commit_response(body: Any, plan: TxnPlan, refused: dict[RealKey, int]) -> dict[RealKey, int]:
+    """Answer every partition asked: ``refused`` first, then the carrier's error for the
+    real partition, then (virtual partitions) the shadow's. Returns the error each real
+    partition with watermarks got (NONE: its shadows and carrier are in the transaction)."""
+    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "response")
+    carrier = _errors(body)
+    shadow = {slot: _errors(answer) for slot, answer in plan.answers.items()}
+
+    def error_of(key: RealKey, slot: Slot | None) -> int:
+        if key in refused:
+            return refused[key]
+        code = carrier.get(key, int(ErrorCode.UNKNOWN_SERVER_ERROR))
+        if code != ErrorCode.NONE or slot is None:
+            return code
+        return shadow.get(slot, {}).get(key, int(ErrorCode.UNKNOWN_SERVER_ERROR))
+
+    outcome: dict[RealKey, int] = {}
+    out = []
+    for name, vt, parts in plan.topics:
+        entries = []
+        for index in parts:
+            if vt is None:
+                code = error_of((name, index), None)
+            else:
+                key = (vt.real, vt.real_partition(index))
+                code = error_of(key, (vt.shares, vt.share(index)))
+                if outcome.get(key, ErrorCode.NONE) == ErrorCode.NONE:
+                    outcome[key] = code
+            entries.append(cls.TxnOffsetCommitResponsePartition(partition_index=index, error_code=code))
+        out.append(cls.TxnOffsetCommitResponseTopic(name=name, partitions=entries))
+    body.topics = out
+    return outcome
+
+
+# -- reading shadows back ----------------------------------------------------------------------
+
+
+def shadow_mark(shares: int, share: int, offset: int, metadata: str | None) -> tuple[int, int, int, int, int] | None:
+    """A shadow group's committed offset as a watermark (K, share, W, reset epoch,
+    sequence), or None when its metadata is not a proxy's (anyone may commit to a group)."""
+    decoded = shadows.decode_metadata(metadata)
+    if decoded is None or offset < 0:
+        return None
+    return shares, share, offset, decoded.epoch, decoded.sequence
