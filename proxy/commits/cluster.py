@@ -39,6 +39,9 @@ CREATE_TOPICS_VERSION = 5
 FIND_COORDINATOR_VERSION = 4
 OFFSET_FETCH_VERSION = 8
 OFFSET_COMMIT_VERSION = 9
+LIST_GROUPS_VERSION = 4
+DELETE_GROUPS_VERSION = 2
+OFFSET_DELETE_VERSION = 0
 
 _UNREACHABLE_BACKOFF = 30.0
 
@@ -188,6 +191,50 @@ class Cluster:
             raise CommitLogError(f"OffsetCommit({group}) from the proxy failed: {exc}") from exc
         return {(topic.name, part.partition_index): part.error_code
                 for topic in response.topics for part in topic.partitions}
+
+
+    async def groups_beside(self, group: str) -> list[str]:
+        """Every group ``group``'s coordinator holds (ListGroups at that broker): groups on
+        its ``__consumer_offsets`` partition are among them."""
+        try:
+            address = await self.find_coordinator(group)
+            response = await self.request(address, ApiKey.LIST_GROUPS, LIST_GROUPS_VERSION,
+                                          messages.new_body(ApiKey.LIST_GROUPS, LIST_GROUPS_VERSION, "request"))
+        except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+            raise CommitLogError(f"ListGroups at the coordinator of {group} failed: {exc}") from exc
+        if response.error_code != ErrorCode.NONE:
+            raise CommitLogError(f"ListGroups at the coordinator of {group}: {ErrorCode.name_of(response.error_code)}")
+        return [entry.group_id for entry in response.groups]
+
+    async def delete_groups(self, coordinator_of: str, groups: list[str]) -> dict[str, int]:
+        """DeleteGroups of ``groups`` (all on ``coordinator_of``'s coordinator); error per group."""
+        if not groups:
+            return {}
+        try:
+            address = await self.find_coordinator(coordinator_of)
+            response = await self.request(address, ApiKey.DELETE_GROUPS, DELETE_GROUPS_VERSION,
+                                          messages.new_body(ApiKey.DELETE_GROUPS, DELETE_GROUPS_VERSION, "request",
+                                                            groups_names=groups))
+        except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+            raise CommitLogError(f"DeleteGroups {groups} failed: {exc}") from exc
+        return {result.group_id: result.error_code for result in response.results}
+
+    async def delete_offsets(self, group: str, keys: list[Key]) -> int:
+        """OffsetDelete of ``keys`` in ``group``; the request's error code."""
+        cls = messages.body_class(ApiKey.OFFSET_DELETE, "request")
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in keys:
+            by_topic.setdefault(topic, []).append(partition)
+        body = messages.new_body(ApiKey.OFFSET_DELETE, OFFSET_DELETE_VERSION, "request", group_id=group, topics=[
+            cls.OffsetDeleteRequestTopic(name=topic, partitions=[
+                cls.OffsetDeleteRequestPartition(partition_index=p) for p in parts])
+            for topic, parts in by_topic.items()])
+        try:
+            address = await self.find_coordinator(group)
+            response = await self.request(address, ApiKey.OFFSET_DELETE, OFFSET_DELETE_VERSION, body)
+        except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+            raise CommitLogError(f"OffsetDelete({group}) failed: {exc}") from exc
+        return response.error_code
 
 
 class LogTopic:

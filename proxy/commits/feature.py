@@ -318,6 +318,7 @@ class IndividualCommitFeature(Feature):
             for result in response.results:
                 if result.error_code == ErrorCode.NONE:
                     await self._tombstone(result.group_id, None)
+                    await self.service.deleted(result.group_id, None)
             return raw
 
         return Route(frame, transform=transform)
@@ -334,6 +335,8 @@ class IndividualCommitFeature(Feature):
                 deleted = {(topic.name, part.partition_index) for topic in response.topics
                            for part in topic.partitions if part.error_code == ErrorCode.NONE}
                 await self._tombstone(group, deleted)
+                if deleted:
+                    await self.service.deleted(group, deleted)
             return raw
 
         return Route(frame, transform=transform)

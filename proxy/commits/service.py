@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -138,6 +138,8 @@ class CommitService:
             on_write=self._write_latency.observe,
         )
         self.locks = KeyLocks()
+        # told of every group (keys None) or committed offsets deleted through this proxy
+        self._deletion_hooks: list[Callable[[str, set[Key] | None], Awaitable[None]]] = []
 
     # -- one commit's protocol --------------------------------------------------------------------
     async def plan(self, ctx: ConnectionContext, group: str, commit: RangeCommit, locked: list[Key], *,
@@ -309,6 +311,28 @@ class CommitService:
             if by_k:
                 edits[key] = by_k
         return edits
+
+    # -- deletion -------------------------------------------------------------------------------
+    def on_deleted(self, hook: Callable[[str, set[Key] | None], Awaitable[None]]) -> None:
+        """Call ``hook(group, keys)`` once a deletion the broker accepted is in the log:
+        the group (``keys`` None) or those committed offsets of it."""
+        self._deletion_hooks.append(hook)
+
+    async def deleted(self, group: str, keys: set[Key] | None) -> None:
+        for hook in self._deletion_hooks:
+            try:
+                await hook(group, keys)
+            except Exception as exc:  # noqa: BLE001 - one hook's failure must not stop the others
+                log.error("deletion follow-up failed group=%s reason=%r", group, str(exc))
+
+    async def groups_beside(self, group: str) -> list[str]:
+        return await self.log.cluster.groups_beside(group)
+
+    async def delete_groups(self, coordinator_of: str, groups: list[str]) -> dict[str, int]:
+        return await self.log.cluster.delete_groups(coordinator_of, groups)
+
+    async def delete_offsets(self, group: str, keys: list[Key]) -> int:
+        return await self.log.cluster.delete_offsets(group, keys)
 
     def abandon(self, plan: SharePlan) -> None:
         """The commit will not be completed (nothing was sent): release its locks."""

@@ -247,6 +247,11 @@ class Conn:
         return self.call(ApiKey.HEARTBEAT, 4, group_id=group, generation_id=generation, member_id=member,
                          group_instance_id=None).error_code
 
+    def leave_group(self, group: str, member: str) -> int:
+        c = self.cls(ApiKey.LEAVE_GROUP)
+        body = self.call(ApiKey.LEAVE_GROUP, 4, group_id=group, members=[c.MemberIdentity(member_id=member)])
+        return body.error_code
+
     def list_groups(self):
         body = self.call(ApiKey.LIST_GROUPS, 5, states_filter=[], types_filter=[])
         return [(g.group_id, g.protocol_type, g.group_state, g.group_type) for g in body.groups]

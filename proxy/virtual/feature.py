@@ -81,6 +81,14 @@ class CommitLogService(Protocol):
     async def settle_shares(self, ctx: ConnectionContext, group: str, edits: dict, generation: int, member: str,
                             instance_id: str | None) -> dict: ...
 
+    def on_deleted(self, hook: Callable[[str, set | None], Any]) -> None: ...
+
+    async def groups_beside(self, group: str) -> list[str]: ...
+
+    async def delete_groups(self, coordinator_of: str, groups: list[str]) -> dict[str, int]: ...
+
+    async def delete_offsets(self, group: str, keys: list) -> int: ...
+
 
 class _Connection:
     """One client connection's virtual-topic state."""
@@ -158,6 +166,8 @@ class VirtualTopicsFeature(Feature):
         self.shared = shared
         self.pool = pool
         self.store = store
+        if store is not None:
+            store.on_deleted(self._delete_shadows)
         self._last_refresh = -float("inf")
         self._regex_verdicts: dict[tuple[str, tuple[str, ...], int], str | None] = {}
         # Broker reads of virtual partitions on their way, by (topic, partition, offset,
@@ -229,7 +239,19 @@ class VirtualTopicsFeature(Feature):
         # here would have every commit response decoded (a range commit's too) for nothing.
         keys = (ApiKey.METADATA, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.DESCRIBE_CONFIGS,
                 ApiKey.DESCRIBE_TOPIC_PARTITIONS, ApiKey.OFFSET_FETCH)
-        return {api_key: (0, self._on_response) for api_key in keys}
+        stages: dict[int, tuple[int, Any]] = {api_key: (0, self._on_response) for api_key in keys}
+        stages[ApiKey.LIST_GROUPS] = (0, self._hide_shadows)
+        return stages
+
+    def _hide_shadows(self, ctx: ConnectionContext, response: DecodedResponse) -> None:
+        """Shadow groups of transactional commits are the proxy's bookkeeping: ListGroups
+        through the proxy does not show them (DescribeGroups and OffsetFetch by name do)."""
+        partitions = self.cluster.consumer_offsets_partitions
+        listed = response.body.groups or []
+        kept = [group for group in listed if shadows.parse_shadow(group.group_id, partitions) is None]
+        if len(kept) != len(listed):
+            response.body.groups = kept
+            response.changed = True
 
     # -- the cluster view ---------------------------------------------------------------------
     async def _know(self, names) -> None:
@@ -767,6 +789,27 @@ class VirtualTopicsFeature(Feature):
 
         return Route(messages.encode_request(header, body), before=tuple(own), on_response=on_response,
                      settle=lambda: self.store.abandon(planned))
+
+    async def _delete_shadows(self, group: str, keys: set | None) -> None:
+        """G deleted through the proxy (``keys`` None) deletes G's shadow groups; offsets
+        of G deleted delete them in G's shadows too. Otherwise a group created again under
+        the name would read its predecessor's transactional watermarks."""
+        partitions = await self._offsets_partitions()
+        names = [name for name in await self.store.groups_beside(group)
+                 if (shadow := shadows.parse_shadow(name, partitions)) is not None and shadow.group == group]
+        if not names:
+            return
+        if keys is None:
+            errors = await self.store.delete_groups(group, names)
+            left = {name: ErrorCode.name_of(code) for name, code in errors.items() if code != ErrorCode.NONE}
+            if left:
+                log.warning("shadow groups not deleted group=%s errors=%s", group, left)
+            return
+        for name in names:
+            code = await self.store.delete_offsets(name, sorted(keys))
+            if code not in (ErrorCode.NONE, ErrorCode.GROUP_ID_NOT_FOUND):
+                log.warning("shadow offsets not deleted group=%s shadow=%s error=%s", group, name,
+                            ErrorCode.name_of(code))
 
     @staticmethod
     def _keep_shadow(plan: txn.TxnPlan, slot: tuple[int, int], version: int):

@@ -150,3 +150,26 @@ def test_a_fenced_producer_and_a_stale_generation_change_nothing(setup, proxy):
         assert _settled(admin, group, topic, [0])[0][0] == 5
     finally:
         a.close()
+
+
+def test_shadow_groups_are_hidden_from_listings_and_deleted_with_their_group(setup, proxy, kafka):
+    topic, group, generation, member_id, admin = setup
+    a = Member(proxy.bootstrap_servers, group, generation, member_id, version=5)
+    try:
+        assert a.commit_offsets({(f"{topic}.kr2", 0): 4, (f"{topic}.kr2", 1): 6}) == \
+            {(f"{topic}.kr2", 0): NONE, (f"{topic}.kr2", 1): NONE}
+        assert a.end(True) == NONE
+        assert [v[0] for v in _settled(admin, group, topic, [0, 1]).values()] == [4, 6]
+    finally:
+        a.close()
+    with Conn(kafka.bootstrap_servers, name="direct") as direct:
+        shadows = [g[0] for g in direct.list_groups() if g[0].startswith(f"{group}.kr2/")]
+    assert len(shadows) == 2  # the broker has them ...
+    listed = [g[0] for g in admin.list_groups()]
+    assert group in listed and not any(name in listed for name in shadows)  # ... the proxy's clients do not see them
+    assert admin.leave_group(group, member_id) == NONE
+    assert admin.delete_groups([group]) == {group: NONE}
+    with Conn(kafka.bootstrap_servers, name="direct") as direct:
+        assert not [g[0] for g in direct.list_groups() if g[0].startswith(f"{group}.kr2/")]
+    # A group created again under the name starts from nothing.
+    assert [v[0] for v in _fetch(admin, group, topic, [0, 1], stable=True).values()] == [-1, -1]
