@@ -25,8 +25,11 @@ shared with virtual range topics) performs its actions, holds the log and the ke
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import trio
 from prometheus_client import Counter, Gauge
@@ -34,17 +37,27 @@ from prometheus_client import Counter, Gauge
 from proxy.commits.cluster import CommitLogError
 from proxy.commits.range_commit import RangeCommit
 from proxy.commits.service import CommitService
-from proxy.commits.state import CommitState, check_packed, rebase
+from proxy.commits.state import CommitState, apply_ranges, check, check_packed, rebase
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
 from proxy.pipeline import ClusterView, ConnectionContext, Feature, LocalAnswer, Request, RequestStage, Route
+from proxy.pipeline.cluster import CONSUMER_OFFSETS
+from proxy.pipeline.route import DecodedResponse, OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, ErrorCode
+from proxy.protocol.groups import parse_salted, salted_group, stage_prefix
 from proxy.protocol.messages import ApiKey
 
 log = logging.getLogger("proxy.commits")
 
 FEATURE = "individual.commit"
 _FIRST_RANGE_COMMIT = 8
+_FIRST_TXN_RANGE_COMMIT = 3  # the first flexible TxnOffsetCommit, where tag 10000 can ride
+# The carrier of a transactional range commit marks the real partition's committed offset:
+# a stage may hold ranges the log does not have yet.
+STAGE_MARKER = "keyrange.txnstage/1"
+_SETTLE_FIRST_DELAY = 0.02
+_SETTLE_MAX_DELAY = 1.0
+_SETTLE_DEADLINE = 900.0  # transaction.max.timeout.ms, Kafka's default
 _FIRST_RANGE_FETCH = 6
 _LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet (plain commits)
 
@@ -77,12 +90,14 @@ class IndividualCommitFeature(Feature):
         stages: dict[int, RequestStage] = {ApiKey.OFFSET_COMMIT: self.on_offset_commit}
         if self.enabled:
             stages[ApiKey.OFFSET_FETCH] = self.on_offset_fetch
+            stages[ApiKey.TXN_OFFSET_COMMIT] = self.on_txn_offset_commit
         if self.resets:  # deleted offsets take their ranges and share watermarks with them
             stages.update({ApiKey.DELETE_GROUPS: self.on_delete_groups, ApiKey.OFFSET_DELETE: self.on_offset_delete})
         return stages
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:
-        return {FEATURE: (1, 1)} if self.enabled else {}
+        # version 2: offset ranges inside transactions (TxnOffsetCommit)
+        return {FEATURE: (1, 2)} if self.enabled else {}
 
     def _topic_name(self, topic) -> str:
         name = getattr(topic, "name", "") or ""
@@ -249,6 +264,145 @@ class IndividualCommitFeature(Feature):
             else:
                 response.topics.append(cls.OffsetCommitResponseTopic(name=name, partitions=parts))
 
+    # -- TxnOffsetCommit with offset ranges --------------------------------------------------------
+    async def _offsets_partitions(self) -> int:
+        count = self.cluster.consumer_offsets_partitions
+        if count is None:
+            await self.cluster.refresh([CONSUMER_OFFSETS])
+            count = self.cluster.consumer_offsets_partitions
+        if count is None:
+            raise CommitLogError("the partition count of __consumer_offsets is unknown")
+        return count
+
+    async def on_txn_offset_commit(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+        """A TxnOffsetCommit naming offset ranges (individual.commit version 2): the member's
+        stage, in a shadow group of its own, and the client's request as the carrier (S_c,
+        the member's generation), both in the client's transaction; once it is committed
+        the stage is folded into the log (docs/individual-commit.md, "Offset ranges of
+        extension clients")."""
+        if incoming.version < _FIRST_TXN_RANGE_COMMIT or EXTENSION_TAG_BYTES not in incoming.frame:
+            return None
+        header, body = incoming.decoded()
+        ranged = [(topic.name, part) for topic in body.topics for part in topic.partitions if part.offset_ranges]
+        if not ranged:
+            return None
+        group = body.group_id
+        refused: dict[Key, int] = {}
+        commits: dict[Key, list] = {}
+        for name, part in ranged:
+            key = (name, part.partition_index)
+            reason, ordered = check(part.committed_offset, [(r.start, r.end) for r in part.offset_ranges],
+                                    self.max_ranges)
+            if reason is not None:
+                log.info("refusing transactional range commit group=%s topic=%s partition=%s reason=%r", group,
+                         name, part.partition_index, reason)
+                refused[key] = int(ErrorCode.INVALID_REQUEST)
+                self._refused.labels("invalid").inc()
+                continue
+            commits[key] = ordered
+        plan = None
+        slot = None
+        if commits:
+            try:
+                slot = salted_group(stage_prefix(group, body.transactional_id), group, await self._offsets_partitions())
+            except (CommitLogError, ValueError) as exc:
+                log.warning("transactional range commit refused group=%s reason=%r", group, str(exc))
+                refused.update({key: int(ErrorCode.INVALID_REQUEST) for key in commits})
+                commits = {}
+        if commits and slot is not None:
+            plan = await self.service.begin_stage(ctx, group, slot, commits)
+            refused.update(plan.refused)
+        offsets = plan.offsets if plan is not None else {}
+        request_class = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
+        shadow = copy.copy(body)
+        shadow.group_id, shadow.generation_id, shadow.member_id, shadow.group_instance_id = slot, -1, "", None
+        by_topic: dict[str, list] = {}
+        for (name, partition), (stable, text) in offsets.items():
+            by_topic.setdefault(name, []).append(request_class.TxnOffsetCommitRequestPartition(
+                partition_index=partition, committed_offset=stable, committed_leader_epoch=-1,
+                committed_metadata=text))
+        shadow.topics = [request_class.TxnOffsetCommitRequestTopic(name=n, partitions=p) for n, p in by_topic.items()]
+        kept = []
+        for topic in body.topics:
+            parts = []
+            for part in topic.partitions:
+                key = (topic.name, part.partition_index)
+                if key in refused:
+                    continue
+                if key in offsets:
+                    part.committed_offset, part.committed_metadata = offsets[key][0], STAGE_MARKER
+                    part.offset_ranges = None
+                parts.append(part)
+            if parts:
+                topic.partitions = parts
+                kept.append(topic)
+        asked = [(topic.name, [p.partition_index for p in topic.partitions]) for topic in body.topics]
+        body.topics = kept
+        if not kept:
+            if plan is not None:
+                plan.done.set()
+            return Route.answer(messages.encode_response(ApiKey.TXN_OFFSET_COMMIT, incoming.version,
+                                                         messages.new_response_header(incoming.correlation_id),
+                                                         _txn_answer(asked, {}, {}, refused, incoming.version)))
+        answers: dict[str, Any] = {}
+        own: tuple[OwnRequest, ...] = ()
+        if shadow.topics:
+            correlation_id = own_correlation_id()
+
+            async def keep(raw: bytes) -> None:
+                _, answers["stage"] = messages.decode_response(ApiKey.TXN_OFFSET_COMMIT, incoming.version, raw)
+
+            own = (OwnRequest(messages.encode_request(dataclasses.replace(header, correlation_id=correlation_id),
+                                                      shadow), ApiKey.TXN_OFFSET_COMMIT, incoming.version,
+                              correlation_id, keep),)
+        generation, member, instance = body.generation_id, body.member_id, body.group_instance_id
+        self._commits.inc(len(offsets))
+
+        async def on_response(response: DecodedResponse) -> None:
+            if plan is not None:
+                plan.done.set()
+            carrier = {(t.name, p.partition_index): p.error_code for t in response.body.topics for p in t.partitions}
+            staged = {(t.name, p.partition_index): p.error_code for t in answers["stage"].topics
+                      for p in t.partitions} if "stage" in answers else {}
+            response.body = _txn_answer(asked, carrier, {key: staged.get(key, int(ErrorCode.UNKNOWN_SERVER_ERROR))
+                                                         for key in offsets}, refused, incoming.version)
+            response.changed = True
+            accepted = [key for key in offsets if carrier.get(key) == ErrorCode.NONE and staged.get(key) == ErrorCode.NONE]
+            if accepted and slot is not None:
+                ctx.start_soon(self._settle_stage, ctx, group, slot, accepted, generation, member, instance)
+
+        return Route(messages.encode_request(header, body), before=own, on_response=on_response,
+                     settle=(lambda: plan.done.set()) if plan is not None else None)
+
+    async def _settle_stage(self, ctx: ConnectionContext, group: str, slot: str, keys: list[Key], generation: int,
+                            member: str, instance: str | None) -> None:
+        """Once the transaction ended, fold what the committed stage holds beyond the log;
+        an aborted stage never shows, and nothing is written."""
+        try:
+            delay, deadline = _SETTLE_FIRST_DELAY, trio.current_time() + _SETTLE_DEADLINE
+            while True:
+                await trio.sleep(delay)
+                await self.log.catch_up(group)
+                extra, pending = await self.service.stages(group, [slot], keys, require_stable=True)
+                if not pending:
+                    break
+                if trio.current_time() > deadline:
+                    return
+                delay = min(delay * 2, _SETTLE_MAX_DELAY)
+            if extra:
+                await self.service.fold_stages(ctx, group, extra, generation=generation, member=member,
+                                               instance_id=instance)
+                self._export()
+        except Exception as exc:  # noqa: BLE001 - the next commit or OffsetFetch folds it
+            log.warning("transactional range commit not folded group=%s reason=%r", group, str(exc))
+
+    async def _stage_slots(self, group: str) -> list[str]:
+        """The stage shadow groups of ``group``'s members (ListGroups at its coordinator)."""
+        partitions = await self._offsets_partitions()
+        prefix = stage_prefix(group, "")
+        return [name for name in await self.service.groups_beside(group)
+                if name.startswith(prefix) and parse_salted(name, group, partitions) is not None]
+
     # -- OffsetFetch ----------------------------------------------------------------------------
     async def on_offset_fetch(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
         peek, frame = incoming.peek, incoming.frame
@@ -284,6 +438,8 @@ class IndividualCommitFeature(Feature):
                     holder.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
                     changed = True
                     continue
+                if await self._with_stages(ctx, group, topics, states, frame):
+                    changed = True
                 if states and self._merge_fetched(topics, states, version):
                     changed = True
             if not changed:
@@ -292,6 +448,36 @@ class IndividualCommitFeature(Feature):
             return messages.encode_response(ApiKey.OFFSET_FETCH, version, response_header, response)
 
         return Route(frame, transform=transform)
+
+    async def _with_stages(self, ctx: ConnectionContext, group: str, topics, states: dict[Key, CommitState],
+                           frame) -> bool:
+        """Add to ``states`` what committed transactional stages hold beyond the log, and
+        answer UNSTABLE_OFFSET_COMMIT (with RequireStable) where one is pending. Asked only
+        where stages may be: the group holds state in the log, or a carrier's marker shows.
+        Returns whether a partition's error was set."""
+        asked = {(self._topic_name(t), p.partition_index): p for t in topics for p in t.partitions
+                 if p.error_code == ErrorCode.NONE}
+        if not asked or not (states or any((p.metadata or "").startswith(STAGE_MARKER) for p in asked.values())):
+            return False
+        try:
+            slots = await self._stage_slots(group)
+            if not slots:
+                return False
+            _, request = messages.decode_request(frame)
+            extra, pending = await self.service.stages(group, slots, sorted(asked),
+                                                       require_stable=bool(getattr(request, "require_stable", False)))
+        except (CommitLogError, ValueError) as exc:
+            log.warning("transactional range stages unreadable group=%s reason=%r", group, str(exc))
+            return False
+        for key, ranges in extra.items():
+            states[key] = apply_ranges(states.get(key, CommitState(-1)), ranges)
+        if extra:
+            ctx.start_soon(self.service.fold_stages, ctx, group, extra)
+        for key in pending:
+            asked[key].error_code = int(ErrorCode.UNSTABLE_OFFSET_COMMIT)
+            asked[key].committed_offset = -1
+            states.pop(key, None)
+        return bool(pending)
 
     def _merge_fetched(self, topics, states: dict[Key, CommitState], version: int) -> bool:
         cls = messages.body_class(ApiKey.OFFSET_FETCH, "response")
@@ -356,3 +542,24 @@ class IndividualCommitFeature(Feature):
             self._export()
         except CommitLogError as exc:
             log.error("cannot delete individual-commit state group=%s reason=%r", group, str(exc))
+
+
+def _txn_answer(asked: list[tuple[str, list[int]]], carrier: dict[Key, int], staged: dict[Key, int],
+                refused: dict[Key, int], version: int) -> Any:
+    """The client's TxnOffsetCommit answer: per partition asked, ``refused`` first, then the
+    carrier's error, then (range partitions) the stage's."""
+    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "response")
+    body = messages.new_body(ApiKey.TXN_OFFSET_COMMIT, version, "response")
+
+    def error_of(key: Key) -> int:
+        if key in refused:
+            return refused[key]
+        code = carrier.get(key, int(ErrorCode.UNKNOWN_SERVER_ERROR))
+        if code == ErrorCode.NONE and key in staged:
+            return staged[key]
+        return code
+
+    body.topics = [cls.TxnOffsetCommitResponseTopic(name=name, partitions=[
+        cls.TxnOffsetCommitResponsePartition(partition_index=index, error_code=error_of((name, index)))
+        for index in parts]) for name, parts in asked]
+    return body

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 import trio
 from prometheus_client import Counter, Histogram
 
-from proxy.commits import watermarks
+from proxy.commits import txn_stages, watermarks
 from proxy.commits.cluster import Cluster, CommitLogError
 from proxy.commits.log import CommitLog
+from proxy.commits.packed import pack
 from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
-from proxy.commits.state import CommitState, MarkEdit
+from proxy.commits.state import CommitState, MarkEdit, Range, normalise
 from proxy.net.pool import BrokerPool
 from proxy.pipeline import ClusterView, ConnectionContext
 from proxy.protocol.constants import ErrorCode
@@ -102,6 +103,16 @@ class Planned:
     done: trio.Event
     check: EndCheck | None = None
     stable: dict[Key, int] = field(default_factory=dict)
+    refused: dict[Key, int] = field(default_factory=dict)
+
+
+@dataclass
+class StagePlan:
+    """A transactional range commit planned by ``begin_stage``: ``offsets`` key -> (S_c,
+    the stage's metadata); ``refused`` key -> error; ``done`` releases the key locks."""
+
+    done: trio.Event
+    offsets: dict[Key, tuple[int, str]] = field(default_factory=dict)
     refused: dict[Key, int] = field(default_factory=dict)
 
 
@@ -311,6 +322,130 @@ class CommitService:
             if by_k:
                 edits[key] = by_k
         return edits
+
+    # -- offset ranges committed in transactions (stages) -----------------------------------------
+    async def begin_stage(self, ctx: ConnectionContext, group: str, slot: str, commits: dict[Key, list[Range]], *,
+                          metadata_limit: int = 4096) -> StagePlan:
+        """Plan a transactional range commit of ``commits`` by the member whose stage is
+        ``slot`` (a shadow group on ``group``'s coordinator): per key, the stage to write
+        (its committed stage joined with the new ranges, less what the log covers) and S_c
+        for the carrier. Holds the keys' locks until ``done`` is set (or the connection
+        ends): commits of one key through this instance serialise, as range commits do."""
+        plan = StagePlan(trio.Event())
+        keys = sorted(commits)
+        locked = [(group, *key) for key in keys]
+        await self.locks.acquire(locked)
+        ctx.start_soon(self._hold, locked, plan.done)
+        try:
+            await self.log.catch_up(group)
+            states = await self._states_for(group, keys)
+            found = await self._stable_stages(group, {slot: keys})
+        except CommitLogError as exc:
+            log.warning("transactional range commit unavailable group=%s reason=%r", group, str(exc))
+            plan.refused = {key: int(ErrorCode.COORDINATOR_NOT_AVAILABLE) for key in keys}
+            return plan
+        except BaseException:
+            plan.done.set()
+            raise
+        for key in keys:
+            offset, metadata, error = found.get(slot, {}).get(key, (-1, None, int(ErrorCode.NONE)))
+            if error == ErrorCode.UNSTABLE_OFFSET_COMMIT:
+                # the member's previous transaction is still being completed: the client retries
+                plan.refused[key] = int(ErrorCode.CONCURRENT_TRANSACTIONS)
+                continue
+            state = states[key]
+            stage = txn_stages.next_stage(state, txn_stages.decode_stage(metadata), commits[key])
+            try:
+                text = txn_stages.encode_stage(state.epoch, stage, metadata_limit)
+            except txn_stages.StageTooLarge as exc:
+                log.info("transactional range commit refused group=%s key=%s reason=%r", group, key, str(exc))
+                plan.refused[key] = int(ErrorCode.INVALID_REQUEST)
+                continue
+            plan.offsets[key] = (txn_stages.carrier_offset(state, stage), text)
+        return plan
+
+    async def _states_for(self, group: str, keys: list[Key]) -> dict[Key, CommitState]:
+        """Each key's state from the log (read first), or from the coordinator's committed
+        offset where the log holds none."""
+        records = self.log.records(group)
+        states = {key: records[key][1] for key in keys if key in records}
+        missing = [key for key in keys if key not in states]
+        if missing:
+            for key, offset in (await self.log.cluster.committed_offsets(group, missing)).items():
+                states[key] = CommitState(max(offset, -1))
+            for key in missing:
+                states.setdefault(key, CommitState(-1))
+        return states
+
+    async def _stable_stages(self, group: str, slots: dict[str, list[Key]], *, wait: float = 5.0
+                             ) -> dict[str, dict[Key, tuple[int, str | None, int]]]:
+        """The stages of ``slots`` with RequireStable, asked again while a transaction of
+        theirs is being completed, up to ``wait`` seconds."""
+        delay, deadline = 0.02, trio.current_time() + wait
+        while True:
+            found = await self.log.cluster.committed_groups(group, slots, require_stable=True)
+            pending = any(error == ErrorCode.UNSTABLE_OFFSET_COMMIT for keys in found.values()
+                          for _o, _m, error in keys.values())
+            if not pending or trio.current_time() + delay > deadline:
+                return found
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def stages(self, group: str, slots: list[str], keys: list[Key], *, require_stable: bool
+                     ) -> tuple[dict[Key, list[Range]], set[Key]]:
+        """What the committed stages of ``slots`` hold for ``keys`` beyond the log (``read``
+        first; a stage of another reset epoch counts for nothing), and the keys a stage of
+        which is pending in an open transaction (asked with ``require_stable``)."""
+        if not slots or not keys:
+            return {}, set()
+        found = await self.log.cluster.committed_groups(group, {slot: keys for slot in slots},
+                                                        require_stable=require_stable)
+        records = self.log.records(group)
+        extra: dict[Key, list[Range]] = {}
+        pending: set[Key] = set()
+        for answers in found.values():
+            for key, (_offset, metadata, error) in answers.items():
+                if error == ErrorCode.UNSTABLE_OFFSET_COMMIT:
+                    pending.add(key)
+                    continue
+                stage = txn_stages.decode_stage(metadata)
+                if stage is None:
+                    continue
+                record = records.get(key)
+                state = record[1] if record is not None else CommitState(-1)
+                if stage[0] != state.epoch:
+                    continue
+                ranges = txn_stages.uncovered(state, stage[1])
+                if ranges:
+                    extra.setdefault(key, []).extend(ranges)
+        return extra, pending
+
+    async def fold_stages(self, ctx: ConnectionContext, group: str, ranges: dict[Key, list[Range]], *,
+                          generation: int = -1, member: str = "", instance_id: str | None = None) -> dict[Key, int]:
+        """Write committed stages' ranges into the log, as range commits that are already
+        committed (their transaction is); with a member's ``generation``, S' also reaches
+        the coordinator in an OffsetCommit of the proxy's own. Returns the error per key."""
+        edits = {key: [pack(normalise(found))] for key, found in ranges.items() if found}
+        if not edits:
+            return {}
+        commit = RangeCommit(edits, {})  # type: ignore[arg-type]  # packed ranges are Edits
+        planned = await self.plan(ctx, group, commit, sorted(edits))
+        try:
+            results = [(key, int(ErrorCode.NONE)) for key in planned.stable]
+            if generation >= 0 and planned.stable:
+                try:
+                    answered = await self.log.cluster.commit_offsets(group, generation, member, instance_id,
+                                                                     planned.stable)
+                except CommitLogError as exc:
+                    log.info("stable offset not moved after a fold group=%s reason=%r", group, str(exc))
+                else:
+                    refused = {key: code for key, code in answered.items() if code != ErrorCode.NONE}
+                    if refused:
+                        log.info("stable offset not moved after a fold group=%s refused=%s", group, refused)
+            answer = await self.perform(group, generation, member, instance_id, planned, commit.on_response(results))
+            return {**planned.refused, **dict(answer.errors)}
+        finally:
+            planned.done.set()
 
     # -- deletion -------------------------------------------------------------------------------
     def on_deleted(self, hook: Callable[[str, set[Key] | None], Awaitable[None]]) -> None:

@@ -14,6 +14,7 @@ feature (and finally the default route) have it. The connection then sends
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,15 @@ class LocalAnswer:
             raise self._error
         assert self._frame is not None
         return self._frame
+
+
+_own_ids = itertools.count(1)
+
+
+def own_correlation_id() -> int:
+    """A correlation id for a request of the proxy's own on a client's connection:
+    negative, never one a client uses (clients count up from 0)."""
+    return -(next(_own_ids) % (1 << 31)) - 1
 
 
 @dataclass(slots=True)

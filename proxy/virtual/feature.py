@@ -21,7 +21,7 @@ from prometheus_client import Counter
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
 from proxy.pipeline.cluster import CONSUMER_OFFSETS
 from proxy.pipeline.context import StateKey
-from proxy.pipeline.route import OwnRequest
+from proxy.pipeline.route import OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
@@ -762,7 +762,7 @@ class VirtualTopicsFeature(Feature):
         refused.update(planned.refused)
         own = []
         for slot, shadow_body in txn.shadow_requests(body, plan, planned.sequences, refused):
-            correlation_id = rewrite.own_correlation_id()
+            correlation_id = own_correlation_id()
             own.append(OwnRequest(
                 messages.encode_request(dataclasses.replace(header, correlation_id=correlation_id), shadow_body),
                 ApiKey.TXN_OFFSET_COMMIT, request.version, correlation_id, self._keep_shadow(plan, slot, request.version)))

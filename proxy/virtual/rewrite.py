@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import itertools
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from proxy.pipeline.route import OwnRequest
+from proxy.pipeline.route import OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
@@ -167,7 +166,6 @@ def virtual_metadata_topic(real: Any, vt: VirtualTopic, response_class: Any, res
 # every client asks again for the partitions answered this (Kafka's answer while a new
 # leader's high watermark is not yet known), never someone else's answer.
 UNANSWERED = ErrorCode.OFFSET_NOT_AVAILABLE
-_own_ids = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -300,12 +298,6 @@ def offsets_for_leader_epoch_response(body: Any, plan: PartitionPlan) -> None:
                         lambda name: cls.OffsetForLeaderTopicResult(topic=name, partitions=[]),
                         lambda index: cls.EpochEndOffset(partition=index,
                                                          error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION)))
-
-
-def own_correlation_id() -> int:
-    """A correlation id for a request of the proxy's own on a client's connection:
-    negative, never one a client uses (clients count up from 0)."""
-    return -(next(_own_ids) % (1 << 31)) - 1
 
 
 def extra_requests(header: Any, api_key: int, plan: PartitionPlan) -> tuple[OwnRequest, ...]:

@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from proxy.commits.watermarks import per_share
+from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.testing.txn_client import V_END_TXN_TV1, Conn
 from proxy.testing.wait import wait_until
@@ -173,3 +174,69 @@ def test_shadow_groups_are_hidden_from_listings_and_deleted_with_their_group(set
         assert not [g[0] for g in direct.list_groups() if g[0].startswith(f"{group}.kr2/")]
     # A group created again under the name starts from nothing.
     assert [v[0] for v in _fetch(admin, group, topic, [0, 1], stable=True).values()] == [-1, -1]
+
+
+# -- offset ranges inside transactions (extension clients, individual.commit version 2) ----------
+
+
+def _range_commit(conn: Conn, member: Member, topic: str, ranges: list[tuple[int, int]]) -> int:
+    c = conn.cls(ApiKey.TXN_OFFSET_COMMIT)
+    if member.version < 5:
+        assert conn.add_offsets(member.txn, member.pid, member.epoch, member.group) == NONE
+    body = conn.call(ApiKey.TXN_OFFSET_COMMIT, member.version, transactional_id=member.txn, group_id=member.group,
+                     producer_id=member.pid, producer_epoch=member.epoch, generation_id=member.generation,
+                     member_id=member.member_id, group_instance_id=None, topics=[c.TxnOffsetCommitRequestTopic(
+                         name=topic, partitions=[c.TxnOffsetCommitRequestPartition(
+                             partition_index=0, committed_offset=-1, committed_leader_epoch=-1,
+                             committed_metadata="", offset_ranges=[c.OffsetRange(start=s, end=e) for s, e in ranges])])])
+    (answer,) = [p.error_code for t in body.topics for p in t.partitions]
+    return answer
+
+
+def _committed_ranges(conn: Conn, group: str, topic: str, *, stable: bool):
+    c = conn.cls(ApiKey.OFFSET_FETCH)
+    body = conn.call(ApiKey.OFFSET_FETCH, 9, require_stable=stable, groups=[c.OffsetFetchRequestGroup(
+        group_id=group, member_id=None, member_epoch=-1,
+        topics=[c.OffsetFetchRequestTopics(name=topic, partition_indexes=[0])])])
+    (part,) = body.groups[0].topics[0].partitions
+    return part.error_code, part.committed_offset, [(r.start, r.end) for r in part.committed_range_offsets or ()]
+
+
+@pytest.mark.parametrize("version", [5, 3], ids=["txn-v2", "txn-v1"])
+def test_members_commit_interleaved_offset_ranges_in_their_own_transactions(kafka, proxy, topic_factory, version):
+    """Two members of one partition, interleaved offsets (as key ranges make them): each
+    commits inside its own open transaction without waiting; an abort leaves nothing; the
+    committed ranges are folded into the log and S moves as the gaps close."""
+    topic = topic_factory(kafka, partitions=1)
+    group = f"txn-ranges-{uuid.uuid4().hex[:8]}"
+    admin = Conn(proxy.bootstrap_servers, name="admin")
+    generation, member_id = admin.join_classic(group, topic)
+    a = Member(proxy.bootstrap_servers, group, generation, member_id, version=version)
+    b = Member(proxy.bootstrap_servers, group, generation, member_id, version=version)
+    try:
+        assert _range_commit(a.conn, a, topic, [(0, 0), (2, 2), (4, 4)]) == NONE
+        assert _range_commit(b.conn, b, topic, [(1, 1), (3, 3)]) == NONE
+        assert _committed_ranges(admin, group, topic, stable=True)[0] == UNSTABLE
+        assert b.end(False) == NONE  # B's work is to be redone
+        assert a.end(True) == NONE
+
+        def answered(expected):
+            found = []
+
+            def check() -> bool:
+                found[:] = [_committed_ranges(admin, group, topic, stable=True)]
+                return found[0] == expected
+            wait_until(check, timeout=15, what=lambda: f"committed ranges {found} (expected {expected})")
+
+        answered((NONE, 1, [(2, 2), (4, 4)]))  # A's ranges only: S is 1, since offset 1 is B's
+        # B redoes its work in a new transaction; both members' ranges close every gap.
+        assert _range_commit(b.conn, b, topic, [(1, 1), (3, 3)]) == NONE
+        assert b.end(True) == NONE
+        answered((NONE, 5, []))
+        with Conn(kafka.bootstrap_servers, name="direct") as direct:
+            wait_until(lambda: direct.offset_fetch({group: [(topic, 0)]}, require_stable=True)[group][(topic, 0)][0]
+                       == 5, timeout=15, what="S reaching the coordinator")
+    finally:
+        a.close()
+        b.close()
+        admin.close()
