@@ -12,7 +12,12 @@
 4. A consumer group of six members subscribes to a topic of TWO partitions: the
    ``keyrange`` assignor gives each a third of a partition; a seventh joins and one
    leaves, and each member's share is printed after every cooperative rebalance.
-5. Stops everything it started.
+5. An exactly-once application shares the one-partition topic: two transactional
+   consume-transform-produce members (librdkafka) of ``demo-orders.kr2`` each process one
+   half of the customers, write a receipt per order and commit their offsets inside their
+   transactions; the first transaction is aborted on purpose and redone. Every order gets
+   exactly one committed receipt, and the group's committed offset reaches the end.
+6. Stops everything it started.
 
     python -m proxy.demo
 """
@@ -21,8 +26,10 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import urllib.request
-from collections import defaultdict
+from collections import Counter, defaultdict
+from typing import Any
 
 import trio
 from kafka import KafkaConsumer, KafkaProducer
@@ -42,6 +49,8 @@ SHARES = 4
 GROUP = "demo-order-workers"
 GROUP_TOPIC = "demo-payments"
 SUBSCRIBERS = "demo-payment-workers"
+EOS_GROUP = "demo-receipt-writers"
+RECEIPTS = "demo-order-receipts"
 
 
 def step(text: str) -> None:
@@ -148,10 +157,101 @@ async def _group_members(bootstrap: str) -> list[str]:
     return lines
 
 
-def _standard_committed(bootstrap: str) -> int | None:
+def _exactly_once(bootstrap: str) -> tuple[list[dict], Counter]:
+    """Two transactional consume-transform-produce members of ``<TOPIC>.kr2`` (librdkafka),
+    polled in turn until every order has a committed receipt; member 0's first transaction
+    is aborted on purpose and its orders read again. Returns what each member did and how
+    many committed receipts each order got (read_committed)."""
+    from confluent_kafka import Consumer as RdConsumer
+    from confluent_kafka import Producer as RdProducer
+    from confluent_kafka import TopicPartition as RdTopicPartition
+
+    members: list[dict[str, Any]] = []
+    for i in range(2):
+        consumer = RdConsumer({"bootstrap.servers": bootstrap, "group.id": EOS_GROUP, "enable.auto.commit": False,
+                               "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                               "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+        consumer.subscribe([f"{TOPIC}.kr2"])
+        producer = RdProducer({"bootstrap.servers": bootstrap, "transactional.id": f"{EOS_GROUP}-{i}"})
+        producer.init_transactions(30)
+        members.append({"consumer": consumer, "producer": producer, "committed": 0, "aborted": 0, "orders": 0,
+                        "position": {}})
+    done: Counter = Counter()
+    deadline = time.monotonic() + 60
+    try:
+        while sum(done.values()) < RECORDS and time.monotonic() < deadline:
+            for i, member in enumerate(members):
+                consumer, producer = member["consumer"], member["producer"]
+                batch = [m for m in consumer.consume(20, 0.3) if m.error() is None]
+                if not batch:
+                    continue
+                producer.begin_transaction()
+                for message in batch:
+                    producer.produce(RECEIPTS, key=message.key(), value=b"receipt for " + (message.value() or b""))
+                positions = {}
+                for message in batch:
+                    positions[message.partition()] = message.offset() + 1
+                producer.send_offsets_to_transaction(
+                    [RdTopicPartition(f"{TOPIC}.kr2", p, o) for p, o in positions.items()],
+                    consumer.consumer_group_metadata(), 30)
+                if i == 0 and member["committed"] + member["aborted"] == 0:
+                    producer.abort_transaction(30)  # on purpose: the orders are read again
+                    member["aborted"] += 1
+                    for p in positions:
+                        first = min(m.offset() for m in batch if m.partition() == p)
+                        consumer.seek(RdTopicPartition(f"{TOPIC}.kr2", p, first))
+                    continue
+                producer.commit_transaction(30)
+                member["committed"] += 1
+                member["orders"] += len(batch)
+                member["position"].update(positions)
+                for message in batch:
+                    done[(message.value() or b"").decode()] += 1
+        # The members keep polling at the end of the partition: their positions move past
+        # the other member's last orders, and a transaction of offsets alone commits that.
+        catch_up = time.monotonic() + 15
+        while time.monotonic() < catch_up and any(m["position"] != {0: RECORDS, 1: RECORDS} for m in members):
+            for member in members:
+                consumer, producer = member["consumer"], member["producer"]
+                consumer.consume(20, 0.3)
+                positions = {tp.partition: tp.offset for tp in consumer.position(consumer.assignment())
+                             if tp.offset >= 0}
+                moved = {p: o for p, o in positions.items() if member["position"].get(p) != o}
+                if moved:
+                    producer.begin_transaction()
+                    producer.send_offsets_to_transaction(
+                        [RdTopicPartition(f"{TOPIC}.kr2", p, o) for p, o in moved.items()],
+                        consumer.consumer_group_metadata(), 30)
+                    producer.commit_transaction(30)
+                    member["position"].update(moved)
+                    member["committed"] += 1
+                for p in (0, 1):
+                    if p not in positions:  # not this member's: the other one commits it
+                        member["position"][p] = RECORDS
+    finally:
+        for member in members:
+            member["consumer"].close()
+            member["producer"].flush(10)
+    reader = RdConsumer({"bootstrap.servers": bootstrap, "group.id": f"{EOS_GROUP}-reader",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "isolation.level": "read_committed"})
+    receipts: Counter = Counter()
+    try:
+        reader.subscribe([RECEIPTS])
+        quiet_until = time.monotonic() + 5
+        while time.monotonic() < quiet_until and sum(receipts.values()) < RECORDS:
+            for message in reader.consume(100, 0.5):
+                if message.error() is None:
+                    receipts[(message.value() or b"").decode().removeprefix("receipt for ")] += 1
+    finally:
+        reader.close()
+    return [{k: v for k, v in m.items() if k in ("committed", "aborted", "orders")} for m in members], receipts
+
+
+def _standard_committed(bootstrap: str, group: str = GROUP) -> int | None:
     from kafka.structs import TopicPartition as KafkaTopicPartition
 
-    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False)
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     try:
         return reader.committed(KafkaTopicPartition(TOPIC, 0))
     finally:
@@ -167,7 +267,8 @@ def run() -> None:
         step("Starting keyrange-proxy in front of it")
         proxy = ProxyProcess.start(
             kafka.bootstrap_servers, workdir=workdir / "proxy",
-            overrides={"metrics.port": "0", f"topic.{TOPIC}.reserve.message.value.range.fetch": "true"},
+            overrides={"metrics.port": "0", f"topic.{TOPIC}.reserve.message.value.range.fetch": "true",
+                       "virtual.topics.enabled": "true"},
         )
         try:
             print(f"proxy listening at {proxy.bootstrap_servers} (node ports {proxy.node_ports}), "
@@ -237,10 +338,27 @@ def run() -> None:
                 admin.close()
             settled = trio.run(_group_members, proxy.bootstrap_servers)
             print(f"every rebalance settled with the whole of both partitions shared out: {len(settled) == 3}")
+
+            step(f"An exactly-once application shares the ONE partition of {TOPIC!r}: two transactional members "
+                 f"of {TOPIC + '.kr2'!r} write a receipt per order")
+            members, receipts = _exactly_once(proxy.bootstrap_servers)
+            for i, member in enumerate(members):
+                print(f"  member {i}: {member['committed']} transactions committed, {member['aborted']} aborted on "
+                      f"purpose and redone, {member['orders']} orders")
+            exact = len(receipts) == RECORDS and set(receipts.values()) == {1}
+            print(f"committed receipts: {sum(receipts.values())} for {len(receipts)} of {RECORDS} orders; "
+                  f"every order exactly once: {exact}")
+            committed = None
+            deadline = time.monotonic() + 15
+            while committed != RECORDS and time.monotonic() < deadline:
+                committed = _standard_committed(kafka.bootstrap_servers, EOS_GROUP)
+            print(f"group {EOS_GROUP!r} at the broker: committed offset {committed} of {RECORDS}")
+            if not exact or committed != RECORDS:
+                raise SystemExit("demo failed: the exactly-once members did not process every order exactly once")
         finally:
             step("Stopping the proxy and the broker")
             proxy.stop()
-    print("done: every order reached exactly one range consumer; nothing left running")
+    print("done: every order reached exactly one range consumer and got exactly one receipt; nothing left running")
 
 
 def main() -> int:

@@ -369,12 +369,13 @@ class IndividualCommitFeature(Feature):
             response.changed = True
             accepted = [key for key in offsets if carrier.get(key) == ErrorCode.NONE and staged.get(key) == ErrorCode.NONE]
             if accepted and slot is not None:
-                ctx.start_soon(self._settle_stage, ctx, group, slot, accepted, generation, member, instance)
+                background = self.service.background
+                background.start(self._settle_stage, background, group, slot, accepted, generation, member, instance)
 
         return Route(messages.encode_request(header, body), before=own, on_response=on_response,
                      settle=(lambda: plan.done.set()) if plan is not None else None)
 
-    async def _settle_stage(self, ctx: ConnectionContext, group: str, slot: str, keys: list[Key], generation: int,
+    async def _settle_stage(self, ctx: Any, group: str, slot: str, keys: list[Key], generation: int,
                             member: str, instance: str | None) -> None:
         """Once the transaction ended, fold what the committed stage holds beyond the log;
         an aborted stage never shows, and nothing is written."""
@@ -472,7 +473,8 @@ class IndividualCommitFeature(Feature):
         for key, ranges in extra.items():
             states[key] = apply_ranges(states.get(key, CommitState(-1)), ranges)
         if extra:
-            ctx.start_soon(self.service.fold_stages, ctx, group, extra)
+            background = self.service.background
+            background.start(self.service.fold_stages, background, group, extra)
         for key in pending:
             asked[key].error_code = int(ErrorCode.UNSTABLE_OFFSET_COMMIT)
             asked[key].committed_offset = -1

@@ -34,6 +34,7 @@ from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCom
 from proxy.commits.state import CommitState, MarkEdit, Range, normalise
 from proxy.net.pool import BrokerPool
 from proxy.pipeline import ClusterView, ConnectionContext
+from proxy.pipeline.background import Background
 from proxy.protocol.constants import ErrorCode
 
 log = logging.getLogger("proxy.commits")
@@ -131,7 +132,10 @@ class SharePlan:
 
 
 class CommitService:
-    def __init__(self, config, cluster: ClusterView, metrics, *, pool: BrokerPool) -> None:
+    def __init__(self, config, cluster: ClusterView, metrics, *, pool: BrokerPool,
+                 background: Background | None = None) -> None:
+        # where follow-ups of transactional commits run (they outlive the client's connection)
+        self.background = background if background is not None else Background()
         registry = metrics.registry
         self._write_latency = Histogram("kafka_proxy_individual_commit_log_write_seconds",
                                         "Time to write states to __individual_commit_offsets (acks=all).",
@@ -286,24 +290,40 @@ class CommitService:
     async def settle_shares(self, ctx: ConnectionContext, group: str, edits: dict[Key, dict[int, dict[int, int]]],
                             generation: int, member: str, instance_id: str | None) -> dict[Key, int]:
         """A commit of share watermarks that are already committed elsewhere (a transaction's
-        shadow groups), made by the proxy itself: S' and the watermarks reach the
-        coordinator in an OffsetCommit of its own with the member's generation, then the
-        log, for the keys the coordinator accepted. Returns the error per key."""
+        shadow groups), made by the proxy itself: the log, whatever the coordinator says
+        (the transaction committed them), and S' with the watermarks at the coordinator in
+        an OffsetCommit of the proxy's own (``commit_settled``). Returns the coordinator's
+        error per key."""
         plan = await self.begin_shares(ctx, group, edits, {})
         try:
-            results: list[tuple[Key, int]] = []
-            if plan.offsets:
-                try:
-                    answered = await self.log.cluster.commit_offsets(group, generation, member, instance_id,
-                                                                     plan.offsets)
-                except CommitLogError as exc:
-                    log.warning("share watermarks not settled group=%s reason=%r", group, str(exc))
-                    answered = {}
-                results = [(key, answered.get(key, ErrorCode.COORDINATOR_NOT_AVAILABLE)) for key in plan.offsets]
-            errors = await self.finish_shares(plan, generation, member, instance_id, results)
-            return {**plan.refused, **{key: code for key, code in results}, **errors}
+            answered = await self.commit_settled(group, generation, member, instance_id, plan.offsets)
+            errors = await self.finish_shares(plan, generation, member, instance_id,
+                                              [(key, int(ErrorCode.NONE)) for key in plan.offsets])
+            return {**plan.refused, **answered, **errors}
         finally:
             self.abandon(plan)
+
+    async def commit_settled(self, group: str, generation: int, member: str, instance_id: str | None,
+                             offsets: dict[Key, int] | dict[Key, tuple[int, str]]) -> dict[Key, int]:
+        """S of keys whose processed offsets a committed transaction holds, to the
+        coordinator: as the member that committed them, or, when the member has left or the
+        generation moved on, as nobody (accepted while the group is empty, as an admin tool's
+        commit is); otherwise left to the next commit of the key. The error per key."""
+        if not offsets:
+            return {}
+        stale = (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID)
+        try:
+            answered = await self.log.cluster.commit_offsets(group, generation, member, instance_id, offsets)
+            if answered and generation >= 0 and all(code in stale for code in answered.values()):
+                answered = await self.log.cluster.commit_offsets(group, -1, "", None, offsets)
+        except CommitLogError as exc:
+            log.info("stable offset not moved after a transaction group=%s reason=%r", group, str(exc))
+            return {key: int(ErrorCode.COORDINATOR_NOT_AVAILABLE) for key in offsets}
+        refused = {key: code for key, code in answered.items() if code != ErrorCode.NONE}
+        if refused:
+            log.info("stable offset not moved after a transaction group=%s refused=%s", group,
+                     {f"{t}-{p}": ErrorCode.name_of(c) for (t, p), c in refused.items()})
+        return answered
 
     async def shadow_offsets(self, group: str, shadows: dict[str, list[Key]], *,
                              require_stable: bool) -> dict[str, dict[Key, tuple[int, str | None, int]]]:
@@ -432,16 +452,8 @@ class CommitService:
         planned = await self.plan(ctx, group, commit, sorted(edits))
         try:
             results = [(key, int(ErrorCode.NONE)) for key in planned.stable]
-            if generation >= 0 and planned.stable:
-                try:
-                    answered = await self.log.cluster.commit_offsets(group, generation, member, instance_id,
-                                                                     planned.stable)
-                except CommitLogError as exc:
-                    log.info("stable offset not moved after a fold group=%s reason=%r", group, str(exc))
-                else:
-                    refused = {key: code for key, code in answered.items() if code != ErrorCode.NONE}
-                    if refused:
-                        log.info("stable offset not moved after a fold group=%s refused=%s", group, refused)
+            if generation >= 0:
+                await self.commit_settled(group, generation, member, instance_id, planned.stable)
             answer = await self.perform(group, generation, member, instance_id, planned, commit.on_response(results))
             return {**planned.refused, **dict(answer.errors)}
         finally:

@@ -4,6 +4,7 @@ Structure (one nursery each, nothing outlives its parent):
 
     ProxyServer.run
       ├── metrics endpoint (optional)
+      ├── follow-ups of transactional commits (``pipeline.background``), cancelled last
       ├── the cluster: read until a broker answers, with backoff (clients may come first)
       ├── listeners: bootstrap/sidecar port, and one port per broker node (port per broker)
       └── connections: one ClientConnection each, with its own nursery inside
@@ -42,6 +43,7 @@ from proxy.keyrange.feature import KeyRangeFetchFeature
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
 from proxy.net.pool import BrokerPool, NoBrokerAnswered
+from proxy.pipeline.background import Background
 from proxy.pipeline.chain import FeatureChain
 from proxy.pipeline.cluster import ClusterView
 from proxy.pipeline.feature import Feature
@@ -103,6 +105,7 @@ class ProxyServer:
             sidecar_addresses=config.get("sidecar.node.addresses"),
             on_new_listener=self._on_new_listener,
         )
+        self.background = Background()  # follow-ups that outlive a client's connection
         self.chain = FeatureChain(self._features())
         self.connections: set[ClientConnection] = set()
         self._handshaking = 0  # TLS connections accepted, in their handshake: they count towards max.connections
@@ -121,7 +124,8 @@ class ProxyServer:
         config, metrics = self.config, self.metrics
         features: list[Feature] = [ClusterFeed(self.cluster)]  # before addresses: it needs the real ones
         keyrange = KeyRangeFetchFeature(config, self.cluster, metrics)
-        commits = CommitService(config, self.cluster, metrics, pool=self.pool)  # the log both commit paths write
+        commits = CommitService(config, self.cluster, metrics, pool=self.pool,  # the log both commit paths write
+                                background=self.background)
         if config.get("virtual.topics.enabled"):  # virtual names become real before any other feature sees them
             features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine), self.pool,
                                                  commits))
@@ -141,6 +145,7 @@ class ProxyServer:
         async with trio.open_nursery() as root:
             if handle_signals:
                 root.start_soon(self._watch_signals)
+            await root.start(self.background.run)
             if self.config.get("metrics.port") >= 0:
                 self.metrics_port = await root.start(
                     serve_metrics, self.metrics, self.config.get("listen.host"), self.config.get("metrics.port")

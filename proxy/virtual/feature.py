@@ -89,6 +89,9 @@ class CommitLogService(Protocol):
 
     async def delete_offsets(self, group: str, keys: list) -> int: ...
 
+    @property
+    def background(self) -> Any: ...
+
 
 class _Connection:
     """One client connection's virtual-topic state."""
@@ -785,7 +788,8 @@ class VirtualTopicsFeature(Feature):
             response.changed = True
             committed = {key: plan.edits[key] for key, code in outcome.items() if code == ErrorCode.NONE}
             if committed:
-                ctx.start_soon(self._settle_txn, ctx, plan.group, committed, generation, member, instance)
+                background = self.store.background
+                background.start(self._settle_txn, background, plan.group, committed, generation, member, instance)
 
         return Route(messages.encode_request(header, body), before=tuple(own), on_response=on_response,
                      settle=lambda: self.store.abandon(planned))
@@ -817,7 +821,7 @@ class VirtualTopicsFeature(Feature):
             _, plan.answers[slot] = messages.decode_response(ApiKey.TXN_OFFSET_COMMIT, version, raw)
         return keep
 
-    async def _settle_txn(self, ctx: ConnectionContext, group: str, keys: dict, generation: int, member: str,
+    async def _settle_txn(self, ctx: Any, group: str, keys: dict, generation: int, member: str,
                           instance: str | None) -> None:
         """Once the transaction has ended, fold the committed shadows of ``keys`` (real ->
         K -> shares) into the log and move S at the coordinator; an aborted transaction left

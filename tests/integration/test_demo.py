@@ -16,4 +16,6 @@ def test_demo_runs_to_the_end():
     assert "a 7th member joined: generation" in result.stdout
     assert "member-0 left: generation" in result.stdout
     assert "every rebalance settled with the whole of both partitions shared out: True" in result.stdout
+    assert "committed receipts: 40 for 40 of 40 orders; every order exactly once: True" in result.stdout
+    assert "group 'demo-receipt-writers' at the broker: committed offset 40 of 40" in result.stdout
     assert "done: every order reached exactly one range consumer" in result.stdout

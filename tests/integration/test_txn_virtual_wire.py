@@ -164,6 +164,9 @@ def test_shadow_groups_are_hidden_from_listings_and_deleted_with_their_group(set
     finally:
         a.close()
     with Conn(kafka.bootstrap_servers, name="direct") as direct:
+        # the transaction's follow-up has moved S (min of the shares' 4 and 6)
+        wait_until(lambda: direct.offset_fetch({group: [(topic, 0)]}, require_stable=True)[group][(topic, 0)][0]
+                   == 4, timeout=15, what="S reaching the coordinator")
         shadows = [g[0] for g in direct.list_groups() if g[0].startswith(f"{group}.kr2/")]
     assert len(shadows) == 2  # the broker has them ...
     listed = [g[0] for g in admin.list_groups()]
