@@ -33,6 +33,7 @@ import ssl
 from typing import Any
 
 import trio
+from prometheus_client import Gauge
 
 from proxy.commits.feature import IndividualCommitFeature
 from proxy.commits.service import CommitService
@@ -106,6 +107,12 @@ class ProxyServer:
             on_new_listener=self._on_new_listener,
         )
         self.background = Background()  # follow-ups that outlive a client's connection
+        registry = self.metrics.registry
+        Gauge("kafka_proxy_followups_running", "Follow-ups of transactional commits running (fold, S).",
+              registry=registry).set_function(lambda: self.background.running)
+        Gauge("kafka_proxy_followups_refused", "Follow-ups of transactional commits not started (limit reached); "
+              "the next commit or OffsetFetch of their partitions does their work.",
+              registry=registry).set_function(lambda: self.background.refused)
         self.chain = FeatureChain(self._features())
         self.connections: set[ClientConnection] = set()
         self._handshaking = 0  # TLS connections accepted, in their handshake: they count towards max.connections
