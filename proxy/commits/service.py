@@ -19,7 +19,7 @@ record, written only for partitions the coordinator accepted), and reads waterma
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +38,8 @@ from proxy.pipeline.background import Background
 from proxy.protocol.constants import ErrorCode
 
 log = logging.getLogger("proxy.commits")
+
+_TXN_SEQUENCES = 100_000  # shares whose transactional sequences an instance remembers
 
 Key = tuple[str, int]
 
@@ -153,6 +155,9 @@ class CommitService:
             on_write=self._write_latency.observe,
         )
         self.locks = KeyLocks()
+        # (group, key, K, share) -> the highest sequence this instance gave a transaction's
+        # watermark of that share (``begin_shares``), least recently used dropped
+        self._txn_sequences: OrderedDict[tuple, int] = OrderedDict()
         # told of every group (keys None) or committed offsets deleted through this proxy
         self._deletion_hooks: list[Callable[[str, set[Key] | None], Awaitable[None]]] = []
 
@@ -255,12 +260,18 @@ class CommitService:
 
     # -- share watermarks (virtual range topics) --------------------------------------------------
     async def begin_shares(self, ctx: ConnectionContext, group: str, edits: dict[Key, dict[int, dict[int, int]]],
-                           plain: dict[Key, int]) -> SharePlan:
+                           plain: dict[Key, int], *, transactional: bool = False,
+                           exact: dict[Key, dict[int, dict[int, int]]] | None = None) -> SharePlan:
         """Plan a commit of share watermarks: ``edits`` real partition -> K -> share -> W;
         ``plain``: real partitions the same request commits plainly (a key with state is
         reset, as individual commit resets it). Holds the keys' locks until
         ``finish_shares`` or ``abandon`` (or the connection's end)."""
-        commits = {key: [MarkEdit(shares, marks) for shares, marks in sorted(by_k.items())]
+        txn_floor = self._txn_sequences
+        commits = {key: [MarkEdit(shares, marks,
+                                  exact=(exact or {}).get(key, {}).get(shares),
+                                  at_least={share: txn_floor.get((group, key, shares, share), 0) + 1 for share in marks}
+                                  if transactional else None)
+                         for shares, marks in sorted(by_k.items())]
                    for key, by_k in edits.items()}
         resets = {key: offset for key, offset in plain.items()
                   if key not in commits and self.log.table.holds_any(group, [key])}
@@ -272,7 +283,18 @@ class CommitService:
             assert state is not None  # a watermark edit's state is computed when planned
             plan.offsets[key] = (stable, watermarks.encode_metadata(state))
             plan.sequences[key] = (state.epoch, watermarks.sequences(state))
+            if transactional:
+                for (shares, share), sequence in plan.sequences[key][1].items():
+                    if share in edits.get(key, {}).get(shares, {}):
+                        self._remember_txn_sequence((group, key, shares, share), sequence)
         return plan
+
+    def _remember_txn_sequence(self, slot: tuple, sequence: int) -> None:
+        floor = self._txn_sequences
+        floor[slot] = max(sequence, floor.get(slot, 0))
+        floor.move_to_end(slot)
+        while len(floor) > _TXN_SEQUENCES:
+            floor.popitem(last=False)
 
     async def finish_shares(self, plan: SharePlan, generation: int, member: str, instance_id: str | None,
                             results: list[tuple[Key, int]]) -> dict[Key, int]:
@@ -287,14 +309,20 @@ class CommitService:
         finally:
             planned.done.set()
 
-    async def settle_shares(self, ctx: ConnectionContext, group: str, edits: dict[Key, dict[int, dict[int, int]]],
+    async def settle_shares(self, ctx: ConnectionContext, group: str,
+                            folds: dict[Key, dict[int, dict[int, tuple[int, int]]]],
                             generation: int, member: str, instance_id: str | None) -> dict[Key, int]:
         """A commit of share watermarks that are already committed elsewhere (a transaction's
-        shadow groups), made by the proxy itself: the log, whatever the coordinator says
-        (the transaction committed them), and S' with the watermarks at the coordinator in
-        an OffsetCommit of the proxy's own (``commit_settled``). Returns the coordinator's
-        error per key."""
-        plan = await self.begin_shares(ctx, group, edits, {})
+        shadow groups; ``folds``: key -> K -> share -> (W, the shadow's sequence), as
+        ``fold_edits`` gives them), made by the proxy itself: the log, whatever the
+        coordinator says (the transaction committed them), and S' with the watermarks at the
+        coordinator in an OffsetCommit of the proxy's own (``commit_settled``). Returns the
+        coordinator's error per key."""
+        edits = {key: {k: {share: w for share, (w, _) in marks.items()} for k, marks in by_k.items()}
+                 for key, by_k in folds.items()}
+        exact = {key: {k: {share: seq for share, (_, seq) in marks.items()} for k, marks in by_k.items()}
+                 for key, by_k in folds.items()}
+        plan = await self.begin_shares(ctx, group, edits, {}, exact=exact)
         try:
             answered = await self.commit_settled(group, generation, member, instance_id, plan.offsets)
             errors = await self.finish_shares(plan, generation, member, instance_id,
@@ -331,7 +359,8 @@ class CommitService:
         coordinator), in one request (raises ``CommitLogError``)."""
         return await self.log.cluster.committed_groups(group, shadows, require_stable=require_stable)
 
-    def fold_edits(self, group: str, shadows: dict[Key, list[watermarks.ShadowMark]]) -> dict[Key, dict[int, dict[int, int]]]:
+    def fold_edits(self, group: str, shadows: dict[Key, list[watermarks.ShadowMark]]
+                   ) -> dict[Key, dict[int, dict[int, tuple[int, int]]]]:
         """The watermark edits that bring each key's log record (``read`` first) up to its
         committed shadow watermarks; keys with nothing newer are left out."""
         records = self.log.records(group)

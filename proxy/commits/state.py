@@ -250,16 +250,27 @@ def apply_edit(state: CommitState, edit: Edit) -> CommitState:
 
 
 class MarkEdit:
-    """A commit of share watermarks of virtual topic K: ``marks`` share -> W(share)."""
+    """A commit of share watermarks of virtual topic K: ``marks`` share -> W(share).
 
-    __slots__ = ("shares", "marks")
+    Sequences (``apply_marks``): by default one above any the key holds. ``exact`` sets a
+    share's sequence to a given one: a transaction's watermark folded into the log keeps
+    the sequence its shadow commit carried, so that a later transaction's shadow, numbered
+    before this fold was written, still ranks above it. ``at_least`` raises a share's
+    sequence to a floor: consecutive transactions of one share through one instance are
+    numbered in order even before the earlier one is folded."""
 
-    def __init__(self, shares: int, marks: dict[int, int]) -> None:
+    __slots__ = ("shares", "marks", "exact", "at_least")
+
+    def __init__(self, shares: int, marks: dict[int, int], *, exact: dict[int, int] | None = None,
+                 at_least: dict[int, int] | None = None) -> None:
         self.shares = shares
         self.marks = dict(marks)
+        self.exact = dict(exact or {})
+        self.at_least = dict(at_least or {})
 
     def __repr__(self) -> str:
-        return f"MarkEdit(shares={self.shares}, marks={self.marks})"
+        extra = (f", exact={self.exact}" if self.exact else "") + (f", at_least={self.at_least}" if self.at_least else "")
+        return f"MarkEdit(shares={self.shares}, marks={self.marks}{extra})"
 
 
 Edit = bytes | MarkEdit  # one commit's change to a key
@@ -274,7 +285,9 @@ def apply_marks(state: CommitState, edit: MarkEdit) -> CommitState:
     lowest the coordinator's copy is read back with (``watermarks.decode_metadata``)."""
     sequence = max((mark[3] for mark in state.marks), default=0) + 1
     kept = [mark for mark in state.marks if not (mark[0] == edit.shares and mark[1] in edit.marks)]
-    kept += [(edit.shares, share, max(offset, -1), sequence) for share, offset in edit.marks.items()]
+    kept += [(edit.shares, share, max(offset, -1),
+              edit.exact[share] if share in edit.exact else max(sequence, edit.at_least.get(share, 0)))
+             for share, offset in edit.marks.items()]
     return settle(CommitState.from_packed(state.stable, state.packed, state.epoch, tuple(sorted(kept))))
 
 

@@ -151,10 +151,11 @@ def overlay(state: CommitState, shadows: list[ShadowMark]) -> CommitState:
                                           join_marks(kept, tuple(sorted(taken.values())))))
 
 
-def fold(state: CommitState, shadows: list[ShadowMark]) -> dict[int, dict[int, int]]:
-    """The watermark edits (K -> share -> W) that bring ``state`` up to its newer shadows."""
-    edits: dict[int, dict[int, int]] = {}
+def fold(state: CommitState, shadows: list[ShadowMark]) -> dict[int, dict[int, tuple[int, int]]]:
+    """What brings ``state`` up to its newer shadows: K -> share -> (W, the shadow's
+    sequence, which the log keeps for it)."""
+    edits: dict[int, dict[int, tuple[int, int]]] = {}
     for shadow in shadows:
         if newer(state, shadow):
-            edits.setdefault(shadow[0], {})[shadow[1]] = shadow[2]
+            edits.setdefault(shadow[0], {})[shadow[1]] = (shadow[2], shadow[4])
     return edits

@@ -62,7 +62,8 @@ class CommitLogService(Protocol):
     """The individual-commit log service (``proxy.commits.service.CommitService``), as the
     server hands it over: where share watermarks are kept."""
 
-    async def begin_shares(self, ctx: ConnectionContext, group: str, edits: dict, plain: dict) -> Any: ...
+    async def begin_shares(self, ctx: ConnectionContext, group: str, edits: dict, plain: dict, *,
+                           transactional: bool = False) -> Any: ...
 
     async def finish_shares(self, plan: Any, generation: int, member: str, instance_id: str | None,
                             results: list) -> dict: ...
@@ -761,7 +762,7 @@ class VirtualTopicsFeature(Feature):
         edits = {key: by_k for key, by_k in plan.edits.items() if key not in refused}
         # S_c and the watermarks, computed under the keys' locks as a plain virtual commit
         # plans them; nothing is written to the log: the transaction may still abort.
-        planned = await self.store.begin_shares(ctx, plan.group, edits, {})
+        planned = await self.store.begin_shares(ctx, plan.group, edits, {}, transactional=True)
         refused.update(planned.refused)
         own = []
         for slot, shadow_body in txn.shadow_requests(body, plan, planned.sequences, refused):

@@ -5,7 +5,7 @@ watermarks rank against the log's (proxy.virtual.txn, proxy.commits.watermarks).
 from __future__ import annotations
 
 from proxy.commits import watermarks
-from proxy.commits.state import CommitState
+from proxy.commits.state import CommitState, MarkEdit, apply_marks
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
@@ -139,4 +139,27 @@ def test_a_shadow_counts_only_when_newer_than_the_logs_watermark_of_its_share():
     overlaid = watermarks.overlay(state, [(2, 0, 30, 2, 6), (2, 1, 99, 2, 7)])
     assert watermarks.per_share(overlaid.marks) == {2: [30, 15]}
     assert overlaid.stable == 15  # both shares at or above 15 now
-    assert watermarks.fold(state, [(2, 0, 30, 2, 6), (2, 1, 99, 2, 7)]) == {2: {0: 30}}
+    assert watermarks.fold(state, [(2, 0, 30, 2, 6), (2, 1, 99, 2, 7)]) == {2: {0: (30, 6)}}
+
+
+def test_a_fold_written_after_the_next_transaction_began_does_not_hide_it():
+    """Transaction 27 of share 2 commits W=774 (its shadow numbered 6); transaction 28 of the
+    same share begins before 27's fold is in the log and commits W=900: its shadow must
+    rank above the folded 27, or the share reads 774 after a rebalance and redoes work."""
+    log = CommitState(-1, (), 0, ((4, 2, 700, 5), (4, 3, 650, 2)))
+    txn27 = apply_marks(log, MarkEdit(4, {2: 774}))
+    shadow27 = (4, 2, 774, 0, watermarks.sequences(txn27)[(4, 2)])
+    # the instance remembers 27's sequence; 28 is planned from the log without 27's fold
+    txn28 = apply_marks(log, MarkEdit(4, {2: 900}, at_least={2: shadow27[4] + 1}))
+    shadow28 = (4, 2, 900, 0, watermarks.sequences(txn28)[(4, 2)])
+    assert shadow28[4] > shadow27[4]
+    # 27's follow-up folds its shadow into the log, keeping the shadow's sequence
+    folded = watermarks.fold(log, [shadow27])
+    assert folded == {4: {2: (774, shadow27[4])}}
+    after = apply_marks(log, MarkEdit(4, {2: 774}, exact={2: shadow27[4]}))
+    assert watermarks.newer(after, shadow28)
+    assert watermarks.per_share(watermarks.overlay(after, [shadow28]).marks)[4][2] == 900
+    # without the floor and the kept sequence, the fold would have outranked 28
+    unfloored = apply_marks(log, MarkEdit(4, {2: 900}))
+    refolded = apply_marks(apply_marks(log, MarkEdit(4, {3: 651})), MarkEdit(4, {2: 774}))
+    assert not watermarks.newer(refolded, (4, 2, 900, 0, watermarks.sequences(unfloored)[(4, 2)]))
