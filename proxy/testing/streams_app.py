@@ -16,6 +16,10 @@ and the exactly-once benchmark.
   ``PlainConsumer`` and parse their lines into acknowledgements and deliveries, which
   :meth:`~PlainProducerProcess.feed` and :meth:`~PlainConsumerProcess.feed` add to a
   :class:`proxy.testing.history.History`.
+- :class:`TxnRelayProcess` runs ``TxnRelay`` (a transactional consume-transform-produce
+  loop that aborts every N-th transaction on purpose) and parses its ``commit`` and
+  ``abort`` lines into :class:`TxnEvent`; :class:`TxnFleet` runs several as one group.
+  ``proxy.testing.txn_output`` checks their output.
 
 Every program writes tab-separated lines to stdout (the formats are in the class comment of
 each Java program and in the parsers below); stdout goes to ``<name>-<launch>.out`` and
@@ -64,6 +68,7 @@ PACKAGE = "io.keyrange.bench.streams"
 KEY_COUNT_APP = f"{PACKAGE}.KeyCountApp"
 PLAIN_PRODUCER = f"{PACKAGE}.PlainProducer"
 PLAIN_CONSUMER = f"{PACKAGE}.PlainConsumer"
+TXN_RELAY = f"{PACKAGE}.TxnRelay"
 
 JVM_OPTIONS = ("-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
                "-Djava.awt.headless=true")
@@ -162,6 +167,14 @@ def unescape(field: str) -> str | None:
     return _UNESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(1)), field)
 
 
+def escape(text: str | None) -> str:
+    """A field as the Java side writes it (``Lines.escape``): null is ``\\N``; backslash, tab,
+    newline and carriage return are escaped (for Python programs that speak the same lines)."""
+    if text is None:
+        return "\\N"
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
 class _LineFile:
     """The complete lines appended to a file since the last read, split at tabs."""
 
@@ -227,7 +240,7 @@ class JavaProcess:
         """Start a new launch (the previous one must have ended)."""
         if self.alive:
             raise StreamsAppError(f"{self.name} is already running (pid {self.pid})")
-        command = java_command(self.main_class, self.args, jvm_options=self.jvm_options)
+        command = self.command()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.refresh()  # the earlier launches' last lines, while they are still the current one's
         self._launch_started()
@@ -238,6 +251,10 @@ class JavaProcess:
         self._readers.append(_LineFile(self.stdout_path))
         self.process = spawn(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=self.workdir)
         return self
+
+    def command(self) -> list[str]:
+        """The command line of a launch (a subclass may run another program than a JVM)."""
+        return java_command(self.main_class, self.args, jvm_options=self.jvm_options)
 
     def _launch_started(self) -> None:
         """A new launch is about to begin (for subclasses to reset per-launch state)."""
@@ -735,6 +752,309 @@ class PlainConsumerProcess(JavaProcess):
                             None if record.key is None else record.key.encode())
         self._fed += len(new)
         return len(new)
+
+
+# -- TxnRelay ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TxnRange:
+    """The records of one input partition in one transaction: offsets ``first``..``last``."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxnEvent:
+    """A transaction that ended, from a ``commit`` or ``abort`` line. ``writer`` is what the
+    transaction's output records carry (``<transactional id>/<pid>/<txn>``); ``reason`` is
+    ``planned`` for an abort on purpose, else the error that aborted it (None: committed)."""
+
+    launch: int
+    txn: int
+    records: int
+    ranges: tuple[TxnRange, ...]
+    writer: str
+    reason: str | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.reason is None
+
+    @property
+    def planned(self) -> bool:
+        return self.reason == "planned"
+
+
+def parse_ranges(field: str) -> tuple[TxnRange, ...]:
+    """``topic:partition:first:last`` items separated by commas (escaped as one field)."""
+    out = []
+    for item in (unescape(field) or "").split(","):
+        if item:
+            topic, partition, first, last = item.rsplit(":", 3)
+            out.append(TxnRange(topic, int(partition), int(first), int(last)))
+    return tuple(out)
+
+
+class TxnRelayProcess(JavaProcess):
+    """``TxnRelay``: a transactional consume-transform-produce member of ``group`` reading
+    ``input_topic`` (read_committed) and writing one record per input record to
+    ``output_topic``, every ``abort_every``-th transaction aborted on purpose and redone.
+
+    The transactional id defaults to ``<group>-<name>``: unique per instance, the same for
+    each of its launches, so a launch started after a kill fences the killed one and aborts
+    its open transaction at once.
+
+    Lines parsed: ``start`` (the launch's pid, :attr:`pids`), ``ready``, ``assigned``,
+    ``revoked`` and ``lost`` into :attr:`assignment` (of the current launch), ``begin``
+    (:meth:`in_transaction`), ``commit`` and ``abort`` into :attr:`transactions`, ``error`` and ``fatal`` into :attr:`errors` and
+    :attr:`fatal`, ``stopped`` into :attr:`stopped`.
+    """
+
+    main_class = TXN_RELAY
+
+    def __init__(self, bootstrap: str, input_topic: str, output_topic: str, group: str, *, workdir: Path,
+                 name: str = "relay", transactional_id: str | None = None, abort_every: int = 5,
+                 delay_ms: int = 0, max_poll_records: int = 100, poll_ms: int = 200, max_seconds: int = 3600,
+                 close_timeout_ms: int = 10_000, configs: Mapping[str, object] | None = None,
+                 jvm_options: Sequence[str] = JVM_OPTIONS) -> None:
+        self.transactional_id = transactional_id or f"{group}-{name}"
+        args: list[object] = ["--bootstrap", bootstrap, "--input", input_topic, "--output", output_topic,
+                              "--group", group, "--transactional-id", self.transactional_id, "--client-id", name,
+                              "--abort-every", abort_every, "--delay-ms", delay_ms,
+                              "--max-poll-records", max_poll_records, "--poll-ms", poll_ms,
+                              "--max-seconds", max_seconds, "--close-timeout-ms", close_timeout_ms]
+        super().__init__(name, [*args, *config_args(configs)], workdir, jvm_options=jvm_options)
+        self.bootstrap = bootstrap
+        self.input_topic = input_topic
+        self.output_topic = output_topic
+        self.group = group
+        self.close_timeout = close_timeout_ms / 1000
+        self.pids: dict[int, int] = {}  # launch -> pid, from its start line
+        self.ready = False  # the current launch's producer is initialised
+        self.assignment: set[tuple[str, int]] = set()
+        self.joined = False  # the current launch got its first assignment (maybe empty)
+        self.rebalances = 0
+        self.transactions: list[TxnEvent] = []  # every launch's, in order
+        self.begun = 0  # the current launch's last transaction begun
+        self.ended = 0  # the current launch's last transaction committed or aborted
+        self.errors: list[tuple[int, str]] = []  # (launch, "Class: message")
+        self.fatal: list[tuple[int, str]] = []
+        self.stopped: tuple[int, int, int, int] | None = None  # committed, records, aborted, records
+
+    def _launch_started(self) -> None:
+        self.ready = False
+        self.begun = self.ended = 0
+        self.assignment = set()
+        self.joined = False
+        self.stopped = None
+
+    def _writer(self, launch: int, txn: int) -> str:
+        return f"{self.transactional_id}/{self.pids.get(launch, 0)}/{txn}"
+
+    def _on_line(self, fields: list[str], launch: int) -> None:
+        kind = fields[0]
+        current = launch == self.launches
+        if kind == "start" and len(fields) >= 4:
+            self.pids[launch] = int(fields[3])
+        elif kind == "ready" and current:
+            self.ready = True
+        elif kind in ("assigned", "revoked", "lost") and len(fields) >= 3:
+            if current:
+                partitions = PlainConsumerProcess._partitions(fields[2])
+                if kind == "assigned":
+                    self.assignment |= partitions
+                    self.joined = True
+                    self.rebalances += 1
+                else:
+                    self.assignment -= partitions
+        elif kind == "begin" and len(fields) >= 3 and current:
+            self.begun = int(fields[2])
+        elif kind == "commit" and len(fields) >= 5:
+            txn = int(fields[2])
+            if current:
+                self.ended = txn
+            self.transactions.append(TxnEvent(launch, txn, int(fields[3]), parse_ranges(fields[4]),
+                                              self._writer(launch, txn)))
+        elif kind == "abort" and len(fields) >= 6:
+            txn = int(fields[2])
+            if current:
+                self.ended = txn
+            self.transactions.append(TxnEvent(launch, txn, int(fields[3]), parse_ranges(fields[4]),
+                                              self._writer(launch, txn), unescape(fields[5]) or "?"))
+        elif kind == "error" and len(fields) >= 3:
+            self.errors.append((launch, unescape(fields[2]) or ""))
+        elif kind == "fatal" and len(fields) >= 3:
+            self.fatal.append((launch, unescape(fields[2]) or ""))
+        elif kind == "stopped" and len(fields) >= 6 and current:
+            self.stopped = (int(fields[2]), int(fields[3]), int(fields[4]), int(fields[5]))
+
+    # -- what it did -------------------------------------------------------------------
+
+    def in_transaction(self) -> bool:
+        """The current launch has begun a transaction that has not ended (by its lines)."""
+        self.refresh()
+        return self.begun > self.ended
+
+    def open_writer(self) -> str | None:
+        """The writer of the current launch's open transaction (see :meth:`in_transaction`),
+        as its output records name it; None when none is open."""
+        return self._writer(self.launches, self.begun) if self.in_transaction() else None
+
+    def committed(self) -> list[TxnEvent]:
+        self.refresh()
+        return [t for t in self.transactions if t.committed]
+
+    def aborted(self, *, planned: bool | None = None) -> list[TxnEvent]:
+        """The aborted transactions (only those aborted on purpose with ``planned=True``,
+        only the others with ``planned=False``)."""
+        self.refresh()
+        return [t for t in self.transactions if not t.committed and (planned is None or t.planned == planned)]
+
+    def problems(self, limit: int = 3) -> str:
+        """The last fatal and error lines, for an assertion message."""
+        self.refresh()
+        parts = [f"fatal#{launch}: {text}" for launch, text in self.fatal[-limit:]]
+        parts += [f"error#{launch}: {text}" for launch, text in self.errors[-limit:]]
+        parts += [f"aborted#{t.launch} txn {t.txn}: {t.reason}" for t in self.aborted(planned=False)[-limit:]]
+        return "; ".join(parts) or "no error reported"
+
+    def summary(self) -> str:
+        committed = self.committed()
+        aborted = self.aborted()
+        return (f"{self.name}: {len(committed)} transactions committed ({sum(t.records for t in committed)} "
+                f"records), {len(aborted)} aborted ({sum(t.planned for t in aborted)} on purpose), "
+                f"assignment {sorted(self.assignment)}")
+
+    # -- waiting -----------------------------------------------------------------------
+
+    def check_alive(self) -> None:
+        """Raise StreamsAppError if the current launch has exited, with its fatal lines."""
+        try:
+            super().check_alive()
+        except StreamsAppError as exc:
+            raise StreamsAppError(f"{self.name}: {self.problems()}\n{exc}") from None
+
+    def wait_joined(self, timeout: float = 60.0, *, nonempty: bool = False) -> None:
+        """Wait until this launch got an assignment (with ``nonempty``, one with partitions)."""
+        def joined() -> bool:
+            self.refresh()
+            return self.joined and (bool(self.assignment) or not nonempty)
+
+        _wait(joined, timeout, lambda: f"{self.name} joining its group (assignment {sorted(self.assignment)})",
+              self.check_alive)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until this launch's producer is initialised (``initTransactions`` returned:
+        a previous launch with the same transactional id is fenced, its transaction aborted)."""
+        def ready() -> bool:
+            self.refresh()
+            return self.ready
+
+        _wait(ready, timeout, lambda: f"{self.name} initialising its transactions ({self.problems()})",
+              self.check_alive)
+
+    def wait_committed(self, transactions: int = 1, timeout: float = 60.0) -> None:
+        """Wait until ``transactions`` transactions were committed (by every launch)."""
+        _wait(lambda: len(self.committed()) >= transactions, timeout,
+              lambda: f"{self.name} committing {transactions} transaction(s) ({self.summary()}; {self.problems()})",
+              self.check_alive)
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM: the current transaction ends, consumer and producer close (0); SIGKILL
+        past ``timeout`` (default twice the close timeout plus 10 s)."""
+        return super().stop(2 * self.close_timeout + 10 if timeout is None else timeout)
+
+
+class TxnFleet:
+    """Transactional relay members of one group (``TxnRelayProcess`` or any subclass that
+    writes the same lines, such as the librdkafka member of
+    ``proxy.testing.rdkafka_txn_member``)."""
+
+    def __init__(self, members: Sequence[TxnRelayProcess]) -> None:
+        self.members = list(members)
+
+    @classmethod
+    def relays(cls, size: int, bootstrap: str, input_topic: str, output_topic: str, group: str, *,
+               workdir: Path, **options: Any) -> TxnFleet:
+        """``size`` ``TxnRelay`` JVMs named ``relay-<i>``."""
+        return cls([TxnRelayProcess(bootstrap, input_topic, output_topic, group, workdir=workdir, name=f"relay-{i}",
+                                    **options) for i in range(size)])
+
+    def __getitem__(self, index: int) -> TxnRelayProcess:
+        return self.members[index]
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __iter__(self) -> Iterator[TxnRelayProcess]:
+        return iter(self.members)
+
+    def start(self) -> TxnFleet:
+        for member in self.members:
+            member.start()
+        return self
+
+    def check_alive(self) -> None:
+        for member in self.members:
+            member.check_alive()
+
+    def wait_assigned(self, partitions: set[tuple[str, int]], timeout: float = 60.0) -> None:
+        """Wait until the running members own ``partitions`` between them, each at least one
+        when there are enough; fail at once if one exits."""
+        running = [m for m in self.members if m.process is not None]
+
+        def balanced() -> bool:
+            for member in running:
+                member.refresh()
+            owned = [m.assignment for m in running]
+            enough = len(partitions) >= len(running)
+            return (set().union(*owned) == partitions if owned else not partitions) and (
+                all(owned) or not enough)
+
+        _wait(balanced, timeout, lambda: "the members sharing " + ", ".join(f"{t}:{p}" for t, p in sorted(partitions))
+              + " (" + "; ".join(f"{m.name} {sorted(m.assignment)}" for m in running) + ")", self.check_alive)
+
+    def transactions(self) -> list[TxnEvent]:
+        for member in self.members:
+            member.refresh()
+        return [t for m in self.members for t in m.transactions]
+
+    def aborted_writers(self) -> set[str]:
+        """The writers of every aborted transaction: none of their output may be committed."""
+        return {t.writer for t in self.transactions() if not t.committed}
+
+    def aborted_ranges(self) -> list[tuple[str, int, int, int]]:
+        """``(topic, partition, first, last)`` of the input read by every aborted transaction."""
+        return [(r.topic, r.partition, r.first, r.last) for t in self.transactions() if not t.committed
+                for r in t.ranges]
+
+    def summary(self) -> str:
+        return "; ".join(m.summary() for m in self.members)
+
+    def problems(self) -> str:
+        return " | ".join(f"{m.name}: {m.problems()}" for m in self.members)
+
+    def stop(self, timeout: float | None = None) -> list[int | None]:
+        """SIGTERM every member at once, then wait for each; their exit codes."""
+        for member in self.members:
+            if member.alive and member.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    member.process.send_signal(signal.SIGTERM)
+        return [member.stop(timeout) for member in self.members]
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
+
+    def __enter__(self) -> TxnFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # --------------------------------------------------------------------------------------

@@ -4,14 +4,24 @@ lines, fed from files as the JVMs would write them (no JVM is started)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
+
+from proxy.testing import rdkafka_txn_member
 from proxy.testing.history import History
+from proxy.testing.rdkafka_txn_member import RdkafkaTxnMemberProcess
 from proxy.testing.streams_app import (
     PlainConsumerProcess,
     PlainProducerProcess,
     StreamsInstance,
+    TxnFleet,
+    TxnRange,
+    TxnRelayProcess,
     _LineFile,
+    escape,
+    parse_ranges,
     real_partition,
     unescape,
 )
@@ -95,3 +105,70 @@ def test_streams_instance_state_is_the_current_launchs(tmp_path: Path):
     assert instance.processed_total == 40
     assert instance.errors == [(2, "StreamThread-1: X: y")]
     assert instance.states == [(1, "REBALANCING"), (1, "RUNNING"), (2, "REBALANCING")]
+
+
+def test_escape_is_undone_by_unescape():
+    for text in ("k1", "a\tb\nc\rd\\e", "\\N", "", "x\\"):
+        assert unescape(escape(text)) == text
+    assert escape(None) == "\\N" and unescape(escape(None)) is None
+    assert escape("a\tb") == "a\\tb"
+
+
+def test_txn_relay_lines_across_launches(tmp_path: Path):
+    relay = TxnRelayProcess("127.0.0.1:1", "t.kr4", "out", "g", workdir=tmp_path, name="relay-0")
+    assert relay.transactional_id == "g-relay-0"
+    assert relay.args[relay.args.index("--transactional-id") + 1] == "g-relay-0"
+    _launch(relay, "start\t3\tg-relay-0\t4242\nready\t90\nassigned\t120\tt.kr4:1,t.kr4:2\n"
+                   "begin\t140\t1\t3\ncommit\t150\t1\t3\tt.kr4:1:0:7,t.kr4:2:5:5\n"
+                   "abort\t180\t2\t2\tt.kr4:1:9:12\tplanned\n"
+                   "abort\t200\t3\t2\tt.kr4:1:9:12\torg.apache.kafka.clients.consumer.CommitFailedException: x\\ty\n"
+                   "error\t210\tTimeoutException: z\n"
+                   "begin\t215\t4\t2\ncommit\t220\t4\t2\tt.kr4:1:9")  # killed in the middle of this line
+    relay.refresh()
+    assert relay.in_transaction() and relay.open_writer() == "g-relay-0/4242/4"
+    assert relay.ready and relay.joined and relay.assignment == {("t.kr4", 1), ("t.kr4", 2)}
+    assert relay.pids == {1: 4242}
+    (commit,) = relay.committed()
+    assert (commit.launch, commit.txn, commit.records, commit.writer) == (1, 1, 3, "g-relay-0/4242/1")
+    assert commit.ranges == (TxnRange("t.kr4", 1, 0, 7), TxnRange("t.kr4", 2, 5, 5))
+    planned, failed = relay.aborted()
+    assert planned.planned and not planned.committed and planned.writer == "g-relay-0/4242/2"
+    assert not failed.planned and failed.reason == "org.apache.kafka.clients.consumer.CommitFailedException: x\ty"
+    assert relay.aborted(planned=False) == [failed]
+    assert relay.errors == [(1, "TimeoutException: z")]
+    _launch(relay, "start\t2\tg-relay-0\t4343\nassigned\t50\t\nrevoked\t60\t\n"
+                   "commit\t70\t1\t1\tt.kr4:3:4:4\nfatal\t80\tProducerFencedException: f\nstopped\t90\t1\t1\t0\t0\n")
+    relay.refresh()
+    assert not relay.ready and relay.joined and relay.assignment == set()
+    assert not relay.in_transaction() and relay.open_writer() is None
+    assert [t.writer for t in relay.committed()] == ["g-relay-0/4242/1", "g-relay-0/4343/1"]
+    assert relay.fatal == [(2, "ProducerFencedException: f")]
+    assert relay.stopped == (1, 1, 0, 0)
+    assert "fatal#2: ProducerFencedException: f" in relay.problems()
+    fleet = TxnFleet([relay])
+    assert fleet.aborted_writers() == {"g-relay-0/4242/2", "g-relay-0/4242/3"}
+    assert fleet.aborted_ranges() == [("t.kr4", 1, 9, 12), ("t.kr4", 1, 9, 12)]
+
+
+def test_parse_ranges():
+    assert parse_ranges("") == ()
+    assert parse_ranges("a.b-c:0:1:2") == (TxnRange("a.b-c", 0, 1, 2),)
+
+
+def test_librdkafka_member_is_launched_with_the_relays_arguments(tmp_path: Path):
+    member = RdkafkaTxnMemberProcess("127.0.0.1:1", "t.kr4", "out", "g", workdir=tmp_path, name="member-0",
+                                     abort_every=3, timeout_ms=7000, configs={"producer.linger.ms": 1})
+    command = member.command()
+    assert command[:3] == [sys.executable, "-m", "proxy.testing.rdkafka_txn_member"]
+    args = command[3:]
+    assert args[args.index("--transactional-id") + 1] == "g-member-0"
+    assert args[args.index("--abort-every") + 1] == "3"
+    assert args[args.index("--timeout-ms") + 1] == "7000"
+    assert args[args.index("--config") + 1] == "producer.linger.ms=1"
+    # the member's own parser takes every argument the launcher passes
+    parsed, configs = rdkafka_txn_member.parse_args(args)
+    assert (parsed.input, parsed.output, parsed.group, parsed.client_id) == ("t.kr4", "out", "g", "member-0")
+    assert (parsed.abort_every, parsed.timeout_ms, parsed.max_poll_records) == (3, 7000, 100)
+    assert configs == {"producer.linger.ms": "1"}
+    with pytest.raises(SystemExit):
+        rdkafka_txn_member.parse_args([*args, "--abort-every", "-1"])
