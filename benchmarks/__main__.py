@@ -6,6 +6,7 @@ table ``benchmarks/results/README.md`` is regenerated from every JSON file after
     python -m benchmarks key_ordered         # only those named
     python -m benchmarks --quick             # small sizes: checks the harness, not the figures
     python -m benchmarks --list
+    python -m benchmarks eos                 # by name only (not in the default set): about 12-15 minutes
 
 Each benchmark holds ``/tmp/keyrange-bench.lock`` (flock) while it runs, so benchmarks
 started by different people on one machine never overlap (a second one waits).
@@ -42,6 +43,7 @@ class Benchmark:
     method: str
     steps: Callable[[argparse.Namespace], int]
     run: Callable[[dict, object, argparse.Namespace], None]
+    default: bool = True  # False: runs only when named
 
 
 def _passthrough(report: dict, progress, args: argparse.Namespace) -> None:
@@ -95,7 +97,9 @@ BENCHMARKS = {b.name: b for b in (
               "partition, 4 librdkafka consumers of T.kr4. Every acknowledged record is accounted for; latency is "
               "hand-out time minus CreateTime.",
               lambda a: 1 + a.rounds * 4, _live_tail),
+    Benchmark("eos", *importlib.import_module("benchmarks.bench_eos").REGISTRATION),
 )}
+DEFAULT = [name for name, bench in BENCHMARKS.items() if bench.default]
 
 
 @contextlib.contextmanager
@@ -144,7 +148,7 @@ def _display(plain: bool) -> Iterator[object]:
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: {', '.join(DEFAULT)})")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.add_argument("--all", action="store_true", help="also run the older single-purpose benchmarks")
     parser.add_argument("--quick", action="store_true",
@@ -161,6 +165,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="keyrange_delivery: records the share group rows (and their baseline) read")
     parser.add_argument("--live-records", type=int, default=40_000, help="live_tail: records written per run")
     parser.add_argument("--live-seconds", type=float, default=20.0, help="live_tail: seconds the writing lasts")
+    parser.add_argument("--partitions", type=int, default=1, help="eos: partitions P of the input topic T")
+    parser.add_argument("--shares", type=int, default=4, help="eos: K, the shared run has K x P instances on T.krK")
+    parser.add_argument("--eos-window", type=float, default=40.0, help="eos: seconds counted per run")
+    parser.add_argument("--eos-delay-us", type=int, default=1000, help="eos: paced work per record (sleep)")
+    parser.add_argument("--eos-proxy-baseline", action=argparse.BooleanOptionalAction, default=True,
+                        help="eos: also run P instances on T through the proxy in every round")
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)
@@ -171,8 +181,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         args.rounds, args.consume_mb, args.produce_mb, args.latency_seconds = 1, 32, 16, 3
         args.warmup, args.window, args.delivery_mb = 1.0, 2.0, 8
         args.live_records, args.live_seconds = 3000, 4.0
+        args.eos_window = 10.0
     if args.rounds < 1 or min(args.workers) < 1:
         parser.error("--rounds and every --workers count must be at least 1")
+    if args.partitions < 1 or args.shares < 2 or args.eos_delay_us < 1 or args.eos_window <= 0:
+        parser.error("--partitions and --eos-delay-us must be at least 1, --shares at least 2, --eos-window > 0")
     args.argv = list(sys.argv[1:] if argv is None else argv)
     return args
 
@@ -181,11 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     if args.list:
         for bench in BENCHMARKS.values():
-            print(f"{bench.name:18} {bench.title}")
+            print(f"{bench.name:18} {bench.title}{'' if bench.default else ' (by name only)'}")
         for name in OLDER:
             print(f"{name:18} (older) python -m benchmarks.{name}")
         return 0
-    names = args.names or list(BENCHMARKS) + (list(OLDER) if args.all else [])
+    names = args.names or DEFAULT + (list(OLDER) if args.all else [])
     failed = []
     with _display(args.plain or not sys.stdout.isatty()) as display:
         say = print if display is None else display.console.log
@@ -227,6 +240,8 @@ def _run_one(bench: Benchmark, args: argparse.Namespace, display, say) -> None:
     for goal in report["goals"]:
         say(f"  {'met   ' if goal['met'] else 'MISSED'} {goal['goal']}: {goal['measured']}")
     say(f"wrote {path}")
+    if report.get("failures"):  # runs that must not pass silently (an inexact exactly-once output)
+        raise RuntimeError("; ".join(report["failures"]))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ paired within a round, see ``benchmarks.rounds``):
    read amplification of the virtual reads (record bytes the proxy read from the broker /
    the partition's record bytes; a fresh proxy per run). Goal: <= 1.1.
 
-    flock /tmp/keyrange-bench.lock python -m benchmarks virtual --rounds 2
+    python -m benchmarks virtual --rounds 2     # takes the benchmarks' lock itself
 """
 
 from __future__ import annotations
