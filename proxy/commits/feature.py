@@ -40,7 +40,6 @@ from proxy.commits.service import CommitService
 from proxy.commits.state import CommitState, apply_ranges, check, check_packed, rebase
 from proxy.commits.wire import forward_frame, parse_request, parse_response, rewrite_response
 from proxy.pipeline import ClusterView, ConnectionContext, Feature, LocalAnswer, Request, RequestStage, Route
-from proxy.pipeline.cluster import CONSUMER_OFFSETS
 from proxy.pipeline.route import DecodedResponse, OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, ErrorCode
@@ -266,10 +265,7 @@ class IndividualCommitFeature(Feature):
 
     # -- TxnOffsetCommit with offset ranges --------------------------------------------------------
     async def _offsets_partitions(self) -> int:
-        count = self.cluster.consumer_offsets_partitions
-        if count is None:
-            await self.cluster.refresh([CONSUMER_OFFSETS])
-            count = self.cluster.consumer_offsets_partitions
+        count = await self.cluster.offsets_partitions()
         if count is None:
             raise CommitLogError("the partition count of __consumer_offsets is unknown")
         return count

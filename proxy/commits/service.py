@@ -314,8 +314,8 @@ class CommitService:
                             generation: int, member: str, instance_id: str | None) -> dict[Key, int]:
         """A commit of share watermarks that are already committed elsewhere (a transaction's
         shadow groups; ``folds``: key -> K -> share -> (W, the shadow's sequence), as
-        ``fold_edits`` gives them), made by the proxy itself: the log, whatever the
-        coordinator says (the transaction committed them), and S' with the watermarks at the
+        ``fold_edits`` gives them), made by the proxy itself: the log (the transaction
+        committed them: no coordinator check is needed), then S' with the watermarks at the
         coordinator in an OffsetCommit of the proxy's own (``commit_settled``). Returns the
         coordinator's error per key."""
         edits = {key: {k: {share: w for share, (w, _) in marks.items()} for k, marks in by_k.items()}
@@ -324,9 +324,10 @@ class CommitService:
                  for key, by_k in folds.items()}
         plan = await self.begin_shares(ctx, group, edits, {}, exact=exact)
         try:
-            answered = await self.commit_settled(group, generation, member, instance_id, plan.offsets)
+            # the log first: once S shows at the coordinator, the fold is durable
             errors = await self.finish_shares(plan, generation, member, instance_id,
                                               [(key, int(ErrorCode.NONE)) for key in plan.offsets])
+            answered = await self.commit_settled(group, generation, member, instance_id, plan.offsets)
             return {**plan.refused, **answered, **errors}
         finally:
             self.abandon(plan)
@@ -481,9 +482,9 @@ class CommitService:
         planned = await self.plan(ctx, group, commit, sorted(edits))
         try:
             results = [(key, int(ErrorCode.NONE)) for key in planned.stable]
-            if generation >= 0:
-                await self.commit_settled(group, generation, member, instance_id, planned.stable)
             answer = await self.perform(group, generation, member, instance_id, planned, commit.on_response(results))
+            if generation >= 0:  # the log first: once S shows at the coordinator, the fold is durable
+                await self.commit_settled(group, generation, member, instance_id, planned.stable)
             return {**planned.refused, **dict(answer.errors)}
         finally:
             planned.done.set()

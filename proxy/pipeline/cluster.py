@@ -116,6 +116,15 @@ class ClusterView:
             raise LookupError("the proxy cannot read cluster metadata yet")
         self.learn_metadata(await self.reader(topics))
 
+    async def offsets_partitions(self) -> int | None:
+        """The partition count of ``__consumer_offsets`` (where Kafka places each group),
+        read from the cluster the first time; None when it cannot be read."""
+        count = self.consumer_offsets_partitions
+        if count is None:
+            await self.refresh([CONSUMER_OFFSETS])
+            count = self.consumer_offsets_partitions
+        return count
+
     async def look_up_ids(self, topic_ids: Iterable[uuid.UUID]) -> None:
         """Learn the names of ``topic_ids`` the view does not know, reading every topic's
         metadata at most once per lookup interval; failures are logged, not raised (the

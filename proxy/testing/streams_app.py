@@ -521,38 +521,39 @@ class StreamsFleet:
 # -- the output ------------------------------------------------------------------------
 
 
-def read_counts(bootstrap: str, topic: str, *, timeout: float = 30.0) -> dict[str, int]:
-    """The last count of each key in ``topic`` (KeyCountApp's output), read with
-    ``isolation.level=read_committed`` from the start to the last stable offset each
-    partition had when the read began (librdkafka's watermark query honours the isolation
-    level). An open transaction holds that offset back: call it once every transaction has
-    ended (the instances stopped, or killed ones restarted) for the final counts."""
+def read_to_end(bootstrap: str, topic: str, *, isolation: str = "read_committed",
+                timeout: float = 30.0) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """(partition, offset, key, value) of every record of ``topic`` from the start to the
+    end each partition had when the read began: the last stable offset with
+    ``read_committed`` (librdkafka's watermark query honours the isolation level; an open
+    transaction holds it back), the high watermark with ``read_uncommitted``. Raises
+    TimeoutError past ``timeout``, KafkaException for a topic that cannot be read."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-counts-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-to-end-{uuid.uuid4().hex}",
+                         "isolation.level": isolation, "enable.auto.commit": False,
                          "enable.partition.eof": True, "auto.offset.reset": "earliest"})
     deadline = time.monotonic() + timeout
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout)
-        described = metadata.topics.get(topic)
+        described = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
         if described is None or described.error is not None:
-            raise StreamsAppError(f"cannot read {topic}: {described.error if described else 'no such topic'}")
+            raise KafkaException(described.error if described is not None
+                                 else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
         ends: dict[int, int] = {}
         for partition in sorted(described.partitions):
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                      timeout=max(0.1, deadline - time.monotonic()), cached=False)
             ends[partition] = high
         todo = {p for p, end in ends.items() if end > 0}
-        counts: dict[str, int] = {}
+        out: list[tuple[int, int, bytes | None, bytes | None]] = []
         if not todo:
-            return counts
+            return out
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
         while todo:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StreamsAppError(f"reading {topic} to its last stable offsets {ends} took longer than "
-                                      f"{timeout:g} s; partitions {sorted(todo)} not read to the end")
+                raise TimeoutError(f"reading {topic} ({isolation}) to {ends} took longer than {timeout:g} s; "
+                                   f"partitions {sorted(todo)} not read to the end")
             for message in consumer.consume(num_messages=1000, timeout=min(left, 1.0)):
                 error = message.error()
                 partition = message.partition() or 0
@@ -563,15 +564,32 @@ def read_counts(bootstrap: str, topic: str, *, timeout: float = 30.0) -> dict[st
                             todo.discard(partition)
                         continue
                     raise KafkaException(error)
-                key = message.key()
-                value = message.value()
-                if key is not None and value is not None:
-                    counts[key.decode()] = int(value.decode())
+                if partition in todo and offset < ends[partition]:
+                    out.append((partition, offset, message.key(), message.value()))
                 if offset + 1 >= ends.get(partition, 0):
                     todo.discard(partition)
-        return counts
+        return out
     finally:
         consumer.close()
+
+
+def read_counts(bootstrap: str, topic: str, *, timeout: float = 30.0) -> dict[str, int]:
+    """The last count of each key in ``topic`` (KeyCountApp's output), read with
+    ``isolation.level=read_committed`` from the start to the last stable offset each
+    partition had when the read began (``read_to_end``). An open transaction holds that
+    offset back: call it once every transaction has ended (the instances stopped, or killed
+    ones restarted) for the final counts."""
+    from confluent_kafka import KafkaException
+
+    try:
+        records = read_to_end(bootstrap, topic, isolation="read_committed", timeout=timeout)
+    except (TimeoutError, KafkaException) as exc:
+        raise StreamsAppError(f"cannot read {topic} to its last stable offsets: {exc}") from exc
+    counts: dict[str, int] = {}
+    for _partition, _offset, key, value in records:
+        if key is not None and value is not None:
+            counts[key.decode()] = int(value.decode())
+    return counts
 
 
 # -- the plain producer and consumer ------------------------------------------------------

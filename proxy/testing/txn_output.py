@@ -21,14 +21,12 @@ partition v div K, at the same offsets), as the producer's acknowledgements are.
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.testing.streams_app import real_partition, unescape
+from proxy.testing.streams_app import read_to_end, real_partition, unescape
 
 RecordId = tuple[str, int, int]  # (real topic, partition, offset)
 
@@ -181,49 +179,8 @@ def check_output(acks: Iterable[Acknowledged], output: Iterable[OutputRecord], *
 def read_output(bootstrap: str, topic: str, *, isolation: str = "read_committed",
                 timeout: float = 30.0) -> list[OutputRecord]:
     """Every record of ``topic`` from the start to the end each partition had when the read
-    began: the last stable offset with ``read_committed`` (an open transaction holds it
-    back: call it once the transactions of interest have ended), the high watermark with
-    ``read_uncommitted``. Raises TimeoutError past ``timeout``."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txn-output-{uuid.uuid4().hex}",
-                         "isolation.level": isolation, "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    deadline = time.monotonic() + timeout
-    try:
-        described = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if described is None or described.error is not None:
-            raise KafkaException(described.error if described is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-        ends: dict[int, int] = {}
-        for partition in sorted(described.partitions):
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                     timeout=max(0.1, deadline - time.monotonic()), cached=False)
-            ends[partition] = high
-        todo = {p for p, end in ends.items() if end > 0}
-        out: list[OutputRecord] = []
-        if not todo:
-            return out
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
-        while todo:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"reading {topic} ({isolation}) to {ends} took longer than {timeout:g} s; "
-                                   f"partitions {sorted(todo)} not read to the end")
-            for message in consumer.consume(num_messages=1000, timeout=min(left, 1.0)):
-                error = message.error()
-                partition = message.partition() or 0
-                offset = message.offset() or 0
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        if offset >= ends.get(partition, 0):
-                            todo.discard(partition)
-                        continue
-                    raise KafkaException(error)
-                if partition in todo and offset < ends[partition]:
-                    out.append(OutputRecord(partition, offset, message.key(), message.value()))
-                if offset + 1 >= ends.get(partition, 0):
-                    todo.discard(partition)
-        return out
-    finally:
-        consumer.close()
+    began (``streams_app.read_to_end``): call it with ``read_committed`` once the
+    transactions of interest have ended. Raises TimeoutError past ``timeout``."""
+    return [OutputRecord(partition, offset, key, value)
+            for partition, offset, key, value in read_to_end(bootstrap, topic, isolation=isolation, timeout=timeout)]
 

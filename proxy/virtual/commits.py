@@ -92,25 +92,32 @@ def commit_request(body: Any, plan: CommitPlan, offsets: dict[RealKey, tuple[int
     Returns whether anything is left to send."""
     cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
     virtual = {vt.name for _, vt, _ in plan.topics if vt is not None}
+    body.topics = real_topics(body.topics, virtual, offsets, refused, cls.OffsetCommitRequestTopic,
+                              cls.OffsetCommitRequestPartition)
+    return bool(body.topics)
+
+
+def real_topics(topics: list, virtual: set[str], offsets: dict[RealKey, tuple[int, str]],
+                refused: dict[RealKey, int], topic_class, partition_class) -> list:
+    """The topics of a commit request (OffsetCommit or TxnOffsetCommit: ``topic_class``,
+    ``partition_class``) with its ``virtual`` topics taken out, the real partitions of
+    ``offsets`` put in at (offset, metadata), and ``refused`` partitions left out."""
     out: dict[str, Any] = {}
-    for topic in body.topics:
+    for topic in topics:
         if topic.name in virtual:
             continue
         kept = [p for p in topic.partitions if (topic.name, p.partition_index) not in refused]
         if kept:
-            out.setdefault(topic.name, cls.OffsetCommitRequestTopic(name=topic.name, partitions=[])).partitions \
-                .extend(kept)
-    for (real, partition), (offset, metadata) in offsets.items():
+            out.setdefault(topic.name, topic_class(name=topic.name, partitions=[])).partitions.extend(kept)
+    for (real, partition), (offset, metadata) in sorted(offsets.items()):
         if (real, partition) in refused:
             continue
         target = out.get(real)
         if target is None:
-            target = out[real] = cls.OffsetCommitRequestTopic(name=real, partitions=[])
-        target.partitions.append(cls.OffsetCommitRequestPartition(
-            partition_index=partition, committed_offset=offset, committed_leader_epoch=-1,
-            committed_metadata=metadata))
-    body.topics = list(out.values())
-    return bool(body.topics)
+            target = out[real] = topic_class(name=real, partitions=[])
+        target.partitions.append(partition_class(partition_index=partition, committed_offset=offset,
+                                                 committed_leader_epoch=-1, committed_metadata=metadata))
+    return list(out.values())
 
 
 def commit_response(body: Any, plan: CommitPlan, errors: dict[RealKey, int], refused: dict[RealKey, int]) -> None:

@@ -19,7 +19,6 @@ import trio
 from prometheus_client import Counter
 
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
-from proxy.pipeline.cluster import CONSUMER_OFFSETS
 from proxy.pipeline.context import StateKey
 from proxy.pipeline.route import OwnRequest, own_correlation_id
 from proxy.protocol import messages
@@ -699,10 +698,7 @@ class VirtualTopicsFeature(Feature):
     # -- transactional commits ---------------------------------------------------------------
     async def _offsets_partitions(self) -> int:
         """The partition count of ``__consumer_offsets`` (shadow group names depend on it)."""
-        count = self.cluster.consumer_offsets_partitions
-        if count is None:
-            await self.cluster.refresh([CONSUMER_OFFSETS])
-            count = self.cluster.consumer_offsets_partitions
+        count = await self.cluster.offsets_partitions()
         if count is None:
             raise shadows.ShadowNameError("the partition count of __consumer_offsets is unknown")
         return count

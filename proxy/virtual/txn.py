@@ -31,6 +31,7 @@ from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.virtual import shadows
+from proxy.virtual.commits import real_topics
 from proxy.virtual.names import VirtualTopic
 from proxy.virtual.rewrite import Resolver
 
@@ -134,24 +135,8 @@ def carrier_request(body: Any, plan: TxnPlan, offsets: dict[RealKey, tuple[int, 
     sent, ``refused`` ones left out. Returns whether anything is left to send."""
     cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
     virtual = {vt.name for _, vt, _ in plan.topics if vt is not None}
-    out: dict[str, Any] = {}
-    for topic in body.topics:
-        if topic.name in virtual:
-            continue
-        kept = [p for p in topic.partitions if (topic.name, p.partition_index) not in refused]
-        if kept:
-            out.setdefault(topic.name, cls.TxnOffsetCommitRequestTopic(name=topic.name, partitions=[])) \
-                .partitions.extend(kept)
-    for (real, partition), (offset, metadata) in sorted(offsets.items()):
-        if (real, partition) in refused or (real, partition) not in plan.edits:
-            continue
-        target = out.get(real)
-        if target is None:
-            target = out[real] = cls.TxnOffsetCommitRequestTopic(name=real, partitions=[])
-        target.partitions.append(cls.TxnOffsetCommitRequestPartition(
-            partition_index=partition, committed_offset=offset, committed_leader_epoch=-1,
-            committed_metadata=metadata))
-    body.topics = list(out.values())
+    body.topics = real_topics(body.topics, virtual, {key: value for key, value in offsets.items() if key in plan.edits},
+                              refused, cls.TxnOffsetCommitRequestTopic, cls.TxnOffsetCommitRequestPartition)
     return bool(body.topics)
 
 
