@@ -376,7 +376,8 @@ class IndividualCommitFeature(Feature):
         """Once the transaction ended, fold what the committed stage holds beyond the log;
         an aborted stage never shows, and nothing is written."""
         try:
-            delay, deadline = _SETTLE_FIRST_DELAY, trio.current_time() + _SETTLE_DEADLINE
+            began = trio.current_time()
+            delay, deadline = _SETTLE_FIRST_DELAY, began + _SETTLE_DEADLINE
             while True:
                 await trio.sleep(delay)
                 await self.log.catch_up(group)
@@ -388,7 +389,7 @@ class IndividualCommitFeature(Feature):
                 delay = min(delay * 2, _SETTLE_MAX_DELAY)
             if extra:
                 await self.service.fold_stages(ctx, group, extra, generation=generation, member=member,
-                                               instance_id=instance)
+                                               instance_id=instance, since=began)
                 self._export()
         except Exception as exc:  # noqa: BLE001 - the next commit or OffsetFetch folds it
             log.warning("transactional range commit not folded group=%s reason=%r", group, str(exc))
@@ -501,6 +502,7 @@ class IndividualCommitFeature(Feature):
             _, response = messages.decode_response(ApiKey.DELETE_GROUPS, version, raw)
             for result in response.results:
                 if result.error_code == ErrorCode.NONE:
+                    self.service.deleting(result.group_id)
                     await self._tombstone(result.group_id, None)
                     await self.service.deleted(result.group_id, None)
             return raw
@@ -518,6 +520,7 @@ class IndividualCommitFeature(Feature):
             if response.error_code == ErrorCode.NONE:
                 deleted = {(topic.name, part.partition_index) for topic in response.topics
                            for part in topic.partitions if part.error_code == ErrorCode.NONE}
+                self.service.deleting(group)
                 await self._tombstone(group, deleted)
                 if deleted:
                     await self.service.deleted(group, deleted)

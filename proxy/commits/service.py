@@ -40,6 +40,7 @@ from proxy.protocol.constants import ErrorCode
 log = logging.getLogger("proxy.commits")
 
 _TXN_SEQUENCES = 100_000  # shares whose transactional sequences an instance remembers
+_DELETIONS_REMEMBERED = 10_000  # groups whose last deletion time an instance remembers
 
 Key = tuple[str, int]
 
@@ -158,6 +159,9 @@ class CommitService:
         # (group, key, K, share) -> the highest sequence this instance gave a transaction's
         # watermark of that share (``begin_shares``), least recently used dropped
         self._txn_sequences: OrderedDict[tuple, int] = OrderedDict()
+        # group -> when a deletion of it (or of offsets of it) through this instance began:
+        # a follow-up that started before must not write its state back afterwards
+        self._deleted_at: OrderedDict[str, float] = OrderedDict()
         # told of every group (keys None) or committed offsets deleted through this proxy
         self._deletion_hooks: list[Callable[[str, set[Key] | None], Awaitable[None]]] = []
 
@@ -311,18 +315,23 @@ class CommitService:
 
     async def settle_shares(self, ctx: ConnectionContext, group: str,
                             folds: dict[Key, dict[int, dict[int, tuple[int, int]]]],
-                            generation: int, member: str, instance_id: str | None) -> dict[Key, int]:
+                            generation: int, member: str, instance_id: str | None, *,
+                            since: float | None = None) -> dict[Key, int]:
         """A commit of share watermarks that are already committed elsewhere (a transaction's
         shadow groups; ``folds``: key -> K -> share -> (W, the shadow's sequence), as
         ``fold_edits`` gives them), made by the proxy itself: the log (the transaction
         committed them: no coordinator check is needed), then S' with the watermarks at the
-        coordinator in an OffsetCommit of the proxy's own (``commit_settled``). Returns the
-        coordinator's error per key."""
+        coordinator in an OffsetCommit of the proxy's own (``commit_settled``). Nothing is
+        written when the group was deleted through this instance after ``since``. Returns
+        the coordinator's error per key."""
         edits = {key: {k: {share: w for share, (w, _) in marks.items()} for k, marks in by_k.items()}
                  for key, by_k in folds.items()}
         exact = {key: {k: {share: seq for share, (_, seq) in marks.items()} for k, marks in by_k.items()}
                  for key, by_k in folds.items()}
         plan = await self.begin_shares(ctx, group, edits, {}, exact=exact)
+        if since is not None and self.deleted_since(group, since):
+            self.abandon(plan)  # deleted meanwhile (its locks are held now): nothing to fold
+            return {}
         try:
             # the log first: once S shows at the coordinator, the fold is durable
             errors = await self.finish_shares(plan, generation, member, instance_id,
@@ -471,7 +480,8 @@ class CommitService:
         return extra, pending
 
     async def fold_stages(self, ctx: ConnectionContext, group: str, ranges: dict[Key, list[Range]], *,
-                          generation: int = -1, member: str = "", instance_id: str | None = None) -> dict[Key, int]:
+                          generation: int = -1, member: str = "", instance_id: str | None = None,
+                          since: float | None = None) -> dict[Key, int]:
         """Write committed stages' ranges into the log, as range commits that are already
         committed (their transaction is); with a member's ``generation``, S' also reaches
         the coordinator in an OffsetCommit of the proxy's own. Returns the error per key."""
@@ -480,6 +490,9 @@ class CommitService:
             return {}
         commit = RangeCommit(edits, {})  # type: ignore[arg-type]  # packed ranges are Edits
         planned = await self.plan(ctx, group, commit, sorted(edits))
+        if since is not None and self.deleted_since(group, since):
+            planned.done.set()  # deleted meanwhile (its locks are held now): nothing to fold
+            return {}
         try:
             results = [(key, int(ErrorCode.NONE)) for key in planned.stable]
             answer = await self.perform(group, generation, member, instance_id, planned, commit.on_response(results))
@@ -490,6 +503,16 @@ class CommitService:
             planned.done.set()
 
     # -- deletion -------------------------------------------------------------------------------
+    def deleting(self, group: str) -> None:
+        """A deletion of ``group`` or of its offsets is about to be written."""
+        self._deleted_at[group] = trio.current_time()
+        self._deleted_at.move_to_end(group)
+        while len(self._deleted_at) > _DELETIONS_REMEMBERED:
+            self._deleted_at.popitem(last=False)
+
+    def deleted_since(self, group: str, since: float) -> bool:
+        return self._deleted_at.get(group, -float("inf")) >= since
+
     def on_deleted(self, hook: Callable[[str, set[Key] | None], Awaitable[None]]) -> None:
         """Call ``hook(group, keys)`` once a deletion the broker accepted is in the log:
         the group (``keys`` None) or those committed offsets of it."""

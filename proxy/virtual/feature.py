@@ -79,7 +79,7 @@ class CommitLogService(Protocol):
     async def shadow_offsets(self, group: str, shadows: dict, *, require_stable: bool) -> dict: ...
 
     async def settle_shares(self, ctx: ConnectionContext, group: str, edits: dict, generation: int, member: str,
-                            instance_id: str | None) -> dict: ...
+                            instance_id: str | None, *, since: float | None = None) -> dict: ...
 
     def on_deleted(self, hook: Callable[[str, set | None], Any]) -> None: ...
 
@@ -834,7 +834,8 @@ class VirtualTopicsFeature(Feature):
                         asked.setdefault(name, []).append(key)
                         slots[name] = (shares, share)
             delay = _SETTLE_FIRST_DELAY
-            deadline = trio.current_time() + _SETTLE_DEADLINE
+            began = trio.current_time()
+            deadline = began + _SETTLE_DEADLINE
             while True:
                 await trio.sleep(delay)
                 found = await self.store.shadow_offsets(group, asked, require_stable=True)
@@ -855,7 +856,7 @@ class VirtualTopicsFeature(Feature):
             edits = self.store.fold_edits(group, marks)
             if not edits:
                 return
-            errors = await self.store.settle_shares(ctx, group, edits, generation, member, instance)
+            errors = await self.store.settle_shares(ctx, group, edits, generation, member, instance, since=began)
             failed = {key: code for key, code in errors.items() if code != ErrorCode.NONE}
             if failed:
                 log.info("transactional watermarks folded later group=%s refused=%s", group,
