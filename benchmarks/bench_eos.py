@@ -157,23 +157,7 @@ def _latency_in_window(before: dict, after: dict, seconds: float) -> dict[str, d
 def _produce(bootstrap: str, topic: str, records: int, keys: int) -> None:
     """``records`` keyed records (``data.key_of``), partitioned by the key (librdkafka's
     default partitioner, so every key lives in one partition), acks=all, idempotent."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 262_144,
-                         "compression.type": "none", "enable.idempotence": True,
-                         "queue.buffering.max.messages": 500_000})
-    for i in range(records):
-        key, value = data.key_of(i, keys), data.value_of(i, keys, VALUE_BYTES)
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    if producer.flush(300) != 0:
-        raise RuntimeError(f"records left unsent to {topic}")
+    data.produce_keyed(bootstrap, topic, records, keys=keys, value_size=VALUE_BYTES, partition=None)
 
 
 def expected_counts(records: int, keys: int) -> dict[str, int]:

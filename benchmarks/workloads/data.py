@@ -21,8 +21,9 @@ def sequence_of(value: bytes) -> tuple[bytes, int]:
 
 
 def produce_keyed(bootstrap: str, topic: str, records: int, *, keys: int, value_size: int = 100,
-                  partition: int = 0) -> None:
-    """Write ``records`` records to one partition, in order (librdkafka, idempotent).
+                  partition: int | None = 0) -> None:
+    """Write ``records`` records to one partition, in order (librdkafka, idempotent); with
+    ``partition`` None, each to its key's partition (librdkafka's default partitioner).
 
     Batches of 256 KB: well under a consumer's 1 MiB fetch, so a fetch rarely ends in a
     truncated batch that the next fetch reads again (with 1 MB batches that re-reading alone
@@ -36,7 +37,7 @@ def produce_keyed(bootstrap: str, topic: str, records: int, *, keys: int, value_
         while True:
             try:
                 producer.produce(topic, key=key_of(i, keys), value=value_of(i, keys, value_size),
-                                 partition=partition)
+                                 **({} if partition is None else {"partition": partition}))
                 break
             except BufferError:
                 producer.poll(0.05)
