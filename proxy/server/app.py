@@ -55,6 +55,7 @@ from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
 from proxy.server.limits import LogThrottle
+from proxy.server.memory import HeapTrimmer
 from proxy.server.metrics import ProxyMetrics, serve_metrics
 from proxy.virtual.feature import VirtualTopicsFeature
 
@@ -153,6 +154,7 @@ class ProxyServer:
             if handle_signals:
                 root.start_soon(self._watch_signals)
             await root.start(self.background.run)
+            await root.start(HeapTrimmer(self.config.get("memory.trim.interval.ms") / 1000, self.metrics).run)
             if self.config.get("metrics.port") >= 0:
                 self.metrics_port = await root.start(
                     serve_metrics, self.metrics, self.config.get("listen.host"), self.config.get("metrics.port")

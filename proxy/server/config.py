@@ -126,6 +126,9 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
     Setting("upstream.connect.timeout.ms", _parse_int, 10000, "Deadline to connect to a broker.", _at_least(1)),
     Setting("shutdown.drain.timeout.ms", _parse_int, 30000,
             "On SIGTERM, how long in-flight requests may take to finish.", _at_least(0)),
+    Setting("memory.trim.interval.ms", _parse_int, 30000,
+            "How often freed heap memory is given back to the operating system (glibc malloc_trim); 0 never. "
+            "Between two trims large frames reuse the pages the last ones freed.", _at_least(0)),
     Setting("metrics.port", _parse_int, -1,
             "Prometheus metrics HTTP port on listen.host; -1 disables, 0 picks a free port.",
             lambda value: None if value == -1 else _port(value)),

@@ -81,6 +81,12 @@ class ProxyMetrics:
         self.spliced_requests = Counter("kafka_proxy_spliced_requests",
                                         "Large requests no feature reads (Produce) whose body went from the client's "
                                         "socket to the broker's without entering the proxy.", registry=r)
+        self.memory_trims = Counter("kafka_proxy_memory_trims", "Times freed heap was offered back to the kernel "
+                                    "(memory.trim.interval.ms).", registry=r)
+        self.memory_trim_seconds = Counter("kafka_proxy_memory_trim_seconds", "Time spent giving freed heap back.",
+                                           registry=r)
+        self.memory_returned_bytes = Counter("kafka_proxy_memory_returned_bytes",
+                                             "Resident bytes given back to the kernel by heap trims.", registry=r)
         self._per_api: dict[int, tuple] = {}
         # Resource use, read when scraped: process_resident_memory_bytes, process_open_fds, ...
         ProcessCollector(registry=r)
