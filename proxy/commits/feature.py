@@ -43,7 +43,7 @@ from proxy.pipeline import ClusterView, ConnectionContext, Feature, LocalAnswer,
 from proxy.pipeline.route import DecodedResponse, OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, ErrorCode
-from proxy.protocol.groups import parse_salted, salted_group, stage_prefix
+from proxy.protocol.groups import salted_group, stage_prefix
 from proxy.protocol.messages import ApiKey
 
 log = logging.getLogger("proxy.commits")
@@ -396,10 +396,7 @@ class IndividualCommitFeature(Feature):
 
     async def _stage_slots(self, group: str) -> list[str]:
         """The stage shadow groups of ``group``'s members (ListGroups at its coordinator)."""
-        partitions = await self._offsets_partitions()
-        prefix = stage_prefix(group, "")
-        return [name for name in await self.service.groups_beside(group)
-                if name.startswith(prefix) and parse_salted(name, group, partitions) is not None]
+        return await self.service.stage_slots(group)
 
     # -- OffsetFetch ----------------------------------------------------------------------------
     async def on_offset_fetch(self, ctx: ConnectionContext, incoming: Request) -> Route | None:

@@ -31,11 +31,12 @@ from proxy.commits.cluster import Cluster, CommitLogError
 from proxy.commits.log import CommitLog
 from proxy.commits.packed import pack
 from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
-from proxy.commits.state import CommitState, MarkEdit, Range, normalise
+from proxy.commits.state import CommitState, MarkEdit, Range, apply_ranges, normalise
 from proxy.net.pool import BrokerPool
 from proxy.pipeline import ClusterView, ConnectionContext
 from proxy.pipeline.background import Background
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.groups import parse_salted, stage_prefix
 
 log = logging.getLogger("proxy.commits")
 
@@ -139,6 +140,7 @@ class CommitService:
                  background: Background | None = None) -> None:
         # where follow-ups of transactional commits run (they outlive the client's connection)
         self.background = background if background is not None else Background()
+        self.cluster = cluster
         registry = metrics.registry
         self._write_latency = Histogram("kafka_proxy_individual_commit_log_write_seconds",
                                         "Time to write states to __individual_commit_offsets (acks=all).",
@@ -541,6 +543,37 @@ class CommitService:
     async def read(self, group: str) -> None:
         """Read the group's log partition to its end (raises ``CommitLogError``)."""
         await self.log.catch_up(group)
+
+    def known_state(self, group: str, key: Key) -> tuple[int, tuple[Range, ...]] | None:
+        """(S, R) of ``key`` as this instance last read or wrote it; None when it holds no
+        record of it (then the coordinator's committed offset is S: ``committed_state``)."""
+        record = self.log.records(group).get(key)
+        return None if record is None else (record[1].stable, record[1].ranges)
+
+    async def committed_state(self, group: str, key: Key, *, with_stages: bool = False
+                              ) -> tuple[int, tuple[Range, ...]]:
+        """(S, R) of ``key``, the log read to its end first; S from the coordinator where
+        the log holds nothing (-1: nothing committed). ``with_stages``: plus what committed
+        transactions hold that is not folded into the log yet. Raises ``CommitLogError``."""
+        await self.log.catch_up(group)
+        state = (await self._states_for(group, [key]))[key]
+        if with_stages:
+            slots = await self.stage_slots(group)
+            if slots:
+                extra, _pending = await self.stages(group, slots, [key], require_stable=False)
+                if extra.get(key):
+                    state = apply_ranges(state, extra[key])
+        return state.stable, state.ranges
+
+    async def stage_slots(self, group: str) -> list[str]:
+        """The stage shadow groups of ``group``'s transactional producers (ListGroups at
+        its coordinator)."""
+        partitions = await self.cluster.offsets_partitions()
+        if partitions is None:
+            raise CommitLogError("the partition count of __consumer_offsets is unknown")
+        prefix = stage_prefix(group, "")
+        return [name for name in await self.groups_beside(group)
+                if name.startswith(prefix) and parse_salted(name, group, partitions) is not None]
 
     def watermarks(self, group: str, key: Key, committed: int, metadata: str | None,
                    shadows: Sequence[watermarks.ShadowMark] = ()) -> tuple[int, dict[int, list[int]]]:

@@ -37,6 +37,7 @@ from prometheus_client import Gauge
 
 from proxy.commits.feature import IndividualCommitFeature
 from proxy.commits.service import CommitService
+from proxy.coop.feature import CooperativeFetchFeature
 from proxy.features.addresses import AddressRewrite
 from proxy.features.cluster_feed import ClusterFeed
 from proxy.keyrange.engine import SharedReads
@@ -137,6 +138,8 @@ class ProxyServer:
         if config.get("virtual.topics.enabled"):  # virtual names become real before any other feature sees them
             features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine), self.pool,
                                                  commits))
+        if config.get("cooperative.fetch.enabled"):  # Fetch partitions tagged Cooperative: before key ranges
+            features.append(CooperativeFetchFeature(config, self.cluster, metrics, commits))
         features.append(keyrange)  # extended Fetches
         if config.get("fetch.readahead.enabled"):
             features.append(ReadAheadFeature(config, metrics))  # plain Fetches the key-range one passed on

@@ -167,6 +167,14 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
     # capping one partition's ranges at 16 KB and its merge at O(1000) per request.
     Setting("max.individual.commit.ranges", _parse_int, 1000,
             "Most offset ranges one partition of one OffsetCommit may carry.", _at_least(1)),
+    Setting("cooperative.fetch.enabled", _parse_bool, True,
+            "Hand out chunks of offsets to Fetch partitions tagged Cooperative (docs/cooperative-fetch.md)."),
+    Setting("cooperative.fetch.lease.ms", _parse_int, 45000,
+            "How long a member has to commit a chunk before its uncommitted offsets are handed out again "
+            "(Kafka's default session.timeout.ms).", _at_least(100)),
+    Setting("cooperative.fetch.max.leases.per.member", _parse_int, 1024,
+            "Uncommitted chunks one member may hold of one partition; beyond it its fetches get no chunk "
+            "until it commits.", _at_least(1)),
     Setting("virtual.topics.enabled", _parse_bool, False,
             "Serve virtual range topics <topic><suffix><K> to standard clients (off by default: it reads "
             "every Metadata, Fetch and OffsetCommit on its way, which costs the other features)."),

@@ -110,6 +110,39 @@ class RawClient:
         return partition_entry
 
 
+    def coop_fetch(
+        self,
+        topic_id,
+        partition: int,
+        token: int,
+        group: str,
+        member: str,
+        *,
+        generation: int = -1,
+        version: int = 17,
+        max_bytes: int = 1 << 20,
+        max_wait_ms: int = 100,
+        session: tuple[int, int] = (0, -1),
+        ranges: list[KeyRange] | None = None,
+    ):
+        """One cooperative Fetch of one partition (docs/wire-contract.md#37-cooperative-fetch):
+        FetchOffset ``token``; returns the response's partition entry."""
+        cls = messages.body_class(ApiKey.FETCH, "request")
+        part = cls.FetchPartition(
+            partition=partition, fetch_offset=token, partition_max_bytes=max_bytes,
+            cooperative=cls.CooperativeMember(group_id=group, member_id=member, generation_id=generation),
+            key_ranges=None if ranges is None else [cls.KeyRange(start=r.start, end=r.end) for r in ranges])
+        body = messages.new_body(
+            ApiKey.FETCH, version, "request", max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
+            isolation_level=0, session_id=session[0], session_epoch=session[1],
+            topics=[cls.FetchTopic(topic_id=topic_id, partitions=[part])],
+        )
+        response = self.request(ApiKey.FETCH, version, body)
+        (topic_entry,) = response.responses
+        (partition_entry,) = topic_entry.partitions
+        return partition_entry
+
+
 @dataclass(frozen=True)
 class FetchedRecord:
     offset: int

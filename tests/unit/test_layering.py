@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"records"},
     {"net"},
     {"pipeline"},
-    {"features", "keyrange", "commits", "readahead", "virtual", "client"},
+    {"features", "keyrange", "commits", "readahead", "virtual", "coop", "client"},
     {"server", "spark"},
     {"testing"},
     {"demo"},

@@ -1,0 +1,398 @@
+"""The I/O edge of cooperative fetch (docs/wire-contract.md#37-cooperative-fetch): Fetch
+partitions tagged ``Cooperative`` get the next chunk of offsets nobody has had, read on
+the client's own broker connection. The decisions are ``leases``' and ``chunks``' (sans-IO).
+
+Fetches of one (group, topic, partition) take turns: a turn lasts from the decision to the
+broker's answer, so the marker moves past one read before the next decision. A fetch that
+cannot have its turn within its ``MaxWaitMs`` is answered with no chunk, as the broker
+answers a fetch with nothing new.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+from prometheus_client import Counter, Gauge
+
+from proxy.coop.chunks import cut_chunk
+from proxy.coop.leases import Committed, PartitionLeases, Span, generation_error
+from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
+
+log = logging.getLogger("proxy.coop")
+
+FEATURE = "cooperative.fetch"
+COOPERATIVE_TAG_BYTES = b"\x91\x4e"  # tag 10001 as an unsigned varint
+_FIRST_FLEXIBLE_FETCH = 12
+_TOPIC_IDS_VERSION = 13
+_MAX_STATES = 10_000  # (group, topic, partition) states kept; the least recently used go first
+_MAX_GROUPS = 10_000  # groups whose newest generation is remembered
+_EMPTY = b""
+
+Key = tuple[str, str, int]  # (group, topic, partition)
+
+
+class CommitView(Protocol):
+    """What cooperative fetch reads of the group's committed offsets (the commit service)."""
+
+    def known_state(self, group: str, key: tuple[str, int]) -> tuple[int, tuple] | None: ...
+
+    async def committed_state(self, group: str, key: tuple[str, int], *, with_stages: bool = False
+                              ) -> tuple[int, tuple]: ...
+
+
+class _Partition:
+    """One partition's leases and its turn."""
+
+    __slots__ = ("leases", "turn", "lag")
+
+    def __init__(self, leases: PartitionLeases) -> None:
+        self.leases = leases
+        self.turn = trio.Semaphore(1)
+        self.lag: Any = None
+
+
+@dataclass
+class _Pending:
+    """One cooperative partition of a request, between its decision and its answer."""
+
+    key: Key
+    topic: Any  # how the request names the topic: its name (before v13) or its id
+    part: Any  # the request's FetchPartition, rewritten
+    state: _Partition | None = None
+    span: Span | None = None
+    member: str = ""
+    token: int = -1
+    error: int = 0  # answered by the proxy with this code (no broker read)
+    held: bool = False  # holds the partition's turn
+    done: bool = False
+
+
+class CooperativeFetchFeature(Feature):
+    name = "cooperative"
+
+    def __init__(self, config, cluster: ClusterView, metrics, commits: CommitView) -> None:
+        self.cluster = cluster
+        self.commits = commits
+        self.lease_seconds = config.get("cooperative.fetch.lease.ms") / 1000
+        self.max_leases = config.get("cooperative.fetch.max.leases.per.member")
+        self._states: OrderedDict[Key, _Partition] = OrderedDict()
+        self._generations: OrderedDict[str, int] = OrderedDict()
+        registry = metrics.registry
+        self._leased = Counter("kafka_proxy_coop_chunks_leased", "Chunks handed out by cooperative fetch.",
+                               registry=registry)
+        self._leased_offsets = Counter("kafka_proxy_coop_offsets_leased", "Offsets in the chunks handed out.",
+                                       registry=registry)
+        self._expired = Counter("kafka_proxy_coop_leases_expired",
+                                "Leases not committed within cooperative.fetch.lease.ms.", registry=registry)
+        self._redelivered = Counter("kafka_proxy_coop_chunks_redelivered",
+                                    "Chunks of offsets handed out again (expired leases, gaps after a restart).",
+                                    registry=registry)
+        self._retried = Counter("kafka_proxy_coop_chunks_retried",
+                                "Retried fetches that got their outstanding chunk again.", registry=registry)
+        self._refused = Counter("kafka_proxy_coop_fetches_refused",
+                                "Cooperative partitions answered without a chunk, by reason.", ["reason"],
+                                registry=registry)
+        self._marker_lag = Gauge("kafka_proxy_coop_marker_lag",
+                                 "High watermark minus the marker: offsets nobody has been handed yet.",
+                                 ["group", "topic", "partition"], registry=registry)
+        self._states_gauge = Gauge("kafka_proxy_coop_partitions", "Partitions fetched cooperatively, by group.",
+                                   registry=registry)
+        self._states_gauge.set_function(lambda: len(self._states))
+        self._leases_gauge = Gauge("kafka_proxy_coop_leases", "Chunks leased and not yet committed.",
+                                   registry=registry)
+        self._leases_gauge.set_function(lambda: sum(p.leases.leases for p in self._states.values()))
+        self._last_counts: dict[Key, tuple[int, int, int, int, int]] = {}
+
+    def request_stages(self) -> Mapping[int, RequestStage]:
+        return {ApiKey.FETCH: self.on_fetch}
+
+    def advertised(self) -> Mapping[str, tuple[int, int]]:
+        return {FEATURE: (1, 1)}
+
+    # -- the request ----------------------------------------------------------------------------
+    async def on_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        version = request.version
+        if version < _FIRST_FLEXIBLE_FETCH or COOPERATIVE_TAG_BYTES not in request.frame:
+            return None
+        header, body = request.decoded()
+        if not any(p.cooperative is not None for t in body.topics for p in t.partitions):
+            return None
+        await self.cluster.look_up_ids(t.topic_id for t in body.topics if getattr(t, "topic_id", None) is not None)
+        pending = self._pending(version, body)
+        invalid = self._invalid_request(body)
+        deadline = trio.current_time() + max(body.max_wait_ms, 0) / 1000
+        try:
+            for item in sorted(pending, key=lambda p: p.key):
+                if invalid:
+                    item.error = ErrorCode.INVALID_REQUEST
+                    continue
+                await self._decide(item, deadline)
+        except BaseException:
+            self._release(pending)
+            raise
+        local = [item for item in pending if item.span is None]
+        self._release(local)  # no read: their turns are over
+        if invalid:
+            return Route.answer(messages.encode_response(
+                ApiKey.FETCH, version, messages.new_response_header(request.correlation_id),
+                self._refuse_all(version, body)))
+        for topic in body.topics:
+            topic.partitions = [p for p in topic.partitions
+                                if p.cooperative is None or any(i.part is p and i.span is not None for i in pending)]
+            for part in topic.partitions:
+                part.cooperative = None
+        body.topics = [t for t in body.topics if t.partitions]
+        if not body.topics:
+            response = messages.new_body(ApiKey.FETCH, version, "response", session_id=0)
+            self._answer_locally(version, response, local)
+            self._release(pending)
+            return Route.answer(messages.encode_response(
+                ApiKey.FETCH, version, messages.new_response_header(request.correlation_id), response))
+        remaining = max(0.0, deadline - trio.current_time())
+        body.max_wait_ms = min(body.max_wait_ms, int(remaining * 1000))
+
+        async def on_response(response: DecodedResponse) -> None:
+            self._on_response(version, response.body, pending)
+            self._answer_locally(version, response.body, local)
+            response.changed = True
+
+        return Route(messages.encode_request(header, body), on_response=on_response,
+                     settle=lambda: self._release(pending))
+
+    def _pending(self, version: int, body: Any) -> list[_Pending]:
+        pending = []
+        for topic in body.topics:
+            name = topic.topic if version < _TOPIC_IDS_VERSION else self.cluster.name_of(topic.topic_id)
+            for part in topic.partitions:
+                coop = part.cooperative
+                if coop is None:
+                    continue
+                item = _Pending((coop.group_id, name or "", part.partition),
+                                topic.topic if version < _TOPIC_IDS_VERSION else topic.topic_id, part,
+                                member=coop.member_id, token=part.fetch_offset)
+                if name is None:
+                    item.error = ErrorCode.UNKNOWN_TOPIC_ID
+                elif not coop.group_id:
+                    item.error = ErrorCode.INVALID_GROUP_ID
+                elif not coop.member_id:
+                    item.error = ErrorCode.UNKNOWN_MEMBER_ID
+                else:
+                    item.error = self._generation_error(coop.group_id, coop.generation_id)
+                pending.append(item)
+        return pending
+
+    @staticmethod
+    def _invalid_request(body: Any) -> bool:
+        """Cooperative partitions need a sessionless Fetch without key ranges anywhere."""
+        if body.session_id != 0 or body.session_epoch != -1:
+            return True
+        if getattr(body, "key_ranges", None) is not None:
+            return True
+        return any(p.key_ranges is not None for t in body.topics for p in t.partitions)
+
+    def _generation_error(self, group: str, generation: int) -> int:
+        newest = self._generations.get(group, -1)
+        if generation > newest:
+            self._generations[group] = generation
+            self._generations.move_to_end(group)
+            while len(self._generations) > _MAX_GROUPS:
+                self._generations.popitem(last=False)
+        code = generation_error(newest, generation)
+        if code:
+            self._refused.labels("generation").inc()
+        return code
+
+    async def _decide(self, item: _Pending, deadline: float) -> None:
+        """Take the partition's turn and decide the span the fetch reads (or nothing)."""
+        if item.error:
+            return
+        try:
+            state = await self._state(item.key, item.token)
+        except Exception as exc:  # the commit log or coordinator could not be read
+            log.warning("cooperative fetch: committed offsets unavailable group=%s topic=%s partition=%s reason=%r",
+                        *item.key, str(exc))
+            self._refused.labels("commits_unavailable").inc()
+            item.error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            return
+        with trio.move_on_at(deadline) as wait:
+            await state.turn.acquire()
+        if wait.cancelled_caught:
+            self._refused.labels("turn").inc()
+            return
+        item.state, item.held = state, True
+        leases = state.leases
+        group, topic, partition = item.key
+        now = trio.current_time()
+        if leases.next_expiry() is not None and leases.next_expiry() <= now:
+            try:  # what the group committed decides what is handed out again: read it whole,
+                # transactions committed and not yet folded into the log included
+                committed = self._committed(await self.commits.committed_state(group, (topic, partition),
+                                                                               with_stages=True))
+            except Exception as exc:
+                log.warning("cooperative fetch: cannot expire leases group=%s topic=%s partition=%s reason=%r",
+                            group, topic, partition, str(exc))
+                committed = self._known(item.key)
+            else:
+                leases.expire(now, committed)
+        else:
+            committed = self._known(item.key)
+        leases.release_committed(committed, item.member)
+        span = leases.next_span(item.member, item.token, committed)
+        if span is None:
+            self._refused.labels("lease_limit").inc()
+            return
+        item.span = span
+        item.part.fetch_offset = span.start
+        item.part.last_fetched_epoch = -1
+
+    def _known(self, key: Key) -> Committed:
+        group, topic, partition = key
+        return self._committed(self.commits.known_state(group, (topic, partition)))
+
+    @staticmethod
+    def _committed(state: tuple[int, tuple] | None) -> Committed:
+        return Committed() if state is None else Committed(state[0], tuple(state[1]))
+
+    async def _state(self, key: Key, token: int) -> _Partition:
+        state = self._states.get(key)
+        if state is None:
+            group, topic, partition = key
+            committed = self._committed(await self.commits.committed_state(group, (topic, partition)))
+            state = self._states.get(key)  # another fetch may have made it meanwhile
+            if state is None:
+                state = _Partition(PartitionLeases.starting(
+                    committed, token, lease_seconds=self.lease_seconds, max_leases_per_member=self.max_leases))
+                state.lag = self._marker_lag.labels(group, topic, str(partition))
+                self._states[key] = state
+                self._evict()
+        self._states.move_to_end(key)
+        return state
+
+    def _forget(self, key: Key) -> None:
+        if self._states.pop(key, None) is not None:
+            self._last_counts.pop(key, None)
+            try:
+                self._marker_lag.remove(key[0], key[1], str(key[2]))
+            except KeyError:
+                pass
+
+    def _evict(self) -> None:
+        """Beyond ``_MAX_STATES``, forget the least recently fetched partitions nobody is
+        fetching now: a forgotten partition starts again from what the group committed,
+        which hands out its uncommitted leases again (at least once, nothing lost)."""
+        while len(self._states) > _MAX_STATES:
+            for key, state in self._states.items():
+                if state.turn.value == 1:
+                    self._forget(key)
+                    break
+            else:
+                return
+
+    # -- the response ---------------------------------------------------------------------------
+    def _on_response(self, version: int, response: Any, pending: list[_Pending]) -> None:
+        parts = {}
+        for topic in response.responses:
+            name = topic.topic if version < _TOPIC_IDS_VERSION else self.cluster.name_of(topic.topic_id)
+            for part in topic.partitions:
+                parts[(name, part.partition_index)] = part
+        now = trio.current_time()
+        for item in pending:
+            if item.span is None or item.done:
+                continue
+            item.done = True
+            state, span = item.state, item.span
+            assert state is not None
+            leases = state.leases
+            part = parts.get(item.key[1:])
+            if part is None:
+                leases.returned(span)
+                continue
+            if part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                # The records were deleted (retention) or the log truncated: the answer
+                # does not say where the log is now (the broker sends -1 for both ends),
+                # the member's reset policy does. Start again from the committed state
+                # and the next fetch's FetchOffset, as after a restart.
+                self._forget(item.key)
+                continue
+            if part.error_code != ErrorCode.NONE:
+                leases.returned(span)
+                continue
+            chunk = cut_chunk(part.records, span.start, span.end)
+            if chunk is None:
+                leases.returned(span)
+                self._empty(part)
+            else:
+                leases.granted(span, item.member, item.token, chunk.end, now)
+                part.records = chunk.records
+                part.cooperative_chunk = messages.body_class(ApiKey.FETCH, "response").CooperativeChunk(
+                    chunk_start=chunk.start, chunk_end=chunk.end)
+            if part.high_watermark >= 0 and state.lag is not None:
+                state.lag.set(max(0, part.high_watermark - leases.marker))
+            self._count(item.key, leases)
+
+    @staticmethod
+    def _empty(part: Any) -> None:
+        part.records = _EMPTY
+        part.aborted_transactions = []
+
+    def _answer_locally(self, version: int, response: Any, local: list[_Pending]) -> None:
+        """The cooperative partitions that got no broker read: no chunk, or their error."""
+        if not local:
+            return
+        response_class = messages.body_class(ApiKey.FETCH, "response")
+        topics: dict[Any, Any] = {}
+        for topic in response.responses:
+            topics[topic.topic if version < _TOPIC_IDS_VERSION else topic.topic_id] = topic
+        for item in local:
+            key = item.topic
+            topic = topics.get(key)
+            if topic is None:
+                topic = (response_class.FetchableTopicResponse(topic=key, partitions=[])
+                         if version < _TOPIC_IDS_VERSION else
+                         response_class.FetchableTopicResponse(topic_id=key, partitions=[]))
+                response.responses.append(topic)
+                topics[key] = topic
+            topic.partitions.append(response_class.PartitionData(
+                partition_index=item.key[2], error_code=item.error, high_watermark=-1, last_stable_offset=-1,
+                log_start_offset=-1, records=_EMPTY))
+
+    def _refuse_all(self, version: int, body: Any) -> Any:
+        response_class = messages.body_class(ApiKey.FETCH, "response")
+        response = messages.new_body(ApiKey.FETCH, version, "response", session_id=0)
+        for topic in body.topics:
+            entry = (response_class.FetchableTopicResponse(topic=topic.topic, partitions=[])
+                     if version < _TOPIC_IDS_VERSION else
+                     response_class.FetchableTopicResponse(topic_id=topic.topic_id, partitions=[]))
+            entry.partitions = [response_class.PartitionData(
+                partition_index=p.partition, error_code=ErrorCode.INVALID_REQUEST, high_watermark=-1,
+                last_stable_offset=-1, log_start_offset=-1, records=_EMPTY) for p in topic.partitions]
+            response.responses.append(entry)
+        self._refused.labels("invalid").inc()
+        return response
+
+    def _release(self, pending: list[_Pending]) -> None:
+        for item in pending:
+            if item.state is not None and item.span is not None and not item.done:
+                item.state.leases.returned(item.span)  # the exchange ended without an answer
+                item.done = True
+            if item.held and item.state is not None:
+                item.held = False
+                item.state.turn.release()
+
+    def _count(self, key: Key, leases: PartitionLeases) -> None:
+        counts = leases.counts
+        now = (counts.leased, counts.leased_offsets, counts.expired, counts.redelivered, counts.retried)
+        before = self._last_counts.get(key, (0, 0, 0, 0, 0))
+        for counter, new, old in zip((self._leased, self._leased_offsets, self._expired, self._redelivered,
+                                      self._retried), now, before):
+            if new > old:
+                counter.inc(new - old)
+        self._last_counts[key] = now

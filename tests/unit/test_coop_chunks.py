@@ -1,0 +1,77 @@
+"""Cutting a Fetch answer to one cooperative chunk (proxy.coop.chunks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.coop.chunks import cut_chunk
+from proxy.records.batch import PartialBatch, RecordBatch, iter_batches
+from proxy.testing.batches import Rec, control_batch, kafka_python_batch
+
+
+def batch(base: int, count: int, *, codec: int = 0) -> bytes:
+    return kafka_python_batch([Rec(i, f"k{base + i}".encode(), b"v" * 20) for i in range(count)],
+                              base_offset=base, codec=codec)
+
+
+def offsets(blob) -> list[int]:
+    out = []
+    for entry in iter_batches(blob):
+        assert isinstance(entry, RecordBatch)
+        out += [record.offset for record in entry.records()]
+    return out
+
+
+LOG = batch(10, 5) + batch(15, 5) + batch(20, 5)  # offsets 10..24
+
+
+def test_whole_batches_from_the_marker_pass_unchanged():
+    chunk = cut_chunk(LOG, 10)
+    assert (chunk.start, chunk.end) == (10, 24)
+    assert chunk.records == LOG
+
+
+def test_batches_below_the_start_are_left_out_and_one_reaching_below_is_rebuilt():
+    chunk = cut_chunk(LOG, 17)
+    assert (chunk.start, chunk.end) == (17, 24)
+    assert offsets(chunk.records) == list(range(17, 25))
+    first = next(iter_batches(chunk.records))
+    assert first.header.base_offset == 15 and first.header.last_offset == 19  # keeps its span
+    first.verify_crc()
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
+def test_a_span_ending_inside_a_batch_keeps_only_its_records(codec):
+    log = batch(0, 10, codec=codec) + batch(10, 10, codec=codec)
+    chunk = cut_chunk(log, 3, 12)
+    assert (chunk.start, chunk.end) == (3, 12)
+    assert offsets(chunk.records) == list(range(3, 13))
+
+
+def test_a_partial_tail_is_not_part_of_the_chunk():
+    chunk = cut_chunk(LOG + batch(25, 5)[:30], 10)
+    assert chunk.end == 24
+    assert not any(isinstance(e, PartialBatch) for e in iter_batches(chunk.records))
+
+
+def test_nothing_complete_at_the_start_is_no_chunk():
+    assert cut_chunk(b"", 10) is None
+    assert cut_chunk(LOG, 25) is None
+    assert cut_chunk(batch(0, 5)[:40], 0) is None
+
+
+def test_a_batch_past_the_span_proves_the_span_has_nothing_more():
+    # span [5, 14] over a log compacted to 0..4 and 15..: the chunk covers the hole too
+    log = batch(0, 5) + batch(15, 5)
+    chunk = cut_chunk(log, 3, 14)
+    assert (chunk.start, chunk.end) == (3, 14)
+    assert offsets(chunk.records) == [3, 4]
+    hole = cut_chunk(batch(15, 5), 5, 14)
+    assert (hole.start, hole.end, hole.records) == (5, 14, b"")
+
+
+def test_control_batches_come_with_the_chunk():
+    log = batch(0, 3) + control_batch(base_offset=3, commit=True) + batch(4, 2)
+    chunk = cut_chunk(log, 0)
+    assert (chunk.start, chunk.end) == (0, 5)
+    assert chunk.records == log
