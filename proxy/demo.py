@@ -9,15 +9,19 @@
    customer's orders stay in order, the broker is read about once thanks to the proxy's
    result cache, and each consumer commits just the orders it processed (individual
    commit), so the group's committed offset reaches the end as standard tools see it.
-4. A consumer group of six members subscribes to a topic of TWO partitions: the
+4. Three consumers that need no per-key order share the same partition by chunks of
+   offsets (cooperative fetch): half of the orders have one customer, yet each consumer
+   gets a fair part; every order is processed exactly once and the group's committed
+   offset reaches the end.
+5. A consumer group of six members subscribes to a topic of TWO partitions: the
    ``keyrange`` assignor gives each a third of a partition; a seventh joins and one
    leaves, and each member's share is printed after every cooperative rebalance.
-5. An exactly-once application shares the one-partition topic: two transactional
+6. An exactly-once application shares the one-partition topic: two transactional
    consume-transform-produce members (librdkafka) of ``demo-orders.kr2`` each process one
    half of the customers, write a receipt per order and commit their offsets inside their
    transactions; the first transaction is aborted on purpose and redone. Every order gets
    exactly one committed receipt, and the group's committed offset reaches the end.
-6. Stops everything it started.
+7. Stops everything it started.
 
     python -m proxy.demo
 """
@@ -50,6 +54,10 @@ GROUP = "demo-order-workers"
 GROUP_TOPIC = "demo-payments"
 SUBSCRIBERS = "demo-payment-workers"
 EOS_GROUP = "demo-receipt-writers"
+COOP_TOPIC = "demo-clicks"
+COOP_GROUP = "demo-click-mailers"
+COOP_RECORDS = 600
+COOP_MEMBERS = 3
 RECEIPTS = "demo-order-receipts"
 
 
@@ -88,6 +96,32 @@ async def _range_members(bootstrap: str) -> list[list[tuple[str, str]]]:
 
     async with trio.open_nursery() as nursery:
         for i in range(SHARES):
+            nursery.start_soon(member, i)
+    return per_consumer
+
+
+async def _cooperative_members(bootstrap: str) -> list[list[int]]:
+    """Three trio consumers share one partition by chunks (cooperative fetch): each
+    processes what it gets (a slow call), marks it processed and commits after each poll,
+    until every record is processed."""
+    per_consumer: list[list[int]] = [[] for _ in range(COOP_MEMBERS)]
+    tp = TopicPartition(COOP_TOPIC, 0)
+
+    async def member(i: int) -> None:
+        async with Consumer(bootstrap, group_id=COOP_GROUP, client_id=f"mailer-{i}", auto_offset_reset="earliest",
+                            allow_individual_commit=True, max_partition_fetch_bytes=1024) as consumer:
+            consumer.assign([tp], cooperative=True)
+            with trio.fail_after(60):
+                # until every record was handed to someone and this member committed its own
+                while sum(len(got) for got in per_consumer) < COOP_RECORDS or consumer.pending_commit(tp):
+                    for record in await consumer.poll(0.2):
+                        await trio.sleep(0.002)  # the slow service call
+                        per_consumer[i].append(record.offset)
+                        consumer.mark_processed(record)
+                    await consumer.commit_processed()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(COOP_MEMBERS):
             nursery.start_soon(member, i)
     return per_consumer
 
@@ -248,12 +282,12 @@ def _exactly_once(bootstrap: str) -> tuple[list[dict], Counter]:
     return [{k: v for k, v in m.items() if k in ("committed", "aborted", "orders")} for m in members], receipts
 
 
-def _standard_committed(bootstrap: str, group: str = GROUP) -> int | None:
+def _standard_committed(bootstrap: str, group: str = GROUP, topic: str = TOPIC) -> int | None:
     from kafka.structs import TopicPartition as KafkaTopicPartition
 
     reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     try:
-        return reader.committed(KafkaTopicPartition(TOPIC, 0))
+        return reader.committed(KafkaTopicPartition(topic, 0))
     finally:
         reader.close()
 
@@ -329,6 +363,39 @@ def run() -> None:
             if committed != RECORDS:
                 raise SystemExit(f"demo failed: the group's committed offset is {committed}, not {RECORDS}")
 
+            step(f"{COOP_MEMBERS} consumers that need no per-key order share ONE partition by chunks of offsets "
+                 f"(cooperative fetch); half of the records have one key")
+            admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap_servers)
+            try:
+                admin.create_topics({COOP_TOPIC: {"num_partitions": 1, "replication_factor": 1}},
+                                    wait_for_metadata=True)
+            finally:
+                admin.close()
+            producer = KafkaProducer(bootstrap_servers=proxy.bootstrap_servers, acks="all", linger_ms=5)
+            try:
+                for i in range(COOP_RECORDS):
+                    key = b"hot-customer" if i % 2 else f"customer-{i % 50}".encode()
+                    producer.send(COOP_TOPIC, key=key, value=f"click-{i}".encode())
+                    if i % 10 == 9:
+                        producer.flush(30)  # batches of 10: a chunk is whole batches, at least one
+                producer.flush(30)
+            finally:
+                producer.close()
+            per_member = trio.run(_cooperative_members, proxy.bootstrap_servers)
+            for i, got in enumerate(per_member):
+                print(f"  consumer {i}: {len(got):3d} records")
+            handed = [offset for got in per_member for offset in got]
+            exact = sorted(handed) == list(range(COOP_RECORDS))
+            chunks = _metric(proxy.metrics_url, "kafka_proxy_coop_chunks_leased_total")
+            committed = None
+            deadline = time.monotonic() + 15
+            while committed != COOP_RECORDS and time.monotonic() < deadline:
+                committed = _standard_committed(kafka.bootstrap_servers, COOP_GROUP, COOP_TOPIC)
+            print(f"together: {len(handed)} of {COOP_RECORDS} records in {chunks:.0f} chunks, every record exactly "
+                  f"once: {exact}; group {COOP_GROUP!r} committed offset at the broker: {committed}")
+            if not exact or committed != COOP_RECORDS:
+                raise SystemExit("demo failed: the cooperative consumers did not process every record exactly once")
+
             step("A consumer group on TWO partitions: six members, then a seventh joins, then one leaves")
             admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap_servers)
             try:
@@ -358,7 +425,8 @@ def run() -> None:
         finally:
             step("Stopping the proxy and the broker")
             proxy.stop()
-    print("done: every order reached exactly one range consumer and got exactly one receipt; nothing left running")
+    print("done: every order reached exactly one range consumer and got exactly one receipt, every click one "
+          "cooperative consumer; nothing left running")
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ from proxy.client.errors import (
     ConfigError,
     ConsumerConnectionError,
     ConsumerError,
+    CooperativeFetchNotSupportedError,
     IllegalStateError,
     KafkaError,
     NetworkExceptionError,
@@ -22,6 +23,7 @@ from proxy.ranges import KeyRange, equal_share, equal_shares
 
 __all__ = [
     "CommitFailedError", "ConfigError", "Consumer", "ConsumerConfig", "ConsumerConnectionError", "ConsumerError", "ConsumerRecord",
+    "CooperativeFetchNotSupportedError",
     "ConsumerRecords", "FetchMetadata", "IllegalStateError", "KafkaError", "KeyRange", "NetworkExceptionError",
     "NoOffsetForPartitionError", "OffsetOutOfRangeError", "RangeFetchNotSupportedError", "RebalanceInProgressError",
     "RebalanceListener", "RetriableError",

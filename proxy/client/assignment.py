@@ -2,6 +2,13 @@
 its buffered records, the end offsets of the latest fetch response, and (with individual
 commit) its processed offsets.
 
+A partition fetched cooperatively (docs/wire-contract.md#37-cooperative-fetch) is held whole
+and its "position" is the member's *token*: ``ChunkEnd + 1`` of the last chunk the proxy
+handed it (at first the partition's starting position). The proxy decides which offsets the
+member gets and reads the token only to recognise a retried fetch, so it may go down (a
+re-delivered chunk below earlier ones) and handing out records never moves it; see
+``fetch_protocol.apply_cooperative``.
+
 Fetching, committing and offset resets all read and write this one state; a future group
 membership changes the assignment through ``assign`` like the application does. Nothing
 here touches the network, so every rule (a reset drops the buffer, a new range starts
@@ -114,16 +121,35 @@ class AssignmentState:
         # assigned but neither fetched nor handed out: a group member's partition whose
         # revocation (or growth) waits for the application's records in flight
         self.paused: set[TopicPartition] = set()
+        # fetched cooperatively (whole, by chunks the proxy hands out); their positions are tokens
+        self.cooperative: set[TopicPartition] = set()
+        # per cooperative partition: the highest ChunkEnd + 1 received (for current_lag)
+        self.chunks_reached: dict[TopicPartition, int] = {}
 
     # -- the assignment ----------------------------------------------------------------
-    def assign(self, new: Mapping[TopicPartition, list[KeyRange]]) -> None:
-        """Replace the assignment. A partition whose ranges narrow keeps its buffered records
+    def assign(self, new: Mapping[TopicPartition, list[KeyRange]], cooperative: Iterable[TopicPartition] = ()
+               ) -> None:
+        """Replace the assignment; the partitions of ``cooperative`` (assigned whole) are
+        fetched cooperatively. A partition whose ranges narrow keeps its buffered records
         of the ranges it keeps (a group member giving up part of its range goes on handing
         out the rest without a refetch); one whose ranges grow or move starts over from a
         fresh buffer; a partition removed gives up its position, end offsets and the marks
-        not committed yet."""
+        not committed yet. A partition that turns cooperative or stops being so starts
+        again from the group's committed offset (a token is no position, nor a position a
+        token), with a fresh buffer: its buffered records were fetched for the other mode,
+        and the proxy hands them to others. Its marks stay (they are this member's)."""
+        shared = {tp for tp in cooperative if tp in new}
+        ranged = sorted(f"{tp.topic}-{tp.partition}" for tp in shared if new[tp])
+        if ranged:
+            raise ValueError(f"{', '.join(ranged)}: a partition fetched cooperatively is shared whole "
+                             f"(by offset chunks), so it cannot carry key ranges")
         for tp in list(self.positions):
-            if tp in new and new[tp] != self.ranges.get(tp) and narrows(self.ranges.get(tp, []), new[tp]):
+            if tp in new and (tp in shared) != (tp in self.cooperative):
+                self.buffers.clear(tp)
+                self.positions[tp] = None
+                self.reset_points.pop(tp, None)
+                self.chunks_reached.pop(tp, None)
+            elif tp in new and new[tp] != self.ranges.get(tp) and narrows(self.ranges.get(tp, []), new[tp]):
                 self._keep_buffered(tp, new[tp])
             elif tp not in new or new[tp] != self.ranges.get(tp):
                 self.buffers.clear(tp)
@@ -132,9 +158,11 @@ class AssignmentState:
                 self.ends.pop(tp, None)
                 self.progress.pop(tp, None)
                 self.reset_points.pop(tp, None)
+                self.chunks_reached.pop(tp, None)
         for tp in new:
             self.positions.setdefault(tp, None)
         self.ranges = {tp: list(ranges) for tp, ranges in new.items()}
+        self.cooperative = shared
         self.paused &= set(new)
         self.buffers.set_partitions([tp for tp in new if tp not in self.paused])
 
@@ -194,7 +222,7 @@ class AssignmentState:
     # -- positions ---------------------------------------------------------------------
     def position(self, tp: TopicPartition) -> int | None:
         """The next offset that can be handed out: past a reset point still being read up to
-        (``reset_to``), that point."""
+        (``reset_to``), that point. For a cooperative partition, the token."""
         position = self.positions.get(tp)
         if not isinstance(position, int):
             return None
@@ -229,10 +257,15 @@ class AssignmentState:
         marks its own records below ``offset`` processed without handing them out (the
         reset point in ``reset_points``), so each member commits exactly its own skipped
         records and S passes the span once every member has. ``log_start``: the
-        partition's log start offset (None: unknown, nothing is amended)."""
+        partition's log start offset (None: unknown, nothing is amended).
+
+        A cooperative partition amends nothing: the proxy hands each offset to one member,
+        and the chunk that starts its marker at a reset claims the skipped offsets
+        (docs/wire-contract.md#37-cooperative-fetch); a member's own gap would claim what
+        the proxy handed to others."""
         self.reset_points.pop(tp, None)
         self.positions[tp] = offset
-        if not self.tracking:
+        if not self.tracking or tp in self.cooperative:
             return
         progress = self.progress.get(tp)
         if progress is None:
@@ -267,6 +300,15 @@ class AssignmentState:
             del self.reset_points[tp]
         return kept
 
+    def last_handed(self, tp: TopicPartition) -> int:
+        """The highest offset of ``tp`` that may have been handed out so far (-1: none): below
+        the position, or for a cooperative partition within the highest chunk received
+        (its token may lie below records handed out earlier)."""
+        if tp in self.cooperative:
+            return self.chunks_reached.get(tp, 0) - 1
+        position = self.position(tp)
+        return position - 1 if position is not None else -1
+
     def pending_resets(self) -> list[TopicPartition]:
         """Partitions without a position to fetch from."""
         return [tp for tp in self.ranges if not isinstance(self.positions.get(tp), int)]
@@ -288,16 +330,25 @@ class AssignmentState:
         return any(self.buffers.has_buffered(tp) for tp in self.ranges)
 
     def lag(self, tp: TopicPartition) -> int | None:
-        """From the cached end offsets, never the network (KIP-695)."""
+        """From the cached end offsets, never the network (KIP-695). For a cooperative
+        partition the token says nothing of the group's progress (it is only where this
+        member's last chunk ended, and may go down): the lag is the end minus the highest
+        ChunkEnd + 1 received, None before the first chunk. That is how far the partition
+        is ahead of what was handed out to this member, an upper bound of how far the proxy's
+        marker is behind the end (other members' chunks may have moved it further)."""
         ends = self.ends.get(tp)
-        return lag(ends.end(self.read_committed) if ends else None, self.position(tp))
+        end = ends.end(self.read_committed) if ends else None
+        if tp in self.cooperative:
+            return lag(end, self.chunks_reached.get(tp))
+        return lag(end, self.position(tp))
 
     def drain(self, max_records: int, received: Iterable[TopicPartition]) -> ConsumerRecords:
         """Up to ``max_records`` buffered records in fair rotation, positions moved past
         them, with fetch metadata for each partition that returned records or got a fetch
         response (``received``)."""
         records, positions = self.buffers.drain(max_records)
-        self.positions.update(positions)
+        # a cooperative partition's token was set when its chunk came: handing out moves it not
+        self.positions.update((tp, p) for tp, p in positions.items() if tp not in self.cooperative)
         metadata: dict[TopicPartition, FetchMetadata] = {}
         for tp in itertools.chain(records, received):
             ends = self.ends.get(tp)
@@ -305,6 +356,5 @@ class AssignmentState:
             if ends is None or position is None or tp in metadata:
                 continue
             end = ends.end(self.read_committed)
-            metadata[tp] = FetchMetadata(ends.received_time, position, lag(end, position) or 0,
-                                         ends.log_start_offset, end)
+            metadata[tp] = FetchMetadata(ends.received_time, position, self.lag(tp) or 0, ends.log_start_offset, end)
         return ConsumerRecords(records, metadata)

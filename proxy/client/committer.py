@@ -6,7 +6,8 @@ Three ways to commit, one lock so that they never interleave:
 * range (``individual.commit`` advertised): the offsets marked processed, as OffsetRanges,
   at most ``individual_commit_max_ranges`` per partition and request;
 * contiguous (no ``individual.commit``): the processed prefix of each whole partition, as
-  a plain commit.
+  a plain commit (never for a partition with key ranges or fetched cooperatively: its
+  members' offsets interleave).
 
 A partition's pending offsets leave its ``PartitionProgress`` only once a commit carrying
 them is acknowledged, so a failed commit loses nothing and may be retried.
@@ -105,6 +106,12 @@ class Committer:
                 f"the cluster does not advertise {INDIVIDUAL_COMMIT_FEATURE}, and "
                 f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in ranged)} is assigned key ranges: a plain "
                 f"committed offset would cover the other ranges' records too")
+        shared = [tp for tp, progress in state.progress.items() if tp in state.cooperative and progress.pending]
+        if shared:
+            raise IllegalStateError(
+                f"the cluster does not advertise {INDIVIDUAL_COMMIT_FEATURE}, and "
+                f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in shared)} is fetched cooperatively: a plain "
+                f"committed offset would cover the chunks other members are processing too")
         offsets: dict[TopicPartition, int] = {}
         for tp, progress in state.progress.items():
             offset = progress.contiguous() if tp in state else None

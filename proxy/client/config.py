@@ -8,6 +8,7 @@ from proxy.client.errors import ConfigError
 
 AUTO_OFFSET_RESET = ("earliest", "latest", "none")
 ISOLATION_LEVELS = {"read_uncommitted": 0, "read_committed": 1}
+PARTITION_SHARING = ("keyrange", "cooperative")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class ConsumerConfig:
     session_timeout_ms: int = 45_000
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
+    # How this group member shares a partition once members outnumber partitions:
+    # "keyrange" (by key range, per-key order kept) or "cooperative" (whole partitions
+    # handed out in offset chunks, docs/wire-contract.md#37-cooperative-fetch: no per-key
+    # order). Cooperative sharing needs individual commit: each member commits its chunks.
+    partition_sharing: str = "keyrange"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -104,6 +110,12 @@ def validate(config: ConsumerConfig) -> None:
         raise ConfigError(f"group_instance_id must be a non-empty string or None, got {config.group_instance_id!r}")
     if config.group_instance_id is not None and config.group_id is None:
         raise ConfigError("group_instance_id needs a group_id")
+    if config.partition_sharing not in PARTITION_SHARING:
+        raise ConfigError(f"partition_sharing must be one of {', '.join(PARTITION_SHARING)}; "
+                          f"got {config.partition_sharing!r}")
+    if config.partition_sharing == "cooperative" and not config.allow_individual_commit:
+        raise ConfigError("partition_sharing='cooperative' needs allow_individual_commit=True (and a group_id): "
+                          "each member commits the offsets of the chunks it was handed as ranges")
     for field in fields(config):
         minimum = _INT_MINIMUMS.get(field.name)
         if minimum is None:

@@ -3,7 +3,7 @@ per broker node.
 
 Every connection starts with ApiVersions. ``negotiate`` (sans I/O) picks, per API, the
 newest version both sides speak within this consumer's window, and reads the features the
-proxy advertises (``keyrange.fetch``, ``individual.commit``): the consumer sends an
+proxy advertises (``keyrange.fetch``, ``individual.commit``, ``cooperative.fetch``): the consumer sends an
 extension only over a connection that advertised it. ``Connections`` keeps the bootstrap
 connection and one connection per node, reopening one that failed; a request that fails
 or is cancelled midway closes its connection, so a late response can never be read as the
@@ -28,6 +28,7 @@ from proxy.protocol.messages import ApiKey
 
 RANGE_FETCH_FEATURE = "keyrange.fetch"
 INDIVIDUAL_COMMIT_FEATURE = "individual.commit"
+COOPERATIVE_FETCH_FEATURE = "cooperative.fetch"
 RANGE_FETCH_MIN_VERSION = 12  # the first flexible Fetch version: tag 10000 fields
 API_VERSIONS_VERSION = 3  # the first version that carries SupportedFeatures
 
@@ -98,6 +99,12 @@ class NodeConnection:
     def filters_ranges(self) -> bool:
         """Whether Fetch requests over this connection may carry key ranges."""
         return RANGE_FETCH_FEATURE in self.features and self.versions[ApiKey.FETCH] >= RANGE_FETCH_MIN_VERSION
+
+    @property
+    def fetches_cooperatively(self) -> bool:
+        """Whether Fetch requests over this connection may fetch partitions cooperatively
+        (docs/wire-contract.md#37-cooperative-fetch)."""
+        return COOPERATIVE_FETCH_FEATURE in self.features and self.versions[ApiKey.FETCH] >= RANGE_FETCH_MIN_VERSION
 
     @property
     def commits_ranges(self) -> bool:

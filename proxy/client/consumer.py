@@ -30,6 +30,12 @@ start the consumer reads the group's stable offset S and ranges R and never hand
 record they already cover. Where the proxy does not advertise ``individual.commit`` it
 falls back to plain commits of the contiguous processed prefix.
 
+``assign(partitions, cooperative=True)`` (or ``partition_sharing="cooperative"`` in a group)
+shares whole partitions with the group's other members by chunks of offsets the proxy hands
+out (docs/wire-contract.md#37-cooperative-fetch): no per-key order, individual commit of
+each chunk's offsets, and where the proxy does not advertise ``cooperative.fetch`` a
+``CooperativeFetchNotSupportedError``.
+
 This class is the facade; each job is a module of its own (docs/consumer.md, "How the
 consumer is built"): ``connection`` (ApiVersions, features, a connection per node),
 ``metadata`` (leaders), ``offsets`` (where partitions start), ``assignment`` (per-partition
@@ -42,6 +48,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
@@ -59,10 +66,19 @@ from proxy.client.assignment import (
 from proxy.client.commit_protocol import Range
 from proxy.client.committer import Committer
 from proxy.client.config import ConsumerConfig
-from proxy.client.connection import NETWORK_ERRORS, RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Connections, NodeConnection
+from proxy.client.connection import (
+    COOPERATIVE_FETCH_FEATURE,
+    NETWORK_ERRORS,
+    RANGE_FETCH_FEATURE,
+    RETRIABLE_FAILURES,
+    Connections,
+    NodeConnection,
+)
 from proxy.client.coordinator import Coordinator
 from proxy.client.errors import (
     CommitFailedError,
+    ConfigError,
+    CooperativeFetchNotSupportedError,
     IllegalGenerationError,
     IllegalStateError,
     NetworkExceptionError,
@@ -70,8 +86,10 @@ from proxy.client.errors import (
     RebalanceInProgressError,
     UnknownMemberIdError,
 )
+from proxy.client.fetch_protocol import CooperativeMember
 from proxy.client.fetcher import Fetcher
 from proxy.client.group import GroupMember, RebalanceListener
+from proxy.client.membership import Phase
 from proxy.client.metadata import ClusterMetadata, refresh_metadata
 from proxy.client.offsets import OffsetResolver
 from proxy.client.records import ConsumerRecord, ConsumerRecords, TopicPartition
@@ -87,7 +105,8 @@ METRIC_NAMES = ("records_outside_ranges", "unfiltered_range_responses", "range_r
                 "records_returned", "fetch_requests", "metadata_refreshes", "offset_resets", "reconnects",
                 "retriable_errors", "records_already_committed", "records_skipped_by_reset", "range_commits",
                 "plain_commits",
-                "partitions_lost", "revocations")
+                "partitions_lost", "revocations", "cooperative_chunks", "cooperative_records",
+                "cooperative_records_outside_chunk")
 
 
 @asynccontextmanager
@@ -115,6 +134,8 @@ class Consumer:
             bootstrap_servers = list(bootstrap_servers)
         self.config = config = ConsumerConfig(bootstrap_servers, **settings)
         self._metrics: Counter[str] = Counter()
+        # the member id of cooperative fetches in assign mode (a group member uses the group's)
+        self.cooperative_member_id = f"{config.client_id}-{uuid.uuid4()}"
         timeout = config.request_timeout_ms / 1000
         self._state = AssignmentState(read_committed=config.isolation_level == "read_committed",
                                       tracking=config.allow_individual_commit)
@@ -136,7 +157,7 @@ class Consumer:
                                 max_bytes=config.fetch_max_bytes,
                                 partition_max_bytes=config.max_partition_fetch_bytes,
                                 isolation_level=config.isolation_code, auto_offset_reset=config.auto_offset_reset,
-                                metrics=self._metrics)
+                                metrics=self._metrics, member=self._cooperative_member, on_fenced=self._fenced)
         self._group: GroupMember | None = None
         if config.group_id is not None and self._committer is not None:
             self._group = GroupMember(config, self._connections, self._state, self._committer, metrics=self._metrics,
@@ -214,24 +235,80 @@ class Consumer:
         """Whether the bootstrap connection advertises ``individual.commit``."""
         return self._bootstrap().commits_ranges
 
+    @property
+    def cooperative_fetch_supported(self) -> bool:
+        """Whether the bootstrap connection advertises ``cooperative.fetch``."""
+        return self._bootstrap().fetches_cooperatively
+
     # -- assignment and positions ---------------------------------------------------------
-    def assign(self, assignment: AssignmentInput) -> None:
+    def assign(self, assignment: AssignmentInput, *, cooperative: bool = False) -> None:
         """Replace the assignment. A mapping gives each partition its key ranges (an empty
         list: the whole partition); a plain sequence of partitions assigns them whole.
-        Ranges must be sorted, disjoint and within [0, 2^63 - 1]."""
+        Ranges must be sorted, disjoint and within [0, 2^63 - 1].
+
+        ``cooperative=True``: every partition listed is whole and shared with the other
+        consumers of ``group_id`` that fetch it cooperatively: the proxy hands each fetch
+        the next chunk of offsets nobody has had (docs/wire-contract.md#37-cooperative-fetch).
+        No per-key order; needs ``allow_individual_commit`` (each member commits its own
+        chunks' offsets) and a proxy that advertises ``cooperative.fetch``."""
         bootstrap = self._bootstrap()
         if self._subscribed:
             raise IllegalStateError("the consumer is subscribed: its group assigns its partitions (unsubscribe first)")
+        if not isinstance(cooperative, bool):
+            raise ValueError(f"cooperative must be a bool, got {type(cooperative).__name__} {cooperative!r}")
         new = check_assignment(assignment)
+        if cooperative:
+            self._check_cooperative(new, bootstrap)
         for tp, ranges in new.items():
             if ranges and not bootstrap.filters_ranges:
                 raise RangeFetchNotSupportedError(
                     f"{tp.topic}-{tp.partition} is assigned key ranges, but the cluster at "
                     f"{self.config.bootstrap_servers} does not advertise {RANGE_FETCH_FEATURE} "
                     f"(connect through a keyrange-proxy)")
-        self._state.assign(new)
+        self._state.assign(new, new if cooperative else ())
         if any(not self._metadata.knows(tp.topic) for tp in new):
             self._metadata.stale = True
+
+    def _check_cooperative(self, new: Mapping[TopicPartition, Sequence[KeyRange]], bootstrap: NodeConnection) -> None:
+        if self.config.group_id is None:
+            raise ConfigError("assign(..., cooperative=True) needs a group_id: the group names the consumers that "
+                              "share the partitions, and their commits belong to it")
+        if not self.config.allow_individual_commit:
+            raise ConfigError("assign(..., cooperative=True) needs allow_individual_commit=True: each consumer "
+                              "commits the offsets of the chunks it was handed as ranges (mark_processed, commit)")
+        ranged = [f"{tp.topic}-{tp.partition}" for tp, ranges in new.items() if ranges]
+        if ranged:
+            raise ConfigError(f"assign(..., cooperative=True) shares whole partitions by offset chunks, but "
+                              f"{', '.join(ranged)} {'is' if len(ranged) == 1 else 'are'} given key ranges: "
+                              f"list the partitions without ranges, or assign ranges without cooperative=True")
+        if new and not bootstrap.fetches_cooperatively:
+            raise CooperativeFetchNotSupportedError(
+                f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in new)} would be fetched cooperatively, but the "
+                f"cluster at {self.config.bootstrap_servers} does not advertise {COOPERATIVE_FETCH_FEATURE} "
+                f"(connect through a keyrange-proxy with cooperative.fetch.enabled=true)")
+
+    def cooperative_partitions(self) -> set[TopicPartition]:
+        """The assigned partitions fetched cooperatively."""
+        return set(self._state.cooperative)
+
+    def _cooperative_member(self) -> CooperativeMember | None:
+        """Who fetches the cooperative partitions now: a group member with its id and
+        generation while it holds one (None between generations: its cooperative
+        partitions wait), in assign mode this consumer's own id with generation -1."""
+        group_id = self.config.group_id
+        if group_id is None:
+            return None
+        if self._group is not None and self._subscribed:
+            m = self._group.membership
+            if not m.member_id or m.generation < 0 or m.phase == Phase.UNJOINED:
+                return None
+            return CooperativeMember(group_id, m.member_id, m.generation)
+        return CooperativeMember(group_id, self.cooperative_member_id, -1)
+
+    def _fenced(self, generation: int) -> None:
+        """A cooperative fetch with ``generation`` was refused as a zombie's: rejoin."""
+        if self._group is not None and self._subscribed:
+            self._group.fetch_fenced(generation)
 
     # -- group membership -----------------------------------------------------------------
     def subscribe(self, topics: Sequence[str] | str | re.Pattern[str],
@@ -239,10 +316,18 @@ class Consumer:
         """Join ``group_id`` and let it share ``topics`` (names, or a regex pattern matched
         against the cluster's topics at every join) among its members: whole partitions
         while members <= partitions, key ranges beyond (docs/consumer.md, "Groups").
-        ``listener`` gets ``on_assigned``, ``on_revoked`` and ``on_lost`` inside ``poll``."""
+        ``listener`` gets ``on_assigned``, ``on_revoked`` and ``on_lost`` inside ``poll``.
+        With ``partition_sharing="cooperative"`` members beyond the partition count share
+        whole partitions by offset chunks instead (docs/consumer.md, "Sharing a partition
+        without key order"), which needs a proxy that advertises ``cooperative.fetch``."""
         self._require_started()
         if self._group is None:
             raise IllegalStateError("subscribe needs a group_id")
+        if self.config.partition_sharing == "cooperative" and not self._bootstrap().fetches_cooperatively:
+            raise CooperativeFetchNotSupportedError(
+                f"partition_sharing='cooperative', but the cluster at {self.config.bootstrap_servers} does not "
+                f"advertise {COOPERATIVE_FETCH_FEATURE} (connect through a keyrange-proxy with "
+                f"cooperative.fetch.enabled=true, or share by key range)")
         if self._state.partitions() and not self._subscribed:
             raise IllegalStateError("the consumer has partitions assigned by assign(): assign({}) first")
         if isinstance(topics, (str, re.Pattern)):
@@ -296,10 +381,11 @@ class Consumer:
                 "leader": m.is_leader, "phase": m.phase.value, "rebalances": self._group.rebalances}
 
     def _set_group_ranges(self, ranges: Mapping[TopicPartition, Sequence[KeyRange]],
-                          paused: Iterable[TopicPartition]) -> None:
-        """The group changed what this member fetches."""
+                          paused: Iterable[TopicPartition], cooperative: Iterable[TopicPartition] = ()) -> None:
+        """The group changed what this member fetches (``cooperative``: those of its
+        partitions it fetches cooperatively)."""
         new = {TopicPartition(*tp): list(r) for tp, r in ranges.items()}
-        self._state.assign(new)
+        self._state.assign(new, cooperative)
         self._state.pause(paused)
         if any(not self._metadata.knows(tp.topic) for tp in new):
             self._metadata.stale = True
@@ -321,36 +407,55 @@ class Consumer:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Fetch ``tp`` from ``offset`` on the next poll (buffered records are dropped)."""
         self._require_assigned(tp)
+        self._require_not_cooperative([tp], "seek")
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
         self._state.seek(tp, offset)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
-        self._reset_later(partitions, EARLIEST_TIMESTAMP)
+        self._reset_later(partitions, EARLIEST_TIMESTAMP, "seek_to_beginning")
 
     def seek_to_end(self, *partitions: TopicPartition) -> None:
-        self._reset_later(partitions, LATEST_TIMESTAMP)
+        self._reset_later(partitions, LATEST_TIMESTAMP, "seek_to_end")
 
-    def _reset_later(self, partitions: Sequence[TopicPartition], timestamp: int) -> None:
-        for tp in partitions or self._state.partitions():
+    def _reset_later(self, partitions: Sequence[TopicPartition], timestamp: int, call: str) -> None:
+        chosen = list(partitions or self._state.partitions())
+        for tp in chosen:
             self._require_assigned(tp)
+        self._require_not_cooperative(chosen, call)
+        for tp in chosen:
             self._state.reset_later(tp, timestamp)
+
+    def _require_not_cooperative(self, partitions: Iterable[TopicPartition], call: str) -> None:
+        shared = sorted(TopicPartition(*tp) for tp in partitions if tp in self._state.cooperative)
+        if shared:
+            raise ValueError(f"{call}: {', '.join(f'{tp.topic}-{tp.partition}' for tp in shared)} "
+                             f"{'is' if len(shared) == 1 else 'are'} fetched cooperatively: the proxy decides which "
+                             f"offsets each member gets, so there is no position to move (assign the partition "
+                             f"without cooperative=True to read it from an offset of your choice)")
 
     def position(self, tp: TopicPartition) -> int | None:
         """The offset of the next record ``poll`` will return for ``tp``; None while it
-        waits for an offset reset."""
+        waits for an offset reset. For a partition fetched cooperatively: the token, the
+        offset the next fetch sends (the last chunk's end + 1, at first the starting
+        position), which says nothing about the records to come: the proxy hands out the
+        next chunk nobody has had, or one handed out again below earlier ones."""
         self._require_assigned(tp)
         return self._state.position(tp)
 
     def current_lag(self, tp: TopicPartition) -> int | None:
         """End offset (high watermark, or last stable offset under read_committed) from the
         latest fetch response minus the position; None while either is unknown. Answers
-        from the local cache only, never the network (KIP-695)."""
+        from the local cache only, never the network (KIP-695). For a partition fetched
+        cooperatively: the end minus the highest chunk end + 1 this member received (None
+        before its first chunk), the records past everything it was handed."""
         self._require_assigned(tp)
         return self._state.lag(tp)
 
     def metrics(self) -> dict[str, int]:
-        """Counters: ``records_outside_ranges`` (dropped: key hash outside the assignment),
+        """Counters: ``cooperative_chunks`` (chunks received), ``cooperative_records``
+        (their records handed to poll), ``cooperative_records_outside_chunk`` (dropped:
+        sent outside the chunk, or without one), ``records_outside_ranges`` (dropped: key hash outside the assignment),
         ``unfiltered_range_responses`` (a ranged partition answered without
         KeyRangesApplied), ``range_responses_discarded`` (answers filtered for ranges not
         covering the assignment, refused whole), ``aborted_records_dropped``, ``records_returned``,
@@ -385,6 +490,10 @@ class Consumer:
                 raise IllegalStateError(
                     f"{tp[0]}-{tp[1]} is assigned key ranges: a plain committed offset covers every key of the "
                     f"partition, so a range member cannot commit its own position")
+            if tp in self._state.cooperative:
+                raise IllegalStateError(
+                    f"{tp[0]}-{tp[1]} is fetched cooperatively: a plain committed offset would cover the chunks "
+                    f"other members are processing (mark_processed, then commit() without offsets)")
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"{tp[0]}-{tp[1]}: offset must be a non-negative int, got {offset!r}")
         if offsets:

@@ -27,6 +27,12 @@ class RangeFetchNotSupportedError(ConsumerError):
     ``keyrange.fetch`` on the connection that would serve it: it cannot filter by range."""
 
 
+class CooperativeFetchNotSupportedError(ConsumerError):
+    """A cooperative assignment, but the cluster (the proxy) does not advertise
+    ``cooperative.fetch`` on the connection that would serve it: nobody there hands out
+    chunks, and a plain broker would give every member the whole partition."""
+
+
 class ConsumerConnectionError(ConsumerError):
     """No bootstrap server answered within the request timeout."""
 

@@ -10,6 +10,12 @@ fair rotation, and the partition's end offsets are cached for ``current_lag``.
 A filtered answer moves the position past batches the filter emptied, which is only sound
 when the filter kept every record of this consumer's ranges: an answer whose
 ``KeyRangesApplied`` does not cover them is discarded (see ``apply_partition``).
+
+A cooperative partition (docs/wire-contract.md#37-cooperative-fetch) carries the member's
+identity (``CooperativeMember``) and its token as the fetch offset; its answer is a chunk
+of offsets handed to this member, taken in by ``apply_cooperative``. One request never
+carries both key ranges and cooperative partitions (``fetch_request`` refuses it): the
+proxy serves each kind with a feature of its own.
 """
 
 from __future__ import annotations
@@ -21,8 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.client.assignment import AssignmentState, EndOffsets, PendingReset, narrows, reset_timestamp
-from proxy.client.errors import METADATA_REFRESH_CODES, CorruptRecordError, KafkaError, OffsetOutOfRangeError
-from proxy.client.records import TopicPartition, parse_partition
+from proxy.client.errors import (
+    METADATA_REFRESH_CODES,
+    CorruptRecordError,
+    IllegalGenerationError,
+    KafkaError,
+    OffsetOutOfRangeError,
+)
+from proxy.client.records import ConsumerRecord, TopicPartition, parse_partition
 from proxy.protocol import messages
 from proxy.protocol.constants import FETCH_SESSION_FINAL_EPOCH, FETCH_SESSIONLESS_ID, ErrorCode
 from proxy.protocol.messages import ApiKey
@@ -34,13 +46,25 @@ TOPIC_IDS_VERSION = 13  # Fetch names topics by id from this version on
 
 
 @dataclass(frozen=True)
+class CooperativeMember:
+    """Who fetches a partition cooperatively: the group whose members share it, the member,
+    and its generation (-1 outside a group protocol: assign mode)."""
+
+    group_id: str
+    member_id: str
+    generation_id: int = -1
+
+
+@dataclass(frozen=True)
 class FetchPosition:
-    """One partition of a Fetch request."""
+    """One partition of a Fetch request. A cooperative one (``cooperative`` set) carries no
+    ranges, and its ``offset`` is the member's token."""
 
     tp: TopicPartition
     leader_epoch: int
     offset: int
     ranges: Sequence[KeyRange]
+    cooperative: CooperativeMember | None = None
 
 
 @dataclass(frozen=True)
@@ -63,14 +87,28 @@ def rotated(items: Sequence[Any], shift: int) -> list[Any]:
 
 def fetch_request(version: int, positions: Sequence[FetchPosition], topic_ids: Mapping[str, Any],
                   limits: FetchLimits) -> Any:
-    """A sessionless Fetch (KIP-227: id 0, final epoch) of ``positions`` in their order."""
+    """A sessionless Fetch (KIP-227: id 0, final epoch) of ``positions`` in their order.
+    Sessionless is also what a cooperative partition needs (section 3.7). ``ValueError``
+    for a partition both ranged and cooperative, or a request mixing ranged and cooperative
+    partitions (plain whole partitions go with either)."""
     cls: Any = messages.body_class(ApiKey.FETCH, "request")
+    ranged = [p.tp for p in positions if p.ranges]
+    shared = [p.tp for p in positions if p.cooperative is not None]
+    if ranged and shared:
+        both = set(ranged) & set(shared)
+        raise ValueError(
+            f"{_names(both)} cannot be fetched both by key range and cooperatively" if both else
+            f"one Fetch cannot carry key ranges ({_names(ranged)}) and cooperative partitions ({_names(shared)}): "
+            f"send them in separate requests")
     topics: dict[str, list[Any]] = {}
     for p in positions:
+        member = p.cooperative
         topics.setdefault(p.tp.topic, []).append(cls.FetchPartition(
             partition=p.tp.partition, current_leader_epoch=p.leader_epoch, fetch_offset=p.offset,
             partition_max_bytes=limits.partition_max_bytes,
-            key_ranges=[cls.KeyRange(start=r.start, end=r.end) for r in p.ranges] if p.ranges else None))
+            key_ranges=[cls.KeyRange(start=r.start, end=r.end) for r in p.ranges] if p.ranges else None,
+            cooperative=None if member is None else cls.CooperativeMember(
+                group_id=member.group_id, member_id=member.member_id, generation_id=member.generation_id)))
     return messages.new_body(
         ApiKey.FETCH, version, "request", replica_id=-1, max_wait_ms=limits.max_wait_ms, min_bytes=1,
         max_bytes=limits.max_bytes, isolation_level=limits.isolation_level,
@@ -82,9 +120,15 @@ def fetch_request(version: int, positions: Sequence[FetchPosition], topic_ids: M
 def apply_fetch_response(state: AssignmentState, response: Any, *, version: int, node_id: int,
                          offsets: Mapping[TopicPartition, int], topic_names: Mapping[Any, str],
                          received_time: float, received: set[TopicPartition], auto_offset_reset: str,
-                         metrics: Counter[str]) -> bool:
+                         metrics: Counter[str], cooperative: Mapping[TopicPartition, CooperativeMember] | None = None,
+                         fenced: list[TopicPartition] | None = None) -> bool:
     """Take a Fetch response for the partitions at ``offsets`` into ``state``. True when
     metadata must be refreshed before the next fetch (a leader moved).
+
+    ``cooperative``: the partitions the request fetched cooperatively, with the member it
+    named; a partition whose mode changed since is stale like one sought meanwhile. A
+    cooperative partition of a group member answered ILLEGAL_GENERATION is appended to
+    ``fenced`` (the caller rejoins the group); in assign mode it raises.
 
     A partition filtered for key ranges that do not cover the consumer's is discarded
     (``apply_partition``) and, once every other partition of the answer is taken in,
@@ -99,14 +143,23 @@ def apply_fetch_response(state: AssignmentState, response: Any, *, version: int,
         raise KafkaError.for_code(response.error_code, f"Fetch from node {node_id}")
     refresh = False
     discarded: list[str] = []
+    shared = cooperative or {}
     for topic in response.responses:
         name = topic.topic if version < TOPIC_IDS_VERSION else topic_names.get(topic.topic_id)
         if name is None:
             continue  # a topic id this consumer no longer knows: not one it asked for
         for part in topic.partitions:
             tp = TopicPartition(name, part.partition_index)
-            if tp not in offsets or state.positions.get(tp) != offsets[tp] or state.buffers.has_buffered(tp):
-                continue  # reassigned or moved by seek meanwhile: the data is stale
+            if tp not in offsets or state.positions.get(tp) != offsets[tp] or state.buffers.has_buffered(tp) \
+                    or (tp in shared) != (tp in state.cooperative):
+                # reassigned, moved by seek or switched to or from cooperative meanwhile: the
+                # data is stale (a chunk dropped here comes back when its lease expires)
+                continue
+            if tp in shared:
+                refresh = apply_cooperative(state, tp, part, offsets[tp], shared[tp], received_time=received_time,
+                                            received=received, metrics=metrics, fenced=fenced,
+                                            auto_offset_reset=auto_offset_reset) or refresh
+                continue
             refresh = apply_partition(state, tp, part, offsets[tp], received_time=received_time,
                                       received=received, auto_offset_reset=auto_offset_reset,
                                       metrics=metrics, discarded=discarded) or refresh
@@ -194,6 +247,129 @@ def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch
     else:
         state.positions[tp] = parsed.next_offset
     return False
+
+
+def apply_cooperative(state: AssignmentState, tp: TopicPartition, part: Any, token: int, member: CooperativeMember,
+                      *, received_time: float, received: set[TopicPartition], metrics: Counter[str],
+                      fenced: list[TopicPartition] | None = None, auto_offset_reset: str = "earliest") -> bool:
+    """Take one cooperatively fetched partition (fetched with ``token`` as its offset) into
+    ``state``. True when metadata must be refreshed; raises the partition's error when it
+    cannot be retried.
+
+    With ``CooperativeChunk`` [a, b] the offsets a..b are this member's (section 3.7):
+
+    * its data records in [a, b] are handed out, in offset order; a record outside the chunk
+      (which the proxy must not send) is dropped and counted in
+      ``cooperative_records_outside_chunk``; records the group already committed (S, R) are
+      dropped as for any partition;
+    * every other offset of [a, b] (control records, aborted transactions, offsets compaction
+      removed) is marked as a gap right away, so that the member's commit carries it and S
+      can pass it: the proxy hands each offset to one member only, so nobody else will;
+      the records handed out are committed once the application marks them processed;
+    * the token becomes b + 1, even below the previous one: a chunk handed out again after
+      another member's lease expired may lie below earlier chunks. The token is only the
+      proxy's retry detector, so records handed out never move it.
+
+    Without a chunk (no records at the marker yet, the fetch lost its turn, or this member
+    holds its maximum of uncommitted chunks) nothing is handed out (any record is dropped
+    and counted) and the token stays. A chunk the answer holds only in part (a batch cut
+    by the response size, which the proxy must not send) is handed out as far as its whole
+    batches reach, and only that far marked: the rest comes back when its lease expires.
+
+    OFFSET_OUT_OF_RANGE (the records at the proxy's marker were deleted, or the log
+    truncated) follows ``auto_offset_reset`` as for any partition: the reset position is the
+    next token, which the proxy takes as its new marker (section 3.7); no gap is amended for
+    it (the proxy's next chunk claims the skipped offsets). ILLEGAL_GENERATION: this member's
+    generation is older than one the proxy has seen; a group member's partition is appended
+    to ``fenced`` (the caller rejoins), in assign mode (generation -1, never fenced by the
+    proxy) it is raised."""
+    code = part.error_code
+    if code in METADATA_REFRESH_CODES:
+        metrics["retriable_errors"] += 1
+        return True
+    if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+        if auto_offset_reset == "none":
+            raise OffsetOutOfRangeError(f"{tp.topic}-{tp.partition}: the records at the proxy's marker for group "
+                                        f"{member.group_id!r} are out of range and auto_offset_reset is 'none'")
+        log.info("consumer: %s-%s fetched cooperatively: OFFSET_OUT_OF_RANGE; resetting to %s", tp.topic,
+                 tp.partition, auto_offset_reset)
+        state.positions[tp] = PendingReset(reset_timestamp(auto_offset_reset, tp))
+        return False
+    if code == ErrorCode.ILLEGAL_GENERATION and member.generation_id >= 0 and fenced is not None:
+        log.info("consumer: %s-%s fetched cooperatively with generation %d of group %r: ILLEGAL_GENERATION; "
+                 "rejoining", tp.topic, tp.partition, member.generation_id, member.group_id)
+        metrics["retriable_errors"] += 1
+        fenced.append(tp)
+        return False
+    if code == ErrorCode.ILLEGAL_GENERATION:
+        raise IllegalGenerationError(f"Fetch {tp.topic}-{tp.partition} cooperatively as member "
+                                     f"{member.member_id!r} (generation {member.generation_id}) of group "
+                                     f"{member.group_id!r}")
+    if code != ErrorCode.NONE:
+        raise KafkaError.for_code(code, f"Fetch {tp.topic}-{tp.partition} cooperatively as member "
+                                        f"{member.member_id!r} of group {member.group_id!r}")
+    chunk = part.cooperative_chunk
+    if chunk is not None and not 0 <= chunk.chunk_start <= chunk.chunk_end:
+        raise CorruptRecordError(f"Fetch {tp.topic}-{tp.partition}: the proxy handed out the chunk "
+                                 f"[{chunk.chunk_start}, {chunk.chunk_end}], which is no offset range")
+    state.ends[tp] = EndOffsets(received_time, part.high_watermark, part.last_stable_offset, part.log_start_offset)
+    received.add(tp)
+    # every record of the answer, whatever its offset: those outside the chunk are counted
+    parsed = parse_partition(
+        tp, part.records, 0,
+        aborted_transactions=[(a.producer_id, a.first_offset) for a in part.aborted_transactions or ()],
+        read_committed=state.read_committed, amend_gaps=False)
+    metrics["aborted_records_dropped"] += parsed.aborted
+    if chunk is None:
+        if parsed.records:
+            metrics["cooperative_records_outside_chunk"] += len(parsed.records)
+            log.warning("consumer: %s-%s: %d records without a chunk dropped", tp.topic, tp.partition,
+                        len(parsed.records))
+        return False
+    start, end = chunk.chunk_start, chunk.chunk_end
+    if parsed.truncated:
+        # a cut batch: the chunk reaches only as far as the whole batches before it
+        end = min(end, parsed.next_offset - 1)
+        log.warning("consumer: %s-%s: the chunk [%d, %d] came with a cut batch; taken up to %d", tp.topic,
+                    tp.partition, chunk.chunk_start, chunk.chunk_end, end)
+    records = [r for r in parsed.records if start <= r.offset <= end]
+    outside = len(parsed.records) - len(records)
+    if outside:
+        metrics["cooperative_records_outside_chunk"] += outside
+        log.warning("consumer: %s-%s: %d records outside the chunk [%d, %d] dropped", tp.topic, tp.partition,
+                    outside, start, end)
+    metrics["cooperative_chunks"] += 1
+    progress = state.progress.get(tp)
+    if progress is not None:
+        for gap_start, gap_end in _gaps(start, end, records):
+            progress.mark(gap_start, gap_end)
+        if progress.covers_from(start):
+            fresh = [r for r in records if not progress.already_committed(r.offset)]
+            metrics["records_already_committed"] += len(records) - len(fresh)
+            records = fresh
+    metrics["cooperative_records"] += len(records)
+    state.positions[tp] = chunk.chunk_end + 1
+    state.chunks_reached[tp] = max(state.chunks_reached.get(tp, 0), chunk.chunk_end + 1)
+    if records:
+        state.buffers.add(tp, records, chunk.chunk_end + 1)
+    return False
+
+
+def _gaps(start: int, end: int, records: Sequence[ConsumerRecord]) -> list[tuple[int, int]]:
+    """The offsets of [start, end] that hold none of ``records`` (in offset order)."""
+    out = []
+    cursor = start
+    for record in records:
+        if record.offset > cursor:
+            out.append((cursor, record.offset - 1))
+        cursor = record.offset + 1
+    if end >= cursor:
+        out.append((cursor, end))
+    return out
+
+
+def _names(tps: Sequence[TopicPartition] | set[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))
 
 
 def _describe(ranges: Sequence[Any]) -> str:

@@ -5,6 +5,11 @@ Requests are built and answers taken in by ``fetch_protocol`` (sans I/O); this m
 only groups partitions by leader, sends, and runs the background fetch in the nursery
 the consumer's ``async with`` owns. A background fetch covers only partitions with nothing
 buffered, so memory stays one fetch deep; its error is raised by the next ``poll``.
+
+Cooperative partitions (docs/wire-contract.md#37-cooperative-fetch) are fetched with the
+member identity ``member()`` gives at the time (none: they wait, as a group member that is
+between generations does); key ranges and cooperative partitions of one leader go in two
+requests, the second without waiting at the broker (the first already did).
 """
 
 from __future__ import annotations
@@ -13,13 +18,28 @@ import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import trio
 
 from proxy.client.assignment import AssignmentState, narrows
-from proxy.client.connection import NETWORK_ERRORS, RANGE_FETCH_FEATURE, RETRIABLE_FAILURES, Connections
-from proxy.client.errors import ConsumerError, RangeFetchNotSupportedError
-from proxy.client.fetch_protocol import FetchLimits, FetchPosition, apply_fetch_response, fetch_request, rotated
+from proxy.client.connection import (
+    COOPERATIVE_FETCH_FEATURE,
+    NETWORK_ERRORS,
+    RANGE_FETCH_FEATURE,
+    RETRIABLE_FAILURES,
+    Connections,
+    NodeConnection,
+)
+from proxy.client.errors import ConsumerError, CooperativeFetchNotSupportedError, RangeFetchNotSupportedError
+from proxy.client.fetch_protocol import (
+    CooperativeMember,
+    FetchLimits,
+    FetchPosition,
+    apply_fetch_response,
+    fetch_request,
+    rotated,
+)
 from proxy.client.metadata import ClusterMetadata
 from proxy.client.records import TopicPartition
 from proxy.protocol.errors import ProtocolError
@@ -31,8 +51,12 @@ log = logging.getLogger(__name__)
 class Fetcher:
     def __init__(self, state: AssignmentState, metadata: ClusterMetadata, connections: Connections, *,
                  max_wait_ms: int, max_bytes: int, partition_max_bytes: int, isolation_level: int,
-                 auto_offset_reset: str, metrics: Counter[str]) -> None:
+                 auto_offset_reset: str, metrics: Counter[str],
+                 member: Callable[[], CooperativeMember | None] = lambda: None,
+                 on_fenced: Callable[[int], None] = lambda generation: None) -> None:
         self._state = state
+        self._member = member  # who fetches cooperative partitions now (None: nobody, wait)
+        self._on_fenced = on_fenced  # a cooperative fetch of this generation got ILLEGAL_GENERATION
         self._metadata = metadata
         self._connections = connections
         self._max_wait_ms = max_wait_ms
@@ -48,7 +72,13 @@ class Fetcher:
         self._background_error: BaseException | None = None
 
     def fetchable(self) -> list[TopicPartition]:
-        return self._state.fetchable(lambda tp: self._metadata.leader(tp) is not None)
+        """Partitions to fetch now; cooperative ones only while there is a member to fetch
+        them as (else the poll loop would spin on partitions it cannot fetch)."""
+        state = self._state
+        tps = state.fetchable(lambda tp: self._metadata.leader(tp) is not None)
+        if state.cooperative and any(tp in state.cooperative for tp in tps) and self._member() is None:
+            tps = [tp for tp in tps if tp not in state.cooperative]
+        return tps
 
     # -- foreground -------------------------------------------------------------------
     async def fetch(self, partitions: list[TopicPartition], wait_ms: int, received: set[TopicPartition]) -> bool:
@@ -86,21 +116,46 @@ class Fetcher:
         connection = await self._connections.node(node_id, address)
         version = connection.versions[ApiKey.FETCH]
         positions = []
+        member = self._member() if any(tp in state.cooperative for tp in tps) else None
         for tp in rotated(tps, next(self._request_order)):
             # the application may have reassigned or reset a partition while this task
             # waited for its connection (a background fetch): fetch only what still fits
             leader = metadata.leader(tp)
             offset = state.positions.get(tp)
-            if leader is not None and isinstance(offset, int) and tp in state:
+            if leader is None or not isinstance(offset, int) or tp not in state:
+                continue
+            if tp in state.cooperative:
+                if member is not None:  # else no identity to fetch with now (between generations)
+                    positions.append(FetchPosition(tp, leader.leader_epoch, offset, [], member))
+            else:
                 positions.append(FetchPosition(tp, leader.leader_epoch, offset, state.ranges[tp]))
         if not positions:
             return False
+        where = f"node {node_id} at {address[0]}:{address[1]}"
         ranged = [p.tp for p in positions if p.ranges]
         if ranged and not connection.filters_ranges:
             raise RangeFetchNotSupportedError(
-                f"node {node_id} at {address[0]}:{address[1]} does not advertise {RANGE_FETCH_FEATURE} "
-                f"(Fetch v{version}); it cannot serve the key ranges of "
-                f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in ranged)}")
+                f"{where} does not advertise {RANGE_FETCH_FEATURE} (Fetch v{version}); it cannot serve the key "
+                f"ranges of {', '.join(f'{tp.topic}-{tp.partition}' for tp in ranged)}")
+        shared = [p for p in positions if p.cooperative is not None]
+        if shared and not connection.fetches_cooperatively:
+            raise CooperativeFetchNotSupportedError(
+                f"{where} does not advertise {COOPERATIVE_FETCH_FEATURE} (Fetch v{version}); it cannot hand out "
+                f"chunks of {', '.join(f'{p.tp.topic}-{p.tp.partition}' for p in shared)}")
+        if ranged and shared:
+            # the proxy serves ranged and cooperative fetches with different features: two
+            # requests on the one connection, the chunks first (they are leased from the moment
+            # they are handed out); the second waits at the broker no longer, as the first did
+            refresh = await self._request(node_id, connection, version, shared, wait_ms, received)
+            rest = [p for p in positions if p.cooperative is None]
+            return await self._request(node_id, connection, version, rest, 0, received) or refresh
+        return await self._request(node_id, connection, version, positions, wait_ms, received)
+
+    async def _request(self, node_id: int, connection: NodeConnection, version: int, positions: list[FetchPosition],
+                       wait_ms: int, received: set[TopicPartition]) -> bool:
+        """One Fetch of ``positions`` taken in. True when something must be retried: metadata
+        is stale, or a cooperative fetch was fenced (the group rejoins meanwhile)."""
+        state, metadata = self._state, self._metadata
         body = fetch_request(version, positions, {p.tp.topic: metadata.topic_id(p.tp.topic) for p in positions},
                              FetchLimits(wait_ms, self._max_bytes, self._partition_max_bytes, self._isolation_level))
         self._metrics["fetch_requests"] += 1
@@ -110,13 +165,17 @@ class Fetcher:
         # it is stale like one for a moved position
         offsets = {p.tp: p.offset for p in positions
                    if p.ranges == state.ranges.get(p.tp) or narrows(p.ranges, state.ranges.get(p.tp, []))}
+        shared = {p.tp: p.cooperative for p in positions if p.cooperative is not None}
+        fenced: list[TopicPartition] = []
         refresh = apply_fetch_response(
             state, response, version=version, node_id=node_id, offsets=offsets,
             topic_names=metadata.topic_names(), received_time=time.time(), received=received,
-            auto_offset_reset=self._auto_offset_reset, metrics=self._metrics)
+            auto_offset_reset=self._auto_offset_reset, metrics=self._metrics, cooperative=shared, fenced=fenced)
         if refresh:
             metadata.stale = True
-        return refresh
+        if fenced:
+            self._on_fenced(shared[fenced[0]].generation_id)
+        return refresh or bool(fenced)
 
     # -- background -------------------------------------------------------------------
     def attach(self, nursery: trio.Nursery | None) -> None:

@@ -14,6 +14,12 @@ revoked stop being handed out at once, and their revocation completes at the sta
 later poll (KIP-983) once every record of them that poll handed out is marked processed
 and committed (individual commit), then ``on_revoked`` runs and the member rejoins so the
 follow-up rebalance hands them on. ``delay_revoke`` holds a revocation one more poll.
+
+Partitions the group shares cooperatively (``partition_sharing="cooperative"``,
+docs/wire-contract.md#37-cooperative-fetch) are fetched with the member's id and generation;
+one added to this member is fetched at once (its other members keep theirs: no per-key
+order to keep), and a cooperative fetch refused as a zombie's (ILLEGAL_GENERATION) makes
+the member rejoin.
 """
 
 from __future__ import annotations
@@ -99,7 +105,9 @@ class HandedOut:
 Listener = RebalanceListener
 # A commit before a hand-off that fails with one of these is tried again on the next poll.
 _COMMIT_RETRY: tuple[type[BaseException], ...] = (KafkaError, *RETRIABLE_FAILURES)
-RangesChanged = Callable[[Mapping[TopicPartition, Sequence[KeyRange]], Iterable[TopicPartition]], None]
+# the new assignment of the state, the partitions of it paused, those fetched cooperatively
+RangesChanged = Callable[[Mapping[TopicPartition, Sequence[KeyRange]], Iterable[TopicPartition],
+                          Iterable[TopicPartition]], None]
 
 
 class GroupMember:
@@ -112,7 +120,7 @@ class GroupMember:
         self.config = config
         self.membership = Membership(
             config.group_id, config.group_instance_id, config.session_timeout_ms, config.max_poll_interval_ms,
-            allows_ranges=config.allow_individual_commit)
+            allows_ranges=config.allow_individual_commit, partition_sharing=config.partition_sharing)
         # a connection of its own: the coordinator holds a JoinGroup for the whole rebalance
         self._coordinator = Coordinator(config.group_id, connections, retry_backoff=config.retry_backoff_ms / 1000,
                                         metrics=metrics)
@@ -139,6 +147,9 @@ class GroupMember:
         # them is fetched or handed out meanwhile
         self._parked: set[TopicPartition] = set()
         self._lost_last: set[TopicPartition] = set()
+        # the partitions fetched cooperatively: the latest assignment's, and those of the
+        # previous ones still held while their revocation completes
+        self._shared: set[TopicPartition] = set()
         self._wake = trio.Event()
         self._last_poll = -math.inf  # set when the background starts (consumers may be built outside trio)
         self._expired = False
@@ -306,7 +317,23 @@ class GroupMember:
         self.membership.topics = []
         self._drop(self._state_assignment())
         self._to_revoke, self._changes, self._growing, self._revoke_bounds = {}, [], {}, {}
-        self._parked = set()
+        self._parked, self._shared = set(), set()
+
+    def _set_state(self, ranges: Mapping[TopicPartition, Sequence[KeyRange]], paused: Iterable[TopicPartition]
+                   ) -> None:
+        # a cooperative partition is whole; one left with ranges (a range revocation that
+        # completes after the partition turned cooperative) is fetched by range meanwhile
+        self._set_ranges(ranges, paused, [tp for tp in ranges if tp in self._shared and not ranges[tp]])
+
+    def fetch_fenced(self, generation: int) -> None:
+        """A cooperative fetch with ``generation`` got ILLEGAL_GENERATION: the proxy has
+        seen a newer generation of the group, so a rebalance went on without this member
+        hearing of it; join again (a later answer about an older generation is ignored)."""
+        m = self.membership
+        if m.phase == Phase.STABLE and m.generation == generation:
+            log.info("group %s: a cooperative fetch of generation %d was fenced; rejoining", m.group, generation)
+            m.rejoin_needed = True
+            self.wake()
 
     def _state_assignment(self) -> Assignment:
         return {tp: list(r) for tp, r in self._state.ranges.items()}
@@ -359,20 +386,28 @@ class GroupMember:
             if progress is not None:
                 progress.pending = type(progress.pending)()
         self.handed.forget(removed)
-        self._set_ranges(rest, ())
+        self._set_state(rest, ())
 
     async def _apply(self, change: Change) -> None:
         self._to_revoke = union(self._to_revoke, change.revoked)
         for tp in change.revoked:
-            position = self._state.position(tp)
-            handed = position - 1 if position is not None else -1
-            self._revoke_bounds[tp] = max(self._revoke_bounds.get(tp, -1), handed)
+            self._revoke_bounds[tp] = max(self._revoke_bounds.get(tp, -1), self._state.last_handed(tp))
+        # a partition assigned takes the assignment's mode; one only being revoked keeps its own
+        self._shared = set(change.cooperative) | {tp for tp in self._shared if tp not in change.assignment}
         current = self._state_assignment()
         keep: Assignment = {}
         for tp in list(self._growing):
             if tp not in change.assignment:
                 del self._growing[tp]
         for tp, ranges in change.assignment.items():
+            if tp in change.cooperative:
+                # whole and shared by chunks: no key order to wait for, so it is fetched at
+                # once (a partition that changes mode starts from the group's committed
+                # offset, AssignmentState.assign)
+                self._growing.pop(tp, None)
+                self._parked.discard(tp)
+                keep[tp] = []
+                continue
             # a parked partition holds nothing: whatever it is assigned now is taken on anew
             held = [] if tp in self._parked else to_intervals(current[tp]) if tp in current else None
             if held is not None and subtract(to_intervals(ranges), held):
@@ -401,7 +436,7 @@ class GroupMember:
         for tp in self._to_revoke:
             if tp not in keep and tp in current:
                 keep[tp] = current[tp]
-        self._set_ranges(keep, self._paused(keep))
+        self._set_state(keep, self._paused(keep))
         if change.added:
             await self.listener.on_assigned(change.added)
 
@@ -460,7 +495,7 @@ class GroupMember:
             self._parked.discard(tp)
             rest.pop(tp, None)
         self.handed.forget(tp for tp in current if tp not in rest)
-        self._set_ranges(rest, self._paused(rest))
+        self._set_state(rest, self._paused(rest))
 
     def _acknowledged(self, tp: TopicPartition) -> bool:
         """Whether every mark of ``tp`` up to the last record handed out before its

@@ -19,12 +19,22 @@
   members already sit on it (new members slotted where they disturb least), so pieces
   never pile up over generations.
 
+* Cooperative sharing (``cooperative_topics``): when every subscriber of a topic shares
+  partitions cooperatively (``partition_sharing="cooperative"``, which needs individual
+  commit) and they outnumber its partitions, each member gets one whole partition, each
+  partition floor(M/P) or ceil(M/P) members, fetched by offset chunks the proxy hands out
+  (docs/wire-contract.md#37-cooperative-fetch). Members keep the partition they hold where it
+  has room; with nothing held, member i (by id) gets partition i mod P. With M <= P, or a
+  single member sharing by key range, the topic is assigned as above.
+
 ``cooperative-sticky``: whole partitions only, with the same stickiness: what a group
 with standard Java or librdkafka members can agree on.
 
 ``withhold_moving`` is the first of the two rebalances of a cooperative hand-off (as in
 KIP-429): hash space some other member still owns is left out of a member's assignment, so
-the owner revokes it first and the follow-up rebalance hands it over.
+the owner revokes it first and the follow-up rebalance hands it over. A partition shared
+cooperatively is never withheld: its members keep no per-key order, so one more member
+on it (or one that moves to it) needs nobody to revoke anything first.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ class MemberInfo:
     owned: Mapping[TopicPartition, Sequence[KeyRange]] = field(default_factory=dict)
     allows_ranges: bool = True  # allow.individual.commit: may share a partition by range
     generation: int = -1  # the generation its owned ranges are from; newer claims win
+    cooperative: bool = False  # partition_sharing="cooperative": shares by offset chunks, no key order
 
 
 # -- interval arithmetic -----------------------------------------------------------------
@@ -381,15 +392,70 @@ def _assign_topic(line: _Line, members: Sequence[MemberInfo], ranges: bool) -> d
     return out
 
 
+def cooperative_topics(members: Sequence[MemberInfo], partitions: Mapping[str, Sequence[int]], *,
+                       ranges: bool = True) -> set[str]:
+    """The topics ``keyrange`` shares cooperatively: every subscriber shares cooperatively
+    (and allows individual commit, which cooperative sharing commits with), and they
+    outnumber the topic's partitions. Never under ``cooperative-sticky`` (not ``ranges``)."""
+    out: set[str] = set()
+    if not ranges:
+        return out
+    for topic, parts in partitions.items():
+        subscribed = [m for m in members if topic in m.topics]
+        if parts and len(subscribed) > len(parts) and all(m.cooperative and m.allows_ranges for m in subscribed):
+            out.add(topic)
+    return out
+
+
+def _assign_shared(topic: str, partitions: Sequence[int], members: Sequence[MemberInfo]) -> dict[str, Assignment]:
+    """M > P members sharing a topic cooperatively: one whole partition each, every
+    partition floor(M/P) or ceil(M/P) members. Sticky: a member keeps a partition it holds
+    (whole or in part) while that partition has room (first up to floor(M/P), then the
+    ceil(M/P) slots, newer generations first); the rest, by member id, fill the partitions
+    with the fewest members, lowest id first, so with nothing held member i gets i mod P."""
+    parts = sorted(partitions)
+    base, extra = divmod(len(members), len(parts))
+    count = {p: 0 for p in parts}
+    placed: dict[str, int] = {}
+    held = {m.member_id: sorted({tp.partition for tp in m.owned if tp.topic == topic and tp.partition in count})
+            for m in members}
+    by_claim = sorted(members, key=lambda m: (-m.generation, m.member_id))
+    for slots in ("base", "extra"):
+        for member in by_claim:
+            if member.member_id in placed:
+                continue
+            mine = [p for p in held[member.member_id]
+                    if count[p] < base or (slots == "extra" and extra and count[p] == base)]
+            if mine:
+                p = min(mine, key=lambda p: (count[p], p))
+                extra -= count[p] == base
+                count[p] += 1
+                placed[member.member_id] = p
+    for member_id in sorted(m.member_id for m in members if m.member_id not in placed):
+        room = [p for p in parts if count[p] < base] or [p for p in parts if extra and count[p] == base]
+        p = min(room, key=lambda p: (count[p], p))
+        extra -= count[p] == base
+        count[p] += 1
+        placed[member_id] = p
+    return {member_id: {TopicPartition(topic, p): []} for member_id, p in placed.items()}
+
+
 def assign(members: Sequence[MemberInfo], partitions: Mapping[str, Sequence[int]], *, ranges: bool = True
            ) -> dict[str, Assignment]:
     """The target assignment of every member: ``keyrange`` when ``ranges``, else
     ``cooperative-sticky`` (whole partitions). ``partitions`` maps each topic to its
-    partition ids; topics nobody subscribes to and unknown topics are left out."""
+    partition ids; topics nobody subscribes to and unknown topics are left out. The
+    partitions of ``cooperative_topics`` are fetched cooperatively by their members (the
+    assignment names them whole, like any whole partition)."""
     out: dict[str, Assignment] = {m.member_id: {} for m in members}
+    shared = cooperative_topics(members, partitions, ranges=ranges)
     for topic in sorted(partitions):
         subscribed = [m for m in members if topic in m.topics]
         if not subscribed or not partitions[topic]:
+            continue
+        if topic in shared:
+            for member_id, assignment in _assign_shared(topic, partitions[topic], subscribed).items():
+                out[member_id].update(assignment)
             continue
         line = _Line(topic, sorted(partitions[topic]))
         for member_id, intervals in _assign_topic(line, subscribed, ranges).items():
@@ -397,9 +463,12 @@ def assign(members: Sequence[MemberInfo], partitions: Mapping[str, Sequence[int]
     return out
 
 
-def withhold_moving(target: Mapping[str, Assignment], members: Sequence[MemberInfo]) -> dict[str, Assignment]:
+def withhold_moving(target: Mapping[str, Assignment], members: Sequence[MemberInfo],
+                    shared_topics: Iterable[str] = ()) -> dict[str, Assignment]:
     """The first rebalance of a cooperative hand-off: each member's target without the hash
-    space another member still owns (that member revokes it, then rejoins)."""
+    space another member still owns (that member revokes it, then rejoins). Partitions of
+    ``shared_topics`` (shared cooperatively) are never withheld."""
+    shared = set(shared_topics)
     owned_by: dict[TopicPartition, list[tuple[str, list[Interval]]]] = {}
     for member in members:
         for tp, ranges in member.owned.items():
@@ -408,6 +477,9 @@ def withhold_moving(target: Mapping[str, Assignment], members: Sequence[MemberIn
     for member_id, assignment in target.items():
         mine: Assignment = {}
         for tp, ranges in assignment.items():
+            if tp.topic in shared:
+                mine[tp] = list(ranges)
+                continue
             others = merge(i for who, owned in owned_by.get(tp, []) if who != member_id for i in owned)
             free = subtract(to_intervals(ranges), others)
             if free:

@@ -6,12 +6,15 @@ Subscription and Assignment (Kafka's ``ConsumerProtocolSubscription`` /
 (``KeyRangeSubscriptionUserData`` / ``KeyRangeAssignmentUserData`` in ``protocol_schemas/``),
 so a standard tool still reads the partitions; for ``cooperative-sticky`` the UserData is
 what Java's assignor writes there (the generation as an int32), so a Java leader reads us.
+The subscription's tagged ``PartitionSharing`` says whether the member shares partitions by
+key range or cooperatively; the assignment's tagged ``CooperativePartitions`` names the
+whole partitions it fetches cooperatively (docs/wire-contract.md#37-cooperative-fetch).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from proxy.client.group_assignor import Assignment, MemberInfo
@@ -31,6 +34,8 @@ SUBSCRIPTION_DATA = "KeyRangeSubscriptionUserData"
 ASSIGNMENT_DATA = "KeyRangeAssignmentUserData"
 SUBSCRIPTION_VERSION = 3  # OwnedPartitions (v1), GenerationId (v2), RackId (v3)
 ASSIGNMENT_VERSION = 3
+SHARING_KEYRANGE = "keyrange"
+SHARING_COOPERATIVE = "cooperative"
 _INT32 = struct.Struct(">i")
 
 # the versions of docs/wire-contract.md section 8: JoinGroup v9+, SyncGroup v5+, Heartbeat v4+, LeaveGroup v5+
@@ -72,15 +77,17 @@ def _ranges_of(data_topics: Sequence[Any], where: str) -> dict[TopicPartition, l
 
 # -- subscription -------------------------------------------------------------------------
 def encode_subscription(protocol: str, topics: Sequence[str], owned: Mapping[TopicPartition, Sequence[KeyRange]],
-                        *, allows_ranges: bool, generation: int) -> bytes:
+                        *, allows_ranges: bool, generation: int, sharing: str = SHARING_KEYRANGE) -> bytes:
     """A member's JoinGroup metadata for ``protocol``: the topics, the partitions it owns,
-    and (keyrange) its ranges and whether it allows individual commit."""
+    and (keyrange) its ranges, whether it allows individual commit and how it shares a
+    partition (``sharing``: "keyrange" or "cooperative")."""
     cls: Any = messages.data_class(SUBSCRIPTION)
     if protocol == KEYRANGE:
         data_cls: Any = messages.data_class(SUBSCRIPTION_DATA)
         user_data = messages.encode_data(SUBSCRIPTION_DATA, messages.new_data(
             SUBSCRIPTION_DATA, allow_individual_commit=allows_ranges,
-            owned_ranges=_split_by_topic(owned, data_cls.OwnedTopic, data_cls.OwnedPartition, data_cls.OwnedRange)))
+            owned_ranges=_split_by_topic(owned, data_cls.OwnedTopic, data_cls.OwnedPartition, data_cls.OwnedRange),
+            partition_sharing=sharing))
     else:
         user_data = _INT32.pack(generation)  # what Java's CooperativeStickyAssignor writes
     value = messages.new_data(
@@ -95,29 +102,35 @@ def decode_subscription(protocol: str, member_id: str, metadata: bytes) -> Membe
     value = messages.decode_data(SUBSCRIPTION, metadata)
     owned: dict[TopicPartition, list[KeyRange]] = {
         TopicPartition(t.topic, p): [] for t in value.owned_partitions or () for p in t.partitions}
-    allows_ranges = False
+    allows_ranges = cooperative = False
     generation = value.generation_id if value.generation_id is not None else -1
     user_data = bytes(value.user_data) if value.user_data is not None else b""
     if protocol == KEYRANGE and user_data:
         data = messages.decode_data(SUBSCRIPTION_DATA, user_data)
         allows_ranges = bool(data.allow_individual_commit)
+        cooperative = data.partition_sharing == SHARING_COOPERATIVE  # anything else (a newer mode): by key range
         for tp, ranges in _ranges_of(data.owned_ranges, f"subscription of {member_id}").items():
             if tp in owned:
                 owned[tp] = ranges
     elif generation < 0 and len(user_data) == 4:
         generation = _INT32.unpack(user_data)[0]
-    return MemberInfo(member_id, frozenset(value.topics), owned, allows_ranges, generation)
+    return MemberInfo(member_id, frozenset(value.topics), owned, allows_ranges, generation, cooperative)
 
 
 # -- assignment ---------------------------------------------------------------------------
-def encode_assignment(protocol: str, assignment: Mapping[TopicPartition, Sequence[KeyRange]]) -> bytes:
+def encode_assignment(protocol: str, assignment: Mapping[TopicPartition, Sequence[KeyRange]],
+                      cooperative: Iterable[TopicPartition] = ()) -> bytes:
+    """A member's SyncGroup assignment; ``cooperative``: the (whole) partitions of it the
+    member fetches cooperatively (keyrange only)."""
     cls: Any = messages.data_class(ASSIGNMENT)
     user_data = None
     if protocol == KEYRANGE:
         data_cls: Any = messages.data_class(ASSIGNMENT_DATA)
+        shared = _by_topic({TopicPartition(*tp): [] for tp in cooperative})
         user_data = messages.encode_data(ASSIGNMENT_DATA, messages.new_data(
             ASSIGNMENT_DATA, assigned_ranges=_split_by_topic(assignment, data_cls.AssignedTopic,
-                                                             data_cls.AssignedPartition, data_cls.AssignedRange)))
+                                                             data_cls.AssignedPartition, data_cls.AssignedRange),
+            cooperative_partitions=[data_cls.CooperativeTopic(topic=t, partitions=p) for t, p in shared.items()]))
     value = messages.new_data(
         ASSIGNMENT, user_data=user_data,
         assigned_partitions=[cls.TopicPartition(topic=t, partitions=p) for t, p in _by_topic(assignment).items()])
@@ -127,17 +140,31 @@ def encode_assignment(protocol: str, assignment: Mapping[TopicPartition, Sequenc
 def decode_assignment(protocol: str, data: bytes) -> Assignment:
     """What SyncGroup gave this member: each partition's ranges, [] for a whole one. An
     empty answer (a member the leader left out) is an empty assignment."""
+    return decode_assignment_sharing(protocol, data)[0]
+
+
+def decode_assignment_sharing(protocol: str, data: bytes) -> tuple[Assignment, frozenset[TopicPartition]]:
+    """``decode_assignment``, and the partitions of it to fetch cooperatively (each
+    assigned whole)."""
     if not data:
-        return {}
+        return {}, frozenset()
     value = messages.decode_data(ASSIGNMENT, data)
     out: Assignment = {TopicPartition(t.topic, p): [] for t in value.assigned_partitions for p in t.partitions}
+    shared: set[TopicPartition] = set()
     if protocol == KEYRANGE and value.user_data:
-        ranges = messages.decode_data(ASSIGNMENT_DATA, bytes(value.user_data))
-        for tp, rs in _ranges_of(ranges.assigned_ranges, "assignment").items():
+        user_data = messages.decode_data(ASSIGNMENT_DATA, bytes(value.user_data))
+        for tp, rs in _ranges_of(user_data.assigned_ranges, "assignment").items():
             if tp not in out:
                 raise ProtocolError(f"assignment: ranges for {tp.topic}-{tp.partition}, which is not assigned")
             out[tp] = rs
-    return out
+        for topic in user_data.cooperative_partitions or ():
+            for partition in topic.partitions:
+                tp = TopicPartition(topic.topic, partition)
+                if tp not in out or out[tp]:
+                    raise ProtocolError(f"assignment: {tp.topic}-{tp.partition} is to be fetched cooperatively, "
+                                        f"but it is {'assigned key ranges' if tp in out else 'not assigned'}")
+                shared.add(tp)
+    return out, frozenset(shared)
 
 
 # -- requests -----------------------------------------------------------------------------

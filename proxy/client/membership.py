@@ -24,6 +24,7 @@ from proxy.client.group_assignor import (
     Assignment,
     MemberInfo,
     assign,
+    cooperative_topics,
     subtract,
     to_intervals,
     to_ranges,
@@ -32,7 +33,8 @@ from proxy.client.group_assignor import (
 from proxy.client.group_protocol import (
     ASSIGNORS,
     KEYRANGE,
-    decode_assignment,
+    SHARING_KEYRANGE,
+    decode_assignment_sharing,
     decode_subscription,
     encode_assignment,
     encode_subscription,
@@ -72,6 +74,7 @@ class Change:
     assignment: Assignment
     added: Assignment
     revoked: Assignment
+    cooperative: frozenset[TopicPartition] = frozenset()  # of ``assignment``: fetched cooperatively
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Membership:
     session_timeout_ms: int
     rebalance_timeout_ms: int
     allows_ranges: bool
+    partition_sharing: str = SHARING_KEYRANGE  # what the subscription says: "keyrange" or "cooperative"
     topics: list[str] = field(default_factory=list)
     member_id: str = ""
     # The generation whose assignment ``owned`` holds: what the subscription claims with,
@@ -96,6 +100,7 @@ class Membership:
     rejoin_needed: bool = False
     members: list[Any] = field(default_factory=list)  # the leader's JoinGroup members
     lost_owned: Assignment = field(default_factory=dict)
+    cooperative: frozenset[TopicPartition] = frozenset()  # of the last assignment: fetched cooperatively
 
     # -- subscription ----------------------------------------------------------------------
     def subscribe(self, topics: Sequence[str]) -> None:
@@ -121,7 +126,8 @@ class Membership:
         self.phase = Phase.JOINING
         self.rejoin_needed = False
         protocols = [(name, encode_subscription(name, self.topics, self.owned, allows_ranges=self.allows_ranges,
-                                                generation=self.generation)) for name in ASSIGNORS]
+                                                generation=self.generation, sharing=self.partition_sharing))
+                     for name in ASSIGNORS]
         return join_group_request(version, self.group, self.member_id, self.instance_id,
                                   session_timeout_ms=self.session_timeout_ms,
                                   rebalance_timeout_ms=self.rebalance_timeout_ms, protocols=protocols, reason=reason)
@@ -159,11 +165,15 @@ class Membership:
 
     def assignments(self, partitions: Mapping[str, Sequence[int]]) -> dict[str, bytes]:
         """The leader's SyncGroup assignments: the target balance, minus the hash space
-        another member still owns (the first of the two cooperative rebalances)."""
+        another member still owns (the first of the two cooperative rebalances); the
+        partitions of topics shared cooperatively are named as such and never withheld."""
         infos = [self._subscription(member) for member in self.members]
-        target = assign(infos, partitions, ranges=self.protocol == KEYRANGE)
-        first = withhold_moving(target, infos)
-        return {member_id: encode_assignment(self.protocol or KEYRANGE, a) for member_id, a in first.items()}
+        ranges = self.protocol == KEYRANGE
+        target = assign(infos, partitions, ranges=ranges)
+        shared = cooperative_topics(infos, partitions, ranges=ranges)
+        first = withhold_moving(target, infos, shared)
+        return {member_id: encode_assignment(self.protocol or KEYRANGE, a, [tp for tp in a if tp.topic in shared])
+                for member_id, a in first.items()}
 
     # -- SyncGroup -------------------------------------------------------------------------
     def sync_request(self, version: int, assignments: Mapping[str, bytes]) -> Any:
@@ -173,16 +183,17 @@ class Membership:
     def on_sync(self, response: Any) -> tuple[Answer, Change | None]:
         code = response.error_code
         if code == ErrorCode.NONE:
-            new = decode_assignment(self.protocol or KEYRANGE, bytes(response.assignment or b""))
+            new, shared = decode_assignment_sharing(self.protocol or KEYRANGE, bytes(response.assignment or b""))
             revoked = difference(self.owned, new)
             added = difference(new, self.owned)
             # what is being revoked stays owned (and claimed) until the application is done
             self.revoking = union(self.revoking, revoked)
             self.owned = union(new, self.revoking)
+            self.cooperative = shared
             self.generation = self.joined_generation
             self.phase = Phase.STABLE
             self.members = []
-            return Answer.OK, Change(new, added, revoked)
+            return Answer.OK, Change(new, added, revoked, shared)
         self.phase = Phase.UNJOINED
         if code in (ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION):
             # The generation just joined is gone (a newer rebalance began, or a new
@@ -239,6 +250,7 @@ class Membership:
         self.phase = Phase.UNJOINED
         self.lost_owned = union(self.lost_owned, self.owned)
         self.owned, self.revoking = {}, {}
+        self.cooperative = frozenset()
         return Answer.LOST if self.lost_owned else Answer.JOIN
 
     def take_lost(self) -> Assignment:

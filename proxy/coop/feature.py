@@ -231,7 +231,8 @@ class CooperativeFetchFeature(Feature):
         leases = state.leases
         group, topic, partition = item.key
         now = trio.current_time()
-        if leases.next_expiry() is not None and leases.next_expiry() <= now:
+        expiry = leases.next_expiry()
+        if expiry is not None and expiry <= now:
             try:  # what the group committed decides what is handed out again: read it whole,
                 # transactions committed and not yet folded into the log included
                 committed = self._committed(await self.commits.committed_state(group, (topic, partition),
@@ -316,11 +317,7 @@ class CooperativeFetchFeature(Feature):
                 leases.returned(span)
                 continue
             if part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
-                # The records were deleted (retention) or the log truncated: the answer
-                # does not say where the log is now (the broker sends -1 for both ends),
-                # the member's reset policy does. Start again from the committed state
-                # and the next fetch's FetchOffset, as after a restart.
-                self._forget(item.key)
+                leases.out_of_range()  # passed on: the member resets, its next FetchOffset is the marker
                 continue
             if part.error_code != ErrorCode.NONE:
                 leases.returned(span)
@@ -333,7 +330,7 @@ class CooperativeFetchFeature(Feature):
                 leases.granted(span, item.member, item.token, chunk.end, now)
                 part.records = chunk.records
                 part.cooperative_chunk = messages.body_class(ApiKey.FETCH, "response").CooperativeChunk(
-                    chunk_start=chunk.start, chunk_end=chunk.end)
+                    chunk_start=span.chunk_start if span.lease is None else span.lease.start, chunk_end=chunk.end)
             if part.high_watermark >= 0 and state.lag is not None:
                 state.lag.set(max(0, part.high_watermark - leases.marker))
             self._count(item.key, leases)

@@ -89,10 +89,15 @@ class Span:
     start: int
     end: int | None
     lease: Lease | None = None
+    claim_from: int | None = None  # the chunk starts here, below ``start`` (see ``unclaimed_from``)
 
     @property
     def from_marker(self) -> bool:
         return self.end is None
+
+    @property
+    def chunk_start(self) -> int:
+        return self.start if self.claim_from is None else min(self.claim_from, self.start)
 
 
 @dataclass
@@ -158,6 +163,13 @@ class PartitionLeases:
     redeliver: OffsetSpans = field(default_factory=OffsetSpans)
     counts: Counts = field(default_factory=Counts)
 
+    # Offsets from here to the marker nobody will be handed: skipped by the reset policy of
+    # the member whose fetch started the marker (a group with nothing committed, or the log
+    # moved away under the marker). The next chunk from the marker starts here instead, so
+    # its member commits them and S can pass them.
+    unclaimed_from: int | None = None
+    reset_pending: bool = False  # the broker said the marker is out of range
+
     def __post_init__(self) -> None:
         self._by_member: dict[str, list[Lease]] = {}
         self._latest: dict[str, Lease] = {}
@@ -171,7 +183,7 @@ class PartitionLeases:
         past everything the group committed, the gaps below it handed out first; a group
         that committed nothing starts where the first fetch asks (its reset policy)."""
         if committed.stable < 0 and not committed.ranges:
-            return cls(max(fetch_offset, 0), lease_seconds, max_leases_per_member)
+            return cls(max(fetch_offset, 0), lease_seconds, max_leases_per_member, unclaimed_from=0)
         stable = max(committed.stable, 0)
         marker = max([stable] + [end + 1 for _, end in committed.ranges])
         state = cls(marker, lease_seconds, max_leases_per_member)
@@ -253,6 +265,8 @@ class PartitionLeases:
             return Span(lease.start, lease.end, lease)
         if self.at_limit(member):
             return None
+        if self.reset_pending:
+            self._reset(token, committed)
         while self.redeliver:
             start, end = self.redeliver.pop_first()
             todo = committed.uncommitted(start, end)
@@ -261,7 +275,29 @@ class PartitionLeases:
             for lo, hi in todo[1:]:
                 self.redeliver.add(lo, hi)
             return Span(todo[0][0], todo[0][1])
-        return Span(self.marker, None)
+        return Span(self.marker, None, claim_from=self.unclaimed_from)
+
+    def out_of_range(self) -> None:
+        """The broker answered OFFSET_OUT_OF_RANGE at the marker (records deleted by
+        retention, or the log truncated). The answer does not say where the log is (the
+        broker sends -1 for both ends); the member's reset policy does: the next fetch's
+        FetchOffset becomes the marker."""
+        self.reset_pending = True
+
+    def _reset(self, token: int, committed: Committed) -> None:
+        """Start again at ``token``: what was leased or to be handed out again below it is
+        gone from the log, or skipped by the reset; the next chunk claims everything from
+        the group's S."""
+        self.reset_pending = False
+        for held in self._by_member.values():
+            for lease in held:
+                lease.live = False
+        self._by_member.clear()
+        self._latest.clear()
+        self._expiry.clear()
+        self.redeliver = OffsetSpans()
+        self.marker = max(token, 0)
+        self.unclaimed_from = max(committed.stable, 0)
 
     def granted(self, span: Span, member: str, token: int, chunk_end: int, now: float) -> Lease:
         """``span``'s read held a chunk [span.start, chunk_end]: lease it to ``member``."""
@@ -271,17 +307,18 @@ class PartitionLeases:
             raise ValueError(f"chunk end {chunk_end} is below its start {span.start}")
         if span.end is None:
             self.marker = max(self.marker, chunk_end + 1)
+            self.unclaimed_from = None
         else:
             if chunk_end > span.end:
                 raise ValueError(f"chunk end {chunk_end} is past its span's end {span.end}")
             self.redeliver.add(chunk_end + 1, span.end)  # what the byte limits left
             self.counts.redelivered += 1
-        lease = Lease(member, token, span.start, chunk_end, now + self.lease_seconds)
+        lease = Lease(member, token, span.chunk_start, chunk_end, now + self.lease_seconds)
         self._by_member.setdefault(member, []).append(lease)
         self._latest[member] = lease
         heapq.heappush(self._expiry, (lease.expires, next(self._order), lease))
         self.counts.leased += 1
-        self.counts.leased_offsets += chunk_end - span.start + 1
+        self.counts.leased_offsets += chunk_end - span.chunk_start + 1
         return lease
 
     def returned(self, span: Span) -> None:

@@ -20,6 +20,7 @@ import ctypes
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -63,6 +64,7 @@ class HeapTrimmer:
     def __init__(self, interval: float, metrics=None) -> None:
         self.interval = interval
         self.metrics = metrics
+        self._trim: Callable[[int], int] | None
         try:
             self._trim = ctypes.CDLL("libc.so.6").malloc_trim
         except (OSError, AttributeError):

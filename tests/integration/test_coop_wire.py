@@ -19,6 +19,7 @@ from proxy.testing.live import LiveProducer, wait_delivered
 from proxy.testing.raw_client import RawClient, records_of
 
 ILLEGAL_GENERATION = 22
+INVALID_GROUP_ID = 24
 UNKNOWN_MEMBER_ID = 25
 INVALID_REQUEST = 42
 
@@ -193,6 +194,7 @@ def test_retry_zombie_and_refusals(kafka, proxy, topic_factory):
         assert raw.coop_fetch(topic_id, 0, 0, group, "c", session=(0, 0)).error_code == INVALID_REQUEST
         assert raw.coop_fetch(topic_id, 0, 0, group, "c", ranges=[KeyRange(0, 100)]).error_code == INVALID_REQUEST
         assert raw.coop_fetch(topic_id, 0, 0, group, "").error_code == UNKNOWN_MEMBER_ID
+        assert raw.coop_fetch(topic_id, 0, 0, "", "c").error_code == INVALID_GROUP_ID
         # a plain partition beside a cooperative one is fetched as it is
         cls = messages.body_class(ApiKey.FETCH, "request")
         body = messages.new_body(

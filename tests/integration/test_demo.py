@@ -12,6 +12,9 @@ def test_demo_runs_to_the_end():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "together: 40 of 40 orders; every customer handled by exactly one consumer: True" in result.stdout
     assert "committed offset 40 of 40" in result.stdout
+    assert "together: 600 of 600 records in" in result.stdout
+    assert "every record exactly once: True; group 'demo-click-mailers' committed offset at the broker: 600" \
+        in result.stdout
     assert "6 members on 2 partitions: generation" in result.stdout
     assert "a 7th member joined: generation" in result.stdout
     assert "member-0 left: generation" in result.stdout

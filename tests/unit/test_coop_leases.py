@@ -53,8 +53,23 @@ def test_committed_uncommitted_parts():
 def test_chunks_from_the_marker_are_disjoint_and_in_order():
     state = fresh(100)
     got = [take(state, m, None, ten) for m in ("a", "b", "a", "c")]
-    assert got == [(100, 109), (110, 119), (120, 129), (130, 139)]
+    # nothing committed: the first chunk claims the offsets the first member's reset skipped
+    assert got == [(0, 109), (110, 119), (120, 129), (130, 139)]
     assert state.marker == 140
+
+
+def test_out_of_range_starts_again_at_the_next_fetch_offset_and_claims_from_s():
+    state = PartitionLeases.starting(Committed(50), 0, lease_seconds=10, max_leases_per_member=100)
+    assert take(state, "a", 50, ten) == (50, 59)
+    state.expire(100.0, Committed(50))  # [50, 59] to be handed out again
+    state.out_of_range()  # retention deleted everything below 500
+    span = state.next_span("b", 500, Committed(50))
+    assert (span.start, span.end, span.chunk_start) == (500, None, 50)
+    state.granted(span, "b", 500, 509, 101.0)
+    assert state.outstanding("b")[0].start == 50 and state.marker == 510
+    assert not state.redeliver and state.outstanding("a") == []
+    span = state.next_span("b", 510, Committed(50))
+    assert (span.start, span.chunk_start) == (510, 510)
 
 
 def test_a_start_from_committed_state_hands_out_the_gaps_first():

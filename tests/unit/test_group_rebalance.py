@@ -138,8 +138,8 @@ def _member(state: AssignmentState) -> tuple[GroupMember, _Committer]:
     config = ConsumerConfig("127.0.0.1:1", group_id="g", allow_individual_commit=True)
     committer = _Committer(state)
 
-    def set_ranges(ranges, paused):
-        state.assign({tp: list(r) for tp, r in ranges.items()})
+    def set_ranges(ranges, paused, cooperative=()):
+        state.assign({tp: list(r) for tp, r in ranges.items()}, cooperative)
         state.pause(paused)
 
     async def supported() -> bool:
