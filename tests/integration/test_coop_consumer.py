@@ -10,7 +10,7 @@ import random
 import pytest
 import trio
 
-from proxy.client import Consumer, TopicPartition
+from proxy.client import Consumer, RetriableError, TopicPartition
 from proxy.testing.history import History, check
 from proxy.testing.live import LiveProducer
 from tests.integration.test_live_tail import _at_log_end, _until
@@ -149,3 +149,51 @@ async def test_group_members_beyond_the_partitions_share_them_cooperatively(kafk
     assert verdict.redelivered <= RECORDS // 20, verdict.summary()
     assert _at_log_end(kafka, group, topic, 2)
     assert len(handed) == 5, handed
+
+
+async def test_the_partition_leader_killed_on_three_nodes_loses_nothing(kafka_cluster, proxy_factory, topic_factory):
+    """kill -9 of the partition's leader while three members share it and records are
+    written: the members follow the new leader through the proxy, the marker and leases
+    stay with the proxy, and every acknowledged record is handed out."""
+    from .test_proxy_failover import _leader
+
+    proxy = proxy_factory(kafka_cluster, **{"cooperative.fetch.lease.ms": "5000"})
+    topic = topic_factory(kafka_cluster, partitions=1, replication_factor=3, configs={"min.insync.replicas": "2"})
+    tp = TopicPartition(topic, 0)
+    group = f"coop-{topic}"
+    history = History()
+    producer = LiveProducer(kafka_cluster.bootstrap_servers, topic, history, records=RECORDS, seconds=SECONDS,
+                            seed=43, config={"message.timeout.ms": 120_000})
+    stop = trio.Event()
+    killed: list[int] = []
+
+    async def member(name: str) -> None:
+        async with Consumer(proxy.bootstrap_servers, group_id=group, client_id=name, auto_offset_reset="earliest",
+                            allow_individual_commit=True, max_partition_fetch_bytes=2048,
+                            retry_backoff_ms=50) as consumer:
+            consumer.assign([tp], cooperative=True)
+            while not stop.is_set():
+                for record in await consumer.poll(0.3):
+                    history.deliver(name, record.topic, record.partition, record.offset, record.key)
+                    consumer.mark_processed(record)
+                try:
+                    await consumer.commit_processed()
+                except RetriableError:
+                    pass  # the coordinator moved with the killed broker: the next commit carries them
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(member, f"m{i}")
+        producer.start()
+        await _until(lambda: len(history.deliveries) > RECORDS // 4, 60)
+        killed.append(await trio.to_thread.run_sync(_leader, kafka_cluster, topic))
+        await trio.to_thread.run_sync(kafka_cluster.kill_node, killed[0])
+        await _until(lambda: producer.done and history.missing() == 0, SECONDS + DEADLINE)
+        await _until(lambda: _at_log_end(kafka_cluster, group, topic, 1), 60)
+        stop.set()
+    producer.join()
+    assert producer.failed == 0, producer.errors
+    verdict = check(history, keyed_order=False)
+    assert verdict.acknowledged == RECORDS
+    assert not verdict.lost and not verdict.strays, verdict.summary()
+    assert _at_log_end(kafka_cluster, group, topic, 1), "the group's committed offset did not reach the log end"
