@@ -374,17 +374,17 @@ def run() -> None:
             producer = KafkaProducer(bootstrap_servers=proxy.bootstrap_servers, acks="all", linger_ms=5)
             try:
                 for i in range(COOP_RECORDS):
-                    key = b"hot-customer" if i % 2 else f"customer-{i % 50}".encode()
-                    producer.send(COOP_TOPIC, key=key, value=f"click-{i}".encode())
+                    click_key = b"hot-customer" if i % 2 else f"customer-{i % 50}".encode()
+                    producer.send(COOP_TOPIC, key=click_key, value=f"click-{i}".encode())
                     if i % 10 == 9:
                         producer.flush(30)  # batches of 10: a chunk is whole batches, at least one
                 producer.flush(30)
             finally:
                 producer.close()
             per_member = trio.run(_cooperative_members, proxy.bootstrap_servers)
-            for i, got in enumerate(per_member):
-                print(f"  consumer {i}: {len(got):3d} records")
-            handed = [offset for got in per_member for offset in got]
+            for i, offsets in enumerate(per_member):
+                print(f"  consumer {i}: {len(offsets):3d} records")
+            handed = [offset for offsets in per_member for offset in offsets]
             exact = sorted(handed) == list(range(COOP_RECORDS))
             chunks = _metric(proxy.metrics_url, "kafka_proxy_coop_chunks_leased_total")
             committed = None

@@ -199,12 +199,7 @@ def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch
         metrics["retriable_errors"] += 1
         return True
     if code == ErrorCode.OFFSET_OUT_OF_RANGE:
-        if auto_offset_reset == "none":
-            raise OffsetOutOfRangeError(f"{tp.topic}-{tp.partition} offset {fetch_offset} is out of range "
-                                        f"and auto_offset_reset is 'none'")
-        log.info("consumer: %s-%s offset %s out of range; resetting to %s", tp.topic, tp.partition,
-                 fetch_offset, auto_offset_reset)
-        state.positions[tp] = PendingReset(reset_timestamp(auto_offset_reset, tp))
+        _reset_out_of_range(state, tp, auto_offset_reset, f"offset {fetch_offset}")
         return False
     if code != ErrorCode.NONE:
         raise KafkaError.for_code(code, f"Fetch {tp.topic}-{tp.partition} at offset {fetch_offset}")
@@ -249,6 +244,15 @@ def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch
     return False
 
 
+def _reset_out_of_range(state: AssignmentState, tp: TopicPartition, auto_offset_reset: str, where: str) -> None:
+    """OFFSET_OUT_OF_RANGE at ``where``: reset by ``auto_offset_reset`` on the next poll."""
+    if auto_offset_reset == "none":
+        raise OffsetOutOfRangeError(f"{tp.topic}-{tp.partition}: {where} is out of range and auto_offset_reset "
+                                    f"is 'none'")
+    log.info("consumer: %s-%s: %s out of range; resetting to %s", tp.topic, tp.partition, where, auto_offset_reset)
+    state.positions[tp] = PendingReset(reset_timestamp(auto_offset_reset, tp))
+
+
 def apply_cooperative(state: AssignmentState, tp: TopicPartition, part: Any, token: int, member: CooperativeMember,
                       *, received_time: float, received: set[TopicPartition], metrics: Counter[str],
                       fenced: list[TopicPartition] | None = None, auto_offset_reset: str = "earliest") -> bool:
@@ -288,12 +292,7 @@ def apply_cooperative(state: AssignmentState, tp: TopicPartition, part: Any, tok
         metrics["retriable_errors"] += 1
         return True
     if code == ErrorCode.OFFSET_OUT_OF_RANGE:
-        if auto_offset_reset == "none":
-            raise OffsetOutOfRangeError(f"{tp.topic}-{tp.partition}: the records at the proxy's marker for group "
-                                        f"{member.group_id!r} are out of range and auto_offset_reset is 'none'")
-        log.info("consumer: %s-%s fetched cooperatively: OFFSET_OUT_OF_RANGE; resetting to %s", tp.topic,
-                 tp.partition, auto_offset_reset)
-        state.positions[tp] = PendingReset(reset_timestamp(auto_offset_reset, tp))
+        _reset_out_of_range(state, tp, auto_offset_reset, f"the proxy's marker for group {member.group_id!r}")
         return False
     if code == ErrorCode.ILLEGAL_GENERATION and member.generation_id >= 0 and fenced is not None:
         log.info("consumer: %s-%s fetched cooperatively with generation %d of group %r: ILLEGAL_GENERATION; "

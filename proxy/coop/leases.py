@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from proxy.offset_sets import OffsetSet
 
 Range = tuple[int, int]  # inclusive
 
@@ -111,48 +113,6 @@ class Counts:
     retried: int = 0
 
 
-class OffsetSpans:
-    """Sorted, disjoint inclusive ranges: what is to be handed out again."""
-
-    __slots__ = ("_starts", "_ends")
-
-    def __init__(self, ranges: Iterable[Range] = ()) -> None:
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        for start, end in ranges:
-            self.add(start, end)
-
-    def __bool__(self) -> bool:
-        return bool(self._starts)
-
-    def __len__(self) -> int:
-        return len(self._starts)
-
-    def __iter__(self):
-        return zip(self._starts, self._ends)
-
-    def add(self, start: int, end: int) -> None:
-        if start > end:
-            return
-        starts, ends = self._starts, self._ends
-        first = bisect_left(ends, start - 1)
-        last = bisect_right(starts, end + 1)
-        if first < last:
-            start = min(start, starts[first])
-            end = max(end, ends[last - 1])
-        starts[first:last] = [start]
-        ends[first:last] = [end]
-
-    def pop_first(self) -> Range:
-        return self._starts.pop(0), self._ends.pop(0)
-
-    def discard_below(self, offset: int) -> None:
-        while self._starts and self._ends[0] < offset:
-            del self._starts[0], self._ends[0]
-        if self._starts and self._starts[0] < offset:
-            self._starts[0] = offset
-
-
 @dataclass
 class PartitionLeases:
     """The cooperative state of one (group, topic, partition)."""
@@ -160,7 +120,7 @@ class PartitionLeases:
     marker: int
     lease_seconds: float
     max_leases_per_member: int
-    redeliver: OffsetSpans = field(default_factory=OffsetSpans)
+    redeliver: OffsetSet = field(default_factory=OffsetSet)
     counts: Counts = field(default_factory=Counts)
 
     # Offsets from here to the marker nobody will be handed: skipped by the reset policy of
@@ -295,7 +255,7 @@ class PartitionLeases:
         self._by_member.clear()
         self._latest.clear()
         self._expiry.clear()
-        self.redeliver = OffsetSpans()
+        self.redeliver = OffsetSet()
         self.marker = max(token, 0)
         self.unclaimed_from = max(committed.stable, 0)
 
@@ -311,7 +271,8 @@ class PartitionLeases:
         else:
             if chunk_end > span.end:
                 raise ValueError(f"chunk end {chunk_end} is past its span's end {span.end}")
-            self.redeliver.add(chunk_end + 1, span.end)  # what the byte limits left
+            if chunk_end < span.end:
+                self.redeliver.add(chunk_end + 1, span.end)  # what the byte limits left
             self.counts.redelivered += 1
         lease = Lease(member, token, span.chunk_start, chunk_end, now + self.lease_seconds)
         self._by_member.setdefault(member, []).append(lease)

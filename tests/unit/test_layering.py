@@ -16,7 +16,7 @@ PROXY = Path(__file__).resolve().parents[2] / "proxy"
 # Bottom to top. A package may import its own modules and anything in a lower layer;
 # packages of one layer do not import each other.
 LAYERS: list[set[str]] = [
-    {"accelerators", "ranges"},
+    {"accelerators", "ranges", "offset_sets"},
     {"protocol"},
     {"records"},
     {"net"},
