@@ -7,6 +7,7 @@ table ``benchmarks/results/README.md`` is regenerated from every JSON file after
     python -m benchmarks --quick             # small sizes: checks the harness, not the figures
     python -m benchmarks --list
     python -m benchmarks eos                 # by name only (not in the default set): about 12-15 minutes
+    python -m benchmarks coop                # by name only: cooperative fetch against share groups, ~15-20 minutes
 
 Each benchmark holds ``/tmp/keyrange-bench.lock`` (flock) while it runs, so benchmarks
 started by different people on one machine never overlap (a second one waits).
@@ -98,6 +99,7 @@ BENCHMARKS = {b.name: b for b in (
               "hand-out time minus CreateTime.",
               lambda a: 1 + a.rounds * 4, _live_tail),
     Benchmark("eos", *importlib.import_module("benchmarks.bench_eos").REGISTRATION),
+    Benchmark("coop", *importlib.import_module("benchmarks.bench_coop").REGISTRATION),
 )}
 DEFAULT = [name for name, bench in BENCHMARKS.items() if bench.default]
 
@@ -171,6 +173,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eos-delay-us", type=int, default=1000, help="eos: paced work per record (sleep)")
     parser.add_argument("--eos-proxy-baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="eos: also run P instances on T through the proxy in every round")
+    parser.add_argument("--coop-delivery-records", type=int, default=800_000,
+                        help="coop: records of the topic the runs without work drain")
+    parser.add_argument("--coop-seconds", type=float, default=10.0,
+                        help="coop: seconds a run with 1 ms per record lasts at its goal (N x 1,000 x this many "
+                             "records; half with the hot key)")
+    parser.add_argument("--coop-batch-bytes", type=int, default=16_384,
+                        help="coop: the producer's batch.size writing the topics (a chunk is at least one batch)")
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)
@@ -182,8 +191,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         args.warmup, args.window, args.delivery_mb = 1.0, 2.0, 8
         args.live_records, args.live_seconds = 3000, 4.0
         args.eos_window = 10.0
+        args.coop_delivery_records, args.coop_seconds = 60_000, 3.0
     if args.rounds < 1 or min(args.workers) < 1:
         parser.error("--rounds and every --workers count must be at least 1")
+    if args.coop_delivery_records < 1000 or args.coop_seconds <= 0 or args.coop_batch_bytes < 1024:
+        parser.error("--coop-delivery-records and --coop-batch-bytes must be at least 1000 and 1024, "
+                     "--coop-seconds > 0")
     if args.partitions < 1 or args.shares < 2 or args.eos_delay_us < 1 or args.eos_window <= 0:
         parser.error("--partitions and --eos-delay-us must be at least 1, --shares at least 2, --eos-window > 0")
     args.argv = list(sys.argv[1:] if argv is None else argv)

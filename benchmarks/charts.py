@@ -4,6 +4,7 @@ and a dashed line at 1 (the baseline)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 
@@ -31,8 +32,9 @@ def draw(report: dict, path: Path) -> None:
     for y, ratio in zip(positions, ratios):
         axes.text(ratio, y, f" {ratio:.2f}", va="center", fontsize=7)
     rounds = max(len(r["round_ratios"]) for r in rows)
-    axes.set_xlabel(f"ratio to the baseline of the same round (median of {rounds} rounds; bars: lowest-highest)")
-    axes.set_title(report["title"], fontsize=10)
+    # wrapped: long row labels leave the axes narrow, and a title wider than them is cut
+    axes.set_xlabel(f"ratio to the baseline of the same round\n(median of {rounds} rounds; bars: lowest-highest)")
+    axes.set_title(textwrap.fill(report["title"], 60), fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

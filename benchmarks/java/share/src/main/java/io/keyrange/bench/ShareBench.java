@@ -4,6 +4,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Properties;
+import java.util.concurrent.atomic.LongAdder;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -23,13 +24,19 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * </ul>
  *
  * Usage: {@code ShareBench --bootstrap H:P --topic T --group G --workers N --mode share|plain
- * [--max-poll-records 500] [--acquire-mode record_limit|batch_optimized] [--work-ms 1] [--warmup 3 --window 8 | --records R] [--timeout 120]}.
+ * [--max-poll-records 500] [--acquire-mode record_limit|batch_optimized] [--work-ms 1] [--warmup 3 --window 8 | --records R] [--timeout 120]
+ * [--progress-ms 0]}.
+ *
+ * <p>{@code --progress-ms M} (M &gt; 0): every M milliseconds a line {@code progress <System.nanoTime() / 1000>
+ * <records processed>} on stdout (CLOCK_MONOTONIC on Linux, the clock of Python's {@code time.monotonic()}),
+ * so a caller can take the rate over any part of the run (benchmarks/bench_coop.py).
  */
 public final class ShareBench {
     public static void main(String[] args) throws Exception {
         Bench bench = new Bench(args, "bootstrap", "topic", "group", "workers");
         String mode = bench.option("mode", "share");
         int workers = bench.intOption("workers", 1);
+        LongAdder handed = new LongAdder();
         List<Thread> threads = new ArrayList<>();
         for (int i = 0; i < workers; i++) {
             Properties props = new Properties();
@@ -50,6 +57,7 @@ public final class ShareBench {
                         while (!bench.stopping()) {
                             for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(200))) {
                                 bench.process(record.value());
+                                handed.increment();
                             }
                         }
                     }
@@ -75,7 +83,25 @@ public final class ShareBench {
             thread.start();
             threads.add(thread);
         }
+        long progressMs = Long.parseLong(bench.option("progress-ms", "0"));
+        if (progressMs > 0) {
+            Thread reporter = new Thread(() -> {
+                while (true) {
+                    System.out.println("progress " + System.nanoTime() / 1000 + " " + handed.sum());
+                    try {
+                        Thread.sleep(progressMs);
+                    } catch (InterruptedException e) {
+                        return;
+                    }
+                }
+            }, "progress");
+            reporter.setDaemon(true);
+            reporter.start();
+        }
         bench.measure(mode.equals("share") ? "share_group" : "plain_group", workers);
+        if (progressMs > 0) {
+            System.out.println("progress " + System.nanoTime() / 1000 + " " + handed.sum());
+        }
         Bench.exit();
     }
 }

@@ -1,0 +1,852 @@
+"""Cooperative fetch against Kafka share groups: N consumers of one partition, each record
+to any consumer (docs/cooperative-fetch.md), in the same run, rounds alternating.
+
+Three cases, each on one partition of keyed records with 100-byte values written before the
+rounds (a backlog: the tests cover records written while they are read) by librdkafka with
+``batch.size`` 16 KiB, the Java producer's default (``--coop-batch-bytes``). The batch size
+matters to coop: a chunk is whole batches (the broker answers a Fetch with at least one
+whole batch, whatever its byte limit), so a chunk is never smaller than one producer batch;
+with 256 KiB batches a 16 KiB coop fetch gets about 2,200 records, 2.2 s of work at 1 ms.
+
+- ``delivery``: no work per record, N = 1, 4, 16; ``coop`` against ``share``;
+- ``work``: 1 ms of work per record, N = 1, 4, 16; ``coop`` against ``share``;
+- ``hot``: 1 ms of work per record and half the records under one key, N = 4, 16; ``coop``
+  against ``keyrange`` (N key-range consumers, equal shares of the key-hash space: the
+  member holding the hot key has at least half of the records, so they cannot go faster
+  than about 2 x one consumer).
+
+The contenders:
+
+- ``coop``: N trio ``proxy.client.Consumer``\\ s through the proxy, each a Python process of
+  its own (``benchmarks.workloads.coop_worker``), ``assign([tp], cooperative=True)`` in one
+  group, ``allow_individual_commit``, ``mark_processed`` per record and
+  ``await commit_processed()`` after every poll. Chunk size (``max_partition_fetch_bytes``):
+  the client's default 1 MiB without work, 16 KiB (about 120 records, 0.12 s of work) with it;
+- ``keyrange``: the same processes with ``assign({tp: [equal_shares(N)[i]]})``;
+- ``share``: N KafkaShareConsumers of one share group, one thread each, in one JVM
+  (``benchmarks/java/share`` ShareBench, ``share.auto.offset.reset=earliest``). Without
+  work Kafka's default ``share.acquire.mode`` (batch_optimized) and 500 records per poll;
+  with work ``record_limit`` and 100 records per poll, about the coop chunk, so that N
+  members fit in the partition's record locks (``group.share.partition.max.record.locks``,
+  2,000 by default; with 500 records per poll only 4 members hold records at once).
+
+The work is the share harness's (``Bench.process``): paced, not computed, one record after
+another per consumer, each record's deadline one work time after the previous one's
+(restarting from now after an idle gap), parked until then (``trio.sleep_until`` /
+``LockSupport.parkNanos``): 1 ms of a slow call per record, no CPU.
+
+Every run drains its topic. The coop and keyrange workers connect first and start together
+once all are ready (process start-up is not measured); the share JVM's threads start
+together. **Records/s is the rate over the middle of the run**: between the moments 10 % and
+90 % of the topic's records had been handed out (start-up, first fetches, joins and the
+tail, where fewer members have work left, are left out); with a hot key under key ranges
+most of that middle is the hot member working alone, which is the point. Each run's topic is
+sized so that a contender at its goal spends ``--coop-seconds`` (default 10; hot key: half)
+in it: ``N x 1,000 x seconds`` records per processing-bound topic (one topic per N), and
+``--coop-delivery-records`` (default 800,000, about 100 MB) for delivery.
+
+Checks per run: the coop and keyrange workers report every offset they processed (as
+contiguous runs); a run ends when the distinct offsets equal the records written, and then
+reports the records handed out, the duplicates (handed out - distinct), offsets outside the
+topic, and whether the group's committed offset reached the log end (read from the broker).
+A run that stalls (no new offset for 60 s, beyond the 45 s lease) or fails keeps the tail of
+the proxy's log in the JSON and fails the benchmark once the JSON is written. Share runs end
+when the records handed out reach the records written (ShareBench ``--records``); their
+duplicates are at least handed out - written. Each run also keeps the CPU of the proxy, the
+consumers and the broker over the middle (cores used), the proxy's coop counters and mean
+Fetch and OffsetCommit latency, and per-member counts.
+
+    python -m benchmarks coop                 # 3 rounds: about 15-20 minutes on 2 cores
+    python -m benchmarks coop --quick         # 1 round, small topics: about 3-4 minutes
+    python -m benchmarks coop --rounds 2 --coop-seconds 6
+    python -m benchmarks.bench_coop --quick   # the same as ``python -m benchmarks coop --quick``
+
+Not in the default set of ``python -m benchmarks``: run it by name. It holds
+``/tmp/keyrange-bench.lock`` like every benchmark there (do not wrap it in ``flock`` on that
+file). Writes ``benchmarks/results/coop.json`` and ``coop.png`` (``--output-dir`` elsewhere).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+
+from benchmarks.peers import java_harness, share_groups
+from benchmarks.rounds import Row, goal, rotation
+from benchmarks.workloads import data
+from proxy.testing.kafka_cluster import KafkaCluster, spawn
+from proxy.testing.proxy_process import ProxyProcess
+from proxy.testing.scratch import scratch_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = 10_000
+VALUE_BYTES = 100
+HOT_SHARE = 0.5
+HOT_KEY = b"hot"
+WORK_MS = 1.0
+WORK_CHUNK_BYTES = 16 * 1024  # coop with work: ~120 records a chunk
+DELIVERY_CHUNK_BYTES = 0  # coop without work: the client's default max_partition_fetch_bytes (1 MiB)
+SHARE_WORK_MAX_POLL = 100
+SHARE_PROGRESS_MS = 100
+MIDDLE = (0.1, 0.9)
+READY_TIMEOUT_S = 120.0
+STALL_S = 60.0  # no new offset for this long: the run failed (the lease is 45 s)
+COMMIT_WAIT_S = 15.0
+GOAL_DELIVERY = 3.0
+GOAL_WORK = 0.9
+GOAL_HOT = 0.8
+HOT_CAP = 2.0
+CASES = ("delivery", "work", "hot")
+CONTENDERS = {"delivery": ("coop", "share"), "work": ("coop", "share"), "hot": ("coop", "keyrange")}
+_LATENCY = re.compile(r'^kafka_proxy_request_latency_seconds_(sum|count)\{api="([A-Za-z]+)"\} ([0-9.e+-]+)$', re.M)
+_COOP = re.compile(r"^(kafka_proxy_coop_[a-z_]+_total)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
+TITLE = "Cooperative fetch: N consumers of one partition against share groups (and key ranges with a hot key)"
+METHOD = ("One partition, 100-byte keyed values written before the rounds (librdkafka, batch.size in the sizes). N trio Consumers through the proxy "
+          "(assign(cooperative=True), a process each, commit_processed after every poll) against N "
+          "KafkaShareConsumers (one JVM), without work and with 1 ms of paced work per record (one record at a "
+          "time per consumer, as the share harness); with half the records under one key, coop against N key-range "
+          "consumers. Every run drains its topic; records/s between 10 % and 90 % of the records handed out; "
+          "coop/keyrange runs must hand out every offset (distinct offsets = records written). Rounds alternate "
+          "the order; one consumer (coop N=1) is the baseline of the scaling goals.")
+
+
+# -- sizes --------------------------------------------------------------------------------------------------------
+
+def sizes(args) -> dict:
+    workers = sorted(set([1, *args.workers]))
+    seconds = args.coop_seconds
+    per_consumer = 1000 / WORK_MS
+    return {
+        "workers": workers,
+        "hot_workers": [n for n in workers if n > 1],
+        "delivery_records": args.coop_delivery_records,
+        "work_records": {n: int(n * per_consumer * seconds) for n in workers},
+        "hot_records": {n: int(n * per_consumer * seconds / 2) for n in workers if n > 1},
+    }
+
+
+def plan(args) -> list[tuple[str, int, str]]:
+    """One round's runs in round 0's order: (case, N, contender)."""
+    s = sizes(args)
+    runs = []
+    for case in CASES:
+        for n in (s["hot_workers"] if case == "hot" else s["workers"]):
+            for contender in CONTENDERS[case]:
+                runs.append((case, n, contender))
+    return runs
+
+
+def round_order(args, number: int) -> list[tuple[str, int, str]]:
+    """The round's runs: the cases, the Ns and the contenders of each N rotate from round to round."""
+    s = sizes(args)
+    out = []
+    for case in rotation(CASES, number):
+        ns = s["hot_workers"] if case == "hot" else s["workers"]
+        for i, n in enumerate(rotation(ns, number)):
+            for contender in rotation(CONTENDERS[case], number + i):
+                out.append((case, n, contender))
+    return out
+
+
+def steps(args) -> int:
+    return 3 + args.rounds * len(plan(args))
+
+
+# -- data ---------------------------------------------------------------------------------------------------------
+
+def _create_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)], operation_timeout=30)
+    futures[topic].result(timeout=60)
+
+
+def produce(bootstrap: str, topic: str, records: int, *, batch_bytes: int, hot: bool = False, seed: int = 7) -> int:
+    """``records`` records to partition 0 in order (librdkafka, idempotent, ``batch.size`` =
+    ``batch_bytes``): record i under ``key-<i mod KEYS>`` with ``data.value_of``'s value;
+    with ``hot``, each record with probability :data:`HOT_SHARE` (seeded) under the key
+    ``hot`` instead (values numbered as key KEYS). Returns the records of the hot key."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": batch_bytes,
+                         "compression.type": "none", "enable.idempotence": True,
+                         "queue.buffering.max.messages": 500_000})
+    rng = random.Random(seed)
+    hot_records = 0
+    for i in range(records):
+        if hot and rng.random() < HOT_SHARE:
+            key, value = HOT_KEY, data.value_of(KEYS + hot_records * (KEYS + 1), KEYS + 1, VALUE_BYTES)
+            hot_records += 1
+        else:
+            key, value = data.key_of(i, KEYS), data.value_of(i, KEYS, VALUE_BYTES)
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, partition=0)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(300) != 0:
+        raise RuntimeError(f"records left unsent to {topic}")
+    return hot_records
+
+
+def _log_end(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import Consumer as RdConsumer
+    from confluent_kafka import TopicPartition as RdPartition
+
+    probe = RdConsumer({"bootstrap.servers": bootstrap, "group.id": "coop-bench-probe"})
+    try:
+        return probe.get_watermark_offsets(RdPartition(topic, 0), timeout=10)[1]
+    finally:
+        probe.close()
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int | None:
+    from confluent_kafka import Consumer as RdConsumer
+    from confluent_kafka import TopicPartition as RdPartition
+
+    probe = RdConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        (found,) = probe.committed([RdPartition(topic, 0)], timeout=10)
+        return found.offset if found.offset >= 0 else None
+    finally:
+        probe.close()
+
+
+# -- measuring ----------------------------------------------------------------------------------------------------
+
+def middle_rate(events: list[tuple[float, int]], records: int) -> dict:
+    """From (time, records handed out so far) in time order: the rate between the first
+    moments at which 10 % and 90 % of ``records`` had been handed out."""
+    low, high = (int(records * f) for f in MIDDLE)
+    totals = [count for _, count in events]
+    i, j = bisect.bisect_left(totals, max(1, low)), bisect.bisect_left(totals, high)
+    if j >= len(events) or i >= j:
+        return {"records_per_s": None}
+    (t0, c0), (t1, c1) = events[i], events[j]
+    if t1 <= t0:
+        return {"records_per_s": None}
+    return {"records_per_s": round((c1 - c0) / (t1 - t0), 1), "middle": (t0, t1), "middle_s": round(t1 - t0, 3),
+            "middle_records": c1 - c0}
+
+
+class _Sampler:
+    """CPU seconds of the proxy, the consumers and the broker, and the machine's busy and
+    total seconds, sampled over a run; interpolated at any two moments."""
+
+    def __init__(self, proxy_pid: int | None, broker_pid: int | None) -> None:
+        self.proxy_pid, self.broker_pid = proxy_pid, broker_pid
+        self.consumer_pids: list[int] = []
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.last = 0.0
+        self.known: dict[int, float] = {}  # a process that has gone keeps its last reading
+
+    def _cpu(self, pids: list[int | None]) -> float:
+        total = 0.0
+        for pid in pids:
+            if pid is None:
+                continue
+            try:
+                times = psutil.Process(pid).cpu_times()
+                self.known[pid] = times.user + times.system
+            except psutil.Error:
+                pass
+            total += self.known.get(pid, 0.0)
+        return total
+
+    def sample(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < 0.25:
+            return
+        self.last = now
+        machine = psutil.cpu_times()
+        total = sum(machine)
+        self.samples.append((now, {"proxy": self._cpu([self.proxy_pid]),
+                                   "consumers": self._cpu(self.consumer_pids),
+                                   "broker": self._cpu([self.broker_pid]),
+                                   "machine_busy": total - machine.idle - getattr(machine, "iowait", 0.0),
+                                   "machine_total": total}))
+
+    def at(self, moment: float) -> dict[str, float] | None:
+        times = [t for t, _ in self.samples]
+        i = bisect.bisect_left(times, moment)
+        if not self.samples or i == 0 or i >= len(self.samples):
+            return None
+        (ta, a), (tb, b) = self.samples[i - 1], self.samples[i]
+        f = (moment - ta) / (tb - ta) if tb > ta else 0.0
+        return {k: a[k] + (b[k] - a[k]) * f for k in a}
+
+    def between(self, t0: float, t1: float, records: int) -> dict:
+        a, b = self.at(t0), self.at(t1)
+        if a is None or b is None or t1 <= t0:
+            return {}
+        seconds = t1 - t0
+        out = {f"{k}_cores": round((b[k] - a[k]) / seconds, 3) for k in ("proxy", "consumers", "broker")}
+        out["machine_busy"] = round((b["machine_busy"] - a["machine_busy"])
+                                    / max(1e-9, b["machine_total"] - a["machine_total"]), 3)
+        if records:
+            out.update({f"{k}_us_per_record": round((b[k] - a[k]) * 1e6 / records, 1)
+                        for k in ("proxy", "consumers", "broker")})
+        return out
+
+
+def _scrape(proxy: ProxyProcess) -> dict:
+    if proxy.metrics_url is None:
+        return {}
+    try:
+        text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
+    except OSError:
+        return {}
+    out: dict = {"latency": {}, "coop": {}}
+    for kind, api, value in _LATENCY.findall(text):
+        out["latency"].setdefault(api, [0.0, 0.0])[0 if kind == "sum" else 1] = float(value)
+    for name, labels, value in _COOP.findall(text):
+        key = name.removeprefix("kafka_proxy_coop_").removesuffix("_total") + (labels or "")
+        out["coop"][key] = out["coop"].get(key, 0.0) + float(value)
+    return out
+
+
+def _proxy_delta(before: dict, after: dict, seconds: float) -> dict:
+    coop = {k: int(v - before.get("coop", {}).get(k, 0.0)) for k, v in after.get("coop", {}).items()
+            if v - before.get("coop", {}).get(k, 0.0)}
+    latency = {}
+    for api in ("Fetch", "OffsetCommit"):
+        total, count = after.get("latency", {}).get(api, (0.0, 0.0))
+        total0, count0 = before.get("latency", {}).get(api, (0.0, 0.0))
+        if count > count0:
+            latency[api] = {"per_s": round((count - count0) / seconds, 1),
+                            "mean_ms": round((total - total0) / (count - count0) * 1000, 2)}
+    return {"coop_counters": coop, "requests": latency}
+
+
+class _LogWatch:
+    """New ERROR / Traceback lines of the proxy's log since the last look."""
+
+    def __init__(self, proxy: ProxyProcess) -> None:
+        self.proxy = proxy
+        self.position = self._size()
+
+    def _size(self) -> int:
+        try:
+            return self.proxy.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def new_problems(self, limit: int = 20) -> list[str]:
+        try:
+            with open(self.proxy.log_path, "rb") as log:
+                log.seek(self.position)
+                text = log.read().decode(errors="replace")
+                self.position = log.tell()
+        except OSError:
+            return []
+        lines = [line for line in text.splitlines() if "ERROR" in line or "Traceback" in line or "CRITICAL" in line]
+        return lines[:limit]
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.proxy.log_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class _Progress:
+    """One worker's ``.progress`` file, read as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.position = 0
+        self.rest = b""
+        self.ready: float | None = None
+        self.error: str | None = None
+        self.events: list[tuple[float, int]] = []
+
+    def read(self) -> list[tuple[int, int]]:
+        """New lines: records their times and counts; returns the offset runs they carry."""
+        try:
+            with open(self.path, "rb") as source:
+                source.seek(self.position)
+                chunk = source.read()
+                self.position = source.tell()
+        except FileNotFoundError:
+            return []
+        lines = (self.rest + chunk).split(b"\n")
+        self.rest = lines.pop()
+        runs = []
+        for line in lines:
+            parts = line.split(b" ", 3)
+            if parts[0] == b"P" and len(parts) == 4:
+                self.events.append((float(parts[1]), int(parts[2])))
+                for run in parts[3].split(b","):
+                    first, _, last = run.partition(b"-")
+                    runs.append((int(first), int(last)))
+            elif parts[0] == b"R":
+                self.ready = float(parts[1])
+            elif parts[0] == b"E":
+                self.error = line[2:].decode(errors="replace")
+        return runs
+
+
+def _merge(series: list[list[tuple[float, int]]]) -> list[tuple[float, int]]:
+    """Several workers' (time, own count) as (time, sum of the latest counts)."""
+    merged = sorted((t, i, c) for i, events in enumerate(series) for t, c in events)
+    latest = [0] * len(series)
+    total = 0
+    out = []
+    for t, i, c in merged:
+        total += c - latest[i]
+        latest[i] = c
+        out.append((t, total))
+    return out
+
+
+def python_run(cluster: KafkaCluster, proxy: ProxyProcess, watch: _LogWatch, *, topic: str, records: int, n: int,
+               mode: str, work_ms: float, chunk_bytes: int, timeout: float) -> dict:
+    """N ``coop_worker`` processes (``mode`` coop or keyrange) draining ``topic``."""
+    group = f"coop-{mode}-{n}-{uuid.uuid4().hex[:8]}"
+    workdir = scratch_dir("bench-coop-workers-")
+    prefixes = [workdir / f"w{i}" for i in range(n)]
+    result: dict = {"group": group, "records": records, "members": n}
+    sampler = _Sampler(proxy.pid, cluster.running_nodes[0].pid)
+    spawned = time.monotonic()
+    processes = []
+    for i, prefix in enumerate(prefixes):
+        with open(f"{prefix}.err", "wb") as err:
+            processes.append(spawn(
+                [sys.executable, "-m", "benchmarks.workloads.coop_worker", "--bootstrap", proxy.bootstrap_servers,
+                 "--topic", topic, "--group", group, "--index", str(i), "--members", str(n), "--mode", mode,
+                 "--work-ms", str(work_ms), "--chunk-bytes", str(chunk_bytes), "--out", str(prefix)],
+                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err))
+    sampler.consumer_pids = [p.pid for p in processes]
+    progress = [_Progress(Path(f"{prefix}.progress")) for prefix in prefixes]
+    seen = bytearray(records)
+    distinct = strays = 0
+
+    def check() -> None:
+        for i, (process, p) in enumerate(zip(processes, progress)):
+            if p.error or process.poll() is not None:
+                err = Path(f"{prefixes[i]}.err").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{mode} worker {i} {'failed: ' + p.error if p.error else 'exited'} "
+                                   f"(code {process.poll()}):\n{err}")
+
+    try:
+        while not all(p.ready for p in progress):
+            for p in progress:
+                p.read()
+            check()
+            if time.monotonic() - spawned > READY_TIMEOUT_S:
+                raise TimeoutError(f"workers not ready after {READY_TIMEOUT_S:g} s")
+            time.sleep(0.05)
+        result["spawn_to_ready_s"] = round(time.monotonic() - spawned, 2)
+        before = _scrape(proxy)
+        sampler.sample(force=True)
+        go = time.monotonic()
+        for process in processes:
+            process.stdin.write(b"go\n")
+            process.stdin.flush()
+        last_new = go
+        while distinct < records:
+            time.sleep(0.05)
+            new = 0
+            for p in progress:
+                for first, last in p.read():
+                    if last >= records:
+                        strays += last - max(first, records) + 1
+                        last = records - 1
+                    if first <= last:
+                        segment = seen[first:last + 1]
+                        fresh = segment.count(0)
+                        if fresh:
+                            seen[first:last + 1] = b"\x01" * len(segment)
+                            new += fresh
+            distinct += new
+            sampler.sample()
+            check()
+            now = time.monotonic()
+            if new:
+                last_new = now
+            elif now - last_new > STALL_S:
+                raise TimeoutError(f"stalled: no new offset for {STALL_S:g} s at {distinct} of {records} distinct")
+            if now - go > timeout:
+                raise TimeoutError(f"not drained within {timeout:g} s: {distinct} of {records} distinct")
+        drained = time.monotonic()
+        sampler.sample(force=True)
+        after = _scrape(proxy)
+        result["go_to_drained_s"] = round(drained - go, 2)
+        # the members' last commits: the group's committed offset at the log end
+        committed = None
+        while time.monotonic() - drained < COMMIT_WAIT_S:
+            committed = _committed(cluster.bootstrap_servers, group, topic)
+            if committed == records:
+                break
+            time.sleep(0.5)
+        result["committed_at_end"] = committed
+        result["commit_settled_s"] = round(time.monotonic() - drained, 2)
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["proxy_log"] = str(proxy.log_path)
+        result["proxy_log_tail"] = watch.tail()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    for p in progress:
+        p.read()
+    events = _merge([p.events for p in progress])
+    handed = events[-1][1] if events else 0
+    result.update({"handed_out": handed, "distinct": distinct, "duplicates": handed - distinct - strays,
+                   "missing": records - distinct, "strays": strays,
+                   "per_member": [p.events[-1][1] if p.events else 0 for p in progress]})
+    first = [p.events[0][0] for p in progress if p.events]
+    if first and "error" not in result:
+        result["go_to_first_record_s"] = round(min(first) - go, 3)
+    rate = middle_rate(events, records)
+    middle = rate.pop("middle", None)
+    result.update(rate)
+    if middle:
+        result["cpu"] = sampler.between(*middle, rate["middle_records"])
+        result["proxy"] = _proxy_delta(before, after, drained - go) if "error" not in result else {}
+    stats = []
+    for prefix in prefixes:
+        try:
+            stats.append(json.loads(Path(f"{prefix}.json").read_text()))
+        except (OSError, ValueError):
+            pass
+    if stats:
+        totals = {k: round(sum(s.get(k, 0) for s in stats), 3) for k in ("polls", "commits", "poll_s", "commit_s",
+                                                                             "work_s", "cpu_s")}
+        metrics: dict[str, int] = {}
+        for s in stats:
+            for k, v in s.get("metrics", {}).items():
+                if v:
+                    metrics[k] = metrics.get(k, 0) + v
+        result["workers"] = {**totals, "metrics": metrics}
+        if metrics.get("cooperative_chunks"):
+            result["records_per_chunk"] = round(metrics.get("cooperative_records", 0) / metrics["cooperative_chunks"], 1)
+    problems = watch.new_problems()
+    if problems:
+        result["proxy_log_problems"] = problems
+        result["proxy_log"] = str(proxy.log_path)
+    return result
+
+
+def share_run(cluster: KafkaCluster, *, topic: str, records: int, n: int, work_ms: float, timeout: float) -> dict:
+    """N KafkaShareConsumers (ShareBench) until ``records`` were handed out."""
+    group = f"coop-share-{n}-{uuid.uuid4().hex[:8]}"
+    workdir = scratch_dir("bench-coop-share-")
+    share_groups.start_from_earliest(cluster.bootstrap_servers, group)
+    args = ["--bootstrap", cluster.bootstrap_servers, "--topic", topic, "--group", group, "--workers", n,
+            "--mode", "share", "--work-ms", work_ms, "--records", records, "--timeout", int(timeout),
+            "--progress-ms", SHARE_PROGRESS_MS]
+    if work_ms:
+        args += ["--acquire-mode", "record_limit", "--max-poll-records", SHARE_WORK_MAX_POLL]
+    else:
+        args += ["--acquire-mode", "batch_optimized", "--max-poll-records", 500]
+    result: dict = {"group": group, "records": records, "members": n,
+                    "settings": " ".join(map(str, args[args.index("--acquire-mode"):]))}
+    sampler = _Sampler(None, cluster.running_nodes[0].pid)
+    out_path, err_path = workdir / "share.out", workdir / "share.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        began = time.monotonic()
+        process = spawn(java_harness.command("bench-share", share_groups.MAIN, args), stdin=subprocess.DEVNULL,
+                        stdout=out, stderr=err)
+    sampler.consumer_pids = [process.pid]
+    try:
+        while process.poll() is None:
+            sampler.sample()
+            if time.monotonic() - began > timeout + 60:
+                process.kill()
+                process.wait()
+                raise TimeoutError(f"ShareBench did not end within {timeout + 60:g} s")
+            time.sleep(0.05)
+        sampler.sample(force=True)
+        stdout = out_path.read_text(errors="replace")
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        if process.returncode != 0 or not lines:
+            tail = "\n".join(err_path.read_text(errors="replace").strip().splitlines()[-20:])
+            raise RuntimeError(f"ShareBench exited with {process.returncode}:\n{tail or stdout[-2000:]}")
+        harness = json.loads(lines[-1])
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        return result
+    events = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "progress":
+            events.append((int(parts[1]) / 1e6, int(parts[2])))
+    handed = max(harness["processed_total"], events[-1][1] if events else 0)
+    result.update({"handed_out": handed, "duplicates_at_least": max(0, handed - records),
+                   "go_to_drained_s": round(time.monotonic() - began, 2),
+                   "first_record_after_s": harness.get("first_record_after_s")})
+    rate = middle_rate(events, records)
+    middle = rate.pop("middle", None)
+    result.update(rate)
+    if middle:
+        result["cpu"] = sampler.between(*middle, rate["middle_records"])
+    return result
+
+
+# -- the benchmark ------------------------------------------------------------------------------------------------
+
+def _describe(run: dict) -> str:
+    if "error" in run:
+        return f"FAILED: {run['error'][:400]}"
+    rate = run.get("records_per_s")
+    text = f"{rate:,.0f} records/s" if rate else "no middle rate"
+    text += f" over {run.get('middle_s', 0):.1f} s, handed out {run['handed_out']:,} of {run['records']:,}"
+    if "distinct" in run:
+        text += (f", missing {run['missing']}, duplicates {run['duplicates']}, committed "
+                 f"{run['committed_at_end']}, per member {run['per_member']}")
+    else:
+        text += f", duplicates >= {run['duplicates_at_least']}"
+    cpu = run.get("cpu") or {}
+    if cpu:
+        text += (f"; cores proxy {cpu.get('proxy_cores')}, consumers {cpu.get('consumers_cores')}, broker "
+                 f"{cpu.get('broker_cores')}, machine busy {cpu.get('machine_busy')}")
+    return text
+
+
+def run(report: dict, progress, args) -> None:
+    s = sizes(args)
+    workers, hot_workers = s["workers"], s["hot_workers"]
+    rounds = args.rounds
+    report["sizes"] = {
+        "consumers N": workers, "hot-key N": hot_workers, "rounds": rounds,
+        "delivery records": f"{s['delivery_records']:,}",
+        "1 ms records": ", ".join(f"N={n} {r:,}" for n, r in s["work_records"].items()),
+        "hot-key records": ", ".join(f"N={n} {r:,}" for n, r in s["hot_records"].items()),
+        "value bytes": VALUE_BYTES, "keys": f"{KEYS:,} (+ the hot key at {HOT_SHARE:.0%})",
+        "producer batch.size": f"{args.coop_batch_bytes:,} B",
+        "coop chunk": f"{DELIVERY_CHUNK_BYTES or 1 << 20} B without work, {WORK_CHUNK_BYTES} B with",
+        "share records per poll": f"500 (batch_optimized) without work, {SHARE_WORK_MAX_POLL} (record_limit) with",
+        "measured": f"records/s between {MIDDLE[0]:.0%} and {MIDDLE[1]:.0%} of the records handed out",
+    }
+    workdir = scratch_dir("bench-coop-")
+    progress.step("building the Java harness (if changed)")
+    java_harness.build()
+    progress.step("starting Kafka and the proxy")
+    runs: list[dict] = []
+    failures: list[str] = []
+    with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties=share_groups.BROKER_PROPERTIES) as cluster:
+        broker = cluster.bootstrap_servers
+        topics: dict[tuple[str, int], str] = {}
+        progress.step("writing the topics")
+        hot_records_of_key = {}
+        topics[("delivery", 0)] = "coop-delivery"
+        for n in workers:
+            topics[("work", n)] = f"coop-work-n{n}"
+        for n in hot_workers:
+            topics[("hot", n)] = f"coop-hot-n{n}"
+        written = {}
+        began = time.monotonic()
+        for (case, n), topic in topics.items():
+            _create_topic(broker, topic)
+            if case == "delivery":
+                produce(broker, topic, s["delivery_records"], batch_bytes=args.coop_batch_bytes)
+            elif case == "work":
+                produce(broker, topic, s["work_records"][n], batch_bytes=args.coop_batch_bytes)
+            else:
+                hot_records_of_key[n] = produce(broker, topic, s["hot_records"][n], batch_bytes=args.coop_batch_bytes,
+                                                hot=True)
+            written[topic] = _log_end(broker, topic)
+        report["sizes"]["writing the topics"] = f"{time.monotonic() - began:.0f} s"
+        report["hot_key_records"] = {f"N={n}": f"{k} of {s['hot_records'][n]}" for n, k in hot_records_of_key.items()}
+        proxy = ProxyProcess.start(broker, overrides={"metrics.port": "0"}, workdir=workdir / "proxy")
+        watch = _LogWatch(proxy)
+        report["proxy_log"] = str(proxy.log_path)
+        try:
+            for number in range(rounds):
+                for case, n, contender in round_order(args, number):
+                    topic = topics[(case, 0 if case == "delivery" else n)]
+                    records = written[topic]
+                    work_ms = 0.0 if case == "delivery" else WORK_MS
+                    progress.step(f"round {number + 1}/{rounds}: {case}, {contender}, N={n}")
+                    # generous: at least half of one consumer's rate with work, 20,000/s without
+                    timeout = 120 + (records * work_ms / 1000 * 2 if work_ms else records / 20_000)
+                    try:
+                        if contender == "share":
+                            result = share_run(cluster, topic=topic, records=records, n=n, work_ms=work_ms,
+                                               timeout=timeout)
+                        else:
+                            result = python_run(cluster, proxy, watch, topic=topic, records=records, n=n,
+                                                mode=contender, work_ms=work_ms,
+                                                chunk_bytes=WORK_CHUNK_BYTES if work_ms else DELIVERY_CHUNK_BYTES,
+                                                timeout=timeout)
+                    except Exception as exc:  # one run failing must not lose the others
+                        result = {"error": f"{type(exc).__name__}: {exc}"}
+                    result = {"case": case, "contender": contender, "n": n, "round": number + 1, "topic": topic,
+                              **result}
+                    runs.append(result)
+                    line = f"round {number + 1}/{rounds} {case} {contender} N={n}: {_describe(result)}"
+                    bad = "error" in result or result.get("missing") or result.get("strays") or (
+                        "committed_at_end" in result and result["committed_at_end"] != result["records"])
+                    print(f"  {'!!! ' if bad else ''}{line}", file=sys.stderr if bad else sys.stdout, flush=True)
+                    if bad:
+                        failures.append(line)
+        finally:
+            proxy.stop()
+    _summarise(report, runs, failures, workers=workers, hot_workers=hot_workers, rounds=rounds)
+
+
+def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: list[int], hot_workers: list[int],
+               rounds: int) -> None:
+    def rates(case: str, contender: str, n: int) -> list[float | None]:
+        out = []
+        for number in range(1, rounds + 1):
+            found = [r for r in runs if (r["case"], r["contender"], r["n"], r["round"]) == (case, contender, n, number)]
+            out.append(found[0].get("records_per_s") if found and "error" not in found[0] else None)
+        return out
+
+    def paired(a: list[float | None], b: list[float | None], factor: float = 1.0) -> tuple[list[float], list[float]]:
+        keep = [(x, y * factor) for x, y in zip(a, b) if x is not None and y is not None]
+        return [x for x, _ in keep], [y for _, y in keep]
+
+    one = rates("work", "coop", 1)
+    rows: list[Row] = []
+    goals = []
+    group = "no work, records/s"
+    for n in workers:
+        values, base = paired(rates("delivery", "coop", n), rates("delivery", "share", n))
+        rows.append(Row(group, f"coop N={n}", "records/s", values, f"share N={n}", base))
+    for n in workers:
+        if n > 1:
+            values, base = paired(rates("delivery", "coop", n), rates("delivery", "coop", 1))
+            rows.append(Row(group, f"coop N={n}", "records/s", values, "coop N=1", base))
+    group = "1 ms per record, records/s"
+    for n in workers:
+        if n > 1:
+            values, base = paired(rates("work", "coop", n), one, n)
+            rows.append(Row(group, f"coop N={n}", "records/s", values, f"{n} x coop N=1", base))
+    for n in workers:
+        values, base = paired(rates("work", "coop", n), rates("work", "share", n))
+        rows.append(Row(group, f"coop N={n}", "records/s", values, f"share N={n}", base))
+    for n in workers:
+        if n > 1:
+            values, base = paired(rates("work", "share", n), one, n)
+            rows.append(Row(group, f"share N={n}", "records/s", values, f"{n} x coop N=1", base))
+    group = f"hot key ({HOT_SHARE:.0%}), 1 ms per record, records/s"
+    for n in hot_workers:
+        values, base = paired(rates("hot", "coop", n), one, n)
+        rows.append(Row(group, f"coop N={n}", "records/s", values, f"{n} x coop N=1", base))
+    for n in hot_workers:
+        values, base = paired(rates("hot", "keyrange", n), one)
+        rows.append(Row(group, f"keyrange N={n}", "records/s", values, "coop N=1 (one consumer)", base))
+    for n in hot_workers:
+        values, base = paired(rates("hot", "coop", n), rates("hot", "keyrange", n))
+        rows.append(Row(group, f"coop N={n}", "records/s", values, f"keyrange N={n}", base))
+    by = {(r.group, r.name, r.baseline): r for r in rows}
+
+    def ratio(group_prefix: str, name: str, baseline: str) -> float | None:
+        for (g, nm, b), row in by.items():
+            if g.startswith(group_prefix) and nm == name and b == baseline and row.values:
+                return row.ratio
+        return None
+
+    if 4 in workers:
+        goals.append(goal(f"no work: coop N=4 >= {GOAL_DELIVERY:g} x share groups N=4",
+                          ratio("no work", "coop N=4", "share N=4"), GOAL_DELIVERY))
+    for n in workers:
+        if n > 1:
+            goals.append(goal(f"1 ms per record: coop N={n} >= {GOAL_WORK:g} x {n} x one consumer (coop N=1)",
+                              ratio("1 ms", f"coop N={n}", f"{n} x coop N=1"), GOAL_WORK))
+    for n in workers:
+        goals.append(goal(f"1 ms per record: coop N={n} >= share groups N={n}",
+                          ratio("1 ms", f"coop N={n}", f"share N={n}"), 1.0))
+    for n in hot_workers:
+        goals.append(goal(f"hot key: coop N={n} >= {GOAL_HOT:g} x {n} x one consumer",
+                          ratio("hot key", f"coop N={n}", f"{n} x coop N=1"), GOAL_HOT))
+    for n in hot_workers:
+        goals.append(goal(f"hot key: keyrange N={n} <= {HOT_CAP:g} x one consumer (the premise: the hot key caps it)",
+                          ratio("hot key", f"keyrange N={n}", "coop N=1 (one consumer)"), HOT_CAP, at_least=False))
+    goals.append(goal("runs that failed, stalled, missed an offset or did not commit to the log end", len(failures), 0,
+                      at_least=False))
+    # CPU per record over the middle of the coop runs (where the time goes)
+    for case in ("delivery", "work"):
+        for n in workers:
+            for side in ("proxy", "consumers", "broker"):
+                values = [r["cpu"][f"{side}_us_per_record"] for r in runs
+                          if (r["case"], r["contender"], r["n"]) == (case, "coop", n) and r.get("cpu")]
+                if values:
+                    rows.append(Row(f"coop CPU per record, {'no work' if case == 'delivery' else '1 ms'} "
+                                    f"(lower is better)", f"N={n}: {side}", "us", values, higher_is_better=False))
+    report["rows"] = [row.as_dict() for row in rows if row.values]
+    report["goals"] = goals
+    report["runs"] = runs
+    report["failures"] = failures
+    duplicates = {}
+    for r in runs:
+        if "duplicates" in r:
+            duplicates.setdefault(f"{r['case']} {r['contender']} N={r['n']}", []).append(r["duplicates"])
+        elif "duplicates_at_least" in r:
+            duplicates.setdefault(f"{r['case']} {r['contender']} N={r['n']}", []).append(r["duplicates_at_least"])
+    report["duplicates"] = duplicates
+    report["notes"].append(
+        "Duplicates per run (coop, keyrange: handed out - distinct offsets; share: at least handed out - written): "
+        + "; ".join(f"{k} {v}" for k, v in duplicates.items()) + ".")
+    report["notes"].append(
+        "Records/s is the rate between the moments 10 % and 90 % of a topic's records had been handed out "
+        "(all members started together, the first fetches and the tail left out); every run drains its topic. "
+        "The one consumer of the scaling goals is coop N=1 with 1 ms per record in the same round (the hot-key rows "
+        "use it too: one consumer's rate does not depend on the keys).")
+    report["notes"].append(
+        "Everything shares 2 cores: the broker, the proxy (one process for the whole run), N Python consumer "
+        "processes or one share JVM. runs[].cpu has the cores each used over the middle of the run and the "
+        "machine's busy share; runs[].proxy the proxy's coop counters and mean Fetch/OffsetCommit latency; "
+        "runs[].workers the consumers' seconds in poll, work and commit_processed.")
+    loop = []
+    for case in CASES:
+        for n in (hot_workers if case == "hot" else workers):
+            shares = []
+            for r in runs:
+                w = r.get("workers")
+                if (r["case"], r["contender"], r["n"]) == (case, "coop", n) and w:
+                    busy = w["poll_s"] + w["commit_s"] + w["work_s"]
+                    if busy:
+                        shares.append((w["poll_s"] / busy, w["commit_s"] / busy, w["work_s"] / busy))
+            if shares:
+                poll, commit, work = (statistics.median(x[i] for x in shares) for i in range(3))
+                loop.append(f"{case} N={n}: poll {poll:.0%}, commit_processed {commit:.0%}, work {work:.0%}")
+    if loop:
+        report["notes"].append("Where the coop consumers' loop spends its time (medians over rounds, summed over the "
+                               "members; poll includes waiting for a chunk): " + "; ".join(loop) + ".")
+    medians = {}
+    for case in CASES:
+        for contender in CONTENDERS[case]:
+            for n in (hot_workers if case == "hot" else workers):
+                values = [v for v in rates(case, contender, n) if v is not None]
+                if values:
+                    medians[f"{case} {contender} N={n}"] = {"median": statistics.median(values),
+                                                            "spread": [min(values), max(values)], "values": values}
+    report["medians"] = medians
+
+
+# What ``python -m benchmarks`` registers: title, method, step count, run, and False: not in
+# the default set (it runs only when named).
+REGISTRATION = (TITLE, METHOD, steps, run, False)
+
+
+if __name__ == "__main__":
+    from benchmarks.__main__ import main
+
+    sys.exit(main(["coop", *sys.argv[1:]]))
