@@ -179,29 +179,17 @@ def produce(bootstrap: str, topic: str, records: int, *, batch_bytes: int, hot: 
     ``batch_bytes``): record i under ``key-<i mod KEYS>`` with ``data.value_of``'s value;
     with ``hot``, each record with probability :data:`HOT_SHARE` (seeded) under the key
     ``hot`` instead (values numbered as key KEYS). Returns the records of the hot key."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": batch_bytes,
-                         "compression.type": "none", "enable.idempotence": True,
-                         "queue.buffering.max.messages": 500_000})
     rng = random.Random(seed)
     hot_records = 0
-    for i in range(records):
+
+    def record_of(i: int) -> tuple[bytes, bytes]:
+        nonlocal hot_records
         if hot and rng.random() < HOT_SHARE:
-            key, value = HOT_KEY, data.value_of(KEYS + hot_records * (KEYS + 1), KEYS + 1, VALUE_BYTES)
             hot_records += 1
-        else:
-            key, value = data.key_of(i, KEYS), data.value_of(i, KEYS, VALUE_BYTES)
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value, partition=0)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    if producer.flush(300) != 0:
-        raise RuntimeError(f"records left unsent to {topic}")
+            return HOT_KEY, data.value_of(KEYS + (hot_records - 1) * (KEYS + 1), KEYS + 1, VALUE_BYTES)
+        return data.key_of(i, KEYS), data.value_of(i, KEYS, VALUE_BYTES)
+
+    data.produce_keyed(bootstrap, topic, records, keys=KEYS, batch_bytes=batch_bytes, record_of=record_of)
     return hot_records
 
 

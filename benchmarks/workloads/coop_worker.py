@@ -42,11 +42,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 
 import trio
+
+from benchmarks.workloads.stopping import until_signalled
 
 
 class _Line:
@@ -139,16 +140,7 @@ async def work(args: argparse.Namespace, stats: dict) -> None:
 
 
 async def main_async(args: argparse.Namespace, stats: dict) -> None:
-    async with trio.open_nursery() as nursery:
-        async def stop_on_signal() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    return
-
-        nursery.start_soon(stop_on_signal)
-        await work(args, stats)
-        nursery.cancel_scope.cancel()
+    await until_signalled(lambda: work(args, stats))
 
 
 def main(argv: list[str] | None = None) -> int:

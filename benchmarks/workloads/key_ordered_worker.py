@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import struct
 import sys
 import time
@@ -31,6 +30,7 @@ from array import array
 import trio
 
 from benchmarks.workloads import data
+from benchmarks.workloads.stopping import until_signalled
 
 LENGTH = struct.Struct("<Q")
 
@@ -112,15 +112,7 @@ async def work(args: argparse.Namespace, processed: _Processed) -> None:
 
 
 async def main_async(args: argparse.Namespace, processed: _Processed) -> None:
-    async with trio.open_nursery() as nursery:
-        async def stop_on_signal() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    return
-
-        nursery.start_soon(stop_on_signal)
-        await work(args, processed)
+    await until_signalled(lambda: work(args, processed))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,22 @@
+"""How a benchmark worker process ends: when its work returns, or on SIGTERM / SIGINT
+from the parent, which cancels the work (its ``finally`` blocks still run)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Awaitable, Callable
+
+import trio
+
+
+async def until_signalled(work: Callable[[], Awaitable[None]]) -> None:
+    async with trio.open_nursery() as nursery:
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(stop_on_signal)
+        await work()
+        nursery.cancel_scope.cancel()
