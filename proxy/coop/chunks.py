@@ -2,8 +2,8 @@
 Sans I/O.
 
 Chunks that start at the marker begin where the previous chunk's last batch ended, so
-the common case is a run of whole batches passed on as they are (a slice, no copy of a
-record). Only a batch reaching below the chunk's start (the first chunk after a restart
+the common case is a run of whole batches passed on as they are: a slice of the broker's
+answer, no copy. Only a batch reaching below the chunk's start (the first chunk after a restart
 begins at the committed offset, which may sit inside a batch) or above its end (offsets
 handed out again stop where the group's commits begin) is rebuilt with the chunk's records.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.records.batch import LegacyBatch, PartialBatch, iter_batches
+from proxy.records.batch import LegacyBatch, PartialBatch, as_byte_view, iter_batches
 from proxy.records.split import filter_by_offsets
 
 
@@ -22,7 +22,7 @@ class Chunk:
     offsets with no record left, compacted or deleted, are a chunk too, so that they are
     committed and S can pass them)."""
 
-    records: bytes
+    records: bytes | memoryview  # a slice of the broker's answer when no batch was rebuilt
     start: int
     end: int
 
@@ -40,6 +40,8 @@ def cut_chunk(blob, start: int, end: int | None = None) -> Chunk | None:
     parts: list = []
     last: int | None = None
     beyond = False
+    whole = True  # every part an unchanged batch, one after another: a slice of ``blob``
+    first_at = end_at = 0
     for entry in iter_batches(blob):
         if isinstance(entry, PartialBatch):
             break
@@ -57,8 +59,12 @@ def cut_chunk(blob, start: int, end: int | None = None) -> Chunk | None:
         high = top if end is None else min(top, end)
         if (low > base or high < top) and not isinstance(entry, LegacyBatch) and not entry.header.is_control:
             parts.append(filter_by_offsets(entry.data, range(low, high + 1)).records)
+            whole = False
         else:
+            if not parts:
+                first_at = entry.position
             parts.append(entry.data)
+            end_at = entry.position + len(entry.data)
         last = high
         if end is not None and high >= end:
             break
@@ -68,4 +74,5 @@ def cut_chunk(blob, start: int, end: int | None = None) -> Chunk | None:
         return None
     if beyond and end is not None:
         last = end
-    return Chunk(b"".join(parts) if len(parts) != 1 else bytes(parts[0]), start, last)
+    records = as_byte_view(blob)[first_at:end_at] if whole else b"".join(parts)
+    return Chunk(records, start, last)

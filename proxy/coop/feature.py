@@ -144,9 +144,9 @@ class CooperativeFetchFeature(Feature):
             return Route.answer(messages.encode_response(
                 ApiKey.FETCH, version, messages.new_response_header(request.correlation_id),
                 self._refuse_all(version, body)))
+        reading = {id(item.part) for item in pending if item.span is not None}
         for topic in body.topics:
-            topic.partitions = [p for p in topic.partitions
-                                if p.cooperative is None or any(i.part is p and i.span is not None for i in pending)]
+            topic.partitions = [p for p in topic.partitions if p.cooperative is None or id(p) in reading]
             for part in topic.partitions:
                 part.cooperative = None
         body.topics = [t for t in body.topics if t.partitions]
