@@ -72,7 +72,6 @@ import bisect
 import json
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -86,6 +85,7 @@ import psutil
 from benchmarks.peers import java_harness, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
+from benchmarks.workloads.stopping import stop_processes
 from proxy.testing.kafka_cluster import KafkaCluster, spawn
 from proxy.testing.proxy_process import ProxyProcess
 from proxy.testing.scratch import scratch_dir
@@ -490,15 +490,7 @@ def python_run(cluster: KafkaCluster, proxy: ProxyProcess, watch: _LogWatch, *, 
         result["proxy_log"] = str(proxy.log_path)
         result["proxy_log_tail"] = watch.tail()
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(processes)
     for p in progress:
         p.read()
     events = _merge([p.events for p in progress])

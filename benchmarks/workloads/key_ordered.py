@@ -37,6 +37,7 @@ from benchmarks.peers import parallel_consumer, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from benchmarks.workloads.key_ordered_worker import read_log
+from benchmarks.workloads.stopping import stop_processes
 from proxy.testing import java_tools
 from proxy.testing.kafka_cluster import KafkaCluster, spawn
 from proxy.testing.proxy_process import ProxyProcess
@@ -111,15 +112,7 @@ def ours(bootstrap: str, topic: str, workers: int, *, work_ms: float = 1.0, warm
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(processes)
     logs = [read_log(prefix + ".log") for prefix in prefixes]
     check = check_order(logs)
     processed = check["processed"]

@@ -20,3 +20,19 @@ async def until_signalled(work: Callable[[], Awaitable[None]]) -> None:
         nursery.start_soon(stop_on_signal)
         await work()
         nursery.cancel_scope.cancel()
+
+
+def stop_processes(processes: list, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+    """From the parent: ``sig`` to every worker still running, then wait for each, killing
+    one that has not ended within ``timeout`` seconds."""
+    import subprocess
+
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(sig)
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
