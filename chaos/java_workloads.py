@@ -29,7 +29,7 @@ class JavaConsumers(Workload):
 
     def start(self, ctx: CellContext) -> None:
         streams_app.build()
-        topic = ctx.topic if self.shares is None else f"{ctx.topic}.kr{self.shares}"
+        topic = self.topic_to_read(ctx)
         configs = {**streams_app.FAST_FAILOVER, "metadata.max.age.ms": "5000"}
         self.consumers = [PlainConsumerProcess(ctx.bootstrap, topic, ctx.group, workdir=ctx.tmp, name=f"c{i}",
                                                max_poll_records=50, configs=configs) for i in range(self.count)]
@@ -89,6 +89,15 @@ class VirtualJava(JavaConsumers):
     description = "3 Java KafkaConsumers in a group on T.kr4 of 2 partitions (8 virtual)"
     count = 3
     shares = 4
+
+
+class StripedJava(JavaConsumers):
+    name = "striped-java"
+    description = "3 Java KafkaConsumers in a group on T.coop4 of 2 partitions (8 virtual): stripes, no key order"
+    count = 3
+    shares = 4
+    striped = True
+    keyed_order = False
 
 
 class StreamsEos(Workload):
@@ -163,5 +172,5 @@ class StreamsEos(Workload):
             self.fleet.close()
 
 
-for _workload in (JavaPlain, VirtualJava, StreamsEos):
+for _workload in (JavaPlain, VirtualJava, StripedJava, StreamsEos):
     register(_workload, _workload.name)

@@ -48,6 +48,12 @@ class Workload:
     commits = True  # the group's committed offsets must reach the log end
     partitions = 2
     shares: int | None = None  # K when the members read the virtual topic <topic>.krK
+    striped = False  # with ``shares``: the striped virtual topic <topic>.coopK instead
+
+    def topic_to_read(self, ctx: CellContext) -> str:
+        if self.shares is None:
+            return ctx.topic
+        return f"{ctx.topic}.coop{self.shares}" if self.striped else f"{ctx.topic}.kr{self.shares}"
     exactly_once = False  # judged by its output (``exact``), not by hand-outs
 
     def exact(self, acked_keys: Counter[bytes]) -> dict:
@@ -93,9 +99,6 @@ class MemberFleet(Workload):
         self._options: dict[str, list[str]] = {}
         self._serial = 0
         self._seed = 0
-
-    def topic_to_read(self, ctx: CellContext) -> str:
-        return ctx.topic if self.shares is None else f"{ctx.topic}.kr{self.shares}"
 
     def common_options(self, ctx: CellContext) -> list[str]:
         return []
@@ -222,8 +225,16 @@ class VirtualRdkafka(MemberFleet):
         return [*_WORK, "--shares", str(self.shares), "--heartbeat-interval-ms", "1000", "--session-timeout-ms", "10000"]
 
 
+class StripedRdkafka(VirtualRdkafka):
+    name = "striped-rdkafka"
+    description = ("3 librdkafka members in a group on T.coop4 of 2 partitions (8 virtual): stripes of "
+                   "batches, no per-key order")
+    striped = True
+    keyed_order = False
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
-    w.name: w for w in (GroupRanges, GroupWhole, AssignRanges, AssignWhole, VirtualRdkafka)
+    w.name: w for w in (GroupRanges, GroupWhole, AssignRanges, AssignWhole, VirtualRdkafka, StripedRdkafka)
 }
 
 

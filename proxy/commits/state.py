@@ -30,6 +30,8 @@ from collections.abc import Iterable, Sequence
 
 from proxy.commits import packed as kernels
 from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
+from proxy.records.stripes import STRIPED_MARKS
+from proxy.records.stripes import share_count as striped_share_count
 
 Marks = tuple[tuple[int, int, int, int], ...]  # sorted (K, share, W, sequence)
 
@@ -42,10 +44,11 @@ Marks = tuple[tuple[int, int, int, int], ...]  # sorted (K, share, W, sequence)
 # ``K/i=W@sequence`` with int64 W and sequence, fits in it up to 88 shares, and 64 leaves room.
 MAX_SHARES = 64
 
-__all__ = ["MAX_OFFSET", "MAX_SHARES", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks",
+
+__all__ = ["MAX_OFFSET", "MAX_SHARES", "STRIPED_MARKS", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks",
            "apply_packed", "apply_plain", "apply_ranges", "check", "check_packed", "checked_marks", "join",
-           "join_marks", "normalise", "rebase", "rebase_commit", "settle", "stable_after", "validate",
-           "watermark_floor"]
+           "join_marks", "normalise", "rebase", "rebase_commit", "settle", "share_count", "stable_after",
+           "validate", "watermark_floor"]
 
 
 class CommitState:
@@ -151,18 +154,26 @@ def join_marks(a: Marks, b: Marks) -> Marks:
     return tuple(sorted(best.values()))
 
 
+def share_count(mark_k: int) -> int:
+    """How many shares the watermarks kept under ``mark_k`` are of: K of ``<topic>.kr<K>``
+    or of ``<topic>.coop<K>`` (``STRIPED_MARKS`` + K); 0 for a K no proxy writes."""
+    return striped_share_count(mark_k, MAX_SHARES)
+
+
 def checked_marks(marks: Iterable[tuple[int, int, int, int]]) -> Marks:
     """``marks`` (K, share, W, sequence) as a key holds them, sorted; ValueError when they
-    are not what a proxy writes: K outside 1..MAX_SHARES, a share outside 0..K-1, or two
+    are not what a proxy writes: K outside 1..MAX_SHARES (or its striped form,
+    ``share_count``), a share outside 0..K-1, or two
     watermarks of one share. Both copies of a key's watermarks can come from anyone (any
     client may produce to the log, any group member may set its committed offset's
     metadata), and what reads them relies on these: ``per_share`` allocates K entries per
     K, and ``watermark_floor`` must not count a share twice."""
     ordered = sorted(marks)
     for index, (shares, share, _offset, _sequence) in enumerate(ordered):
-        if not 0 < shares <= MAX_SHARES:
+        width = share_count(shares)
+        if not width:
             raise ValueError(f"share watermark of {shares} shares: K is 1..{MAX_SHARES}")
-        if not 0 <= share < shares:
+        if not 0 <= share < width:
             raise ValueError(f"share watermark of share {share} of {shares}")
         if index and ordered[index - 1][:2] == (shares, share):
             raise ValueError(f"share watermark of share {share} of {shares} listed twice")
@@ -180,11 +191,11 @@ def watermark_floor(marks: Marks) -> int:
     floor = -1
     by_k: dict[int, dict[int, int]] = {}
     for shares, share, offset, _sequence in marks:
-        if 0 <= share < shares:
+        if 0 <= share < share_count(shares):
             lowest = by_k.setdefault(shares, {})
             lowest[share] = min(offset, lowest.get(share, offset))
     for shares, lowest in by_k.items():
-        if len(lowest) == shares:
+        if len(lowest) == share_count(shares):
             floor = max(floor, min(lowest.values()))
     return floor
 

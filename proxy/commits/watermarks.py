@@ -14,7 +14,17 @@ that kept the watermarks only there; it reads as sequence 0 of an unknown epoch.
 
 from __future__ import annotations
 
-from proxy.commits.state import MAX_OFFSET, MAX_SHARES, CommitState, Marks, checked_marks, join_marks, rebase, settle
+from proxy.commits.state import (
+    MAX_OFFSET,
+    MAX_SHARES,
+    CommitState,
+    Marks,
+    checked_marks,
+    join_marks,
+    rebase,
+    settle,
+    share_count,
+)
 
 __all__ = ["PREFIX", "ShadowMark", "combine", "decode_metadata", "encode_metadata", "fold", "newer", "overlay",
            "per_share", "sequences"]
@@ -110,14 +120,15 @@ def combine(logged: CommitState | None, committed: int, metadata: str | None) ->
 def per_share(marks: Marks) -> dict[int, list[int]]:
     """K -> W per share of K (-1: that share has none).
 
-    A list is as long as its K says, so a K is listed only up to ``MAX_SHARES`` (and a
-    share only below its K): marks read from the log or the coordinator never hold another
+    A list is as long as its K says, so a K is listed only up to ``MAX_SHARES`` (or its
+    striped form, ``share_count``; and a share only below its K): marks read from the log or the coordinator never hold another
     (``checked_marks``), and the guard keeps a K no virtual topic can have from costing
     memory should one be built some other way."""
     out: dict[int, list[int]] = {}
     for shares, share, offset, _sequence in marks:
-        if 0 <= share < shares <= MAX_SHARES:
-            out.setdefault(shares, [-1] * shares)[share] = offset
+        width = share_count(shares)
+        if 0 <= share < width:
+            out.setdefault(shares, [-1] * width)[share] = offset
     return out
 
 

@@ -41,6 +41,7 @@ from proxy.protocol.values import strip_extensions
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
 from proxy.records.split import filter_by_offsets, match_offsets, split_records
+from proxy.records.stripes import Stripe, split_stripes
 
 _SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
 _EMPTY_RECORDS = b""
@@ -374,6 +375,38 @@ class SharedReads:
                     engine.cache.put(CachedShare(partition_id, ranges, fetch_offset, result.next_offset,
                                                  isolation_level, records=output.records, **metadata))
         return [output.records for output in mine], result.next_offset
+
+    def split_stripes(self, partition_id: tuple[str, int], counts: list[int], wanted: list[Stripe],
+                      fetch_offset: int, blob, metadata: dict, *, isolation_level: int) -> tuple[list[bytes], int | None]:
+        """The batches of each stripe of ``wanted`` in ``blob`` (read at ``fetch_offset``), and
+        the offset after the read's last complete batch; the other stripes of each K in
+        ``counts`` are cached for the consumers that come next. Stripes are not range sets:
+        they never join a key-range split, and leave the cache by its byte cap alone."""
+        engine = self.engine
+        read = engine.stats.broker_bytes
+        read[partition_id] = read.get(partition_id, 0) + len(blob)
+        engine.stats.touched.add(partition_id)
+        mine: dict[Stripe, bytes] = {}
+        next_offset: int | None = None
+        for count in counts:
+            result = split_stripes(blob, count)
+            next_offset = result.next_offset
+            for index, records in enumerate(result.outputs):
+                stripe = Stripe(count, index)
+                if stripe in wanted:
+                    mine[stripe] = records
+                    engine.stats.records_kept += result.records[index]
+                elif next_offset is not None:
+                    engine.cache.put(CachedShare(partition_id, stripe, fetch_offset, next_offset,  # type: ignore[arg-type]
+                                                 isolation_level, records=records, **metadata))
+        return [mine.get(stripe, b"") for stripe in wanted], next_offset
+
+    def take_stripe(self, partition_id: tuple[str, int], stripe: Stripe, position: int, *,
+                    isolation_level: int) -> CachedShare | None:
+        """A cached share of ``stripe`` covering ``position``, read at ``isolation_level``,
+        removed from the cache."""
+        share = self.engine.cache.take(partition_id, stripe, position, isolation_level)  # type: ignore[arg-type]
+        return share if share is not None and share.records is not None else None
 
     def interest(self, partition_id: tuple[str, int], ranges: RangeSet, now: float) -> None:
         """Count ``ranges`` as active on the partition (its next reads cache a share of it)

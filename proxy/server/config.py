@@ -180,6 +180,10 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
             "every Metadata, Fetch and OffsetCommit on its way, which costs the other features)."),
     Setting("virtual.topic.suffix", _parse_str, ".kr", "What separates a topic from its share count K.",
             lambda value: None if value else "must not be empty"),
+    Setting("virtual.coop.suffix", _parse_str, ".coop",
+            "What separates a topic from its stripe count K in a striped virtual topic (<topic>.coop<K>: "
+            "stripes of whole batches, no per-key order; docs/cooperative-fetch.md).",
+            lambda value: None if value else "must not be empty"),
     # Why the ceiling is fixed, and 64: proxy.commits.state.MAX_SHARES.
     Setting("virtual.topic.max.shares", _parse_int, 64,
             f"Largest K of a virtual range topic, at most {MAX_SHARES} (the watermarks of every share of a "
@@ -281,6 +285,9 @@ def build_config(entries: dict[str, str]) -> ProxyConfig:
     for key in ("ssl.listener.certfile", "ssl.listener.keyfile", "ssl.upstream.cafile"):
         if values[key] and not Path(values[key]).is_file():
             raise ConfigError(f"{key}: no such file {values[key]!r}")
+    if values["virtual.coop.suffix"] == values["virtual.topic.suffix"]:
+        raise ConfigError(f"virtual.coop.suffix: must differ from virtual.topic.suffix "
+                          f"(both {values['virtual.topic.suffix']!r})")
     if values["node.port.base"] == 0 and values["listen.port"] != 0:
         values["node.port.base"] = values["listen.port"] + 1
     return ProxyConfig(values=values, topics=topics)

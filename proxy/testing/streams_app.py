@@ -674,14 +674,16 @@ class ConsumedRecord:
 _VIRTUAL = re.compile(r"^(.+)\.kr([1-9][0-9]*)$")
 
 
-def real_partition(topic: str, partition: int, suffix: str = ".kr") -> tuple[str, int]:
-    """The real (topic, partition) of a virtual range topic's partition (``orders.kr4``
-    partition v is share ``v % 4`` of ``orders`` partition ``v // 4``); others unchanged."""
-    pattern = _VIRTUAL if suffix == ".kr" else re.compile(rf"^(.+){re.escape(suffix)}([1-9][0-9]*)$")
-    match = pattern.match(topic)
-    if match is None:
-        return topic, partition
-    return match.group(1), partition // int(match.group(2))
+def real_partition(topic: str, partition: int, suffix: str = ".kr", coop_suffix: str = ".coop") -> tuple[str, int]:
+    """The real (topic, partition) of a virtual topic's partition (``orders.kr4`` or
+    ``orders.coop4`` partition v is share ``v % 4`` of ``orders`` partition ``v // 4``);
+    others unchanged."""
+    for mark in (suffix, coop_suffix):
+        pattern = _VIRTUAL if mark == ".kr" else re.compile(rf"^(.+){re.escape(mark)}([1-9][0-9]*)$")
+        match = pattern.match(topic)
+        if match is not None:
+            return match.group(1), partition // int(match.group(2))
+    return topic, partition
 
 
 class PlainConsumerProcess(JavaProcess):

@@ -52,7 +52,7 @@ def commit_targets(body: Any, resolver: Resolver) -> dict[tuple[str, int], int] 
         if vt is None:
             continue
         for part in topic.partitions:
-            out[(vt.real, vt.real_partition(part.partition_index))] = vt.shares
+            out[(vt.real, vt.real_partition(part.partition_index))] = vt.mark_k
     return out or None
 
 
@@ -74,7 +74,7 @@ def commit_plan(body: Any, resolver: Resolver) -> CommitPlan | None:
                     plan.plain[key] = part.committed_offset
                 continue
             key = (vt.real, vt.real_partition(part.partition_index))
-            plan.edits.setdefault(key, {}).setdefault(vt.shares, {})[vt.share(part.partition_index)] = \
+            plan.edits.setdefault(key, {}).setdefault(vt.mark_k, {})[vt.share(part.partition_index)] = \
                 part.committed_offset
     if not plan.edits:
         return None
@@ -287,8 +287,8 @@ def _answer(group: str, topics: list, asked: list, every: bool, marks_of: MarksO
                 if topic is None:
                     topic = extra[name] = topic_class(name=name, partitions=[])
                     out.append(topic)
-                for share, mark in enumerate(marks):
-                    topic.partitions.append(part_class(partition_index=partition * shares + share,
+                for share, mark in enumerate(marks):  # one per share: K is len(marks), whatever ``shares`` keys
+                    topic.partitions.append(part_class(partition_index=partition * len(marks) + share,
                                                        committed_offset=mark if mark >= 0 else stable,
                                                        committed_leader_epoch=-1, metadata="",
                                                        error_code=int(ErrorCode.NONE)))
@@ -315,10 +315,10 @@ def _answer(group: str, topics: list, asked: list, every: bool, marks_of: MarksO
             found = known.get((vt.real, real_partition))
             if found is not None:
                 stable, per_k = found
-                mark = per_k.get(vt.shares, [-1] * vt.shares)[vt.share(index)]
+                mark = per_k.get(vt.mark_k, [-1] * vt.shares)[vt.share(index)]
                 offset = mark if mark >= 0 else stable
             metadata = ""
-            shadow = shadows.get((group, vt.real, real_partition, vt.shares, vt.share(index)))
+            shadow = shadows.get((group, vt.real, real_partition, vt.mark_k, vt.share(index)))
             if shadow is not None:
                 shadow_error, metadata = shadow
                 if error == ErrorCode.NONE and shadow_error != ErrorCode.NONE:

@@ -24,6 +24,7 @@ from proxy.pipeline.route import OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.records.stripes import Stripe
 from proxy.virtual import commits, fetch, refusals, rewrite, shadows, txn
 from proxy.virtual.names import VirtualNames, VirtualTopic
 from proxy.virtual.precheck import Precheck, fetch_topic_ids
@@ -55,6 +56,12 @@ class SharedReads(Protocol):
              isolation_level: int) -> Any: ...
 
     def interest(self, partition_id: tuple[str, int], ranges: tuple, now: float) -> None: ...
+
+    def split_stripes(self, partition_id: tuple[str, int], counts: list[int], wanted: list, fetch_offset: int,
+                      blob, metadata: dict, *, isolation_level: int) -> tuple[list[bytes], int | None]: ...
+
+    def take_stripe(self, partition_id: tuple[str, int], stripe: Stripe, position: int, *,
+                    isolation_level: int) -> Any: ...
 
 
 class CommitLogService(Protocol):
@@ -150,8 +157,9 @@ class _Resolver:
                 continue
             self._ids_for.add(view.topic_id)
             for shares in range(2, self.names.max_shares + 1):
-                vt = VirtualTopic(self.names.name(view.name, shares), view.name, shares)
-                self._ids[vt.topic_id(view.topic_id)] = vt
+                for striped in (False, True):
+                    vt = VirtualTopic(self.names.name(view.name, shares, striped), view.name, shares, striped)
+                    self._ids[vt.topic_id(view.topic_id)] = vt
 
     def real_id(self, real: str) -> uuid.UUID | None:
         return self.cluster.id_of(real)
@@ -163,9 +171,10 @@ class VirtualTopicsFeature(Feature):
     def __init__(self, config, cluster: ClusterView, metrics, shared: SharedReads, pool,
                  store: CommitLogService) -> None:
         self.cluster = cluster
-        self.names = VirtualNames(config.get("virtual.topic.suffix"), config.get("virtual.topic.max.shares"))
+        self.names = VirtualNames(config.get("virtual.topic.suffix"), config.get("virtual.topic.max.shares"),
+                                  config.get("virtual.coop.suffix"))
         self.resolver = _Resolver(self.names, cluster, config)
-        self.precheck = Precheck(self.names.suffix)  # which requests are decoded at all
+        self.precheck = Precheck(self.names.suffixes)  # which requests are decoded at all
         self.shared = shared
         self.pool = pool
         self.store = store
@@ -314,7 +323,7 @@ class VirtualTopicsFeature(Feature):
                 return self.store.watermarks(group, (real, partition), committed, metadata,
                                              shadow_marks.get((group, (real, partition)), ()))
 
-            commits.offset_fetch_response(body, version, plan, marks_of, self.names.name)
+            commits.offset_fetch_response(body, version, plan, marks_of, self.names.name_of_marks)
 
     def _handed_out(self, topics: Any) -> None:
         """Clients may now name these virtual topics by id: the pre-check looks for them."""
@@ -389,7 +398,7 @@ class VirtualTopicsFeature(Feature):
     async def on_group_heartbeat(self, ctx: ConnectionContext, request: Request) -> Route | None:
         _, body = request.decoded()
         await self._know(body.subscribed_topic_names or ())
-        if refusals.regex_mentions_suffix(body, self.names.suffix) is None:
+        if refusals.regex_mentions_suffix(body, self.names.suffixes) is None:
             message = refusals.heartbeat_refusal(body, self.resolver.virtual, self.names)
         else:
             await self._refresh_all()  # the expression is tried against every real topic
@@ -453,7 +462,7 @@ class VirtualTopicsFeature(Feature):
                 await self.cluster.look_up_ids(ids)
             described = [self._describe(fetch.topic_key(t)) for t in body.topics]
             if not any(d is not None and d[0] is not None for d in described):
-                return None
+                return self._unsessioned(request, header, body, described)
             if body.session_id != fetch.NO_SESSION:
                 # A session the broker holds cannot take a virtual partition: the client
                 # opens a new one, which is the proxy's.
@@ -502,6 +511,20 @@ class VirtualTopicsFeature(Feature):
         return Route(messages.encode_request(header, upstream), on_response=on_response,
                      settle=lambda: self._settle(announced))
 
+    @staticmethod
+    def _unsessioned(request: Request, header: Any, body: Any, described: list) -> Route | None:
+        """A Fetch that would open a broker session naming a topic id this proxy cannot
+        name goes sessionless. The id may be a virtual topic's whose real topic this proxy
+        has not learnt yet (just restarted, or a sidecar of another broker): in a broker
+        session it would stay, answered UNKNOWN_TOPIC_ID forever, since the client's
+        incremental fetches no longer name it. Sessionless, each fetch names it again and
+        is looked at again, until the lookup knows it. A real unknown id (a deleted topic)
+        only costs its client full fetches."""
+        if None not in described or body.session_id != fetch.NO_SESSION or body.session_epoch != fetch.INITIAL_EPOCH:
+            return None
+        body.session_epoch = fetch.FINAL_EPOCH
+        return Route(messages.encode_request(header, body))
+
     def _take_cached(self, state: _Connection, parts: list[fetch.FetchPart], answers: dict, isolation: int) -> None:
         """Answer from the result cache the shares it holds for reads at the request's
         isolation level, of partitions the broker has served this connection (the cache
@@ -512,11 +535,20 @@ class VirtualTopicsFeature(Feature):
                 continue
             if (part.real, part.real_partition) not in state.sessions.served:
                 continue
-            share = self.shared.take((part.real, part.real_partition), part.share, part.fetch_offset, now,
-                                     isolation_level=isolation)
+            share = self._take_share(part, now, isolation)
             if share is None:
                 continue
             answers[part.key] = self._cached_answer(part, share, now_ms)
+
+    def _take_share(self, part: fetch.FetchPart, now: float, isolation: int) -> Any:
+        """The result cache's share of ``part`` at its position, if it holds one."""
+        if part.share is None:
+            return None
+        if isinstance(part.share, Stripe):
+            return self.shared.take_stripe((part.real, part.real_partition), part.share, part.fetch_offset,
+                                           isolation_level=isolation)
+        return self.shared.take((part.real, part.real_partition), part.share, part.fetch_offset, now,
+                                isolation_level=isolation)
 
     def _cached_answer(self, part: fetch.FetchPart, share: Any, now_ms: int) -> fetch.PartAnswer:
         composed = fetch.compose(share.records, part.fetch_offset, share.next_offset, now_ms)
@@ -596,8 +628,7 @@ class VirtualTopicsFeature(Feature):
                 self._recent.add((read.real, read.partition), read.fetch_offset, None, partition.high_watermark,
                                  isolation)
                 for part in read.parts:
-                    share = None if part.share is None else self.shared.take(
-                        (read.real, read.partition), part.share, part.fetch_offset, now, isolation_level=isolation)
+                    share = None if part.share is None else self._take_share(part, now, isolation)
                     answers[part.key] = self._cached_answer(part, share, now_ms) if share is not None else \
                         fetch.PartAnswer(high_watermark=partition.high_watermark,
                                          last_stable_offset=partition.last_stable_offset,
@@ -608,9 +639,11 @@ class VirtualTopicsFeature(Feature):
                         "last_stable_offset": partition.last_stable_offset,
                         "log_start_offset": partition.log_start_offset, "aborted_transactions": aborted}
             wanted: list = []
+            stripes: list = []
             for part in read.parts:
-                if part.share is not None and part.share not in wanted:
-                    wanted.append(part.share)
+                into = stripes if isinstance(part.share, Stripe) else wanted
+                if part.share is not None and part.share not in into:
+                    into.append(part.share)
             outputs: list[bytes] = []
             read_end = None
             if wanted and partition.records:
@@ -618,6 +651,12 @@ class VirtualTopicsFeature(Feature):
                     self.shared.interest((read.real, read.partition), ranges, now)
                 outputs, read_end = self.shared.split((read.real, read.partition), wanted, read.fetch_offset,
                                                       partition.records, metadata, now, isolation_level=isolation)
+            if stripes and partition.records:
+                striped, read_end = self.shared.split_stripes(
+                    (read.real, read.partition), fetch.every_stripe_count(read.parts), stripes, read.fetch_offset,
+                    partition.records, metadata, isolation_level=isolation)
+                outputs = [*outputs, *striped]
+                wanted = [*wanted, *stripes]
             self._recent.add((read.real, read.partition), read.fetch_offset, read_end, partition.high_watermark,
                              isolation)
             for part in read.parts:
@@ -714,11 +753,11 @@ class VirtualTopicsFeature(Feature):
                 continue
             try:
                 partitions = partitions or await self._offsets_partitions()
-                shadow = shadows.shadow_group(group, vt.shares, vt.share(index), partitions)
+                shadow = shadows.shadow_group(group, vt.mark_k, vt.share(index), partitions)
             except shadows.ShadowNameError:
                 continue  # such a group cannot have committed transactionally
             wanted.setdefault(group, {}).setdefault(shadow, set()).add((vt.real, vt.real_partition(index)))
-            slots[(group, shadow)] = (vt.shares, vt.share(index))
+            slots[(group, shadow)] = (vt.mark_k, vt.share(index))
         for group, by_shadow in wanted.items():
             try:
                 found = await self.store.shadow_offsets(group, {name: sorted(keys) for name, keys in by_shadow.items()},
@@ -829,7 +868,8 @@ class VirtualTopicsFeature(Feature):
             slots: dict[str, tuple[int, int]] = {}
             for key, by_k in keys.items():
                 for shares in by_k:
-                    for share in range(shares):  # every share of K: a settle catches up the others' too
+                    # every share of K: a settle catches up the others' too
+                    for share in range(shadows.shares_of(shares)):
                         name = shadows.shadow_group(group, shares, share, partitions)
                         asked.setdefault(name, []).append(key)
                         slots[name] = (shares, share)

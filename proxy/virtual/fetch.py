@@ -34,6 +34,7 @@ from proxy.protocol.constants import ErrorCode
 from proxy.ranges import KeyRange
 from proxy.records.batch import CONTROL_BIT, TRANSACTIONAL_BIT, LegacyBatch, PartialBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
+from proxy.records.stripes import Stripe
 from proxy.virtual.names import VirtualTopic, share_ranges
 
 RangeSet = tuple[KeyRange, ...]
@@ -58,7 +59,7 @@ class FetchPart:
     real: str
     real_id: uuid.UUID | None
     real_partition: int
-    share: RangeSet | None  # None: a real partition, whole
+    share: RangeSet | Stripe | None  # None: a real partition, whole
     fetch_offset: int
     max_bytes: int
     current_leader_epoch: int = -1
@@ -175,7 +176,7 @@ def _parts(body: Any, describe: Describe) -> list[FetchPart]:
             parts.append(FetchPart(
                 topic=key, index=partition.partition, real=real, real_id=real_id,
                 real_partition=vt.real_partition(partition.partition) if vt else partition.partition,
-                share=(vt.share_range(partition.partition),) if vt else None,
+                share=vt.share_of(partition.partition) if vt else None,
                 fetch_offset=partition.fetch_offset, max_bytes=partition.partition_max_bytes,
                 current_leader_epoch=getattr(partition, "current_leader_epoch", -1),
                 last_fetched_epoch=getattr(partition, "last_fetched_epoch", -1), shares=vt.shares if vt else 0))
@@ -372,8 +373,13 @@ def every_share(parts: list[FetchPart]) -> list[RangeSet]:
     """Every share of the virtual topics ``parts`` read: a read of a real partition is
     split into all of them, so that the members of a group that start after the first one
     (at the same position, as a group starts) find their shares in the cache."""
-    counts = sorted({part.shares for part in parts if part.shares})
+    counts = sorted({part.shares for part in parts if part.shares and not isinstance(part.share, Stripe)})
     return [(share,) for count in counts for share in share_ranges(count)]
+
+
+def every_stripe_count(parts: list[FetchPart]) -> list[int]:
+    """The K of every striped topic ``parts`` read: a read is cut into all K stripes."""
+    return sorted({part.share.count for part in parts if isinstance(part.share, Stripe)})
 
 
 class RecentReads:

@@ -45,12 +45,14 @@ def names_any_id(frame: bytes | bytearray | memoryview, ids: Collection[bytes]) 
 
 
 class Precheck:
-    """The raw-bytes test of one proxy: its suffix and the virtual topic ids it handed out."""
+    """The raw-bytes test of one proxy: its suffixes and the virtual topic ids it handed out."""
 
-    def __init__(self, suffix: str, max_ids: int = MAX_IDS) -> None:
-        if not suffix:
+    def __init__(self, suffixes: str | tuple[str, ...], max_ids: int = MAX_IDS) -> None:
+        if isinstance(suffixes, str):
+            suffixes = (suffixes,)
+        if not suffixes or not all(suffixes):
             raise ValueError("the virtual topic suffix must not be empty")
-        self.suffix = suffix.encode()
+        self.suffixes = tuple(suffix.encode() for suffix in suffixes)
         self.max_ids = max_ids
         self._ids: dict[bytes, None] = {}  # insertion order: the oldest is forgotten first
 
@@ -67,13 +69,13 @@ class Precheck:
 
     def may_name_virtual(self, frame: bytes | bytearray | memoryview) -> bool:
         """False when ``frame`` cannot name a virtual topic: it goes on untouched."""
-        return names_suffix(frame, self.suffix) or names_any_id(frame, self._ids)
+        return any(names_suffix(frame, suffix) for suffix in self.suffixes) or names_any_id(frame, self._ids)
 
     def may_match_virtual(self, frame: bytes | bytearray | memoryview) -> bool:
         """Looser, for requests that may carry a regular expression (ConsumerGroupHeartbeat):
         ``.*\\.kr[0-9]+`` holds the suffix with no digit after it."""
         data = frame if isinstance(frame, (bytes, bytearray)) else bytes(frame)
-        return self.suffix in data or names_any_id(data, self._ids)
+        return any(suffix in data for suffix in self.suffixes) or names_any_id(data, self._ids)
 
 
 # -- Fetch by topic id: the ids a request names, without decoding it ----------------------------

@@ -121,24 +121,30 @@ def heartbeat_refusal(body: Any, lookup: Lookup, names: VirtualNames, real_topic
         vt = lookup(name) if name else None
         if vt is not None:
             return _heartbeat_message(vt.name, vt.real)
-    regex = regex_mentions_suffix(body, names.suffix)
+    regex = regex_mentions_suffix(body, names.suffixes)
     if regex is None:
         return None
-    for candidate in _virtual_candidates(regex.replace("\\", ""), names.suffix):
-        vt = lookup(candidate)
-        if vt is not None:
-            return _heartbeat_message(f"{vt.name} (in the regular expression {regex!r})", vt.real)
+    for suffix in names.suffixes:
+        for candidate in _virtual_candidates(regex.replace("\\", ""), suffix):
+            vt = lookup(candidate)
+            if vt is not None:
+                return _heartbeat_message(f"{vt.name} (in the regular expression {regex!r})", vt.real)
     vt = _first_virtual_match(regex, lookup, names, real_topics)
     if vt is not None:
         return _heartbeat_message(f"{vt.name} (matched by the regular expression {regex!r})", vt.real)
     return None
 
 
-def regex_mentions_suffix(body: Any, suffix: str) -> str | None:
-    """The heartbeat's subscription regular expression if it spells the virtual suffix
+def regex_mentions_suffix(body: Any, suffixes: str | tuple[str, ...]) -> str | None:
+    """The heartbeat's subscription regular expression if it spells a virtual suffix
     (escaped or not), else None: only such an expression is read for virtual names."""
+    if isinstance(suffixes, str):
+        suffixes = (suffixes,)
     regex = getattr(body, "subscribed_topic_regex", None)
-    return regex if regex and suffix in regex.replace("\\", "") else None
+    if not regex:
+        return None
+    plain = regex.replace("\\", "")
+    return regex if any(suffix in plain for suffix in suffixes) else None
 
 
 def _first_virtual_match(regex: str, lookup: Lookup, names: VirtualNames,
@@ -153,14 +159,15 @@ def _first_virtual_match(regex: str, lookup: Lookup, names: VirtualNames,
     probes = 0
     for real in sorted(t for t in real_topics if not t.startswith("__")):
         for shares in range(MIN_SHARES, names.max_shares + 1):
-            if probes >= REGEX_PROBES:
-                return None
-            probes += 1
-            name = names.name(real, shares)
-            if pattern.fullmatch(name):
-                vt = lookup(name)
-                if vt is not None:
-                    return vt
+            for striped in (False, True):
+                if probes >= REGEX_PROBES:
+                    return None
+                probes += 1
+                name = names.name(real, shares, striped)
+                if pattern.fullmatch(name):
+                    vt = lookup(name)
+                    if vt is not None:
+                        return vt
     return None
 
 

@@ -394,7 +394,8 @@ def describe_configs_response(body: Any, renamed: dict[int, str]) -> None:
 
 
 def refusal_message(vt: VirtualTopic, what: str) -> str:
-    return (f"{vt.name} is a virtual range topic of {vt.real} ({vt.shares} shares): {what} is refused; "
+    shares = f"{vt.shares} stripes" if vt.striped else f"{vt.shares} shares"
+    return (f"{vt.name} is a virtual range topic of {vt.real} ({shares}): {what} is refused; "
             f"use {vt.real}")
 
 

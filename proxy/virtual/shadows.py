@@ -55,7 +55,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.protocol.groups import MAX_SALT_LENGTH, SALT_ALPHABET, group_partition, is_salt, salt_for
+from proxy.records.stripes import STRIPED_MARKS, share_count
 from proxy.virtual.names import MIN_SHARES
+
+
+def shares_of(mark_k: int) -> int:
+    """The share count of a watermark K: a key-range topic's, or a striped one's kept apart
+    (``STRIPED_MARKS``); any K below that is read as it is, as before striped topics."""
+    return share_count(mark_k, STRIPED_MARKS - 1)
 
 __all__ = ["DEFAULT_METADATA_MAX", "MARKER", "MAX_SALT_LENGTH", "METADATA_PREFIX", "SALT_ALPHABET", "Shadow",
            "ShadowMetadata", "ShadowMetadataTooLarge", "ShadowNameError", "decode_metadata", "encode_metadata",
@@ -112,10 +119,11 @@ def _prefix(group: str, shares: int, share: int) -> str:
 def _check(group: str, shares: int, share: int, partitions: int) -> None:
     if not group:
         raise ShadowNameError("a shadow group needs a non-empty group id")
-    if shares < MIN_SHARES:
+    width = shares_of(shares)
+    if width < MIN_SHARES:
         raise ShadowNameError(f"{shares} shares: a virtual topic has at least {MIN_SHARES}")
-    if not 0 <= share < shares:
-        raise ShadowNameError(f"share {share} is outside 0..{shares - 1}")
+    if not 0 <= share < width:
+        raise ShadowNameError(f"share {share} is outside 0..{width - 1}")
     if partitions < 1:
         raise ShadowNameError(f"{partitions} partitions of __consumer_offsets: at least 1 is needed")
 
@@ -169,7 +177,7 @@ def parse_shadow(name: str, partitions: int | None = None) -> Shadow | None:
     share, shares = _decimal(share_text), _decimal(shares_text)
     if share is None or shares is None:
         return None
-    if shares < MIN_SHARES or share >= shares:
+    if shares_of(shares) < MIN_SHARES or share >= shares_of(shares):
         return None
     if partitions is not None:
         try:

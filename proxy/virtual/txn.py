@@ -70,8 +70,8 @@ def commit_plan(body: Any, resolver: Resolver) -> TxnPlan | None:
                 continue
             key = (vt.real, vt.real_partition(part.partition_index))
             share = vt.share(part.partition_index)
-            plan.edits.setdefault(key, {}).setdefault(vt.shares, {})[share] = part.committed_offset
-            plan.sent[(key, vt.shares, share)] = part
+            plan.edits.setdefault(key, {}).setdefault(vt.mark_k, {})[share] = part.committed_offset
+            plan.sent[(key, vt.mark_k, share)] = part
     if not plan.edits:
         return None
     for key in plan.edits:
@@ -169,7 +169,7 @@ def commit_response(body: Any, plan: TxnPlan, refused: dict[RealKey, int]) -> di
                 code = error_of((name, index), None)
             else:
                 key = (vt.real, vt.real_partition(index))
-                code = error_of(key, (vt.shares, vt.share(index)))
+                code = error_of(key, (vt.mark_k, vt.share(index)))
                 if outcome.get(key, ErrorCode.NONE) == ErrorCode.NONE:
                     outcome[key] = code
             entries.append(cls.TxnOffsetCommitResponsePartition(partition_index=index, error_code=code))

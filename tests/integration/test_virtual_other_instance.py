@@ -33,3 +33,33 @@ def test_a_fetch_by_a_virtual_topic_id_another_instance_handed_out_is_served(kaf
     records, _ = records_of(answer.records)
     assert records, "the share's records"
     assert all(share.start <= key_hash(r.key, r.offset) <= share.end for r in records)
+
+
+def test_a_fetch_session_is_never_opened_on_a_topic_id_the_proxy_cannot_name(kafka, proxy, topic_factory):
+    """Opened at the broker, such a session would keep the id for good: the client's
+    incremental fetches no longer name it, so the proxy could never take the partition
+    over once it learns the id is a virtual topic's, and the broker would answer
+    UNKNOWN_TOPIC_ID to every fetch (a Java consumer of a striped topic stalled so after a
+    sidecar restart). The fetch goes sessionless; a known topic's still opens a session."""
+    import uuid
+
+    from proxy.protocol import messages
+    from proxy.protocol.api_keys import ApiKey
+
+    topic = topic_factory(kafka, partitions=1)
+    cls = messages.body_class(ApiKey.FETCH, "request")
+    with RawClient.connect(proxy.bootstrap_servers) as client:
+        known = client.topic_id(topic)
+
+        def open_session(topic_id):
+            body = messages.new_body(
+                ApiKey.FETCH, 17, "request", max_wait_ms=10, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                session_id=0, session_epoch=0,
+                topics=[cls.FetchTopic(topic_id=topic_id, partitions=[
+                    cls.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+            return client.request(ApiKey.FETCH, 17, body)
+
+        unknown = open_session(uuid.uuid4())
+        assert unknown.session_id == 0
+        assert unknown.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_ID
+        assert open_session(known).session_id != 0

@@ -58,15 +58,18 @@ def check_delivery(sent: list[tuple[bytes, bytes]], results: list[Received]) -> 
     assert all(len(parts) == 1 for parts in owners.values())
 
 
-def check_group_at_end(bootstrap: str, topic: str, group: str, *, timeout: float = 30.0) -> None:
+def check_group_at_end(bootstrap: str, topic: str, group: str, *, timeout: float = 30.0,
+                       virtual_name: str | None = None) -> None:
     """kafka-consumer-groups --describe through the proxy: every virtual partition's lag
     is 0 and the real topic is committed at its end. Commits on close may land a moment
-    after the client returned, so the check is retried until ``timeout``."""
+    after the client returned, so the check is retried until ``timeout``. ``virtual_name``:
+    the virtual topic read (``<topic>.kr4`` unless given)."""
     state: dict[str, list[dict[str, str]]] = {"rows": []}
+    name = virtual_name or f"{topic}.kr{SHARES}"
 
     def done() -> bool:
         rows = state["rows"] = java_tools.describe_group(bootstrap, group)
-        virtual = [row for row in rows if row["TOPIC"] == f"{topic}.kr{SHARES}"]
+        virtual = [row for row in rows if row["TOPIC"] == name]
         real = [row for row in rows if row["TOPIC"] == topic]
         return (sorted(int(row["PARTITION"]) for row in virtual) == list(range(SHARES * PARTITIONS))
                 and all(row["LAG"] == "0" for row in virtual)
