@@ -40,6 +40,17 @@ def run(args: argparse.Namespace) -> None:
 
     def on_revoke(consumer, partitions) -> None:
         events.write([f"R {args.name} {time.monotonic():.6f} {sorted(p.partition for p in partitions)}"])
+        # Every record consume() handed out is processed and committed before the next call,
+        # inside which this runs: the positions are safe to commit, and with them the moves
+        # past other shares' records that no processed record's offset shows. Left to the
+        # loop's end, a member stopped in a rebalance would leave them to an owner that may
+        # never fetch (the group's committed offset then stays behind the log end).
+        positions = [tp for tp in consumer.position(partitions) if tp.offset >= 0]
+        if positions:
+            try:
+                consumer.commit(offsets=positions, asynchronous=False)
+            except KafkaException as exc:
+                print(f"commit on revoke failed: {exc}", file=sys.stderr, flush=True)
 
     def on_lost(consumer, partitions) -> None:
         events.write([f"L {args.name} {time.monotonic():.6f} {sorted(p.partition for p in partitions)}"])
