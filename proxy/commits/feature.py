@@ -499,7 +499,7 @@ class IndividualCommitFeature(Feature):
             _, response = messages.decode_response(ApiKey.DELETE_GROUPS, version, raw)
             for result in response.results:
                 if result.error_code == ErrorCode.NONE:
-                    self.service.deleting(result.group_id)
+                    await self.service.deleting(result.group_id)
                     await self._tombstone(result.group_id, None)
                     await self.service.deleted(result.group_id, None)
             return raw
@@ -517,7 +517,7 @@ class IndividualCommitFeature(Feature):
             if response.error_code == ErrorCode.NONE:
                 deleted = {(topic.name, part.partition_index) for topic in response.topics
                            for part in topic.partitions if part.error_code == ErrorCode.NONE}
-                self.service.deleting(group)
+                await self.service.deleting(group, deleted)
                 await self._tombstone(group, deleted)
                 if deleted:
                     await self.service.deleted(group, deleted)

@@ -40,6 +40,7 @@ from proxy.protocol.groups import parse_salted, stage_prefix
 
 log = logging.getLogger("proxy.commits")
 
+_DELETION_DRAIN_S = 30.0  # longest a deletion waits for the group's commits under way
 _TXN_SEQUENCES = 100_000  # shares whose transactional sequences an instance remembers
 _DELETIONS_REMEMBERED = 10_000  # groups whose last deletion time an instance remembers
 
@@ -86,6 +87,14 @@ class KeyLocks:
                 waiters.popleft().set()
             else:
                 del self._held[key]
+
+    async def drain(self, group: str, keys: set[Key] | None = None) -> None:
+        """Return once the holders of ``group``'s keys at the call (``keys``: only those
+        (topic, partition)) have released them; holders that come later are not waited for."""
+        busy = [key for key in self._held if key[0] == group and (keys is None or key[1:] in keys)]
+        for key in busy:  # one at a time: waiting for one key holds no other
+            await self.acquire([key])
+            self.release([key])
 
 
 class EndCheck:
@@ -505,12 +514,24 @@ class CommitService:
             planned.done.set()
 
     # -- deletion -------------------------------------------------------------------------------
-    def deleting(self, group: str) -> None:
-        """A deletion of ``group`` or of its offsets is about to be written."""
+    async def deleting(self, group: str, keys: set[Key] | None = None) -> None:
+        """A deletion of ``group`` (``keys`` None) or of those offsets of it is about to be
+        written: a follow-up that begins from now on writes nothing (``deleted_since``).
+        Returns once the commits of those keys under way have ended: one that checked
+        before this deletion began holds its keys' locks until its log write is done, and
+        that write (a key's first record, say) may land after the deletion read the log
+        for what to tombstone."""
         self._deleted_at[group] = trio.current_time()
         self._deleted_at.move_to_end(group)
         while len(self._deleted_at) > _DELETIONS_REMEMBERED:
             self._deleted_at.popitem(last=False)
+        # Bounded: a commit pipelined behind the deletion on the client's own connection
+        # holds its locks until its answer, which waits for this one's.
+        with trio.move_on_after(_DELETION_DRAIN_S) as waited:
+            await self.locks.drain(group, keys)
+        if waited.cancelled_caught:
+            log.warning("deleting with commits of the group still under way group=%s waited_s=%g", group,
+                        _DELETION_DRAIN_S)
 
     def deleted_since(self, group: str, since: float) -> bool:
         return self._deleted_at.get(group, -float("inf")) >= since

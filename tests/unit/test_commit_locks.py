@@ -1,10 +1,15 @@
-"""Per-key serialisation of commits (proxy.commits.service.KeyLocks)."""
+"""Per-key serialisation of commits (proxy.commits.service.KeyLocks), and deletions waiting
+for the commits under way (CommitService.deleting)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import trio
 import trio.testing
+from prometheus_client import CollectorRegistry
 
+from proxy.commits.service import CommitService
 from proxy.commits.service import KeyLocks as _KeyLocks
 
 
@@ -59,3 +64,58 @@ async def test_a_cancelled_waiter_leaves_the_key_to_the_next_one():
         locks.release([key])
     assert got == ["cancelled", "patient"]
     assert locks._held == {}
+
+
+async def test_drain_waits_for_the_holders_of_a_group_at_the_call_and_holds_nothing():
+    locks = _KeyLocks()
+    await locks.acquire([("g", "t", 0), ("g", "t", 1), ("other", "t", 0)])
+    drained = []
+
+    async def drain(keys):
+        await locks.drain("g", keys)
+        drained.append(keys)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain, None)
+        nursery.start_soon(drain, {("t", 1)})
+        await trio.testing.wait_all_tasks_blocked()
+        await locks.drain("g", {("t", 2)})  # nobody holds it: at once
+        await locks.drain("none")
+        locks.release([("g", "t", 0)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert drained == []  # ("g", "t", 1) is still held
+        assert ("g", "t", 0) not in locks._held  # a drain waiting for one key holds no other
+        locks.release([("g", "t", 1)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(drained, key=str) == sorted([None, {("t", 1)}], key=str)  # ("other", ...) is not waited for
+    locks.release([("other", "t", 0)])
+    assert locks._held == {}
+
+
+async def test_a_deletion_waits_for_a_follow_up_that_checked_before_it_began():
+    """A transaction's settle takes its key's locks, finds the group not deleted, then
+    writes the key's first log record (slow: the log topic may be being created). A
+    deletion of the group beginning meanwhile must not read the log for what to tombstone
+    before that write is done; a follow-up beginning after it writes nothing."""
+    service = CommitService({"individual.commit.log.segment.bytes": 1 << 20}, None,
+                            SimpleNamespace(registry=CollectorRegistry()), pool=None)
+    since = trio.current_time()
+    key = ("g", "t", 0)
+    await service.locks.acquire([key])  # the settle's plan
+    assert not service.deleted_since("g", since)
+    steps = []
+
+    async def delete():
+        await service.deleting("g")
+        steps.append("tombstones read")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(delete)
+        await trio.testing.wait_all_tasks_blocked()
+        assert steps == []
+        await service.deleting("g", {("t", 1)})  # offsets of another partition: not held, no wait
+        steps.append("settle written")
+        service.locks.release([key])
+    assert steps == ["settle written", "tombstones read"]
+    assert service.deleted_since("g", since)  # a follow-up that began before it writes nothing
+    assert service.locks._held == {}
