@@ -1,5 +1,6 @@
 """Virtual range topics (docs/wire-contract.md#9-virtual-range-topics): standard clients
-read one key range of a partition by naming ``<topic><suffix><K>``.
+read one key range of a partition by naming ``<topic><suffix><K>``, or one stripe of whole
+batches by naming ``<topic><coop suffix><K>`` (no key order; ``proxy.records.stripes``).
 
 - ``names``: parsing names, mapping partitions, deterministic topic ids (pure);
 - ``rewrite``: Metadata, ListOffsets, OffsetsForLeaderEpoch, DescribeConfigs and refusals (pure);
