@@ -17,12 +17,19 @@ with 256 KiB batches a 16 KiB coop fetch gets about 2,200 records, 2.2 s of work
 
 The contenders:
 
-- ``coop``: N trio ``proxy.client.Consumer``\\ s through the proxy, each a Python process of
-  its own (``benchmarks.workloads.coop_worker``), ``assign([tp], cooperative=True)`` in one
+- ``coop``: N trio ``proxy.client.Consumer``\\ s through the proxy
+  (``benchmarks.workloads.coop_worker``; a Python process each without work, where each needs
+  a core; with paced work N/2 trio tasks in each of two processes, as the share harness runs
+  its N consumers as threads of one JVM: ``consumers_per_process``), ``assign([tp], cooperative=True)`` in one
   group, ``allow_individual_commit``, ``mark_processed`` per record and
   ``await commit_processed()`` after every poll. Chunk size (``max_partition_fetch_bytes``):
   the client's default 1 MiB without work, 16 KiB (about 120 records, 0.12 s of work) with it;
 - ``keyrange``: the same processes with ``assign({tp: [equal_shares(N)[i]]})``;
+- ``striped``: N standard librdkafka consumers (confluent-kafka, a process each,
+  ``benchmarks.workloads.striped_worker``) of the striped virtual topic ``T.coopN``
+  (docs/cooperative-fetch.md#standard-clients-striped-virtual-topics), stripe i assigned to
+  member i, positions committed asynchronously after each batch; N = 1 reads ``T`` itself
+  through the proxy. The proxy runs with ``virtual.topics.enabled=true`` for every contender;
 - ``share``: N KafkaShareConsumers of one share group, one thread each, in one JVM
   (``benchmarks/java/share`` ShareBench, ``share.auto.offset.reset=earliest``). Without
   work Kafka's default ``share.acquire.mode`` (batch_optimized) and 500 records per poll;
@@ -109,12 +116,15 @@ GOAL_WORK = 0.9
 GOAL_HOT = 0.8
 HOT_CAP = 2.0
 CASES = ("delivery", "work", "hot")
-CONTENDERS = {"delivery": ("coop", "share"), "work": ("coop", "share"), "hot": ("coop", "keyrange")}
+CONTENDERS = {"delivery": ("coop", "share", "striped"), "work": ("coop", "share", "striped"),
+              "hot": ("coop", "keyrange", "striped")}
 _LATENCY = re.compile(r'^kafka_proxy_request_latency_seconds_(sum|count)\{api="([A-Za-z]+)"\} ([0-9.e+-]+)$', re.M)
 _COOP = re.compile(r"^(kafka_proxy_coop_[a-z_]+_total)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 TITLE = "Cooperative fetch: N consumers of one partition against share groups (and key ranges with a hot key)"
 METHOD = ("One partition, 100-byte keyed values written before the rounds (librdkafka, batch.size in the sizes). N trio Consumers through the proxy "
-          "(assign(cooperative=True), a process each, commit_processed after every poll) against N "
+          "(assign(cooperative=True); a process each without work, two processes of N/2 trio tasks with work; "
+          "commit_processed after every poll), and N standard librdkafka "
+          "consumers of the striped virtual topic T.coopN (a stripe and a process each), against N "
           "KafkaShareConsumers (one JVM), without work and with 1 ms of paced work per record (one record at a "
           "time per consumer, as the share harness); with half the records under one key, coop against N key-range "
           "consumers. Every run drains its topic; records/s between 10 % and 90 % of the records handed out; "
@@ -403,32 +413,52 @@ def _merge(series: list[list[tuple[float, int]]]) -> list[tuple[float, int]]:
     return out
 
 
+def consumers_per_process(mode: str, n: int, work_ms: float) -> int:
+    """How many of N trio consumers share a process: one each without work (each needs a
+    core's worth of Python), half each over two processes with paced work (mostly waiting:
+    N processes would spend the 2 cores waking up; the share harness runs its N consumers
+    as threads of one JVM). librdkafka consumers (``striped``): one each."""
+    if mode == "striped" or not work_ms or n < 2:
+        return 1
+    return (n + 1) // 2
+
+
 def python_run(cluster: KafkaCluster, proxy: ProxyProcess, watch: _LogWatch, *, topic: str, records: int, n: int,
                mode: str, work_ms: float, chunk_bytes: int, timeout: float) -> dict:
-    """N ``coop_worker`` processes (``mode`` coop or keyrange) draining ``topic``."""
+    """N worker processes draining ``topic``: ``coop_worker`` (``mode`` coop or keyrange) or
+    ``striped_worker`` (``mode`` striped)."""
     group = f"coop-{mode}-{n}-{uuid.uuid4().hex[:8]}"
     workdir = scratch_dir("bench-coop-workers-")
     prefixes = [workdir / f"w{i}" for i in range(n)]
-    result: dict = {"group": group, "records": records, "members": n}
+    per_process = consumers_per_process(mode, n, work_ms)
+    result: dict = {"group": group, "records": records, "members": n, "consumers_per_process": per_process}
     sampler = _Sampler(proxy.pid, cluster.running_nodes[0].pid)
     spawned = time.monotonic()
     processes = []
-    for i, prefix in enumerate(prefixes):
-        with open(f"{prefix}.err", "wb") as err:
-            processes.append(spawn(
-                [sys.executable, "-m", "benchmarks.workloads.coop_worker", "--bootstrap", proxy.bootstrap_servers,
-                 "--topic", topic, "--group", group, "--index", str(i), "--members", str(n), "--mode", mode,
-                 "--work-ms", str(work_ms), "--chunk-bytes", str(chunk_bytes), "--out", str(prefix)],
-                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err))
+    owner = []  # consumer index -> its process's index
+    for first in range(0, n, per_process):
+        count = min(per_process, n - first)
+        common = ["--bootstrap", proxy.bootstrap_servers, "--topic", topic, "--group", group, "--index", str(first),
+                  "--members", str(n), "--work-ms", str(work_ms), "--out", str(workdir / "w")]
+        if mode == "striped":
+            command = [sys.executable, "-m", "benchmarks.workloads.striped_worker", *common]
+        else:
+            command = [sys.executable, "-m", "benchmarks.workloads.coop_worker", *common, "--mode", mode,
+                       "--chunk-bytes", str(chunk_bytes), "--consumers", str(count)]
+        with open(f"{prefixes[first]}.err", "wb") as err:
+            processes.append(spawn(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err))
+        owner += [len(processes) - 1] * count
     sampler.consumer_pids = [p.pid for p in processes]
     progress = [_Progress(Path(f"{prefix}.progress")) for prefix in prefixes]
     seen = bytearray(records)
     distinct = strays = 0
 
     def check() -> None:
-        for i, (process, p) in enumerate(zip(processes, progress)):
+        for i, p in enumerate(progress):
+            process = processes[owner[i]]
             if p.error or process.poll() is not None:
-                err = Path(f"{prefixes[i]}.err").read_text(errors="replace")[-3000:]
+                first = owner.index(owner[i])
+                err = Path(f"{prefixes[first]}.err").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{mode} worker {i} {'failed: ' + p.error if p.error else 'exited'} "
                                    f"(code {process.poll()}):\n{err}")
 
@@ -652,7 +682,8 @@ def run(report: dict, progress, args) -> None:
             written[topic] = _log_end(broker, topic)
         report["sizes"]["writing the topics"] = f"{time.monotonic() - began:.0f} s"
         report["hot_key_records"] = {f"N={n}": f"{k} of {s['hot_records'][n]}" for n, k in hot_records_of_key.items()}
-        proxy = ProxyProcess.start(broker, overrides={"metrics.port": "0"}, workdir=workdir / "proxy")
+        proxy = ProxyProcess.start(broker, overrides={"metrics.port": "0", "virtual.topics.enabled": "true"},
+                                   workdir=workdir / "proxy")
         watch = _LogWatch(proxy)
         report["proxy_log"] = str(proxy.log_path)
         try:
@@ -735,6 +766,21 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
     for n in hot_workers:
         values, base = paired(rates("hot", "coop", n), rates("hot", "keyrange", n))
         rows.append(Row(group, f"coop N={n}", "records/s", values, f"keyrange N={n}", base))
+    # Standard consumers (librdkafka) on the striped virtual topic T.coopN, one stripe each
+    group = "standard consumers on T.coopN (stripes), records/s"
+    for n in workers:
+        values, base = paired(rates("delivery", "striped", n), rates("delivery", "share", n))
+        rows.append(Row(group, f"striped N={n}, no work", "records/s", values, f"share N={n}, no work", base))
+    for n in workers:
+        if n > 1:
+            values, base = paired(rates("work", "striped", n), one, n)
+            rows.append(Row(group, f"striped N={n}, 1 ms", "records/s", values, f"{n} x coop N=1", base))
+    for n in workers:
+        values, base = paired(rates("work", "striped", n), rates("work", "share", n))
+        rows.append(Row(group, f"striped N={n}, 1 ms", "records/s", values, f"share N={n}, 1 ms", base))
+    for n in hot_workers:
+        values, base = paired(rates("hot", "striped", n), one, n)
+        rows.append(Row(group, f"striped N={n}, hot key", "records/s", values, f"{n} x coop N=1", base))
     by = {(r.group, r.name, r.baseline): r for r in rows}
 
     def ratio(group_prefix: str, name: str, baseline: str) -> float | None:
@@ -759,6 +805,18 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
     for n in hot_workers:
         goals.append(goal(f"hot key: keyrange N={n} <= {HOT_CAP:g} x one consumer (the premise: the hot key caps it)",
                           ratio("hot key", f"keyrange N={n}", "coop N=1 (one consumer)"), HOT_CAP, at_least=False))
+    if 4 in workers:
+        goals.append(goal(f"no work: standard consumers on T.coop4 (striped N=4) >= {GOAL_DELIVERY:g} x share groups N=4",
+                          ratio("standard", "striped N=4, no work", "share N=4, no work"), GOAL_DELIVERY))
+    for n in workers:
+        if n > 1:
+            goals.append(goal(f"1 ms per record: striped N={n} >= {GOAL_WORK:g} x {n} x one consumer (coop N=1)",
+                              ratio("standard", f"striped N={n}, 1 ms", f"{n} x coop N=1"), GOAL_WORK))
+            goals.append(goal(f"1 ms per record: striped N={n} >= share groups N={n}",
+                              ratio("standard", f"striped N={n}, 1 ms", f"share N={n}, 1 ms"), 1.0))
+    for n in hot_workers:
+        goals.append(goal(f"hot key: striped N={n} >= {GOAL_HOT:g} x {n} x one consumer",
+                          ratio("standard", f"striped N={n}, hot key", f"{n} x coop N=1"), GOAL_HOT))
     goals.append(goal("runs that failed, stalled, missed an offset or did not commit to the log end", len(failures), 0,
                       at_least=False))
     # CPU per record over the middle of the coop runs (where the time goes)

@@ -1,11 +1,13 @@
-"""One consumer of ``python -m benchmarks coop`` in a process of its own, so N consumers are
-not held to one process's core (N = 16 on 2 cores: 16 processes).
+"""Consumers of ``python -m benchmarks coop``: ``--consumers`` of them in one process, as
+trio tasks (the bench spreads N consumers over processes: one each without work, where each
+needs a core, and over two with paced work, where N processes would spend the 2 cores
+waking up, as the share harness runs its N consumers as threads of one JVM).
 
     python -m benchmarks.workloads.coop_worker --bootstrap HOST:PORT --topic T --group G \
-        --index 0 --members 4 --mode coop --work-ms 1 --chunk-bytes 16384 --out /tmp/w0
+        --index 0 --consumers 8 --members 16 --mode coop --work-ms 1 --chunk-bytes 16384 --out /tmp/w
 
-A trio ``proxy.client.Consumer`` of group ``G`` (``allow_individual_commit``) on partition 0
-of ``T``:
+Each a trio ``proxy.client.Consumer`` of group ``G`` (``allow_individual_commit``) on
+partition 0 of ``T``, with its own connections:
 
 - ``--mode coop``: ``assign([tp], cooperative=True)``, chunks of offsets handed out by the
   proxy (docs/cooperative-fetch.md), ``max_partition_fetch_bytes`` = ``--chunk-bytes``;
@@ -21,11 +23,12 @@ a task of its own (a KafkaShareConsumer likewise sends its acknowledgements with
 fetch, without stopping the application); a retriable failure is counted and left to the
 next commit, which carries the marks.
 
-Start-up is kept out of the measurement: the worker connects (``Consumer.__aenter__``),
-writes ``R <time>`` to ``<out>.progress`` and waits for a line on stdin before it assigns
-and polls, so the parent starts all N together once all are ready. It runs until SIGTERM.
+Start-up is kept out of the measurement: each consumer connects (``Consumer.__aenter__``)
+and writes ``R <time>`` to ``<out><index>.progress``; the process waits for a line on stdin
+before they assign and poll, so the parent starts all N together once all are ready. It
+runs until SIGTERM.
 
-``<out>.progress`` (single ``os.write`` calls of whole lines on an O_APPEND descriptor;
+``<out><index>.progress`` (single ``os.write`` calls of whole lines on an O_APPEND descriptor;
 times are ``time.monotonic()``, one clock for every process of the machine):
 
 - ``P <time> <records processed so far> <first>-<last>,...``: the offsets processed since
@@ -33,8 +36,9 @@ times are ``time.monotonic()``, one clock for every process of the machine):
   ``--line-every`` records within a poll;
 - ``E <error>``: the loop failed (the exception follows on stderr).
 
-``<out>.json``, written on exit: the consumer's ``metrics()``, the number of polls and
-commits and the seconds spent in poll, in commit and in work.
+``<out><index>.json``, written on exit: the consumer's ``metrics()``, the number of polls
+and commits, the seconds spent in poll, in commit and in work, and the process's CPU
+seconds shared evenly by its consumers.
 """
 
 from __future__ import annotations
@@ -73,25 +77,25 @@ class _Line:
         self.runs = []
 
 
-async def work(args: argparse.Namespace, stats: dict) -> None:
+async def work(args: argparse.Namespace, index: int, stats: dict, start: trio.Event) -> None:
     from proxy.client import Consumer, RetriableError, TopicPartition, equal_shares
 
-    progress = os.open(args.out + ".progress", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    progress = os.open(f"{args.out}{index}.progress", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     line = _Line(progress)
     pace = args.work_ms / 1000
     tp = TopicPartition(args.topic, 0)
-    settings = {"group_id": args.group, "client_id": f"{args.group}-{args.index}", "auto_offset_reset": "earliest",
+    settings = {"group_id": args.group, "client_id": f"{args.group}-{index}", "auto_offset_reset": "earliest",
                 "allow_individual_commit": True}
     if args.chunk_bytes:
         settings["max_partition_fetch_bytes"] = args.chunk_bytes
     async with Consumer(args.bootstrap, **settings) as consumer:
         os.write(progress, b"R %.6f\n" % time.monotonic())
-        await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)  # the start signal
+        await start.wait()
         stats["started"] = time.monotonic()
         if args.mode == "coop":
             consumer.assign([tp], cooperative=True)
         else:
-            consumer.assign({tp: [equal_shares(args.members)[args.index]] if args.members > 1 else []})
+            consumer.assign({tp: [equal_shares(args.members)[index]] if args.members > 1 else []})
         due = trio.current_time()
         committing = False
 
@@ -139,8 +143,17 @@ async def work(args: argparse.Namespace, stats: dict) -> None:
             stats["metrics"] = consumer.metrics()
 
 
-async def main_async(args: argparse.Namespace, stats: dict) -> None:
-    await until_signalled(lambda: work(args, stats))
+async def main_async(args: argparse.Namespace, stats: list[dict]) -> None:
+    start = trio.Event()
+
+    async def consumers() -> None:
+        async with trio.open_nursery() as nursery:
+            for offset, own in enumerate(stats):
+                nursery.start_soon(work, args, args.index + offset, own, start)
+            await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)  # the start signal
+            start.set()
+
+    await until_signalled(consumers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,21 +161,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group", required=True)
-    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--index", type=int, required=True, help="the first consumer's index")
+    parser.add_argument("--consumers", type=int, default=1,
+                        help="consumers in this process, as trio tasks, indexes --index on")
     parser.add_argument("--members", type=int, required=True)
     parser.add_argument("--mode", choices=("coop", "keyrange"), required=True)
     parser.add_argument("--work-ms", type=float, default=0.0)
     parser.add_argument("--chunk-bytes", type=int, default=0, help="max_partition_fetch_bytes (0: the default)")
     parser.add_argument("--line-every", type=int, default=20, help="with work: a progress line every so many records")
-    parser.add_argument("--out", required=True, help="path prefix of the progress and stats files")
+    parser.add_argument("--out", required=True,
+                        help="path prefix of the progress and stats files, the consumer's index appended")
     args = parser.parse_args(argv)
-    stats: dict = {"polls": 0, "commits": 0, "poll_s": 0.0, "commit_s": 0.0, "work_s": 0.0}
+    stats: list[dict] = [{"polls": 0, "commits": 0, "poll_s": 0.0, "commit_s": 0.0, "work_s": 0.0}
+                         for _ in range(args.consumers)]
     try:
         trio.run(main_async, args, stats)
     finally:
-        stats["cpu_s"] = sum(os.times()[:2])
-        with open(args.out + ".json", "w") as out:
-            json.dump(stats, out)
+        cpu = sum(os.times()[:2])
+        for offset, own in enumerate(stats):
+            own["cpu_s"] = cpu / len(stats)  # the process's, shared evenly
+            with open(f"{args.out}{args.index + offset}.json", "w") as out:
+                json.dump(own, out)
     return 0
 
 
