@@ -60,64 +60,23 @@ def _check_exactly_once_and_spread(sent: list, results: list[checks.Received]) -
 
 
 def test_kafka_python_group_shares_a_hot_key_by_stripes(kafka, proxy, topic_factory):
-    from kafka import KafkaConsumer
-
-    members = 3
     topic = topic_factory(kafka, partitions=PARTITIONS)
     name = f"{topic}.coop{SHARES}"
     group = f"coop-{uuid.uuid4().hex[:8]}"
-    results: list[checks.Received] = [[] for _ in range(members)]
-    sizes: dict[int, int] = {}
-    seen = [0]
-    lock = threading.Lock()
-    stop = threading.Event()
-    failures: list[BaseException] = []
     deadline = time.monotonic() + 150
-
-    def member(index: int) -> None:
-        consumer = KafkaConsumer(name, bootstrap_servers=proxy.bootstrap_servers, group_id=group,
-                                 auto_offset_reset="earliest", enable_auto_commit=False, session_timeout_ms=10000,
-                                 heartbeat_interval_ms=500, max_poll_records=100)
-        try:
-            while time.monotonic() < deadline:
-                batches = consumer.poll(timeout_ms=500)
-                assignment = consumer.assignment()
-                sizes[index] = len(assignment)
-                for tp, records in batches.items():
-                    for record in records:
-                        results[index].append((tp.partition, record.offset, record.key, record.value))
-                    with lock:
-                        seen[0] += len(records)
-                if batches:
-                    consumer.commit()
-                if stop.is_set() and assignment:
-                    ends = consumer.end_offsets(list(assignment))
-                    if all(consumer.position(tp) == ends[tp] for tp in assignment):
-                        break
-            consumer.commit()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failures.append(exc)
-        finally:
-            consumer.close()
-
-    threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(members)]
-    threads[0].start()
-    checks.wait_assigned(lambda: [sizes.get(0, 0)], 1)
-    for thread in threads[1:]:
-        thread.start()
-    checks.wait_assigned(lambda: list(sizes.values()), members)
+    fleet = checks.KafkaPythonGroup(proxy.bootstrap_servers, name, group, 3, deadline=deadline, poll_ms=500,
+                                    max_poll_records=100, commit_each_poll=True)
+    fleet.start()
     sent: list = []
     produced = threading.Event()
     producer = threading.Thread(target=_produce_live, args=(proxy.bootstrap_servers, topic, sent, produced,
-                                                            failures), daemon=True)
+                                                            fleet.failures), daemon=True)
     producer.start()
     produced.wait(120)
-    checks.wait_until_count(lambda: seen[0], len(sent), deadline)
-    stop.set()
-    for thread in threads:
-        thread.join(60)
-    assert not failures, failures
-    _check_exactly_once_and_spread(sent, results)
+    checks.wait_until_count(lambda: fleet.seen, len(sent), deadline)
+    fleet.stop()
+    assert not fleet.failures, fleet.failures
+    _check_exactly_once_and_spread(sent, fleet.results)
     checks.check_group_at_end(proxy.bootstrap_servers, topic, group, virtual_name=name)
 
 

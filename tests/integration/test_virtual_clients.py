@@ -45,57 +45,16 @@ _KAFKA_PYTHON_LOST_SYNC = pytest.mark.flaky(reruns=1)
 @_KAFKA_PYTHON_LOST_SYNC
 @pytest.mark.parametrize("members", MEMBERS)
 def test_kafka_python_group_reads_each_record_once(kafka, proxy, topic_factory, members):
-    from kafka import KafkaConsumer
-
     topic = topic_factory(kafka, partitions=PARTITIONS)
     group = _group()
-    results: list[checks.Received] = [[] for _ in range(members)]
-    sizes: dict[int, int] = {}
-    seen = [0]
-    lock = threading.Lock()
-    stop = threading.Event()
-    failures: list[BaseException] = []
     deadline = time.monotonic() + 120
-
-    def member(index: int) -> None:
-        consumer = KafkaConsumer(f"{topic}.kr{SHARES}", bootstrap_servers=proxy.bootstrap_servers, group_id=group,
-                                 auto_offset_reset="earliest", enable_auto_commit=False, session_timeout_ms=10000,
-                                 heartbeat_interval_ms=500, max_poll_records=200)
-        try:
-            while time.monotonic() < deadline:
-                batches = consumer.poll(timeout_ms=1000)
-                assignment = consumer.assignment()
-                sizes[index] = len(assignment)
-                for tp, records in batches.items():
-                    for record in records:
-                        results[index].append((tp.partition, record.offset, record.key, record.value))
-                    with lock:
-                        seen[0] += len(records)
-                if stop.is_set() and assignment:
-                    ends = consumer.end_offsets(list(assignment))
-                    if all(consumer.position(tp) == ends[tp] for tp in assignment):
-                        break
-            consumer.commit()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failures.append(exc)
-        finally:
-            consumer.close()
-
-    threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(members)]
-    # The first member joins alone and holds every partition before the others start, so
-    # that no member's metadata changes after that (see _KAFKA_PYTHON_LOST_SYNC).
-    threads[0].start()
-    checks.wait_assigned(lambda: [sizes.get(0, 0)], 1)
-    for thread in threads[1:]:
-        thread.start()
-    checks.wait_assigned(lambda: list(sizes.values()), members)
+    fleet = checks.KafkaPythonGroup(proxy.bootstrap_servers, f"{topic}.kr{SHARES}", group, members, deadline=deadline)
+    fleet.start()
     sent = checks.produce(proxy.bootstrap_servers, topic, RECORDS)
-    checks.wait_until_count(lambda: seen[0], len(sent), deadline)
-    stop.set()
-    for thread in threads:
-        thread.join(60)
-    assert not failures, failures
-    checks.check_delivery(sent, results)
+    checks.wait_until_count(lambda: fleet.seen, len(sent), deadline)
+    fleet.stop()
+    assert not fleet.failures, fleet.failures
+    checks.check_delivery(sent, fleet.results)
     checks.check_group_at_end(proxy.bootstrap_servers, topic, group)
 
 

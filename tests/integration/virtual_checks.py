@@ -6,6 +6,7 @@ offset at the coordinator is its end."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -117,3 +118,68 @@ def parse_console(output: str) -> Received:
         received.append((int(cells[0].split(":")[1]), int(cells[1].split(":")[1]), cells[2].encode(),
                          cells[3].encode()))
     return received
+
+
+class KafkaPythonGroup:
+    """``members`` kafka-python consumers of ``topic`` in ``group``, a thread each, that
+    record what they receive until told to stop, then stop once their positions reach the
+    log end. The first member joins alone and holds every partition before the others
+    start (kafka-python's lost-sync race: test_virtual_clients.py)."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, members: int, *, deadline: float,
+                 poll_ms: int = 1000, max_poll_records: int = 200, commit_each_poll: bool = False) -> None:
+        self.bootstrap, self.topic, self.group = bootstrap, topic, group
+        self.members, self.deadline = members, deadline
+        self.poll_ms, self.max_poll_records, self.commit_each_poll = poll_ms, max_poll_records, commit_each_poll
+        self.results: list[Received] = [[] for _ in range(members)]
+        self.sizes: dict[int, int] = {}
+        self.failures: list[BaseException] = []
+        self._seen = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._member, args=(i,), daemon=True) for i in range(members)]
+
+    @property
+    def seen(self) -> int:
+        return self._seen
+
+    def start(self) -> None:
+        """Start the members and wait until together they hold every virtual partition."""
+        self._threads[0].start()
+        wait_assigned(lambda: [self.sizes.get(0, 0)], 1)
+        for thread in self._threads[1:]:
+            thread.start()
+        wait_assigned(lambda: list(self.sizes.values()), self.members)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _member(self, index: int) -> None:
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(self.topic, bootstrap_servers=self.bootstrap, group_id=self.group,
+                                 auto_offset_reset="earliest", enable_auto_commit=False, session_timeout_ms=10000,
+                                 heartbeat_interval_ms=500, max_poll_records=self.max_poll_records)
+        try:
+            while time.monotonic() < self.deadline:
+                batches = consumer.poll(timeout_ms=self.poll_ms)
+                assignment = consumer.assignment()
+                self.sizes[index] = len(assignment)
+                for tp, records in batches.items():
+                    for record in records:
+                        self.results[index].append((tp.partition, record.offset, record.key, record.value))
+                    with self._lock:
+                        self._seen += len(records)
+                if batches and self.commit_each_poll:
+                    consumer.commit()
+                if self._stop.is_set() and assignment:
+                    ends = consumer.end_offsets(list(assignment))
+                    if all(consumer.position(tp) == ends[tp] for tp in assignment):
+                        break
+            consumer.commit()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.failures.append(exc)
+        finally:
+            consumer.close()
