@@ -10,8 +10,12 @@ blob into range sets in one ``split_records`` call, CRC check and rebuilding inc
 * ``4`` and ``16``: that many sets, the equal shares of docs/wire-contract.md#2-key-hash-and-ranges.
 
 Both kernel implementations are measured: ``c`` (the accelerator, when built) and
-``python`` (the pure-Python fallback). Results go to ``benchmarks/results/split.json``;
-profiles of the 4- and 16-set cases go to ``benchmarks/results/split_profile.txt``.
+``python`` (the pure-Python fallback). The C kernels run twice, on the two paths of
+``split_records``: ``whole-blob`` (``split_blob``: the whole blob in one GIL-free C call,
+the default; compressed blobs fall back to the per-batch loop, which ``whole_blob_taken``
+says) and ``per-batch`` (the Python batch loop around the C record walk). ``speedups``
+sets the two side by side. Results go to ``benchmarks/results/split.json``; profiles of the
+4- and 16-set cases go to ``benchmarks/results/split_profile.txt``.
 
 Run: ``.venv/bin/python benchmarks/bench_split.py [--seconds S]``.
 """
@@ -101,6 +105,23 @@ def measure(blob: bytes, count: int, plan: RangePlan, seconds: float) -> float:
     return count / best
 
 
+def whole_blob_taken(blob: bytes, plan: RangePlan) -> bool:
+    """Whether ``split_records`` runs this blob through ``split_blob`` (not its fallback)."""
+    whole = kernels.split_blob
+    all_full = len(plan.full_sets) == len(plan)
+    return whole is not None and whole(blob, plan.bounds, plan.members, len(plan), all_full, True) is not None
+
+
+def speedups(results: list[dict]) -> list[dict]:
+    """Whole-blob against per-batch records/s, C kernels, per codec and case."""
+    rate = {(r["codec"], r["sets"], r["path"]): r["records_per_s"] for r in results if r["kernels"] == "c"}
+    return [
+        {"codec": codec, "sets": sets, "whole_blob_over_per_batch": round(whole / rate[codec, sets, "per-batch"], 2)}
+        for (codec, sets, path), whole in rate.items()
+        if path == "whole-blob"
+    ]
+
+
 def profile_case(blob: bytes, plan: RangePlan, top: int = 12) -> str:
     profiler = cProfile.Profile()
     profiler.enable()
@@ -136,18 +157,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="time per case")
     args = parser.parse_args()
-    impls = (["c"] if kernels.ACCELERATED else []) + ["python"]
+    runs = ([("c", "whole-blob"), ("c", "per-batch")] if kernels.ACCELERATED else []) + [("python", "per-batch")]
     results = []
     profiles = []
     for codec in (Codec.NONE, Codec.LZ4):
         blob, count = make_blob(codec)
-        for impl in impls:
-            with kernels.using(impl):
+        for impl, path in runs:
+            with kernels.using(impl, whole_blob=path == "whole-blob"):
                 for case, sets in CASES.items():
                     plan = RangePlan(sets)
                     rate = measure(blob, count, plan, args.seconds)
                     row = {
-                        "codec": codec.name.lower(), "sets": case, "kernels": impl,
+                        "codec": codec.name.lower(), "sets": case, "kernels": impl, "path": path,
+                        "whole_blob_taken": whole_blob_taken(blob, plan),
                         "records": count, "blob_bytes": len(blob),
                         "records_per_s": round(rate), "meets_1M_goal": rate >= GOAL,
                     }
@@ -155,7 +177,7 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
                     if case in ("4", "16"):
                         profiles.append(
-                            f"=== {impl} kernels, {codec.name.lower()}, {case} sets ===\n"
+                            f"=== {impl} kernels, {path}, {codec.name.lower()}, {case} sets ===\n"
                             + profile_case(blob, plan)
                         )
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -171,6 +193,7 @@ def main() -> None:
         "goal_records_per_s": GOAL,
         "machine": machine(),
         "results": results,
+        "speedups": speedups(results),
         "profile_file": "benchmarks/results/split_profile.txt",
     }
     (RESULTS / "split.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -7,7 +7,9 @@ field, since kept records are copied verbatim and the broker validated them on p
 
 The optional C module ``proxy.records._ckernels`` implements the same three functions with
 the same results; ``proxy.records.kernels`` picks one. Positions in errors are relative to
-``buf`` (``ProtocolError.offset``).
+``buf`` (``ProtocolError.offset``). The C module also has ``split_blob``, a whole
+``split_records`` without the GIL, which has no counterpart here: the Python loop of
+``split_records`` is its reference.
 
 Signatures shared with the C module::
 

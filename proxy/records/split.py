@@ -21,6 +21,15 @@ Entries that are not filtered:
 A set that keeps every record of a batch (and asked for no codec change) gets the source
 batch's bytes unchanged: nothing is rebuilt, recompressed or re-checksummed.
 
+When the C accelerator is built, ``split_records`` first hands the whole blob to its
+``split_blob``: entry walk, CRC checks, routing, copying and the rebuilt headers and CRCs in
+one call that holds the GIL only to allocate the outputs. One GIL-free call per fetch is
+what lets the proxy run the split on a worker thread, on another core, while its event loop
+keeps relaying; the per-batch loop below holds the GIL for everything but the record walk.
+It covers blobs of uncompressed data batches and control batches, the common case, and
+returns None for anything else (compressed or magic 0/1 entries, any malformed input), so
+the loop below runs then and raises its usual errors; both give the same bytes and stats.
+
 ``match_offsets`` is the offsets-only variant (``reserve.message.value.range.fetch=false``):
 it returns which offsets each set wants, and ``filter_by_offsets`` later rebuilds the
 filtered batches from a fresh read given those offsets, without hashing again. A fresh
@@ -107,9 +116,14 @@ def split_records(
     """
     buf = blob if isinstance(blob, bytes) else bytes(blob)
     nsets = len(plan)
+    all_full = len(plan.full_sets) == nsets
+    whole = kernels.split_blob
+    if whole is not None and (codec is None or int(codec) == Codec.NONE):
+        done = whole(buf, plan.bounds, plan.members, nsets, all_full, verify_crc)
+        if done is not None:
+            return _whole_blob_result(done, len(buf))
     parts: list[list] = [[] for _ in range(nsets)]
     stats = [SetStats() for _ in range(nsets)]
-    all_full = len(plan.full_sets) == nsets
     kept_counts = [0] * nsets
     empties = [0] * nsets
     batches = records = 0
@@ -162,6 +176,23 @@ def split_records(
         s.empty_batches = empties[k]
         outputs.append(SetOutput(data, s))
     return SplitResult(outputs, len(buf), partial, next_offset)
+
+
+def _whole_blob_result(done: tuple, bytes_in: int) -> SplitResult:
+    """The ``SplitResult`` of a ``kernels.split_blob`` return."""
+    outs, kept, empties, controls, batches, records, partial, next_offset = done
+    outputs = [
+        SetOutput(data, SetStats(
+            records_kept=kept[k],
+            records_dropped=records - kept[k],
+            bytes_out=len(data),
+            batches_out=batches + controls,
+            empty_batches=empties[k],
+            passed_through=controls,
+        ))
+        for k, data in enumerate(outs)
+    ]
+    return SplitResult(outputs, bytes_in, partial, next_offset)
 
 
 def match_offsets(
