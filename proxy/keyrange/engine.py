@@ -40,7 +40,7 @@ from proxy.protocol.messages import ApiKey
 from proxy.protocol.values import strip_extensions
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
-from proxy.records.split import filter_by_offsets, match_offsets, split_records
+from proxy.records.split import SplitResult, filter_by_offsets, match_offsets, split_records
 from proxy.records.stripes import Stripe, split_stripes
 
 _SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
@@ -79,6 +79,27 @@ class FetchPlan:
     names: dict[PartitionKey, str] = field(default_factory=dict)
     sessionless: bool = False
     isolation_level: int = 0  # the request's: cached shares serve only reads of the same level
+
+
+@dataclass(slots=True)
+class SplitJob:
+    """One partition of a broker answer to split: the pure part of ``complete``, gathered
+    by ``split_jobs`` so that the caller may run it elsewhere (a worker thread) before
+    ``complete`` uses its result. ``sets`` are the range sets as they were when the job was
+    made: a set that becomes active while it runs is served by the next read."""
+
+    blob: Any
+    plan: RangePlan
+    sets: tuple[RangeSet, ...]
+    codec: Codec | None
+    result: SplitResult | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.blob)
+
+    def run(self) -> None:
+        self.result = split_records(self.blob, self.plan, codec=self.codec)
 
 
 class ConnectionRanges:
@@ -194,9 +215,35 @@ class KeyRangeEngine:
         return request
 
     # -- response -----------------------------------------------------------------------------
-    def complete(self, conn: ConnectionRanges, plan: FetchPlan, response: Any | None, now: float) -> Any:
+    def split_jobs(self, plan: FetchPlan, response: Any, now: float) -> dict[PartitionKey, SplitJob]:
+        """The record splits ``complete`` will need for ``response``, by partition, not yet
+        run. Only reads whose shares are cached as records are split this way; the
+        offsets-only path keeps its two passes inside ``complete``."""
+        jobs: dict[PartitionKey, SplitJob] = {}
+        if response.error_code != ErrorCode.NONE:
+            return jobs
+        ranges = plan.ranges
+        for topic in response.responses:
+            key = topic_key(topic)
+            for partition in topic.partitions:
+                pk = (key, partition.partition_index)
+                chosen = ranges.filtered.get(pk)
+                if chosen is None or pk in ranges.invalid or partition.error_code != ErrorCode.NONE \
+                        or not partition.records:
+                    continue
+                name = plan.names.get(pk) or self._name(key)
+                if not self.topic_setting(name, "reserve.message.value.range.fetch"):
+                    continue
+                sets = self._sets(chosen, (name, pk[1]), plan.fetch_offsets.get(pk), now)
+                jobs[pk] = SplitJob(partition.records, self._plan_for(sets), sets, self.codec)
+        return jobs
+
+    def complete(self, conn: ConnectionRanges, plan: FetchPlan, response: Any | None, now: float,
+                 splits: dict[PartitionKey, SplitJob] | None = None) -> Any:
         """The response for the client: ``response`` from the broker (None when the plan
-        needed no broker read), filtered, with cached shares and refusals merged in."""
+        needed no broker read), filtered, with cached shares and refusals merged in.
+        ``splits``: from ``split_jobs`` for this response, run or not (those not run are run
+        here)."""
         version = plan.version
         if response is None:
             response = messages.new_body(ApiKey.FETCH, version, "response", session_id=NO_SESSION)
@@ -220,7 +267,8 @@ class KeyRangeEngine:
                 chosen = ranges.filtered.get(pk)
                 if chosen is None:
                     continue
-                self._filter(partition, name, chosen, plan.fetch_offsets.get(pk), plan.isolation_level, now)
+                self._filter(partition, name, chosen, plan.fetch_offsets.get(pk), plan.isolation_level, now,
+                             splits.get(pk) if splits else None)
         for pk, share in plan.hits.items():
             entry = self._partition_entry(response, topics, pk, response_class)
             entry.records = share.records
@@ -242,8 +290,14 @@ class KeyRangeEngine:
         partition.key_ranges_applied = None
         self.stats.partitions_refused += 1
 
+    def _sets(self, chosen: RangeSet, partition_id: tuple[str, int], fetch_offset: int | None,
+              now: float) -> tuple[RangeSet, ...]:
+        """The range sets one read of the partition is split into: the requester's, and the
+        active ones when the read's position is known (their shares can be cached)."""
+        return canonical_sets([chosen, *(self.active.active(partition_id, now) if fetch_offset is not None else ())])
+
     def _filter(self, partition: Any, name: str, chosen: RangeSet, fetch_offset: int | None, isolation_level: int,
-                now: float) -> None:
+                now: float, job: SplitJob | None = None) -> None:
         """Filter one partition of a broker response to ``chosen``, caching the other active
         sets' shares. ``KeyRangesApplied`` is set exactly when the partition was filtered:
         not on an error, and not when magic 0/1 entries passed through unfiltered (that
@@ -260,12 +314,21 @@ class KeyRangeEngine:
         read = self.stats.broker_bytes
         read[partition_id] = read.get(partition_id, 0) + len(blob)
         self.stats.touched.add(partition_id)
-        sets = canonical_sets([chosen, *(self.active.active(partition_id, now) if fetch_offset is not None else ())])
-        index = sets.index(chosen)
-        plan = self._plan_for(sets)
         keep_values = self.topic_setting(name, "reserve.message.value.range.fetch")
+        if job is None or not keep_values:
+            sets = self._sets(chosen, partition_id, fetch_offset, now)
+            plan = self._plan_for(sets)
+        else:
+            sets, plan = job.sets, job.plan
+        index = sets.index(chosen)
         if keep_values:
-            result = split_records(blob, plan, codec=self.codec)
+            if job is None:
+                result = split_records(blob, plan, codec=self.codec)
+            else:
+                if job.result is None:
+                    job.run()
+                assert job.result is not None
+                result = job.result
             mine = result.outputs[index]
             partition.records = mine.records
             self._mark_applied(partition, applied, mine.stats)

@@ -10,6 +10,7 @@ import trio
 from prometheus_client import Counter, Gauge
 
 from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+from proxy.keyrange.workers import SplitWorkers
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
 from proxy.pipeline.context import StateKey
 from proxy.protocol import messages
@@ -56,6 +57,8 @@ class KeyRangeFetchFeature(Feature):
             interest_seconds=config.get("key.range.interest.ms") / 1000,
         )
         registry = metrics.registry
+        self.workers = SplitWorkers(config.get("key.range.split.threads"),
+                                    config.get("key.range.split.thread.min.bytes"), registry)
         self._hits = Counter("kafka_proxy_keyrange_cache_hits", "Shares served from the cache.", registry=registry)
         self._misses = Counter("kafka_proxy_keyrange_cache_misses", "Cache lookups that found nothing.",
                                registry=registry)
@@ -117,7 +120,10 @@ class KeyRangeFetchFeature(Feature):
         events = self._announce([(*key, level) for key in reads])
 
         async def on_response(response: DecodedResponse) -> None:
-            response.body = engine.complete(state, plan, response.body, trio.current_time())
+            splits = engine.split_jobs(plan, response.body, trio.current_time())
+            if splits:
+                await self.workers.run(splits.values())
+            response.body = engine.complete(state, plan, response.body, trio.current_time(), splits)
             response.changed = True
             self._export()
 

@@ -114,14 +114,16 @@ def split_records(
     ``codec`` None keeps each batch's codec; ``Codec.NONE`` writes filtered batches
     uncompressed. Bad input raises ``ProtocolError`` with the blob offset of the fault.
     """
-    buf = blob if isinstance(blob, bytes) else bytes(blob)
     nsets = len(plan)
     all_full = len(plan.full_sets) == nsets
     whole = kernels.split_blob
     if whole is not None and (codec is None or int(codec) == Codec.NONE):
-        done = whole(buf, plan.bounds, plan.members, nsets, all_full, verify_crc)
+        # Any buffer will do (a view of the response frame): its bytes are copied out, and
+        # a copy of the whole blob first would be a megabyte moved with the GIL held.
+        done = whole(blob, plan.bounds, plan.members, nsets, all_full, verify_crc)
         if done is not None:
-            return _whole_blob_result(done, len(buf))
+            return _whole_blob_result(done, len(blob))
+    buf = blob if isinstance(blob, bytes) else bytes(blob)
     parts: list[list] = [[] for _ in range(nsets)]
     stats = [SetStats() for _ in range(nsets)]
     kept_counts = [0] * nsets

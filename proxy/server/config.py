@@ -147,6 +147,12 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
             "Filtered batches keep their codec (source) or go out uncompressed (none).", _one_of("source", "none")),
     Setting("key.range.interest.ms", _parse_int, 30000,
             "A range set not requested for this long is no longer split out of broker reads.", _at_least(100)),
+    Setting("key.range.split.threads", _parse_int, 1,
+            "Worker threads that split large broker reads by key range off the event loop, so the split "
+            "takes a second core (0: on the event loop; needs the C kernels).", _at_least(0)),
+    Setting("key.range.split.thread.min.bytes", _parse_int, 65536,
+            "Broker reads smaller than this are split on the event loop (a trip to a thread costs more).",
+            _at_least(0)),
     Setting("fetch.readahead.enabled", _parse_bool, False,
             "Send a consumer's next Fetch to the broker while it still processes the last one, and answer "
             "the consumer from it when it asks (plain consumer fetches only; see docs/read-ahead.md)."),

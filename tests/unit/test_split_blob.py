@@ -210,6 +210,17 @@ def test_whole_blob_split_equals_the_python_loop(seed) -> None:
             assert got == want
 
 
+@pytest.mark.parametrize("seed", SEEDS[:20])
+def test_a_view_of_a_frame_splits_as_its_bytes(seed) -> None:
+    """The proxy splits ``records`` fields as views of the response frame (a bytearray),
+    handed to the kernel without a copy first."""
+    rnd = random.Random(seed)
+    blob, plan = _blob(rnd), _plan(rnd)
+    frame = bytearray(b"head" + blob + b"tail")
+    view = memoryview(frame)[4:4 + len(blob)]
+    assert split_records(view, plan) == split_records(blob, plan)
+
+
 def test_every_field_of_a_known_split() -> None:
     plan = RangePlan([[KeyRange(0, HASH_MAX // 2)], [KeyRange(HASH_MAX // 2 + 1, HASH_MAX)], None])
     recs = [encode_record(offset_delta=i, key=b"k%d" % i, value=b"v" * i) for i in range(30)]

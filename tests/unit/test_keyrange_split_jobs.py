@@ -1,0 +1,117 @@
+"""The split of a broker read taken out of ``KeyRangeEngine.complete`` (``split_jobs``), to
+run on a worker thread: the same answer and the same cached shares as a split made inside
+``complete``; and ``SplitWorkers`` runs only the large ones, off the event loop."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+from proxy.keyrange.workers import SplitWorkers, whole_blob_in_c
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
+from proxy.ranges import equal_shares
+from proxy.testing.batches import Rec, kafka_python_batch
+
+R = messages.body_class(ApiKey.FETCH, "request")
+P = messages.body_class(ApiKey.FETCH, "response")
+SHARES = equal_shares(4)
+
+
+def _engine() -> KeyRangeEngine:
+    return KeyRangeEngine(cache_bytes=1 << 30, topic_setting=lambda name, setting: True, topic_name=lambda key: key)
+
+
+def _request(ranges, offset: int):
+    topics = [R.FetchTopic(topic="t", partitions=[R.FetchPartition(
+        partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
+        key_ranges=[R.KeyRange(start=r.start, end=r.end) for r in ranges])])]
+    return messages.new_body(ApiKey.FETCH, 12, "request", session_id=0, session_epoch=-1, topics=topics)
+
+
+def _response(offset: int, count: int):
+    records = b"".join(kafka_python_batch([Rec(i, f"key-{offset + b * 50 + i}".encode(), b"v" * 40)
+                                           for i in range(50)], base_offset=offset + b * 50)
+                       for b in range(count // 50))
+    return messages.new_body(ApiKey.FETCH, 12, "response", responses=[P.FetchableTopicResponse(
+        topic="t", partitions=[P.PartitionData(partition_index=0, high_watermark=offset + count, records=records)])])
+
+
+def _read(engine: KeyRangeEngine, conn: ConnectionRanges, share: int, offset: int, *, run) -> bytes:
+    plan = engine.plan(conn, 12, _request([SHARES[share]], offset), now=1.0)
+    engine.finish(plan)
+    response = _response(offset, 400)
+    splits = run(engine, plan, response)
+    done = engine.complete(conn, plan, response, now=1.0, splits=splits)
+    return bytes(done.responses[0].partitions[0].records)
+
+
+def _inline(engine, plan, response):
+    return None
+
+
+def _on_a_thread(engine, plan, response):
+    splits = engine.split_jobs(plan, response, now=1.0)
+    worker = threading.Thread(target=lambda: [job.run() for job in splits.values()])
+    worker.start()
+    worker.join()
+    assert all(job.result is not None for job in splits.values())
+    return splits
+
+
+def _not_run(engine, plan, response):
+    return engine.split_jobs(plan, response, now=1.0)  # complete runs them
+
+
+@pytest.mark.parametrize("run", [_on_a_thread, _not_run])
+def test_a_split_made_apart_answers_and_caches_as_one_made_inside(run):
+    answers = {}
+    for how in (_inline, run):
+        engine = _engine()
+        conns = [ConnectionRanges() for _ in SHARES]
+        for share, conn in enumerate(conns):  # every set asks once: all four become active
+            _read(engine, conn, share, 0, run=how)
+        mine = _read(engine, conns[0], 0, 400, run=how)
+        cached = sorted((share.ranges, share.start_offset, bytes(share.records)) for share in engine.cache.shares())
+        answers[how] = (mine, cached)
+    assert answers[_inline] == answers[run]
+    mine, cached = answers[run]
+    assert mine
+    assert sorted(ranges for ranges, start, _ in cached if start == 400) == [(r,) for r in SHARES[1:]], \
+        "the second read cached the other three sets' shares"
+
+
+def test_no_job_for_an_offsets_only_topic_or_a_failed_partition():
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+                            topic_name=lambda key: key)
+    plan = engine.plan(ConnectionRanges(), 12, _request([SHARES[0]], 0), now=1.0)
+    engine.finish(plan)
+    assert engine.split_jobs(plan, _response(0, 100), now=1.0) == {}
+    engine = _engine()
+    plan = engine.plan(ConnectionRanges(), 12, _request([SHARES[0]], 0), now=1.0)
+    engine.finish(plan)
+    failed = _response(0, 100)
+    failed.responses[0].partitions[0].error_code = 6
+    assert engine.split_jobs(plan, failed, now=1.0) == {}
+
+
+def test_workers_take_the_large_splits_and_leave_the_small_ones():
+    engine = _engine()
+    plan = engine.plan(ConnectionRanges(), 12, _request([SHARES[0]], 0), now=1.0)
+    engine.finish(plan)
+    large = engine.split_jobs(plan, _response(0, 400), now=1.0)
+    small = engine.split_jobs(plan, _response(0, 50), now=1.0)
+    size = next(iter(large.values())).size
+    workers = SplitWorkers(threads=1, min_bytes=size)
+
+    async def main() -> None:
+        await workers.run([*large.values(), *small.values()])
+
+    trio.run(main)
+    ran_large = next(iter(large.values())).result is not None
+    assert ran_large == whole_blob_in_c(), "large reads go to the thread exactly when the C kernel takes the blob"
+    assert next(iter(small.values())).result is None, "a small read is left to the event loop"
+    assert SplitWorkers(threads=0, min_bytes=0).threads == 0
