@@ -13,6 +13,15 @@ Reported per build: consume and produce MB/s (ConsumerPerformance, ProducerPerfo
 1 KB records) as ratios to direct, each round paired with the direct run of the same
 round; and the proxy process's CPU (user + system) per MB moved, as a ratio to the first
 build's in the same round. Writes ``builds.json`` and ``builds.png``.
+
+``--workload delivery`` compares builds on the key-range delivery workload instead: N raw
+clients (``benchmarks.workloads.keyrange_delivery.raw_clients``, equal key ranges of one
+partition of 100-byte keyed records, cached shares on) through a fresh proxy of each build
+per run, against one raw client reading the partition direct in the same round; and the
+proxy's CPU per million records handed out. Writes ``builds_delivery.json`` and its chart.
+
+    .venv/bin/python -m benchmarks.bench_builds --workload delivery --build before=/tmp/before \
+        --build after=. --rounds 3 --consumers 4 16
 """
 
 from __future__ import annotations
@@ -58,10 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--produce-mb", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
+    parser.add_argument("--workload", choices=("passthrough", "delivery"), default="passthrough")
+    parser.add_argument("--delivery-mb", type=int, default=320, help="delivery: partition size")
+    parser.add_argument("--consumers", type=int, nargs="+", default=[4, 16], help="delivery: range consumers N")
     args = parser.parse_args(argv)
     builds = dict(args.build)
     if len(builds) < 2:
         parser.error("give at least two --build, with different names")
+    if args.workload == "delivery":
+        if args.delivery_mb < 1 or min(args.consumers) < 1:
+            parser.error("--delivery-mb and every --consumers count must be at least 1")
+        return _delivery(builds, args, argv)
     names = list(builds)
     consume_records = args.consume_mb * 1024 * 1024 // RECORD_SIZE
     produce_records = args.produce_mb * 1024 * 1024 // RECORD_SIZE
@@ -121,6 +137,76 @@ def main(argv: list[str] | None = None) -> int:
         for name in names[1:]:
             report["rows"].append(Row(f"{kind} proxy CPU ms per MB (lower is better)", name, "ms/MB", cpu[kind][name],
                                       names[0], cpu[kind][names[0]], higher_is_better=False).as_dict())
+    path = results.finish(report, args.output_dir)
+    for row in report["rows"]:
+        line = f"{row['group']}: {row['name']} {row['value']:.3g} {row['unit']}"
+        if row["ratio"] is not None:
+            line += (f", ratio to {row['baseline']} {row['ratio']:.3f} "
+                     f"({row['ratio_spread'][0]:.3f}-{row['ratio_spread'][1]:.3f})")
+        print(line)
+    print(f"wrote {path}")
+    return 0
+
+
+def _delivery(builds: dict[str, Path], args: argparse.Namespace, argv: list[str] | None) -> int:
+    from benchmarks.workloads import data
+    from benchmarks.workloads.keyrange_delivery import TOPIC, raw_clients
+
+    names = list(builds)
+    records = args.delivery_mb * 2**20 // 130
+    report = results.new_report(
+        "builds_delivery",
+        "Builds of the proxy side by side, key-range delivery: " + ", ".join(
+            f"{n} ({_revision(p)})" for n, p in builds.items()),
+        " ".join(["python -m benchmarks.bench_builds", *(sys.argv[1:] if argv is None else argv)]),
+        "One broker, one partition of 100-byte keyed records (10,007 keys). Each round reads it with one raw "
+        "client direct and, for every N, with N raw clients of equal key ranges through a fresh proxy of every "
+        "build (cached shares on), in an order rotating from round to round, after one unrecorded direct read. "
+        "Ratios are per round, paired with that round's direct read (records/s) or first build (CPU per record).",
+        {"partition MB": args.delivery_mb, "records": records, "consumers": args.consumers, "rounds": args.rounds,
+         "builds": {n: f"{p} ({_revision(p)})" for n, p in builds.items()}})
+    contenders = [DIRECT, *(f"{name} N={n}" for n in args.consumers for name in names)]
+    rates: dict[str, list[float]] = {c: [] for c in contenders}
+    cpu: dict[str, list[float]] = {c: [] for c in contenders[1:]}
+    workdir = scratch_dir("bench-builds-delivery-")
+    overrides = {"metrics.port": "0", f"topic.{TOPIC}.reserve.message.value.range.fetch": "true"}
+    with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
+        java_tools.create_topic(cluster.bootstrap_servers, TOPIC, partitions=1)
+        print(f"writing {records:,} records ({args.delivery_mb} MB) ...", flush=True)
+        data.produce_keyed(cluster.bootstrap_servers, TOPIC, records, keys=10_007, value_size=100)
+        raw_clients(cluster.bootstrap_servers, None, records)  # warm-up: the page cache
+        for round_number in range(args.rounds):
+            for contender in rotation(contenders, round_number):
+                if contender == DIRECT:
+                    seconds, delivered = raw_clients(cluster.bootstrap_servers, None, records)
+                else:
+                    name, _, n = contender.partition(" N=")
+                    proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides=overrides,
+                                               workdir=workdir / f"{name}-{n}-{round_number}", source=builds[name])
+                    try:
+                        process = psutil.Process(proxy.pid)
+                        before = _cpu_seconds(process)
+                        seconds, delivered = raw_clients(proxy.bootstrap_servers, int(n), records)
+                        cpu[contender].append((_cpu_seconds(process) - before) * 1e6 / delivered)
+                    finally:
+                        proxy.stop()
+                if delivered != records:
+                    raise RuntimeError(f"{contender} delivered {delivered} of {records} records")
+                rates[contender].append(delivered / seconds)
+            print(f"round {round_number}: " + ", ".join(f"{c} {v[-1]:,.0f}" for c, v in rates.items())
+                  + " records/s", flush=True)
+    for n in args.consumers:
+        first = f"{names[0]} N={n}"
+        for name in names:
+            contender = f"{name} N={n}"
+            report["rows"].append(Row(f"N={n} records/s", contender, "records/s", rates[contender],
+                                      "raw client direct", rates[DIRECT]).as_dict())
+        report["rows"].append(Row(f"N={n} proxy CPU us per record (lower is better)", first, "us",
+                                  cpu[first], higher_is_better=False).as_dict())
+        for name in names[1:]:
+            contender = f"{name} N={n}"
+            report["rows"].append(Row(f"N={n} proxy CPU us per record (lower is better)", contender, "us",
+                                      cpu[contender], first, cpu[first], higher_is_better=False).as_dict())
     path = results.finish(report, args.output_dir)
     for row in report["rows"]:
         line = f"{row['group']}: {row['name']} {row['value']:.3g} {row['unit']}"

@@ -67,14 +67,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--direction", choices=("consume", "produce", "key_ordered", "delivery"), default="consume")
     parser.add_argument("--mb", type=int, default=512)
+    parser.add_argument("--consumers", type=int, default=4, help="delivery: raw clients of equal key ranges")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.consumers < 1:
+        parser.error("--consumers must be at least 1")
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     records = args.mb * 2**20 // RECORD_SIZE
     workdir = scratch_dir("bench-profile-")
-    raw = args.output_dir / f"profile_{args.direction}.collapsed"
+    suffix = f"_{args.consumers}" if args.direction == "delivery" and args.consumers != 4 else ""
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    raw = args.output_dir / f"profile_{args.direction}{suffix}.collapsed"
     with _bench_lock(print), KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy")
+        overrides = {}
+        if args.direction == "delivery":  # as the delivery benchmark runs it: cached shares on
+            from benchmarks.workloads.keyrange_delivery import TOPIC
+
+            overrides[f"topic.{TOPIC}.reserve.message.value.range.fetch"] = "true"
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides=overrides)
         try:
             java_tools.create_topic(cluster.bootstrap_servers, "profile", partitions=1)
             if args.direction == "consume":
@@ -100,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                 elif args.direction == "produce":
                     run = produce(proxy.bootstrap_servers, "profile", records)
                 elif args.direction == "delivery":
-                    seconds, delivered = keyrange_delivery.raw_clients(proxy.bootstrap_servers, 4, delivery_records)
+                    seconds, delivered = keyrange_delivery.raw_clients(proxy.bootstrap_servers, args.consumers,
+                                                                       delivery_records)
                     run = {"records_per_s": round(delivered / seconds)}
                 else:
                     run = _key_ordered_client(proxy.bootstrap_servers, args.output_dir, proxy.pid)
@@ -117,12 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         text += summarise((args.output_dir / "profile_key_ordered_client.collapsed").read_text())
         text += "\n== the proxy ==\n"
     elif args.direction == "delivery":
-        text = (f"4 raw clients reading equal key ranges of {args.mb} MB (100-byte values) through the proxy: "
+        text = (f"{args.consumers} raw clients reading equal key ranges of {args.mb} MB (100-byte values) through "
+                f"the proxy: "
                 f"{run['records_per_s']} records/s\n\n")
     else:
         text = f"{args.direction} through the proxy, {args.mb} MB of 1 KB records: {run['mb_per_s']} MB/s\n\n"
     text += summarise(raw.read_text() if raw.exists() else "")
-    out = args.output_dir / f"profile_{args.direction}.txt"
+    out = args.output_dir / f"profile_{args.direction}{suffix}.txt"
     out.write_text(text)
     print(text[:4000])
     print(f"wrote {out}")
