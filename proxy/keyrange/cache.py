@@ -135,6 +135,18 @@ class ShareCache:
         self.stats.misses += 1
         return None
 
+    def holds(self, partition: PartitionId, ranges: RangeSet, position: int, isolation_level: int) -> bool:
+        """Whether a share of ``ranges`` read at ``isolation_level`` covers ``position``
+        (nothing is taken, and no hit or miss counted)."""
+        starts = self._by_set.get((partition, ranges, isolation_level))
+        if not starts:
+            return False
+        for key in starts.values():
+            share = self._lru.get(key)
+            if share is not None and share.start_offset <= position < share.next_offset:
+                return True
+        return False
+
     def _remove(self, key: Hashable) -> None:
         share = self._lru.pop(key)
         self.bytes_held -= share.size

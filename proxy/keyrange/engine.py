@@ -18,6 +18,7 @@ The flow for one FetchRequest carrying ranges:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from proxy.records.plan import RangePlan
 from proxy.records.split import SplitResult, filter_by_offsets, match_offsets, split_records
 from proxy.records.stripes import Stripe, split_stripes
 
+READ_COMMITTED = 1
 _SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
 _EMPTY_RECORDS = b""
 # split plans kept (about 1.4 KB each); a partition's active range sets change rarely
@@ -79,6 +81,23 @@ class FetchPlan:
     names: dict[PartitionKey, str] = field(default_factory=dict)
     sessionless: bool = False
     isolation_level: int = 0  # the request's: cached shares serve only reads of the same level
+    request: Any = None  # the client's request (``upstream_body`` becomes what goes upstream)
+    # the request's own entries, kept as they came: a read ahead copies them
+    requested: dict[PartitionKey, tuple[Any, Any]] = field(default_factory=dict)
+    # where each partition served from the broker or the cache leaves its consumer, and
+    # the end of what there is to read (high watermark, or last stable offset)
+    reached: dict[PartitionKey, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ReadAhead:
+    """A broker read the proxy makes itself, one step ahead of the consumers of shared
+    partitions: (topic, partition) -> the position it reads from."""
+
+    version: int
+    isolation_level: int
+    positions: dict[tuple[str, int], int]
+    body: Any
 
 
 @dataclass(slots=True)
@@ -139,7 +158,7 @@ class KeyRangeEngine:
         if not ranges.uses_ranges:
             return None
         plan = FetchPlan(version=version, ranges=ranges, upstream_body=request,
-                         isolation_level=request.isolation_level)
+                         isolation_level=request.isolation_level, request=request)
         for topic in request.topics:
             key = topic_key(topic)
             name = self._name(key)
@@ -147,6 +166,7 @@ class KeyRangeEngine:
                 pk = (key, partition.partition)
                 plan.names[pk] = name
                 plan.fetch_offsets[pk] = partition.fetch_offset
+                plan.requested[pk] = (topic, partition)
         for pk, chosen in list(ranges.filtered.items()):
             name = plan.names.get(pk) or self._name(pk[0])
             plan.names[pk] = name
@@ -267,9 +287,12 @@ class KeyRangeEngine:
                 chosen = ranges.filtered.get(pk)
                 if chosen is None:
                     continue
-                self._filter(partition, name, chosen, plan.fetch_offsets.get(pk), plan.isolation_level, now,
-                             splits.get(pk) if splits else None)
+                reached = self._filter(partition, name, chosen, plan.fetch_offsets.get(pk), plan.isolation_level,
+                                       now, splits.get(pk) if splits else None)
+                if reached is not None:
+                    plan.reached[pk] = (reached, self._end(partition, plan.isolation_level))
         for pk, share in plan.hits.items():
+            plan.reached[pk] = (share.next_offset, self._end(share, plan.isolation_level))
             entry = self._partition_entry(response, topics, pk, response_class)
             entry.records = share.records
             entry.high_watermark = share.high_watermark
@@ -297,18 +320,20 @@ class KeyRangeEngine:
         return canonical_sets([chosen, *(self.active.active(partition_id, now) if fetch_offset is not None else ())])
 
     def _filter(self, partition: Any, name: str, chosen: RangeSet, fetch_offset: int | None, isolation_level: int,
-                now: float, job: SplitJob | None = None) -> None:
+                now: float, job: SplitJob | None = None) -> int | None:
         """Filter one partition of a broker response to ``chosen``, caching the other active
-        sets' shares. ``KeyRangesApplied`` is set exactly when the partition was filtered:
-        not on an error, and not when magic 0/1 entries passed through unfiltered (that
-        format cannot be emptied safely; the client filters those records itself)."""
+        sets' shares; the offset after the read's last whole batch when its records were
+        cached (None otherwise). ``KeyRangesApplied`` is set exactly when the partition
+        was filtered: not on an error, and not when magic 0/1 entries passed through
+        unfiltered (that format cannot be emptied safely; the client filters those
+        records itself)."""
         if partition.error_code != ErrorCode.NONE:
-            return
+            return None
         response_class = messages.body_class(ApiKey.FETCH, "response")
         applied = [response_class.KeyRange(start=r.start, end=r.end) for r in chosen]
         if not partition.records:
             partition.key_ranges_applied = applied
-            return
+            return None
         blob = partition.records
         partition_id = (name, partition.partition_index)
         read = self.stats.broker_bytes
@@ -340,6 +365,8 @@ class KeyRangeEngine:
                     if k != index:
                         self.cache.put(CachedShare(partition_id, other, fetch_offset, result.next_offset,
                                                    isolation_level, records=result.outputs[k].records, **metadata))
+                self.stats.partitions_filtered += 1
+                return result.next_offset
         else:
             cached = self.cache.take(partition_id, chosen, fetch_offset, isolation_level) \
                 if fetch_offset is not None else None
@@ -352,7 +379,7 @@ class KeyRangeEngine:
                 self._mark_applied(partition, applied, output.stats)
                 self.stats.records_kept += output.stats.records_kept
                 self.stats.records_dropped += output.stats.records_dropped
-                return
+                return None
             match = match_offsets(blob, plan)
             mine = filter_by_offsets(blob, set(match.offsets[index]), codec=self.codec)
             partition.records = mine.records
@@ -365,6 +392,104 @@ class KeyRangeEngine:
                         self.cache.put(CachedShare(partition_id, other, fetch_offset, match.next_offset,
                                                    isolation_level, offsets=tuple(match.offsets[k])))
         self.stats.partitions_filtered += 1
+        return None
+
+    @staticmethod
+    def _end(partition: Any, isolation_level: int) -> int:
+        """What there is to read of a partition at ``isolation_level``, as its read saw it."""
+        return partition.last_stable_offset if isolation_level == READ_COMMITTED else partition.high_watermark
+
+    # -- reading ahead -------------------------------------------------------------------------
+    def read_ahead(self, plan: FetchPlan, in_flight: Callable[[tuple[str, int, int, int]], bool],
+                   now: float) -> ReadAhead | None:
+        """The broker read of the next position of every partition this request served
+        that others share, before any consumer asks for it, or None.
+
+        Consumers sharing a partition by key range each fetch, take their share, and fetch
+        again: without this the broker read of the next position starts only when the
+        first of them asks for it, and all of them wait for it and for its split. Read
+        one step ahead (only from a position a consumer has reached, so never more than
+        one read beyond the foremost consumer), the shares are cached by the time they
+        ask. A partition qualifies when its records are cached as such
+        (``reserve.message.value.range.fetch``), at least two range sets read it, there is
+        more to read than was served, and no read of that position is cached or under way.
+        """
+        if not plan.sessionless or not plan.reached:
+            return None
+        positions: dict[tuple[str, int], int] = {}
+        topics: dict[Any, Any] = {}
+        for pk, (position, end) in plan.reached.items():
+            name = plan.names[pk]
+            partition_id = (name, pk[1])
+            if position >= end or pk not in plan.requested:
+                continue
+            if not self.topic_setting(name, "reserve.message.value.range.fetch"):
+                continue
+            sets = self.active.active(partition_id, now)
+            if len(sets) < 2 or in_flight((name, pk[1], position, plan.isolation_level)):
+                continue
+            if any(self.cache.holds(partition_id, ranges, position, plan.isolation_level) for ranges in sets):
+                continue
+            topic, partition = plan.requested[pk]
+            entry = topics.get(pk[0])
+            if entry is None:
+                entry = topics[pk[0]] = dataclasses.replace(topic, partitions=[])
+            entry.partitions.append(dataclasses.replace(partition, fetch_offset=position))
+            positions[partition_id] = position
+        if not positions:
+            return None
+        # The consumer's own request but for its partitions and positions: its limits,
+        # isolation level and rack; min_bytes 1, as there is more to read than was served.
+        body = dataclasses.replace(plan.request, session_id=NO_SESSION, session_epoch=FINAL_EPOCH, min_bytes=1,
+                                   topics=list(topics.values()), forgotten_topics_data=[])
+        strip_extensions(body)
+        return ReadAhead(plan.version, plan.isolation_level, positions, body)
+
+    def ahead_jobs(self, ahead: ReadAhead, response: Any, now: float) -> dict[tuple[str, int], SplitJob]:
+        """The splits of a read ahead's answer: every partition into all its active sets."""
+        jobs: dict[tuple[str, int], SplitJob] = {}
+        if response.error_code != ErrorCode.NONE:
+            return jobs
+        for topic in response.responses:
+            name = self._name(topic_key(topic))
+            for partition in topic.partitions:
+                partition_id = (name, partition.partition_index)
+                if partition_id not in ahead.positions or partition.error_code != ErrorCode.NONE \
+                        or not partition.records:
+                    continue
+                sets = canonical_sets(self.active.active(partition_id, now))
+                if sets:
+                    jobs[partition_id] = SplitJob(partition.records, self._plan_for(sets), sets, self.codec)
+        return jobs
+
+    def cache_ahead(self, ahead: ReadAhead, response: Any, jobs: dict[tuple[str, int], SplitJob]) -> int:
+        """Cache every share of a read ahead's answer; how many."""
+        cached = 0
+        if response.error_code != ErrorCode.NONE:
+            return cached
+        for topic in response.responses:
+            name = self._name(topic_key(topic))
+            for partition in topic.partitions:
+                partition_id = (name, partition.partition_index)
+                job = jobs.get(partition_id)
+                if job is None:
+                    continue
+                if job.result is None:
+                    job.run()
+                result = job.result
+                assert result is not None
+                read = self.stats.broker_bytes
+                read[partition_id] = read.get(partition_id, 0) + len(job.blob)
+                self.stats.touched.add(partition_id)
+                if result.next_offset is None:
+                    continue
+                metadata = copy_metadata(partition)
+                position = ahead.positions[partition_id]
+                for ranges, output in zip(job.sets, result.outputs):
+                    if self.cache.put(CachedShare(partition_id, ranges, position, result.next_offset,
+                                                  ahead.isolation_level, records=output.records, **metadata)):
+                        cached += 1
+        return cached
 
     @staticmethod
     def _mark_applied(partition: Any, applied: list, stats: Any) -> None:

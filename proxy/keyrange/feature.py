@@ -3,15 +3,26 @@ consumers, and its metrics. The filtering and the cache are ``engine``'s (sans-I
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 from collections.abc import Mapping
 
 import trio
 from prometheus_client import Counter, Gauge
 
-from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+from proxy.keyrange.engine import ConnectionRanges, FetchPlan, KeyRangeEngine, ReadAhead
 from proxy.keyrange.workers import SplitWorkers
-from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
+from proxy.pipeline import (
+    ClusterView,
+    ConnectionContext,
+    DecodedResponse,
+    Feature,
+    OwnRequest,
+    Request,
+    RequestStage,
+    Route,
+)
 from proxy.pipeline.context import StateKey
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
@@ -59,6 +70,13 @@ class KeyRangeFetchFeature(Feature):
         registry = metrics.registry
         self.workers = SplitWorkers(config.get("key.range.split.threads"),
                                     config.get("key.range.split.thread.min.bytes"), registry)
+        self.read_ahead_enabled = config.get("key.range.readahead.enabled")
+        self._own_ids = itertools.count(1)
+        self._ahead_sent = Counter("kafka_proxy_keyrange_readahead_sent",
+                                   "Broker reads of shared partitions the proxy made ahead of their consumers.",
+                                   registry=registry)
+        self._ahead_shares = Counter("kafka_proxy_keyrange_readahead_shares",
+                                     "Shares the reads ahead cached for consumers.", registry=registry)
         self._hits = Counter("kafka_proxy_keyrange_cache_hits", "Shares served from the cache.", registry=registry)
         self._misses = Counter("kafka_proxy_keyrange_cache_misses", "Cache lookups that found nothing.",
                                registry=registry)
@@ -108,14 +126,19 @@ class KeyRangeFetchFeature(Feature):
             with trio.move_on_after(max(body.max_wait_ms, 0) / 1000 + _COALESCE_GRACE):
                 for event in waiting:
                     await event.wait()
+            self._forget_lost(waiting)
             engine.take_hits(state, plan)
         reads = engine.upstream_reads(plan)
         engine.finish(plan)
         if plan.upstream_body is None:
             response = engine.complete(state, plan, None, trio.current_time())
             self._export()
-            return Route.answer(messages.encode_response(
+            route = Route.answer(messages.encode_response(
                 ApiKey.FETCH, version, messages.new_response_header(request.correlation_id), response))
+            own = self._read_ahead(ctx, header, plan)
+            if own is not None:
+                route.follow_up = own[0]  # its events are set when its answer is cached
+            return route
 
         events = self._announce([(*key, level) for key in reads])
 
@@ -126,9 +149,72 @@ class KeyRangeFetchFeature(Feature):
             response.body = engine.complete(state, plan, response.body, trio.current_time(), splits)
             response.changed = True
             self._export()
+            own = self._read_ahead(ctx, header, plan)
+            if own is not None:
+                request, settle = own
+                if not await ctx.send_own(request):  # the connection has other requests on their way
+                    settle()
 
         return Route(messages.encode_request(header, plan.upstream_body), on_response=on_response,
                      settle=lambda: self._settle(events))
+
+    # -- reading ahead ------------------------------------------------------------------------
+    def _read_ahead(self, ctx: ConnectionContext, header, plan: FetchPlan):
+        """(the request that reads the next positions of this request's shared partitions
+        ahead of their consumers, what to call if it is not sent), or None.
+
+        It travels on this client's own upstream connection (the broker answers it in
+        order with the client's requests) and its answer is split into every active range
+        set and cached. Consumers reaching that position meanwhile wait for it as for any
+        read under way; its events are set once it is cached, or at once if it is not sent.
+        """
+        if not self.read_ahead_enabled:
+            return None
+        engine = self.engine
+        now = trio.current_time()
+        ahead = engine.read_ahead(plan, lambda key: key in self._inflight, now)
+        if ahead is None:
+            return None
+        level = ahead.isolation_level
+        events = self._announce([(name, partition, position, level)
+                                 for (name, partition), position in ahead.positions.items()])
+        settled = False
+
+        def settle() -> None:
+            nonlocal settled
+            if not settled:
+                settled = True
+                self._settle(events)
+
+        async def arrived(raw) -> None:
+            try:
+                await self._cache_ahead(ctx, ahead, raw)
+            finally:
+                settle()
+
+        correlation_id = -(next(self._own_ids) % (1 << 31)) - 1  # never one a client uses
+        own_header = dataclasses.replace(header, correlation_id=correlation_id)
+        self._ahead_sent.inc()
+        return OwnRequest(messages.encode_request(own_header, ahead.body), ApiKey.FETCH, ahead.version,
+                          correlation_id, arrived), settle
+
+    async def _cache_ahead(self, ctx: ConnectionContext, ahead: ReadAhead, raw) -> None:
+        _, decoded = ctx.decode_own_response(ApiKey.FETCH, ahead.version, raw)
+        engine = self.engine
+        jobs = engine.ahead_jobs(ahead, decoded.body, trio.current_time())
+        if jobs:
+            await self.workers.run(jobs.values())
+        self._ahead_shares.inc(engine.cache_ahead(ahead, decoded.body, jobs))
+        self._export()
+
+    def _forget_lost(self, waited) -> None:
+        """Reads waited for in vain (their connection ended before the answer, or the broker
+        held them past the wait) stop making others wait: the next consumer reads itself."""
+        for event in waited:
+            if not event.done.is_set():
+                for key, known in list(self._inflight.items()):
+                    if known is event:
+                        del self._inflight[key]
 
     def _announce(self, reads) -> list:
         """Register this request's broker reads so consumers at the same position wait

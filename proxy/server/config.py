@@ -150,6 +150,10 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
     Setting("key.range.split.threads", _parse_int, 1,
             "Worker threads that split large broker reads by key range off the event loop, so the split "
             "takes a second core (0: on the event loop; needs the C kernels).", _at_least(0)),
+    Setting("key.range.readahead.enabled", _parse_bool, True,
+            "Read the next position of a partition two or more range sets share from the broker as soon as a "
+            "consumer reaches it, and cache every set's share before they ask (topics with "
+            "reserve.message.value.range.fetch=true)."),
     Setting("key.range.split.thread.min.bytes", _parse_int, 65536,
             "Broker reads smaller than this are split on the event loop (a trip to a thread costs more).",
             _at_least(0)),

@@ -168,3 +168,63 @@ def test_sixteen_consumers_at_different_speeds_stay_under_the_cap(kafka, proxy_f
     for i, share in enumerate(shares):
         expected = [n for n, (k, _v) in enumerate(sent) if contains([share], key_hash(k, n))]
         assert [r.offset for r in got[i]] == expected
+
+
+def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_written(kafka, proxy_factory,
+                                                                                      topic_factory):
+    """Four raw consumers of equal key ranges read one partition while a producer writes it
+    in bursts with idle gaps; the proxy reads each next position ahead of them. Every
+    acknowledged record reaches the one consumer whose range holds its key, once and in
+    offset order; the reads ahead are used (cache hits), and the broker reads each part
+    of the partition about once."""
+    import threading
+    import time
+
+    from proxy.testing.history import History, check
+    from proxy.testing.live import LiveProducer
+
+    topic = topic_factory(kafka)
+    cached = proxy_factory(kafka, metrics_port="0", **{f"topic.{topic}.reserve.message.value.range.fetch": "true"})
+    history = History()
+    backlog = LiveProducer(kafka.bootstrap_servers, topic, history, records=2000, seconds=1.0, seed=3, partition=0)
+    backlog.start().join()  # consumers start behind: there is always more to read than one fetch takes
+    live = LiveProducer(kafka.bootstrap_servers, topic, history, records=1500, seconds=8.0, seed=4, partition=0)
+    shares = equal_shares(4)
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + 90
+
+    def consume(slot: int) -> None:
+        try:
+            with RawClient.connect(cached.bootstrap_servers) as client:
+                topic_id = client.topic_id(topic)
+                position = 0
+                while time.monotonic() < deadline:
+                    if live.done and history.acks and position > max(a.offset for a in history.acks):
+                        return
+                    entry = client.range_fetch(topic_id, 0, position, [shares[slot]], max_bytes=4096,
+                                               max_wait_ms=200)
+                    assert entry.error_code == 0, entry.error_code
+                    records, next_offset = records_of(entry.records)
+                    for record in records:
+                        if record.offset >= position:
+                            assert contains([shares[slot]], key_hash(record.key, record.offset))
+                            history.deliver(f"c{slot}", topic, 0, record.offset, record.key)
+                    if next_offset is not None:
+                        position = max(position, next_offset)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume, args=(slot,)) for slot in range(4)]
+    for thread in threads:
+        thread.start()
+    live.start()
+    live.join()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors[0]
+    assert live.failed == backlog.failed == 0
+    verdict = check(history)
+    assert verdict.ok(), verdict.summary()
+    assert _metric(cached, "kafka_proxy_keyrange_readahead_sent_total") > 0
+    assert _metric(cached, "kafka_proxy_keyrange_readahead_shares_total") > 0
+    assert _metric(cached, "kafka_proxy_keyrange_cache_hits_total") > 0

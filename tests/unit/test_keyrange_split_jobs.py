@@ -115,3 +115,68 @@ def test_workers_take_the_large_splits_and_leave_the_small_ones():
     assert ran_large == whole_blob_in_c(), "large reads go to the thread exactly when the C kernel takes the blob"
     assert next(iter(small.values())).result is None, "a small read is left to the event loop"
     assert SplitWorkers(threads=0, min_bytes=0).threads == 0
+
+
+# -- reading ahead ------------------------------------------------------------------------------
+
+def _served(engine: KeyRangeEngine, conn: ConnectionRanges, share: int, offset: int, count: int, *,
+            high_watermark: int):
+    """A consumer's read of ``count`` records at ``offset`` from the broker; its plan."""
+    plan = engine.plan(conn, 12, _request([SHARES[share]], offset), now=1.0)
+    engine.finish(plan)
+    response = _response(offset, count)
+    response.responses[0].partitions[0].high_watermark = high_watermark
+    engine.complete(conn, plan, response, now=1.0)
+    return plan
+
+
+def test_a_read_of_a_shared_partition_reads_the_next_position_ahead_for_every_set():
+    engine = _engine()
+    a, b = ConnectionRanges(), ConnectionRanges()
+    _served(engine, b, 1, 0, 100, high_watermark=1000)  # B's set is active
+    plan = _served(engine, a, 0, 0, 100, high_watermark=1000)
+    ahead = engine.read_ahead(plan, lambda key: False, now=1.0)
+    assert ahead is not None and ahead.positions == {("t", 0): 100}
+    partition = ahead.body.topics[0].partitions[0]
+    assert (partition.fetch_offset, partition.key_ranges) == (100, None), "a plain Fetch of the next position"
+    assert (ahead.body.session_id, ahead.body.session_epoch, ahead.body.min_bytes) == (0, -1, 1)
+    assert plan.request.topics[0].partitions[0].fetch_offset == 0, "the consumer's request is left alone"
+
+    answer = _response(100, 200)
+    jobs = engine.ahead_jobs(ahead, answer, now=1.0)
+    assert engine.cache_ahead(ahead, answer, jobs) == 2, "both sets' shares cached"
+    for conn, share in ((a, 0), (b, 1)):
+        hit = engine.plan(conn, 12, _request([SHARES[share]], 100), now=1.0)
+        assert hit.hits, "the consumers find their shares of the next position"
+        engine.finish(hit)
+        assert hit.upstream_body is None
+        body = engine.complete(conn, hit, None, now=1.0)
+        assert hit.reached[next(iter(hit.hits))] == (300, 300), "where the share leaves them, and the end it saw"
+        assert body.responses[0].partitions[0].records
+
+
+def test_no_read_ahead_alone_at_the_end_under_way_or_cached():
+    def shared(high_watermark: int = 1000):
+        engine = _engine()
+        a, b = ConnectionRanges(), ConnectionRanges()
+        _served(engine, b, 1, 500, 100, high_watermark=1000)  # B's set is active, elsewhere
+        return engine, a, b, _served(engine, a, 0, 0, 100, high_watermark=high_watermark)
+
+    engine, _, _, plan = shared()
+    assert engine.read_ahead(plan, lambda key: False, now=1.0) is not None, "the control: shared, more to read"
+    engine = _engine()
+    alone = _served(engine, ConnectionRanges(), 0, 0, 100, high_watermark=1000)
+    assert engine.read_ahead(alone, lambda key: False, now=1.0) is None, "one range set: nobody shares the read"
+    engine, _, _, at_end = shared(high_watermark=100)
+    assert engine.read_ahead(at_end, lambda key: False, now=1.0) is None, "nothing beyond what was served"
+    engine, _, _, plan = shared()
+    assert engine.read_ahead(plan, lambda key: key == ("t", 0, 100, 0), now=1.0) is None, "a read is under way"
+    engine, _, b, plan = shared()
+    _served(engine, b, 1, 100, 100, high_watermark=1000)  # B read the next position itself: A's share is cached
+    assert engine.read_ahead(plan, lambda key: False, now=1.0) is None, "the next position is cached"
+    offsets_only = KeyRangeEngine(cache_bytes=1 << 20, topic_name=lambda key: key,
+                                  topic_setting=lambda name, setting: setting == "accept.range.fetch")
+    a, b = ConnectionRanges(), ConnectionRanges()
+    _served(offsets_only, b, 1, 500, 100, high_watermark=1000)
+    plan = _served(offsets_only, a, 0, 0, 100, high_watermark=1000)
+    assert offsets_only.read_ahead(plan, lambda key: False, now=1.0) is None, "only cached records are read ahead"
