@@ -201,6 +201,10 @@ def _delivery(builds: dict[str, Path], args: argparse.Namespace, argv: list[str]
             contender = f"{name} N={n}"
             report["rows"].append(Row(f"N={n} records/s", contender, "records/s", rates[contender],
                                       "raw client direct", rates[DIRECT]).as_dict())
+        for name in names[1:]:
+            contender = f"{name} N={n}"
+            report["rows"].append(Row(f"N={n} records/s against the first build", contender, "records/s",
+                                      rates[contender], first, rates[first]).as_dict())
         report["rows"].append(Row(f"N={n} proxy CPU us per record (lower is better)", first, "us",
                                   cpu[first], higher_is_better=False).as_dict())
         for name in names[1:]:
