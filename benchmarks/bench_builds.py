@@ -137,15 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names[1:]:
             report["rows"].append(Row(f"{kind} proxy CPU ms per MB (lower is better)", name, "ms/MB", cpu[kind][name],
                                       names[0], cpu[kind][names[0]], higher_is_better=False).as_dict())
-    path = results.finish(report, args.output_dir)
-    for row in report["rows"]:
-        line = f"{row['group']}: {row['name']} {row['value']:.3g} {row['unit']}"
-        if row["ratio"] is not None:
-            line += (f", ratio to {row['baseline']} {row['ratio']:.3f} "
-                     f"({row['ratio_spread'][0]:.3f}-{row['ratio_spread'][1]:.3f})")
-        print(line)
-    print(f"wrote {path}")
-    return 0
+    return _finish(report, args.output_dir)
 
 
 def _delivery(builds: dict[str, Path], args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -211,7 +203,12 @@ def _delivery(builds: dict[str, Path], args: argparse.Namespace, argv: list[str]
             contender = f"{name} N={n}"
             report["rows"].append(Row(f"N={n} proxy CPU us per record (lower is better)", contender, "us",
                                       cpu[contender], first, cpu[first], higher_is_better=False).as_dict())
-    path = results.finish(report, args.output_dir)
+    return _finish(report, args.output_dir)
+
+
+def _finish(report: dict, output_dir: Path) -> int:
+    """Write the report and print its rows."""
+    path = results.finish(report, output_dir)
     for row in report["rows"]:
         line = f"{row['group']}: {row['name']} {row['value']:.3g} {row['unit']}"
         if row["ratio"] is not None:

@@ -445,9 +445,10 @@ class KeyRangeEngine:
         strip_extensions(body)
         return ReadAhead(plan.version, plan.isolation_level, positions, body)
 
-    def ahead_jobs(self, ahead: ReadAhead, response: Any, now: float) -> dict[tuple[str, int], SplitJob]:
-        """The splits of a read ahead's answer: every partition into all its active sets."""
-        jobs: dict[tuple[str, int], SplitJob] = {}
+    def ahead_jobs(self, ahead: ReadAhead, response: Any, now: float) -> dict[tuple[str, int], tuple[Any, SplitJob]]:
+        """The splits of a read ahead's answer, each partition (with its entry in the
+        answer) into all its active sets."""
+        jobs: dict[tuple[str, int], tuple[Any, SplitJob]] = {}
         if response.error_code != ErrorCode.NONE:
             return jobs
         for topic in response.responses:
@@ -459,36 +460,29 @@ class KeyRangeEngine:
                     continue
                 sets = canonical_sets(self.active.active(partition_id, now))
                 if sets:
-                    jobs[partition_id] = SplitJob(partition.records, self._plan_for(sets), sets, self.codec)
+                    jobs[partition_id] = (partition, SplitJob(partition.records, self._plan_for(sets), sets,
+                                                              self.codec))
         return jobs
 
-    def cache_ahead(self, ahead: ReadAhead, response: Any, jobs: dict[tuple[str, int], SplitJob]) -> int:
-        """Cache every share of a read ahead's answer; how many."""
+    def cache_ahead(self, ahead: ReadAhead, jobs: dict[tuple[str, int], tuple[Any, SplitJob]]) -> int:
+        """Cache every share of a read ahead's answer (``ahead_jobs``, run or not); how many."""
         cached = 0
-        if response.error_code != ErrorCode.NONE:
-            return cached
-        for topic in response.responses:
-            name = self._name(topic_key(topic))
-            for partition in topic.partitions:
-                partition_id = (name, partition.partition_index)
-                job = jobs.get(partition_id)
-                if job is None:
-                    continue
-                if job.result is None:
-                    job.run()
-                result = job.result
-                assert result is not None
-                read = self.stats.broker_bytes
-                read[partition_id] = read.get(partition_id, 0) + len(job.blob)
-                self.stats.touched.add(partition_id)
-                if result.next_offset is None:
-                    continue
-                metadata = copy_metadata(partition)
-                position = ahead.positions[partition_id]
-                for ranges, output in zip(job.sets, result.outputs):
-                    if self.cache.put(CachedShare(partition_id, ranges, position, result.next_offset,
-                                                  ahead.isolation_level, records=output.records, **metadata)):
-                        cached += 1
+        for partition_id, (partition, job) in jobs.items():
+            if job.result is None:
+                job.run()
+            result = job.result
+            assert result is not None
+            read = self.stats.broker_bytes
+            read[partition_id] = read.get(partition_id, 0) + len(job.blob)
+            self.stats.touched.add(partition_id)
+            if result.next_offset is None:
+                continue
+            metadata = copy_metadata(partition)
+            position = ahead.positions[partition_id]
+            for ranges, output in zip(job.sets, result.outputs):
+                if self.cache.put(CachedShare(partition_id, ranges, position, result.next_offset,
+                                              ahead.isolation_level, records=output.records, **metadata)):
+                    cached += 1
         return cached
 
     @staticmethod

@@ -203,8 +203,8 @@ class KeyRangeFetchFeature(Feature):
         engine = self.engine
         jobs = engine.ahead_jobs(ahead, decoded.body, trio.current_time())
         if jobs:
-            await self.workers.run(jobs.values())
-        self._ahead_shares.inc(engine.cache_ahead(ahead, decoded.body, jobs))
+            await self.workers.run(job for _, job in jobs.values())
+        self._ahead_shares.inc(engine.cache_ahead(ahead, jobs))
         self._export()
 
     def _forget_lost(self, waited) -> None:

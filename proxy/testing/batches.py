@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
-from proxy.records.batch import CONTROL_BIT, TRANSACTIONAL_BIT
+from proxy.records.batch import CONTROL_BIT, TRANSACTIONAL_BIT, compute_crc
 from proxy.records.builder import build_batch, encode_record
 
 
@@ -105,3 +105,16 @@ def control_batch(
         producer_epoch=producer_epoch,
         base_sequence=-1,
     )
+
+
+def fix_crcs(data: bytearray) -> bytes:
+    """``data`` with the CRC of every complete v2 batch recomputed, so that bytes a test
+    changed reach the parsers behind the CRC check."""
+    pos = 0
+    while pos + 61 <= len(data):
+        size = struct.unpack_from(">i", data, pos + 8)[0] + 12
+        if size < 61 or pos + size > len(data) or data[pos + 16] != 2:
+            break
+        struct.pack_into(">I", data, pos + 17, compute_crc(data[pos:pos + size]))
+        pos += size
+    return bytes(data)

@@ -144,7 +144,7 @@ def test_a_read_of_a_shared_partition_reads_the_next_position_ahead_for_every_se
 
     answer = _response(100, 200)
     jobs = engine.ahead_jobs(ahead, answer, now=1.0)
-    assert engine.cache_ahead(ahead, answer, jobs) == 2, "both sets' shares cached"
+    assert engine.cache_ahead(ahead, jobs) == 2, "both sets' shares cached"
     for conn, share in ((a, 0), (b, 1)):
         hit = engine.plan(conn, 12, _request([SHARES[share]], 100), now=1.0)
         assert hit.hits, "the consumers find their shares of the next position"

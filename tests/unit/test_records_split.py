@@ -23,7 +23,7 @@ from proxy.records.compression import Codec
 from proxy.records.keyhash import key_hash
 from proxy.records.plan import RangePlan
 from proxy.records.split import filter_by_offsets, match_offsets, split_records
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch, legacy_batch
+from proxy.testing.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
 
 # KEYRANGE_FUZZ_SCALE=20 runs twenty times the examples, for a deeper local run.
 SCALE = int(os.environ.get("KEYRANGE_FUZZ_SCALE", "1"))
@@ -253,13 +253,7 @@ def _mutate(blob: bytes, muts, cut: int | None, fix_crc: bool) -> bytes:
     if cut is not None:
         data = data[: cut % (len(data) + 1)]
     if fix_crc:  # make mutations reach the record parsers instead of the CRC check
-        pos = 0
-        while pos + 61 <= len(data):
-            size = struct.unpack_from(">i", data, pos + 8)[0] + 12
-            if size < 61 or pos + size > len(data) or data[pos + 16] != 2:
-                break
-            struct.pack_into(">I", data, pos + 17, compute_crc(data[pos:pos + size]))
-            pos += size
+        return fix_crcs(data)
     return bytes(data)
 
 

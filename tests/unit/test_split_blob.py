@@ -31,14 +31,13 @@ from proxy.records.batch import (
     TRANSACTIONAL_BIT,
     LegacyBatch,
     RecordBatch,
-    compute_crc,
     iter_batches,
 )
 from proxy.records.builder import build_batch, encode_record
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
 from proxy.records.split import split_records
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch, legacy_batch
+from proxy.testing.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
 
 pytestmark = pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 
@@ -179,18 +178,6 @@ def _whole(blob: bytes, plan: RangePlan, verify_crc: bool = True):
     return kernels.split_blob(blob, plan.bounds, plan.members, len(plan), all_full, verify_crc)
 
 
-def _fix_crcs(data: bytearray) -> bytes:
-    """Recompute the CRC of every complete v2 batch, so a change reaches the parsers."""
-    pos = 0
-    while pos + 61 <= len(data):
-        size = struct.unpack_from(">i", data, pos + 8)[0] + 12
-        if size < 61 or pos + size > len(data) or data[pos + 16] != 2:
-            break
-        struct.pack_into(">I", data, pos + 17, compute_crc(data[pos:pos + size]))
-        pos += size
-    return bytes(data)
-
-
 def _batch_positions(blob: bytes) -> list[int]:
     return [e.position for e in iter_batches(blob) if isinstance(e, RecordBatch)]
 
@@ -289,7 +276,7 @@ def test_mutated_blobs_give_the_same_result_or_the_same_error(seed) -> None:
     blob = bytearray(_blob(rnd) or _data_batch(rnd, 0)[0])
     for _ in range(rnd.randint(1, 4)):
         blob[rnd.randrange(len(blob))] = rnd.randrange(256)
-    mutated = _fix_crcs(blob) if rnd.random() < 0.7 else bytes(blob)
+    mutated = fix_crcs(blob) if rnd.random() < 0.7 else bytes(blob)
     plan = _plan(rnd)
     for verify in (True, False):
         if isinstance(_same_outcome(mutated, plan, verify_crc=verify), tuple):
@@ -300,7 +287,7 @@ def _patched(fmt: str, at: int, value: int, *, fix_crc: bool = True):
     def patch(batch: bytes) -> bytes:
         data = bytearray(batch)
         struct.pack_into(fmt, data, at, value)
-        return _fix_crcs(data) if fix_crc else bytes(data)
+        return fix_crcs(data) if fix_crc else bytes(data)
     return patch
 
 
