@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,16 +35,10 @@ from benchmarks.__main__ import _bench_lock
 from benchmarks.peers import bare_relay
 from benchmarks.workloads.passthrough import RECORD_SIZE, consume, produce
 from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster
+from proxy.testing.kafka_cluster import KafkaCluster, _free_port
 from proxy.testing.proxy_process import ProxyProcess
 from proxy.testing.scratch import scratch_dir
 from proxy.testing.wait import wait_until
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _shares(data: Path) -> dict[str, float]:

@@ -117,8 +117,11 @@ class SplitJob:
     def size(self) -> int:
         return len(self.blob)
 
-    def run(self) -> None:
-        self.result = split_records(self.blob, self.plan, codec=self.codec)
+    def run(self) -> SplitResult:
+        """The split, made now unless it was made already (on a worker thread)."""
+        if self.result is None:
+            self.result = split_records(self.blob, self.plan, codec=self.codec)
+        return self.result
 
 
 class ConnectionRanges:
@@ -255,8 +258,11 @@ class KeyRangeEngine:
                 if not self.topic_setting(name, "reserve.message.value.range.fetch"):
                     continue
                 sets = self._sets(chosen, (name, pk[1]), plan.fetch_offsets.get(pk), now)
-                jobs[pk] = SplitJob(partition.records, self._plan_for(sets), sets, self.codec)
+                jobs[pk] = self._job(partition.records, sets)
         return jobs
+
+    def _job(self, blob: Any, sets: tuple[RangeSet, ...]) -> SplitJob:
+        return SplitJob(blob, self._plan_for(sets), sets, self.codec)
 
     def complete(self, conn: ConnectionRanges, plan: FetchPlan, response: Any | None, now: float,
                  splits: dict[PartitionKey, SplitJob] | None = None) -> Any:
@@ -339,21 +345,12 @@ class KeyRangeEngine:
         read = self.stats.broker_bytes
         read[partition_id] = read.get(partition_id, 0) + len(blob)
         self.stats.touched.add(partition_id)
-        keep_values = self.topic_setting(name, "reserve.message.value.range.fetch")
-        if job is None or not keep_values:
-            sets = self._sets(chosen, partition_id, fetch_offset, now)
-            plan = self._plan_for(sets)
-        else:
-            sets, plan = job.sets, job.plan
-        index = sets.index(chosen)
-        if keep_values:
+        if self.topic_setting(name, "reserve.message.value.range.fetch"):
             if job is None:
-                result = split_records(blob, plan, codec=self.codec)
-            else:
-                if job.result is None:
-                    job.run()
-                assert job.result is not None
-                result = job.result
+                job = self._job(blob, self._sets(chosen, partition_id, fetch_offset, now))
+            sets = job.sets
+            index = sets.index(chosen)
+            result = job.run()
             mine = result.outputs[index]
             partition.records = mine.records
             self._mark_applied(partition, applied, mine.stats)
@@ -368,6 +365,9 @@ class KeyRangeEngine:
                 self.stats.partitions_filtered += 1
                 return result.next_offset
         else:
+            sets = self._sets(chosen, partition_id, fetch_offset, now)
+            index = sets.index(chosen)
+            plan = self._plan_for(sets)
             cached = self.cache.take(partition_id, chosen, fetch_offset, isolation_level) \
                 if fetch_offset is not None else None
             if cached is not None and cached.offsets is not None and cached.start_offset == fetch_offset:
@@ -460,18 +460,14 @@ class KeyRangeEngine:
                     continue
                 sets = canonical_sets(self.active.active(partition_id, now))
                 if sets:
-                    jobs[partition_id] = (partition, SplitJob(partition.records, self._plan_for(sets), sets,
-                                                              self.codec))
+                    jobs[partition_id] = (partition, self._job(partition.records, sets))
         return jobs
 
     def cache_ahead(self, ahead: ReadAhead, jobs: dict[tuple[str, int], tuple[Any, SplitJob]]) -> int:
         """Cache every share of a read ahead's answer (``ahead_jobs``, run or not); how many."""
         cached = 0
         for partition_id, (partition, job) in jobs.items():
-            if job.result is None:
-                job.run()
-            result = job.result
-            assert result is not None
+            result = job.run()
             read = self.stats.broker_bytes
             read[partition_id] = read.get(partition_id, 0) + len(job.blob)
             self.stats.touched.add(partition_id)

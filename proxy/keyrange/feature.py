@@ -117,14 +117,14 @@ class KeyRangeFetchFeature(Feature):
         if plan is None:
             return None
         level = plan.isolation_level
-        waiting = [self._inflight[(*key, level)] for key in engine.cacheable_misses(state, plan)
-                   if (*key, level) in self._inflight]
+        waiting = [(read, self._inflight[read]) for read in
+                   ((*key, level) for key in engine.cacheable_misses(state, plan)) if read in self._inflight]
         if waiting:
             # Another consumer's read of the same position is on its way: its split fills
             # our share. Waiting is no worse than the broker holding the fetch (max_wait_ms),
             # and responses on this connection are ordered anyway.
             with trio.move_on_after(max(body.max_wait_ms, 0) / 1000 + _COALESCE_GRACE):
-                for event in waiting:
+                for _, event in waiting:
                     await event.wait()
             self._forget_lost(waiting)
             engine.take_hits(state, plan)
@@ -210,11 +210,9 @@ class KeyRangeFetchFeature(Feature):
     def _forget_lost(self, waited) -> None:
         """Reads waited for in vain (their connection ended before the answer, or the broker
         held them past the wait) stop making others wait: the next consumer reads itself."""
-        for event in waited:
-            if not event.done.is_set():
-                for key, known in list(self._inflight.items()):
-                    if known is event:
-                        del self._inflight[key]
+        for key, event in waited:
+            if not event.done.is_set() and self._inflight.get(key) is event:
+                del self._inflight[key]
 
     def _announce(self, reads) -> list:
         """Register this request's broker reads so consumers at the same position wait

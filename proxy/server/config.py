@@ -147,13 +147,13 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
             "Filtered batches keep their codec (source) or go out uncompressed (none).", _one_of("source", "none")),
     Setting("key.range.interest.ms", _parse_int, 30000,
             "A range set not requested for this long is no longer split out of broker reads.", _at_least(100)),
-    Setting("key.range.split.threads", _parse_int, 0,
-            "Worker threads that split large broker reads by key range off the event loop (needs the C "
-            "kernels; 0: on the event loop, measured faster on 2 cores, docs/proxy.md).", _at_least(0)),
     Setting("key.range.readahead.enabled", _parse_bool, True,
             "Read the next position of a partition two or more range sets share from the broker as soon as a "
             "consumer reaches it, and cache every set's share before they ask (topics with "
             "reserve.message.value.range.fetch=true)."),
+    Setting("key.range.split.threads", _parse_int, 0,
+            "Worker threads that split large broker reads by key range off the event loop (needs the C "
+            "kernels; 0: on the event loop, measured faster on 2 cores, docs/proxy.md).", _at_least(0)),
     Setting("key.range.split.thread.min.bytes", _parse_int, 65536,
             "Broker reads smaller than this are split on the event loop (a trip to a thread costs more).",
             _at_least(0)),
