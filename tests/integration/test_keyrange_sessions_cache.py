@@ -170,13 +170,14 @@ def test_sixteen_consumers_at_different_speeds_stay_under_the_cap(kafka, proxy_f
         assert [r.offset for r in got[i]] == expected
 
 
+@pytest.mark.parametrize("split_threads", [0, 1], ids=["split-on-loop", "split-on-thread"])
 def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_written(kafka, proxy_factory,
-                                                                                      topic_factory):
+                                                                                      topic_factory, split_threads):
     """Four raw consumers of equal key ranges read one partition while a producer writes it
-    in bursts with idle gaps; the proxy reads each next position ahead of them. Every
-    acknowledged record reaches the one consumer whose range holds its key, once and in
-    offset order; the reads ahead are used (cache hits), and the broker reads each part
-    of the partition about once."""
+    in bursts with idle gaps; the proxy reads each next position ahead of them, splitting
+    reads on its event loop or on a worker thread. Every acknowledged record reaches the
+    one consumer whose range holds its key, once and in offset order; the reads ahead are
+    used (cache hits)."""
     import threading
     import time
 
@@ -184,7 +185,9 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     from proxy.testing.live import LiveProducer
 
     topic = topic_factory(kafka)
-    cached = proxy_factory(kafka, metrics_port="0", **{f"topic.{topic}.reserve.message.value.range.fetch": "true"})
+    cached = proxy_factory(kafka, metrics_port="0", key_range_split_threads=str(split_threads),
+                           key_range_split_thread_min_bytes="0",
+                           **{f"topic.{topic}.reserve.message.value.range.fetch": "true"})
     history = History()
     backlog = LiveProducer(kafka.bootstrap_servers, topic, history, records=2000, seconds=1.0, seed=3, partition=0)
     backlog.start().join()  # consumers start behind: there is always more to read than one fetch takes
@@ -228,3 +231,5 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     assert _metric(cached, "kafka_proxy_keyrange_readahead_sent_total") > 0
     assert _metric(cached, "kafka_proxy_keyrange_readahead_shares_total") > 0
     assert _metric(cached, "kafka_proxy_keyrange_cache_hits_total") > 0
+    offloaded = _metric(cached, "kafka_proxy_keyrange_splits_offloaded_total")
+    assert offloaded > 0 if split_threads else offloaded == 0
