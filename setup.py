@@ -18,6 +18,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "proxy.net._cpump",
+            sources=["proxy/net/_cpump.c"],
+            extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
             "proxy.commits._cpacked",
             sources=["proxy/commits/_cpacked.c"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

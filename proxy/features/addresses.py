@@ -189,6 +189,9 @@ class AddressRewrite(Feature):
             if rewriter(response.body, book):
                 response.changed = True
 
+        # The leader hints are top-level tagged fields: a response without any needs no
+        # stage, which lets the native relay pass such Produce responses on untouched.
+        stage.top_level_tags_only = rewriter is rewrite_node_endpoints  # type: ignore[attr-defined]
         return stage
 
     async def relay_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:

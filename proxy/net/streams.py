@@ -135,6 +135,24 @@ class FrameStream:
         """Whether bytes can be spliced into (or out of) this stream's socket."""
         return self._socket is not None and _SPLICE is not None
 
+    # -- for the native relay (proxy/net/native_relay.py), on plain TCP streams only --------
+    @property
+    def socket(self) -> Any:
+        return self._socket
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read from the socket and not yet handed out as (part of) a frame."""
+        return self._splitter.buffered
+
+    def splice_pipe(self) -> tuple[int, int, int]:
+        """This stream's splice pipe (read end, write end, capacity); empty between frames."""
+        return self._open_pipe()
+
+    def drop_pipe(self) -> None:
+        """Close the splice pipe with whatever it holds (after a failure mid-frame)."""
+        self._close_pipe()
+
     async def receive_frame(self) -> bytes | bytearray | None:
         """The next frame body, or None at a clean end of stream between frames.
 

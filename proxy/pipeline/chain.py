@@ -31,6 +31,9 @@ from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.peek import produce_acks
 
 ACKS_NONE = 0  # a Produce with acks=0 gets no response from the broker
+# The native relay's table (proxy/net/_cpump.c): API keys x versions, and its classes.
+NATIVE_KEYS, NATIVE_VERSIONS = 128, 32
+NATIVE_OPAQUE, NATIVE_PRODUCE = 1, 2
 
 
 class FeatureChain:
@@ -120,13 +123,16 @@ class FeatureChain:
     def _complete(self, ctx: ConnectionContext, peek: RequestHeaderPeek, route: Route) -> Route:
         """Give ``route`` one transform that decodes the response once for its own
         ``on_response`` and for every response stage of the API, when any applies."""
+        return self._complete_for(ctx, peek.api_key, peek.api_version, route)
+
+    def _complete_for(self, ctx: ConnectionContext, api_key: int, version: int, route: Route) -> Route:
         if route.local is not None or route.relay is not None or not route.expect_response:
             return route
-        stages = self.response_stages(peek.api_key, peek.api_version)
+        stages = self.response_stages(api_key, version)
         on_response = route.on_response
         if on_response is None and not stages:
             return route
-        api_key, version, raw_transform = peek.api_key, peek.api_version, route.transform
+        raw_transform = route.transform
 
         async def transform(raw: bytes) -> bytes:
             if raw_transform is not None:
@@ -144,6 +150,37 @@ class FeatureChain:
         route.transform = transform
         route.on_response = None
         return route
+
+    # -- the native relay (proxy/net/native_relay.py) ----------------------------------------
+    def native_classes(self) -> bytes:
+        """For every API key below 128 and version below 32, how the native relay may carry
+        a request: 0 never (a feature reads it, or the chain answers or checks it), 1 with
+        its response relayed untouched, 2 (Produce) with its response read and relayed
+        untouched unless it carries top-level tagged fields (the only ones its stages read,
+        ``ResponseStage.top_level_tags_only``). Request stages run on every request they
+        name, so a key any feature reads is never carried natively."""
+        classes = bytearray(NATIVE_KEYS * NATIVE_VERSIONS)
+        for api_key in range(NATIVE_KEYS):
+            if api_key in self._request_stages or api_key == ApiKey.API_VERSIONS:
+                continue
+            for version in range(NATIVE_VERSIONS):
+                if api_key in self._decoded_keys:
+                    low, high = self._known.get(api_key, (0, -1))
+                    if not low <= version <= high:
+                        continue
+                stages = self.response_stages(api_key, version)
+                if not stages:
+                    classes[api_key * NATIVE_VERSIONS + version] = NATIVE_OPAQUE
+                elif api_key == ApiKey.PRODUCE and all(getattr(s, "top_level_tags_only", False) for s in stages):
+                    classes[api_key * NATIVE_VERSIONS + version] = NATIVE_PRODUCE
+        return bytes(classes)
+
+    def native_route(self, ctx: ConnectionContext, api_key: int, version: int) -> Route:
+        """The route of a request the native relay forwarded and hands back unanswered: its
+        response handled as ``route`` would have had it."""
+        if not self.response_stages(api_key, version):
+            return Route(None, relay=OPAQUE)
+        return self._complete_for(ctx, api_key, version, Route(None))
 
     def decode_own_response(self, ctx: ConnectionContext, api_key: int, version: int,
                             raw: bytes | bytearray) -> tuple[bytes | bytearray, DecodedResponse]:

@@ -44,6 +44,7 @@ from proxy.keyrange.engine import SharedReads
 from proxy.keyrange.feature import KeyRangeFetchFeature
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
+from proxy.net.native_relay import NativeRelayThreads
 from proxy.net.pool import BrokerPool, NoBrokerAnswered
 from proxy.pipeline.background import Background
 from proxy.pipeline.chain import FeatureChain
@@ -120,6 +121,8 @@ class ProxyServer:
         self._handshaking = 0  # TLS connections accepted, in their handshake: they count towards max.connections
         self._refusals = LogThrottle(_CROWD_LOG_INTERVAL)
         self._setup_timeouts = LogThrottle(_CROWD_LOG_INTERVAL)
+        self.native_threads = NativeRelayThreads(self.config.get("native.relay.threads"),
+                                                 slice_ms=self.config.get("native.relay.slice.ms"))
         self.node_ports: dict[int, int] = {}
         self.metrics_port: int | None = None
         self._listener_nursery: trio.Nursery | None = None
@@ -358,6 +361,7 @@ class ProxyServer:
             target="bootstrap" if node_id is None else f"node-{node_id}",
             setup_deadline=setup_deadline,
             setup_log=self._setup_timeouts,
+            native=self.native_threads,
         )
         self.connections.add(connection)
         self.metrics.connections.inc()

@@ -157,6 +157,13 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
     Setting("key.range.split.thread.min.bytes", _parse_int, 65536,
             "Broker reads smaller than this are split on the event loop (a trip to a thread costs more).",
             _at_least(0)),
+    Setting("native.relay.threads", _parse_int, 2,
+            "Worker threads that relay runs of requests no feature reads (Produce, most group and admin "
+            "requests) and their responses in native code, off the event loop; 0 keeps every frame on the "
+            "event loop (docs/proxy.md).", _at_least(0)),
+    Setting("native.relay.slice.ms", _parse_int, 200,
+            "Longest native relay run before the connection's counters and idle clock are brought up to date.",
+            _at_least(1)),
     Setting("fetch.readahead.enabled", _parse_bool, False,
             "Send a consumer's next Fetch to the broker while it still processes the last one, and answer "
             "the consumer from it when it asks (plain consumer fetches only; see docs/read-ahead.md)."),

@@ -37,6 +37,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from proxy.net import native_relay
+from proxy.net.native_relay import NativeRelay, NativeRelayThreads, native_now_ns
 from proxy.net.streams import FrameStream, PartialFrame
 from proxy.pipeline.chain import FeatureChain
 from proxy.pipeline.context import ConnectionContext
@@ -84,6 +86,7 @@ class ClientConnection:
         target: str,
         setup_deadline: float = math.inf,
         setup_log: LogThrottle | None = None,
+        native: NativeRelayThreads | None = None,
     ) -> None:
         self.id = next(_connection_ids)
         self.peer = peer
@@ -112,6 +115,10 @@ class ClientConnection:
         self._exchanges: trio.MemorySendChannel | None = None
         self._sending = trio.Lock()  # held from queueing an exchange to its frame being sent
         self._awaiting_upstream = 0  # queued exchanges whose response comes from the broker
+        self._unanswered = 0  # queued exchanges the writer has not finished with
+        self._all_answered: trio.Event | None = None  # set by the writer when _unanswered reaches 0
+        self._native_threads = native
+        self._native: NativeRelay | None = None
         self.closed = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -150,6 +157,10 @@ class ClientConnection:
                 return
             send_exchanges, receive_exchanges = trio.open_memory_channel[Exchange](self.max_inflight)
             self._upstream, self._exchanges = upstream, send_exchanges
+            threads = self._native_threads
+            if threads is not None and NativeRelay.usable(self.client, upstream, threads):
+                self._native = NativeRelay(self.client, upstream, threads, self.chain.native_classes(),
+                                           max_frame_bytes=self.max_frame_bytes, max_inflight=self.max_inflight)
             async with trio.open_nursery() as nursery:
                 self.context.nursery = nursery
                 scope = self._scope = nursery.cancel_scope
@@ -163,6 +174,8 @@ class ClientConnection:
             for exchange in unsettled:
                 self._settle(exchange)
             self.context.close()
+            if self._native is not None:
+                self._native.close()
             if upstream is not None:
                 await upstream.aclose()
             await self.client.aclose()
@@ -212,6 +225,8 @@ class ClientConnection:
             with self._reader_scope:
                 while True:
                     if frame is None:
+                        if self._native is not None and self.setup.past_authentication:
+                            await self._relay_natively(self._native, exchanges)
                         frame = await self.client.receive_request(pass_on_min)
                         if frame is None:
                             return
@@ -302,6 +317,7 @@ class ClientConnection:
     async def _queue(self, exchanges: trio.MemorySendChannel, exchange: Exchange) -> None:
         if exchange.local is None:
             self._awaiting_upstream += 1
+        self._unanswered += 1
         try:  # no trip through the scheduler while there is room
             exchanges.send_nowait(exchange)
         except trio.WouldBlock:
@@ -327,6 +343,7 @@ class ClientConnection:
             exchange = Exchange.own(own, trio.current_time())
             exchanges.send_nowait(exchange)
             self._awaiting_upstream += 1
+            self._unanswered += 1
             await upstream.send_frame(own.frame)
         except trio.WouldBlock:
             return False
@@ -362,6 +379,7 @@ class ClientConnection:
                         return
                     check_correlation_id(response, exchange)
                     await exchange.sink(response)
+                    self._answered()
                     continue
                 size: int | None
                 if exchange.local is not None:
@@ -372,7 +390,9 @@ class ClientConnection:
                     # Passed on while it arrives, rewritten (if at all) in place.
                     size = await upstream.relay_frame(self.client, exchange.correlation_id, exchange.relay)
                 else:
-                    response = await upstream.receive_frame()
+                    response, exchange.prefetched = exchange.prefetched, None
+                    if response is None:
+                        response = await upstream.receive_frame()
                     size = None
                     if response is not None:
                         check_correlation_id(response, exchange)
@@ -394,8 +414,104 @@ class ClientConnection:
                 _, _, response_bytes, latency = metrics.for_api(exchange.api_key)
                 response_bytes.inc(size + 4)
                 latency.observe(now - exchange.received_at)
+                self._answered()
         # The reader is done and every exchange is answered: close in order.
         scope.cancel()
+
+    def _answered(self) -> None:
+        self._unanswered -= 1
+        if not self._unanswered and self._all_answered is not None:
+            self._all_answered.set()
+            self._all_answered = None
+
+    # -- the native relay ---------------------------------------------------------------------
+    async def _relay_natively(self, native: NativeRelay, exchanges: trio.MemorySendChannel) -> None:
+        """Let the native loop carry the client's next requests, if it may: from here until a
+        request or response that needs the event loop. Returns with that request still in
+        the client's socket, and whatever the loop left in flight queued for the writer."""
+        if not native.at_boundaries():
+            return
+        cls = native.peek()
+        if cls is None:
+            await trio.lowlevel.wait_readable(native.client.socket)
+            cls = native.peek()
+        if not cls:
+            return
+        while self._unanswered:  # the loop starts with nothing of the event loop's in flight
+            self._all_answered = trio.Event()
+            await self._all_answered.wait()
+        if not native.at_boundaries():
+            return
+        threads = native.threads
+        if not threads.try_take(self):
+            self.metrics.native_unavailable.inc()
+            return
+        flights: list = []
+        held = None
+        failure = None
+        await self._sending.acquire()  # no request of the proxy's own goes upstream meanwhile
+        try:
+            while True:
+                result = await native.run(flights, self.context.nursery)
+                flights, held = result.flights, result.held
+                if result.reason == native_relay.SLICE:
+                    self._native_accounting(result)
+                    continue
+                break
+        finally:
+            result = native.last
+            try:
+                if result is not None:
+                    flights, held = result.flights, result.held
+                    self._native_accounting(result)
+                    if result.reason == native_relay.PROTOCOL:
+                        failure = ProtocolError(result.message)
+                    elif result.reason in (native_relay.BROKEN, native_relay.ABORTED):
+                        failure = trio.BrokenResourceError(result.message or "native relay aborted")
+                if failure is None:
+                    self._hand_over(flights, held, exchanges)
+            finally:
+                threads.give_back(self)
+                self._sending.release()
+        if failure is not None:
+            raise failure
+
+    def _native_accounting(self, result: native_relay.RunResult) -> None:
+        metrics = self.metrics
+        metrics.native_runs.labels(native_relay.ENDINGS[result.reason]).inc()
+        metrics.native_requests.inc(result.forwarded)
+        metrics.spliced_requests.inc(result.spliced)
+        for api_key, request_size, response_size, latency_ns in result.answered:
+            requests, request_bytes, response_bytes, latency = metrics.for_api(api_key)
+            requests.inc()
+            request_bytes.inc(request_size)
+            response_bytes.inc(response_size)
+            latency.observe(latency_ns / 1e9)
+        if result.forwarded or result.answered:
+            self._last_activity = trio.current_time()
+
+    def _hand_over(self, flights: list, held: bytes | None, exchanges: trio.MemorySendChannel) -> None:
+        """Queue the requests the native loop forwarded and left unanswered, in order, as
+        the event loop's own exchanges (the channel is empty: the loop started with nothing
+        queued, and nothing else sends upstream while it runs)."""
+        if not flights:
+            return
+        metrics = self.metrics
+        now, now_ns = trio.current_time(), native_now_ns()
+        for api_key, version, correlation_id, _, request_size, started_ns in flights:
+            route = self.chain.native_route(self.context, api_key, version)
+            exchange = Exchange(api_key=api_key, api_version=version, correlation_id=correlation_id,
+                                received_at=now - (now_ns - started_ns) / 1e9, request_bytes=request_size,
+                                transform=route.transform, relay=route.relay, prefetched=held)
+            held = None
+            requests, request_bytes, _, _ = metrics.for_api(api_key)
+            requests.inc()
+            request_bytes.inc(request_size)
+            self._awaiting_upstream += 1
+            self._unanswered += 1
+            exchanges.send_nowait(exchange)
+            self._inflight += 1
+            metrics.inflight_requests += 1
 
     def _settle(self, exchange: Exchange) -> None:
         settle, exchange.settle = exchange.settle, None

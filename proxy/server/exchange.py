@@ -31,6 +31,7 @@ class Exchange:
     relay: Relay | None = None  # the response goes on while it arrives
     sink: ResponseSink | None = None  # the proxy's own request: its response goes here
     settle: Callable[[], None] | None = None  # the route's, run once when the exchange is over
+    prefetched: bytes | None = None  # its response, read already (by the native relay)
 
     @classmethod
     def own(cls, own: OwnRequest, now: float) -> Exchange:

@@ -81,6 +81,16 @@ class ProxyMetrics:
         self.spliced_requests = Counter("kafka_proxy_spliced_requests",
                                         "Large requests no feature reads (Produce) whose body went from the client's "
                                         "socket to the broker's without entering the proxy.", registry=r)
+        self.native_requests = Counter("kafka_proxy_native_relay_requests",
+                                       "Requests forwarded by the native relay loop (no feature reads them).",
+                                       registry=r)
+        self.native_runs = Counter("kafka_proxy_native_relay_runs",
+                                   "Runs of the native relay loop, by how they ended (slice, idle, request, "
+                                   "response, woken, aborted, upstream_closed, protocol, broken).",
+                                   ["ended"], registry=r)
+        self.native_unavailable = Counter("kafka_proxy_native_relay_busy",
+                                          "Times a connection could have used the native relay but every "
+                                          "native.relay.threads thread was taken.", registry=r)
         self.memory_trims = Counter("kafka_proxy_memory_trims", "Times freed heap was offered back to the kernel "
                                     "(memory.trim.interval.ms).", registry=r)
         self.memory_trim_seconds = Counter("kafka_proxy_memory_trim_seconds", "Time spent giving freed heap back.",

@@ -20,17 +20,28 @@ from proxy.testing import java_tools
 from proxy.testing.wait import wait_until
 
 
-@pytest.fixture(scope="module")
-def plain_proxy(kafka, proxy_factory):
-    """A proxy with no feature reading Produce requests, and a metrics endpoint."""
-    return proxy_factory(kafka, metrics_port="0", virtual_topics_enabled="false")
+@pytest.fixture(scope="module", params=["2", "0"], ids=["native-relay", "event-loop"])
+def plain_proxy(kafka, proxy_factory, request):
+    """A proxy with no feature reading Produce requests, and a metrics endpoint; Produce
+    requests relayed by the native loop, or by the event loop alone."""
+    proxy = proxy_factory(kafka, metrics_port="0", virtual_topics_enabled="false", native_relay_threads=request.param)
+    proxy.native = request.param != "0"
+    return proxy
+
+
+def _metric(proxy, name: str) -> float:
+    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert match, f"the proxy exports no {name}"
+    return float(match.group(1))
 
 
 def _spliced(proxy) -> float:
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    match = re.search(r"^kafka_proxy_spliced_requests_total (\S+)$", text, re.MULTILINE)
-    assert match, "the proxy exports no kafka_proxy_spliced_requests_total"
-    return float(match.group(1))
+    return _metric(proxy, "kafka_proxy_spliced_requests_total")
+
+
+def _native(proxy) -> float:
+    return _metric(proxy, "kafka_proxy_native_relay_requests_total")
 
 
 def _records(count: int, seed: int) -> list[tuple[bytes, bytes]]:
@@ -101,7 +112,7 @@ def test_librdkafka_produce_is_exact(kafka, plain_proxy, topic_factory, acks, co
 ])
 def test_java_producer_large_requests_arrive_whole(kafka, plain_proxy, topic_factory, producer_props):
     topic = topic_factory(kafka)
-    before = _spliced(plain_proxy)
+    before, native_before = _spliced(plain_proxy), _native(plain_proxy)
     records = 400
     result = java_tools.producer_performance(
         plain_proxy.bootstrap_servers, topic, records, record_size=50_000,
@@ -113,6 +124,8 @@ def test_java_producer_large_requests_arrive_whole(kafka, plain_proxy, topic_fac
     assert all(len(value) == 50_000 for _, value, _ in received)
     if producer_props["compression.type"] == "none":
         assert _spliced(plain_proxy) > before
+    # a producer's requests go through the native loop when it is on, and never otherwise
+    assert (_native(plain_proxy) > native_before) == plain_proxy.native
 
 
 def _produce_head(topic: str, record_bytes: int) -> bytes:

@@ -1,0 +1,826 @@
+/*
+ * The native relay: one loop over a client's socket and its broker connection's socket
+ * that moves runs of frames no feature reads without entering the interpreter.
+ *
+ * Why: every frame the event loop handles costs 100-180 us of Python and scheduler work
+ * (a Produce request of 256 KB: about 180 us for a dozen system calls), which is most of
+ * what the proxy spends beyond a bare relay. Here a frame costs its system calls and a few
+ * comparisons, and it runs on a worker thread with the GIL released, so the event loop
+ * keeps serving every other connection on the other core.
+ *
+ * The contract with proxy/net/native_relay.py:
+ *
+ * - It is entered only at frame boundaries on both sockets, with both splice pipes empty
+ *   and no request of the event loop's in flight. It carries on the requests of an earlier
+ *   run still in flight (``flights``), in order.
+ * - It reads a request only after peeking at its header (MSG_PEEK) and finding its API
+ *   key and version marked in ``classes``: 1 relays the response untouched, 2 (Produce)
+ *   reads the response whole and relays it untouched when it carries no top-level tagged
+ *   fields (the broker's leader hints, which the proxy must rewrite). A request marked 0,
+ *   a Produce with acks=0, an oversized or malformed header, or the client's end of stream
+ *   stays in the socket: the run stops and the event loop reads it.
+ * - It stops only at frame boundaries (except when aborted): at the end of its time slice,
+ *   after ``idle_ms`` with nothing to do, when woken through ``wake_fd`` (an eventfd: a
+ *   total of 1 asks for a stop at the boundaries, 2 or more aborts at once), and at the
+ *   first response that needs the interpreter (returned whole, with its request first in
+ *   the flights handed back). Requests whose response has not begun are handed back.
+ * - Bytes are spliced from socket to pipe to socket and never enter user space, except a
+ *   response's first 8 bytes (size and correlation id, checked against its request) and the
+ *   Produce responses it must look into.
+ *
+ * It holds no Python object while the GIL is released; what it returns is built after.
+ */
+#define _GNU_SOURCE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KEYS 128
+#define VERSIONS 32
+#define CLASS_PYTHON 0
+#define CLASS_OPAQUE 1
+#define CLASS_PRODUCE 2
+#define API_PRODUCE 0
+#define PEEK_MAX 1024
+#define DONE_MAX 65536
+#define SPLICED_MIN 65536 /* the event loop splices requests from this size on: count them alike */
+
+enum reason {
+    R_NONE = -1,
+    R_SLICE = 0,
+    R_IDLE = 1,
+    R_PYTHON_REQUEST = 2,
+    R_PYTHON_RESPONSE = 3,
+    R_WOKEN = 4,
+    R_ABORTED = 5,
+    R_UPSTREAM_CLOSED = 6,
+    R_PROTOCOL = 7,
+    R_BROKEN = 8,
+};
+
+typedef struct {
+    int16_t api_key, version;
+    int32_t correlation_id;
+    int cls;
+    int64_t request_bytes;
+    int64_t start_ns;
+} flight_t;
+
+typedef struct {
+    int16_t api_key;
+    int64_t request_bytes, response_bytes, latency_ns;
+} done_t;
+
+/* Bytes moved from one socket to another through a pipe; ``remaining`` still to take from
+ * the source, ``held`` in the pipe. */
+typedef struct {
+    int src, dst, pipe_r, pipe_w;
+    int64_t capacity, held, remaining;
+} mover_t;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline uint32_t be32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline int16_t be16(const uint8_t *p) { return (int16_t)(((uint16_t)p[0] << 8) | p[1]); }
+
+/* ------------------------------------------------------------------ header reads
+ * Bounds-checked readers over [p, end): each returns the new position, or NULL when the
+ * field runs past the end. */
+
+static const uint8_t *read_uvarint(const uint8_t *p, const uint8_t *end, uint32_t *value)
+{
+    uint32_t v = 0;
+    for (int shift = 0; shift <= 28; shift += 7) {
+        if (p >= end)
+            return NULL;
+        uint8_t b = *p++;
+        v |= (uint32_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *value = v;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+static const uint8_t *skip(const uint8_t *p, const uint8_t *end, uint64_t n)
+{
+    if (p == NULL || (uint64_t)(end - p) < n)
+        return NULL;
+    return p + n;
+}
+
+static const uint8_t *skip_tagged(const uint8_t *p, const uint8_t *end, uint32_t *count)
+{
+    uint32_t n, tag, size;
+    if (p == NULL || (p = read_uvarint(p, end, &n)) == NULL)
+        return NULL;
+    if (count)
+        *count = n;
+    for (uint32_t i = 0; i < n; i++) {
+        if ((p = read_uvarint(p, end, &tag)) == NULL || (p = read_uvarint(p, end, &size)) == NULL)
+            return NULL;
+        if ((p = skip(p, end, size)) == NULL)
+            return NULL;
+    }
+    return p;
+}
+
+static const uint8_t *skip_compact_string(const uint8_t *p, const uint8_t *end)
+{
+    uint32_t n;
+    if (p == NULL || (p = read_uvarint(p, end, &n)) == NULL)
+        return NULL;
+    return n ? skip(p, end, n - 1) : p;
+}
+
+/* The acks of a Produce request whose frame (from its size prefix) starts at ``frame``;
+ * -1000 when the peeked bytes end first. */
+static int produce_acks(const uint8_t *frame, const uint8_t *end, int version)
+{
+    const uint8_t *p = frame + 12; /* size, api key, version, correlation id */
+    if (end - p < 2)
+        return -1000;
+    int16_t client_len = be16(p);
+    p += 2;
+    if (client_len > 0 && (p = skip(p, end, (uint64_t)client_len)) == NULL)
+        return -1000;
+    if (version >= 9) {
+        if ((p = skip_tagged(p, end, NULL)) == NULL || (p = skip_compact_string(p, end)) == NULL)
+            return -1000;
+    } else if (version >= 3) {
+        if (end - p < 2)
+            return -1000;
+        int16_t tx_len = be16(p);
+        p += 2;
+        if (tx_len > 0 && (p = skip(p, end, (uint64_t)tx_len)) == NULL)
+            return -1000;
+    }
+    if (end - p < 2)
+        return -1000;
+    return be16(p);
+}
+
+/* Whether a Produce response (``body``: after its size prefix) must go through the
+ * interpreter: 0 when it is well formed and has no top-level tagged fields (nothing to
+ * rewrite), 1 otherwise (leader hints to rewrite, or bytes the codec must judge). */
+int produce_response_needs_python(const uint8_t *body, size_t size, int version)
+{
+    const uint8_t *end = body + size;
+    const uint8_t *p = skip(body, end, 4); /* correlation id */
+    uint32_t topics, partitions, errors, tags;
+    if (version < 9)
+        return 1;
+    if ((p = skip_tagged(p, end, NULL)) == NULL || (p = read_uvarint(p, end, &topics)) == NULL)
+        return 1;
+    for (uint32_t t = 1; t < topics; t++) {
+        p = version >= 13 ? skip(p, end, 16) : skip_compact_string(p, end);
+        if (p == NULL || (p = read_uvarint(p, end, &partitions)) == NULL)
+            return 1;
+        for (uint32_t i = 1; i < partitions; i++) {
+            /* index, error code, base offset, log append time, log start offset */
+            if ((p = skip(p, end, 4 + 2 + 8 + 8 + 8)) == NULL || (p = read_uvarint(p, end, &errors)) == NULL)
+                return 1;
+            for (uint32_t e = 1; e < errors; e++) {
+                p = skip_tagged(skip_compact_string(skip(p, end, 4), end), end, NULL);
+                if (p == NULL)
+                    return 1;
+            }
+            if ((p = skip_tagged(skip_compact_string(p, end), end, NULL)) == NULL)
+                return 1;
+        }
+        if ((p = skip_tagged(p, end, NULL)) == NULL)
+            return 1;
+    }
+    if ((p = skip_tagged(skip(p, end, 4), end, &tags)) == NULL)
+        return 1;
+    return tags != 0 || p != end;
+}
+
+/* How the loop may carry the request whose first ``n`` bytes (from its size prefix) are
+ * ``peek``: CLASS_PYTHON when it may not, or cannot tell from these bytes. */
+static int classify(const uint8_t *peek, ssize_t n, const uint8_t *classes, int64_t max_frame)
+{
+    if (n < 12) /* its end, or a header still on its way: the event loop reads it */
+        return CLASS_PYTHON;
+    int64_t size = (int32_t)be32(peek);
+    int api_key = be16(peek + 4), version = be16(peek + 6);
+    if (size < 8 || size > max_frame || api_key < 0 || api_key >= KEYS || version < 0 || version >= VERSIONS)
+        return CLASS_PYTHON;
+    int cls = classes[api_key * VERSIONS + version];
+    if (cls != CLASS_PYTHON && api_key == API_PRODUCE) {
+        const uint8_t *end = peek + (n < size + 4 ? n : size + 4);
+        int acks = produce_acks(peek, end, version);
+        if (acks == 0 || acks == -1000) /* no response to wait for, or unreadable here */
+            return CLASS_PYTHON;
+    }
+    return cls;
+}
+
+/* ------------------------------------------------------------------ moving bytes */
+
+/* Splice what can move now. Sets *want_src / *want_dst to what it waits for; returns 1 when
+ * something moved, 0 when nothing could, -1 on an error (errno set; 0 for an end of stream). */
+static int mover_step(mover_t *m, int *want_src, int *want_dst)
+{
+    int progress = 0;
+    *want_src = *want_dst = 0;
+    for (;;) {
+        int moved = 0, src_dry = 0;
+        if (m->remaining > 0 && m->held < m->capacity) {
+            int64_t ask = m->capacity - m->held;
+            if (ask > m->remaining)
+                ask = m->remaining;
+            ssize_t n = splice(m->src, NULL, m->pipe_w, NULL, (size_t)ask, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            if (n > 0) {
+                m->held += n;
+                m->remaining -= n;
+                moved = 1;
+            } else if (n == 0) {
+                errno = 0;
+                return -1;
+            } else if (errno == EAGAIN) {
+                src_dry = 1;
+            } else if (errno != EINTR) {
+                return -1;
+            }
+        }
+        if (m->held > 0) {
+            ssize_t n = splice(m->pipe_r, NULL, m->dst, NULL, (size_t)m->held, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            if (n > 0) {
+                m->held -= n;
+                moved = 1;
+            } else if (n < 0 && errno == EAGAIN) {
+                *want_dst = 1;
+            } else if (n < 0 && errno != EINTR) {
+                return -1;
+            }
+        }
+        if (moved) {
+            progress = 1;
+            continue;
+        }
+        /* Wait for the source only when the pipe is empty: a pipe whose slots are full
+         * refuses more even with room in bytes, and the source would wake us at once. */
+        if (src_dry && m->held == 0)
+            *want_src = 1;
+        else if (m->held > 0)
+            *want_dst = 1;
+        return progress;
+    }
+}
+
+/* ------------------------------------------------------------------ the run */
+
+enum { REQ_PEEK, REQ_FORWARD };
+enum { RESP_IDLE, RESP_HEAD, RESP_SPLICE, RESP_READ, RESP_WRITE, RESP_HOLD };
+
+typedef struct {
+    /* arguments */
+    int client, upstream, wake;
+    const uint8_t *classes;
+    int64_t max_frame;
+    int max_inflight;
+    int64_t slice_ns, idle_ns;
+    int req_pipe_r, req_pipe_w, resp_pipe_r, resp_pipe_w;
+    int64_t req_capacity, resp_capacity;
+    /* in flight, a ring */
+    flight_t *ring;
+    int head, count;
+    /* answered */
+    done_t *done;
+    int done_count, done_cap;
+    /* state */
+    int req_state, resp_state;
+    mover_t req_mover, resp_mover;
+    uint8_t header[8];
+    int header_filled;
+    uint8_t *buffer; /* a Produce response read whole: size prefix and body */
+    int64_t buffer_size, buffer_done;
+    int64_t requests; /* forwarded in this run */
+    int64_t spliced; /* of them, those of at least SPLICED_MIN bytes */
+    int reason;
+    char message[160];
+    int error;
+} run_t;
+
+static void stop(run_t *r, int reason)
+{
+    if (r->reason == R_NONE)
+        r->reason = reason;
+}
+
+static int fail(run_t *r, int reason, int error, const char *message)
+{
+    r->reason = reason;
+    r->error = error;
+    snprintf(r->message, sizeof r->message, "%s", message);
+    return -1;
+}
+
+static int done_push(run_t *r, const flight_t *f, int64_t response_bytes, int64_t now)
+{
+    if (r->done_count == r->done_cap) {
+        int cap = r->done_cap ? r->done_cap * 2 : 256;
+        done_t *grown = realloc(r->done, sizeof(done_t) * (size_t)cap);
+        if (grown == NULL)
+            return fail(r, R_BROKEN, ENOMEM, "out of memory");
+        r->done = grown;
+        r->done_cap = cap;
+    }
+    done_t *d = &r->done[r->done_count++];
+    d->api_key = f->api_key;
+    d->request_bytes = f->request_bytes;
+    d->response_bytes = response_bytes;
+    d->latency_ns = now - f->start_ns;
+    if (r->done_count >= DONE_MAX)
+        stop(r, R_SLICE);
+    return 0;
+}
+
+/* The request side: peek at the next request, and forward it when the run may. Returns 1
+ * on progress, 0 when waiting (events in *events_client / *events_upstream), -1 to end. */
+static int step_requests(run_t *r, short *events_client, short *events_upstream, int *dry)
+{
+    if (r->req_state == REQ_PEEK) {
+        if (r->reason != R_NONE || r->count >= r->max_inflight)
+            return 0;
+        uint8_t peek[PEEK_MAX];
+        ssize_t n = recv(r->client, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) {
+                *events_client |= POLLIN;
+                *dry = 1;
+                return 0;
+            }
+            stop(r, R_PYTHON_REQUEST); /* the event loop meets the error itself */
+            return 0;
+        }
+        int cls = classify(peek, n, r->classes, r->max_frame);
+        if (cls == CLASS_PYTHON) {
+            stop(r, R_PYTHON_REQUEST);
+            return 0;
+        }
+        int64_t size = (int32_t)be32(peek);
+        int api_key = be16(peek + 4), version = be16(peek + 6);
+        flight_t *f = &r->ring[(r->head + r->count) % r->max_inflight];
+        f->api_key = (int16_t)api_key;
+        f->version = (int16_t)version;
+        f->correlation_id = (int32_t)be32(peek + 8);
+        f->cls = cls;
+        f->request_bytes = size + 4;
+        f->start_ns = now_ns();
+        r->count++;
+        r->req_mover.remaining = size + 4;
+        r->req_state = REQ_FORWARD;
+    }
+    int want_src, want_dst;
+    int progress = mover_step(&r->req_mover, &want_src, &want_dst);
+    if (progress < 0) {
+        if (errno == 0)
+            return fail(r, R_BROKEN, 0, "client's stream ended inside a request");
+        return fail(r, R_BROKEN, errno, "forwarding a request failed");
+    }
+    if (want_src)
+        *events_client |= POLLIN;
+    if (want_dst)
+        *events_upstream |= POLLOUT;
+    if (r->req_mover.remaining == 0 && r->req_mover.held == 0) {
+        r->req_state = REQ_PEEK;
+        r->requests++;
+        if (r->ring[(r->head + r->count - 1) % r->max_inflight].request_bytes >= SPLICED_MIN)
+            r->spliced++;
+        return 1;
+    }
+    return progress;
+}
+
+static int complete_response(run_t *r, int64_t response_bytes)
+{
+    flight_t f = r->ring[r->head];
+    r->head = (r->head + 1) % r->max_inflight;
+    r->count--;
+    r->resp_state = RESP_IDLE;
+    r->header_filled = 0;
+    return done_push(r, &f, response_bytes, now_ns());
+}
+
+/* The response side: the next response of the oldest request in flight. */
+static int step_responses(run_t *r, short *events_client, short *events_upstream)
+{
+    if (r->resp_state == RESP_IDLE) {
+        if (r->count == 0 || r->reason != R_NONE)
+            return 0;
+        r->resp_state = RESP_HEAD;
+    }
+    if (r->resp_state == RESP_HEAD) {
+        while (r->header_filled < 8) {
+            ssize_t n = recv(r->upstream, r->header + r->header_filled, (size_t)(8 - r->header_filled), MSG_DONTWAIT);
+            if (n > 0) {
+                r->header_filled += (int)n;
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+                *events_upstream |= POLLIN;
+                if (r->header_filled == 0)
+                    r->resp_state = RESP_IDLE; /* still at a boundary */
+                return 0;
+            }
+            if (n == 0 && r->header_filled == 0) {
+                r->resp_state = RESP_IDLE;
+                stop(r, R_UPSTREAM_CLOSED);
+                return 0;
+            }
+            return fail(r, R_BROKEN, n < 0 ? errno : 0, "broker's stream ended inside a response");
+        }
+        const flight_t *f = &r->ring[r->head];
+        int64_t size = (int32_t)be32(r->header);
+        int32_t correlation_id = (int32_t)be32(r->header + 4);
+        if (size < 4 || size > r->max_frame) {
+            char message[160];
+            snprintf(message, sizeof message, "frame size %lld outside 4..%lld", (long long)size,
+                     (long long)r->max_frame);
+            return fail(r, R_PROTOCOL, 0, message);
+        }
+        if (correlation_id != f->correlation_id) {
+            char message[160];
+            snprintf(message, sizeof message, "broker answered correlation id %d, expected %d", correlation_id,
+                     f->correlation_id);
+            return fail(r, R_PROTOCOL, 0, message);
+        }
+        if (f->cls == CLASS_PRODUCE) {
+            r->buffer = malloc((size_t)size + 4);
+            if (r->buffer == NULL)
+                return fail(r, R_BROKEN, ENOMEM, "out of memory");
+            memcpy(r->buffer, r->header, 8);
+            r->buffer_size = size + 4;
+            r->buffer_done = 8;
+            r->resp_state = RESP_READ;
+        } else {
+            /* The pipe is empty at a frame's start: the 8 bytes go in whole. */
+            if (write(r->resp_pipe_w, r->header, 8) != 8)
+                return fail(r, R_BROKEN, errno, "writing to the splice pipe failed");
+            r->resp_mover.held = 8;
+            r->resp_mover.remaining = size - 4;
+            r->resp_state = RESP_SPLICE;
+        }
+    }
+    if (r->resp_state == RESP_SPLICE) {
+        int want_src, want_dst;
+        int progress = mover_step(&r->resp_mover, &want_src, &want_dst);
+        if (progress < 0) {
+            if (errno == 0)
+                return fail(r, R_BROKEN, 0, "broker's stream ended inside a response");
+            return fail(r, R_BROKEN, errno, "relaying a response failed");
+        }
+        if (want_src)
+            *events_upstream |= POLLIN;
+        if (want_dst)
+            *events_client |= POLLOUT;
+        if (r->resp_mover.remaining == 0 && r->resp_mover.held == 0) {
+            int64_t size = (int32_t)be32(r->header);
+            if (complete_response(r, size + 4) < 0)
+                return -1;
+            return 1;
+        }
+        return progress;
+    }
+    if (r->resp_state == RESP_READ) {
+        int progress = 0;
+        while (r->buffer_done < r->buffer_size) {
+            ssize_t n = recv(r->upstream, r->buffer + r->buffer_done, (size_t)(r->buffer_size - r->buffer_done),
+                             MSG_DONTWAIT);
+            if (n > 0) {
+                r->buffer_done += n;
+                progress = 1;
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+                *events_upstream |= POLLIN;
+                return progress;
+            }
+            return fail(r, R_BROKEN, n < 0 ? errno : 0, "broker's stream ended inside a response");
+        }
+        const flight_t *f = &r->ring[r->head];
+        if (produce_response_needs_python(r->buffer + 4, (size_t)(r->buffer_size - 4), f->version)) {
+            r->resp_state = RESP_HOLD;
+            stop(r, R_PYTHON_RESPONSE);
+            r->reason = R_PYTHON_RESPONSE; /* it must be handed back whatever stopped the run */
+            return 1;
+        }
+        r->buffer_done = 0;
+        r->resp_state = RESP_WRITE;
+    }
+    if (r->resp_state == RESP_WRITE) {
+        int progress = 0;
+        while (r->buffer_done < r->buffer_size) {
+            ssize_t n = send(r->client, r->buffer + r->buffer_done, (size_t)(r->buffer_size - r->buffer_done),
+                             MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n > 0) {
+                r->buffer_done += n;
+                progress = 1;
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+                *events_client |= POLLOUT;
+                return progress;
+            }
+            return fail(r, R_BROKEN, n < 0 ? errno : 0, "sending a response failed");
+        }
+        int64_t total = r->buffer_size;
+        free(r->buffer);
+        r->buffer = NULL;
+        if (complete_response(r, total) < 0)
+            return -1;
+        return 1;
+    }
+    return 0;
+}
+
+static int at_boundary(const run_t *r)
+{
+    return r->req_state == REQ_PEEK &&
+           ((r->resp_state == RESP_IDLE && r->header_filled == 0) || r->resp_state == RESP_HOLD);
+}
+
+static void run_loop(run_t *r)
+{
+    int64_t start = now_ns();
+    int64_t slice_end = start + r->slice_ns;
+    int64_t last_activity = start;
+    for (;;) {
+        short events_client = 0, events_upstream = 0;
+        int dry = 0;
+        int a = step_requests(r, &events_client, &events_upstream, &dry);
+        if (a < 0)
+            return;
+        int b = step_responses(r, &events_client, &events_upstream);
+        if (b < 0)
+            return;
+        int64_t now = now_ns();
+        if (a > 0 || b > 0) {
+            last_activity = now;
+            continue; /* look again before waiting: both sides may move further */
+        }
+        if (now >= slice_end)
+            stop(r, R_SLICE);
+        if (dry && r->count == 0 && r->req_state == REQ_PEEK && now - last_activity >= r->idle_ns)
+            stop(r, R_IDLE);
+        if (r->reason != R_NONE && at_boundary(r))
+            return;
+        int64_t deadline = slice_end;
+        if (r->count == 0 && r->idle_ns < INT64_MAX / 2 && last_activity + r->idle_ns < deadline)
+            deadline = last_activity + r->idle_ns;
+        int timeout = (int)((deadline - now + 999999) / 1000000);
+        if (r->reason != R_NONE || timeout < 1)
+            timeout = r->reason != R_NONE ? -1 : 1;
+        struct pollfd fds[3] = {
+            {.fd = r->wake, .events = POLLIN},
+            {.fd = events_client ? r->client : -1, .events = events_client},
+            {.fd = events_upstream ? r->upstream : -1, .events = events_upstream},
+        };
+        if (r->reason != R_NONE && !events_client && !events_upstream) {
+            /* Stopping, mid-frame, with nothing to wait for: cannot happen, but never hang. */
+            fail(r, R_BROKEN, 0, "native relay stalled");
+            return;
+        }
+        int ready = poll(fds, 3, timeout);
+        if (ready < 0 && errno != EINTR) {
+            fail(r, R_BROKEN, errno, "poll failed");
+            return;
+        }
+        if (ready > 0 && (fds[0].revents & POLLIN)) {
+            uint64_t value = 0;
+            if (read(r->wake, &value, sizeof value) == (ssize_t)sizeof value && value >= 2) {
+                r->reason = R_ABORTED;
+                return;
+            }
+            stop(r, R_WOKEN);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ Python */
+
+static PyObject *flights_list(const run_t *r)
+{
+    PyObject *list = PyList_New(r->count);
+    if (list == NULL)
+        return NULL;
+    for (int i = 0; i < r->count; i++) {
+        const flight_t *f = &r->ring[(r->head + i) % r->max_inflight];
+        PyObject *item = Py_BuildValue("(hhiiLL)", f->api_key, f->version, f->correlation_id, f->cls,
+                                       (long long)f->request_bytes, (long long)f->start_ns);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+static PyObject *done_list(const run_t *r)
+{
+    PyObject *list = PyList_New(r->done_count);
+    if (list == NULL)
+        return NULL;
+    for (int i = 0; i < r->done_count; i++) {
+        const done_t *d = &r->done[i];
+        PyObject *item = Py_BuildValue("(hLLL)", d->api_key, (long long)d->request_bytes,
+                                       (long long)d->response_bytes, (long long)d->latency_ns);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"client", "upstream", "wake", "classes", "flights", "max_frame", "max_inflight",
+                               "slice_ms", "idle_ms", "request_pipe", "response_pipe", NULL};
+    run_t r;
+    memset(&r, 0, sizeof r);
+    Py_buffer classes;
+    PyObject *flights;
+    long long slice_ms, idle_ms, max_frame;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiy*O!LiLL(iiL)(iiL)", keywords, &r.client, &r.upstream,
+                                     &r.wake, &classes, &PyList_Type, &flights, &max_frame, &r.max_inflight,
+                                     &slice_ms, &idle_ms, &r.req_pipe_r, &r.req_pipe_w, &r.req_capacity,
+                                     &r.resp_pipe_r, &r.resp_pipe_w, &r.resp_capacity))
+        return NULL;
+    r.classes = classes.buf;
+    r.max_frame = max_frame;
+    r.slice_ns = slice_ms * 1000000;
+    r.idle_ns = idle_ms < 0 ? INT64_MAX : idle_ms * 1000000;
+    r.reason = R_NONE;
+    Py_ssize_t carried = PyList_GET_SIZE(flights);
+    if (classes.len != KEYS * VERSIONS || r.max_inflight < 1 || carried > r.max_inflight) {
+        PyBuffer_Release(&classes);
+        PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes; flights at most max_inflight");
+        return NULL;
+    }
+    r.ring = calloc((size_t)r.max_inflight, sizeof(flight_t));
+    if (r.ring == NULL) {
+        PyBuffer_Release(&classes);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < carried; i++) {
+        flight_t *f = &r.ring[i];
+        short api_key, version;
+        int correlation_id, cls;
+        long long request_bytes, start_ns;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(flights, i), "hhiiLL", &api_key, &version, &correlation_id, &cls,
+                              &request_bytes, &start_ns)) {
+            free(r.ring);
+            PyBuffer_Release(&classes);
+            return NULL;
+        }
+        f->api_key = api_key;
+        f->version = version;
+        f->correlation_id = correlation_id;
+        f->cls = cls;
+        f->request_bytes = request_bytes;
+        f->start_ns = start_ns;
+    }
+    r.count = (int)carried;
+    r.req_mover = (mover_t){.src = r.client, .dst = r.upstream, .pipe_r = r.req_pipe_r, .pipe_w = r.req_pipe_w,
+                            .capacity = r.req_capacity};
+    r.resp_mover = (mover_t){.src = r.upstream, .dst = r.client, .pipe_r = r.resp_pipe_r,
+                             .pipe_w = r.resp_pipe_w, .capacity = r.resp_capacity};
+
+    Py_BEGIN_ALLOW_THREADS
+    run_loop(&r);
+    Py_END_ALLOW_THREADS
+
+    PyBuffer_Release(&classes);
+    PyObject *held = Py_None;
+    Py_INCREF(held);
+    if (r.resp_state == RESP_HOLD && r.buffer != NULL) {
+        Py_DECREF(held);
+        held = PyBytes_FromStringAndSize((const char *)r.buffer + 4, (Py_ssize_t)(r.buffer_size - 4));
+    }
+    free(r.buffer);
+    PyObject *in_flight = held ? flights_list(&r) : NULL;
+    PyObject *answered = in_flight ? done_list(&r) : NULL;
+    free(r.ring);
+    free(r.done);
+    if (answered == NULL) {
+        Py_XDECREF(held);
+        Py_XDECREF(in_flight);
+        return NULL;
+    }
+    return Py_BuildValue("(iNNNLLis)", r.reason, in_flight, answered, held, (long long)r.requests,
+                         (long long)r.spliced, r.error, r.message);
+}
+
+static PyObject *py_peek(PyObject *self, PyObject *args)
+{
+    int fd;
+    Py_buffer classes;
+    long long max_frame;
+    if (!PyArg_ParseTuple(args, "iy*L", &fd, &classes, &max_frame))
+        return NULL;
+    if (classes.len != KEYS * VERSIONS) {
+        PyBuffer_Release(&classes);
+        PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes");
+        return NULL;
+    }
+    uint8_t peek[PEEK_MAX];
+    ssize_t n = recv(fd, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
+    int cls;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        PyBuffer_Release(&classes);
+        Py_RETURN_NONE;
+    }
+    cls = n < 0 ? CLASS_PYTHON : classify(peek, n, classes.buf, max_frame);
+    PyBuffer_Release(&classes);
+    return PyLong_FromLong(cls);
+}
+
+static PyObject *py_produce_response_needs_python(PyObject *self, PyObject *args)
+{
+    Py_buffer body;
+    int version;
+    if (!PyArg_ParseTuple(args, "y*i", &body, &version))
+        return NULL;
+    int needs = produce_response_needs_python(body.buf, (size_t)body.len, version);
+    PyBuffer_Release(&body);
+    return PyBool_FromLong(needs);
+}
+
+static PyObject *py_produce_acks(PyObject *self, PyObject *args)
+{
+    Py_buffer frame;
+    int version;
+    if (!PyArg_ParseTuple(args, "y*i", &frame, &version))
+        return NULL;
+    int acks = frame.len >= 12 ? produce_acks(frame.buf, (const uint8_t *)frame.buf + frame.len, version) : -1000;
+    PyBuffer_Release(&frame);
+    if (acks == -1000)
+        Py_RETURN_NONE;
+    return PyLong_FromLong(acks);
+}
+
+static PyMethodDef methods[] = {
+    {"relay", (PyCFunction)(void (*)(void))py_relay, METH_VARARGS | METH_KEYWORDS,
+     "Relay frames between two sockets until a frame needs the interpreter (see the module's comment)."},
+    {"peek", py_peek, METH_VARARGS,
+     "How the loop may carry the next request on a socket (0: it may not), or None if nothing has arrived."},
+    {"produce_response_needs_python", py_produce_response_needs_python, METH_VARARGS,
+     "Whether a Produce response body (after its size prefix) has top-level tagged fields or is malformed."},
+    {"produce_acks", py_produce_acks, METH_VARARGS,
+     "The acks of a Produce request frame (from its size prefix), or None if its bytes end first."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "proxy.net._cpump",
+    .m_doc = "The native relay loop for frames no feature reads.",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__cpump(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyModule_AddIntConstant(m, "SLICE", R_SLICE);
+    PyModule_AddIntConstant(m, "IDLE", R_IDLE);
+    PyModule_AddIntConstant(m, "PYTHON_REQUEST", R_PYTHON_REQUEST);
+    PyModule_AddIntConstant(m, "PYTHON_RESPONSE", R_PYTHON_RESPONSE);
+    PyModule_AddIntConstant(m, "WOKEN", R_WOKEN);
+    PyModule_AddIntConstant(m, "ABORTED", R_ABORTED);
+    PyModule_AddIntConstant(m, "UPSTREAM_CLOSED", R_UPSTREAM_CLOSED);
+    PyModule_AddIntConstant(m, "PROTOCOL", R_PROTOCOL);
+    PyModule_AddIntConstant(m, "BROKEN", R_BROKEN);
+    PyModule_AddIntConstant(m, "CLASS_PYTHON", CLASS_PYTHON);
+    PyModule_AddIntConstant(m, "CLASS_OPAQUE", CLASS_OPAQUE);
+    PyModule_AddIntConstant(m, "CLASS_PRODUCE", CLASS_PRODUCE);
+    PyModule_AddIntConstant(m, "KEYS", KEYS);
+    PyModule_AddIntConstant(m, "VERSIONS", VERSIONS);
+    return m;
+}

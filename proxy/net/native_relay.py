@@ -1,0 +1,171 @@
+"""Runs of frames no feature reads, moved by a native loop on a worker thread.
+
+Why: what the proxy spends beyond a bare relay is the interpreter's time per frame (about
+180 us of Python and trio for a 256 KB Produce request), not its work on the bytes. A run
+of requests that no feature reads, whose responses no feature rewrites, needs none of it:
+``_cpump.relay`` moves them between the two sockets with the GIL released (so on the
+second core), and returns to the event loop at the first frame that needs it. The
+contract it keeps (frame boundaries, order, what it hands back) is in ``_cpump.c``.
+
+A run starts only when a thread of the shared ``NativeRelayThreads`` is free; a connection
+that finds none goes on in the event loop, which is never worse than before. A run lasts
+at most ``slice_ms`` (so counters and the idle clock move on), and ends after ``idle_ms``
+without a request, so a quiet connection does not hold a thread.
+
+Cancelling a run: the loop polls an eventfd. A cancel of the reader alone (the connection
+drains) asks it to stop at the next frame boundaries, with what is in flight handed back
+for the event loop to answer; a cancel of the whole connection aborts it at once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from proxy.net.streams import FrameStream
+
+try:
+    from proxy.net import _cpump
+except ImportError:  # pragma: no cover - the extension is optional
+    _cpump = None
+
+AVAILABLE = _cpump is not None and hasattr(os, "eventfd") and hasattr(os, "splice")
+
+
+# How a run ended (``RunResult.reason``), as metric labels.
+ENDINGS = ("slice", "idle", "request", "response", "woken", "aborted", "upstream_closed", "protocol", "broken")
+SLICE, IDLE, PYTHON_REQUEST, PYTHON_RESPONSE, WOKEN, ABORTED, UPSTREAM_CLOSED, PROTOCOL, BROKEN = range(9)
+
+
+@dataclass(slots=True)
+class RunResult:
+    reason: int
+    # requests forwarded whose response has not begun, oldest first:
+    # (api_key, version, correlation_id, class, request_bytes, started_ns)
+    flights: list = field(default_factory=list)
+    # requests answered: (api_key, request_bytes, response_bytes, latency_ns)
+    answered: list = field(default_factory=list)
+    held: bytes | None = None  # PYTHON_RESPONSE: the response body of flights[0]
+    forwarded: int = 0
+    spliced: int = 0  # of them, those of 64 KiB or more (counted as the event loop counts its splices)
+    message: str = ""
+
+
+class NativeRelayThreads:
+    """The worker threads native runs may use, shared by every connection. A run never
+    waits for one: ``try_take`` fails and the connection carries on in the event loop."""
+
+    def __init__(self, threads: int, *, slice_ms: int = 200, idle_ms: int = 20) -> None:
+        self.threads = threads if AVAILABLE else 0
+        self.slice_ms = slice_ms
+        self.idle_ms = idle_ms
+        self._tokens = trio.CapacityLimiter(self.threads) if self.threads else None
+        self._unlimited = trio.CapacityLimiter(math.inf)  # the tokens above are the limit
+
+    def try_take(self, borrower: object) -> bool:
+        if self._tokens is None:
+            return False
+        try:
+            self._tokens.acquire_on_behalf_of_nowait(borrower)
+        except trio.WouldBlock:
+            return False
+        return True
+
+    def give_back(self, borrower: object) -> None:
+        if self._tokens is not None:
+            self._tokens.release_on_behalf_of(borrower)
+
+
+def native_now_ns() -> int:
+    """The clock the native loop stamps requests with (CLOCK_MONOTONIC)."""
+    return time.monotonic_ns()
+
+
+class NativeRelay:
+    """One connection's native runs: its client and upstream streams (plain TCP both)."""
+
+    def __init__(self, client: FrameStream, upstream: FrameStream, threads: NativeRelayThreads, classes: bytes,
+                 *, max_frame_bytes: int, max_inflight: int) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.threads = threads
+        self.classes = classes
+        self.max_frame_bytes = max_frame_bytes
+        self.max_inflight = max_inflight
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.last: RunResult | None = None
+
+    @staticmethod
+    def usable(client: FrameStream, upstream: FrameStream, threads: NativeRelayThreads) -> bool:
+        return threads.threads > 0 and client.splices and upstream.splices
+
+    def close(self) -> None:
+        if self._wake >= 0:
+            os.close(self._wake)
+            self._wake = -1
+
+    def at_boundaries(self) -> bool:
+        """Neither stream holds bytes of a frame the event loop has begun to read."""
+        return self.client.buffered == 0 and self.upstream.buffered == 0
+
+    def peek(self) -> int | None:
+        """How the native loop may carry the client's next request (0: it may not), or
+        None when nothing of it has arrived. Reads nothing from the socket."""
+        return _cpump.peek(self.client.socket.fileno(), self.classes, self.max_frame_bytes)
+
+    async def run(self, flights: list, nursery: trio.Nursery) -> RunResult:
+        """One run, carrying ``flights`` on. ``nursery``: the connection's (outside the
+        reader's cancel scope), where the watch for an abort lives.
+
+        It may raise Cancelled, before the run began or after it ended; whatever ran is in
+        ``self.last`` either way (None if nothing did), for the caller to account for."""
+        self.last = None
+        try:
+            os.eventfd_read(self._wake)  # a wake-up left from an earlier run
+        except BlockingIOError:
+            pass
+        request_pipe = self.client.splice_pipe()
+        response_pipe = self.upstream.splice_pipe()
+        holder: list = []
+        client_fd, upstream_fd = self.client.socket.fileno(), self.upstream.socket.fileno()
+        threads = self.threads
+
+        def relay() -> None:
+            holder.append(_cpump.relay(client=client_fd, upstream=upstream_fd, wake=self._wake,
+                                       classes=self.classes, flights=flights, max_frame=self.max_frame_bytes,
+                                       max_inflight=self.max_inflight, slice_ms=threads.slice_ms,
+                                       idle_ms=threads.idle_ms, request_pipe=request_pipe,
+                                       response_pipe=response_pipe))
+
+        aborts, stops = trio.CancelScope(), trio.CancelScope()
+        nursery.start_soon(self._wake_when_cancelled, aborts, 2)
+        try:
+            async with trio.open_nursery() as own:
+                own.start_soon(self._wake_when_cancelled, stops, 1)
+                try:
+                    await trio.to_thread.run_sync(relay, limiter=threads._unlimited, abandon_on_cancel=False)
+                finally:
+                    stops.cancel()
+        finally:
+            aborts.cancel()
+            if holder:
+                reason, left, answered, held, forwarded, spliced, _, message = holder[0]
+                result = RunResult(reason, left, answered, held, forwarded, spliced, message)
+                if reason in (ABORTED, BROKEN, PROTOCOL):
+                    self.client.drop_pipe()  # they may hold part of a frame
+                    self.upstream.drop_pipe()
+                self.last = result
+        return result
+
+    async def _wake_when_cancelled(self, scope: trio.CancelScope, value: int) -> None:
+        with scope:
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not scope.cancel_called and self._wake >= 0:
+                    os.eventfd_write(self._wake, value)
+
