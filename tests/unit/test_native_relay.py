@@ -1,0 +1,300 @@
+"""The native relay loop (proxy/net/_cpump.c) over loopback sockets and its header reads.
+
+The loop is pure I/O between two sockets, so these tests give it a client socket and an
+upstream socket of their own (the test plays both peers) and check the frames, their
+order, and where it stops and what it hands back.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import uuid
+
+import pytest
+
+from proxy.pipeline.chain import NATIVE_KEYS, NATIVE_VERSIONS
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.framing import peek_request_header
+from proxy.protocol.peek import produce_acks
+
+_cpump = pytest.importorskip("proxy.net._cpump")
+native_relay = pytest.importorskip("proxy.net.native_relay")
+
+HEARTBEAT, METADATA = int(ApiKey.HEARTBEAT), int(ApiKey.METADATA)
+
+
+# -- header reads ----------------------------------------------------------------------------
+def _produce_request(version: int, acks: int, transactional_id: str | None, client_id: str | None) -> bytes:
+    body_class = messages.body_class(ApiKey.PRODUCE, "request")
+    data = body_class.PartitionProduceData(index=0, records=b"x" * 10)
+    topic = (body_class.TopicProduceData(topic_id=uuid.uuid4(), partition_data=[data]) if version >= 13
+             else body_class.TopicProduceData(name="orders", partition_data=[data]))
+    header = messages.new_request_header(ApiKey.PRODUCE, version, 7, client_id)
+    body = messages.new_body(ApiKey.PRODUCE, version, "request", transactional_id=transactional_id, acks=acks,
+                             timeout_ms=30000, topic_data=[topic])
+    frame = messages.encode_request(header, body)
+    return struct.pack(">i", len(frame)) + frame
+
+
+@pytest.mark.parametrize("version", range(3, 14))
+@pytest.mark.parametrize("acks", [0, 1, -1])
+@pytest.mark.parametrize(("transactional_id", "client_id"), [(None, None), ("tx-1", "producer-1"), ("", "x" * 300)])
+def test_produce_acks_agree_with_the_python_peek(version, acks, transactional_id, client_id):
+    frame = _produce_request(version, acks, transactional_id, client_id)
+    body = frame[4:]
+    assert _cpump.produce_acks(frame, version) == produce_acks(body, peek_request_header(body)) == acks
+    # cut anywhere before acks: the C read says it cannot tell, never a wrong value
+    end_of_acks = len(frame) - len(body) + body.index(struct.pack(">h", acks), 10) + 2
+    for cut in range(12, end_of_acks - 1, 7):
+        assert _cpump.produce_acks(frame[:cut], version) in (None, acks)
+
+
+def _produce_response(version: int, *, endpoints: bool, record_errors: bool = False, leader: bool = False) -> bytes:
+    c = messages.body_class(ApiKey.PRODUCE, "response")
+    errors = [c.BatchIndexAndErrorMessage(batch_index=2, batch_index_error_message="bad")] if record_errors else []
+    partition = c.PartitionProduceResponse(index=3, error_code=6 if leader else 0, base_offset=100,
+                                           record_errors=errors, error_message="moved" if leader else None)
+    if leader:
+        partition.current_leader = c.LeaderIdAndEpoch(leader_id=2, leader_epoch=5)
+    topic = (c.TopicProduceResponse(topic_id=uuid.uuid4(), partition_responses=[partition, partition])
+             if version >= 13 else c.TopicProduceResponse(name="orders", partition_responses=[partition]))
+    body = messages.new_body(ApiKey.PRODUCE, version, "response", responses=[topic, topic], throttle_time_ms=0)
+    if endpoints:
+        body.node_endpoints = [c.NodeEndpoint(node_id=2, host="broker-2", port=9092, rack=None)]
+    return messages.encode_response(ApiKey.PRODUCE, version, messages.new_response_header(7), body)
+
+
+@pytest.mark.parametrize("version", range(9, 14))
+@pytest.mark.parametrize("record_errors", [False, True])
+@pytest.mark.parametrize("leader", [False, True])
+def test_a_produce_response_needs_the_event_loop_only_with_leader_hints(version, record_errors, leader):
+    plain = _produce_response(version, endpoints=False, record_errors=record_errors, leader=leader)
+    assert _cpump.produce_response_needs_python(plain, version) is False
+    if version >= 10:  # leader hints came with v10
+        hinted = _produce_response(version, endpoints=True, record_errors=record_errors, leader=leader)
+        assert _cpump.produce_response_needs_python(hinted, version) is True
+    for cut in range(0, len(plain) - 1, 5):  # truncated: the codec must judge it
+        assert _cpump.produce_response_needs_python(plain[:cut], version) is True
+    assert _cpump.produce_response_needs_python(plain + b"\0", version) is True
+
+
+# -- the loop ----------------------------------------------------------------------------------
+def _pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        near = socket.create_connection(listener.getsockname())
+        far, _ = listener.accept()
+    near.setblocking(False)  # the loop's side, as trio leaves it
+    return near, far
+
+
+def _pipe() -> tuple[int, int, int]:
+    read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    return read_end, write_end, 65536
+
+
+def _request(api_key: int, version: int, correlation_id: int, payload: bytes = b"") -> bytes:
+    body = struct.pack(">hhih", api_key, version, correlation_id, -1) + payload
+    return struct.pack(">i", len(body)) + body
+
+
+def _response(correlation_id: int, payload: bytes = b"") -> bytes:
+    body = struct.pack(">i", correlation_id) + payload
+    return struct.pack(">i", len(body)) + body
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        assert chunk, f"closed after {len(data)} of {count} bytes"
+        data += chunk
+    return data
+
+
+class Relay:
+    """A client socket pair, an upstream socket pair, and the loop between them on a thread."""
+
+    def __init__(self, classes: bytes, **options) -> None:
+        self.client_near, self.client = _pair()
+        self.upstream_near, self.broker = _pair()
+        self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.pipes = (_pipe(), _pipe())
+        self.options = {"max_frame": 1 << 24, "max_inflight": 8, "slice_ms": 5000, "idle_ms": 200, **options}
+        self.classes = classes
+        self.result = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, flights=()) -> Relay:
+        def run() -> None:
+            self.result = _cpump.relay(client=self.client_near.fileno(), upstream=self.upstream_near.fileno(),
+                                       wake=self.wake, classes=self.classes, flights=list(flights),
+                                       request_pipe=self.pipes[0], response_pipe=self.pipes[1], **self.options)
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        return self
+
+    def join(self):
+        assert self.thread is not None
+        self.thread.join(timeout=20)
+        assert not self.thread.is_alive(), "the loop did not stop"
+        return self.result
+
+    def close(self) -> None:
+        for sock in (self.client_near, self.client, self.upstream_near, self.broker):
+            sock.close()
+        os.close(self.wake)
+        for read_end, write_end, _ in self.pipes:
+            os.close(read_end)
+            os.close(write_end)
+
+
+def _classes(**marked: int) -> bytes:
+    table = bytearray(NATIVE_KEYS * NATIVE_VERSIONS)
+    for name, cls in marked.items():
+        key = int(ApiKey[name.upper()])
+        for version in range(NATIVE_VERSIONS):
+            table[key * NATIVE_VERSIONS + version] = cls
+    return bytes(table)
+
+
+@pytest.fixture
+def relay_factory():
+    made = []
+
+    def make(classes: bytes, **options) -> Relay:
+        relay = Relay(classes, **options)
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        if relay.thread is not None and relay.thread.is_alive():
+            os.eventfd_write(relay.wake, 2)
+            relay.thread.join(timeout=10)
+        relay.close()
+
+
+def test_pipelined_requests_and_large_responses_pass_in_order(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1)).start()
+    payloads = [os.urandom(size) for size in (0, 10, 300_000, 5, 1_000_000)]
+    requests = [_request(HEARTBEAT, 4, 100 + i, p) for i, p in enumerate(payloads)]
+    relay.client.sendall(b"".join(requests))
+    for request in requests:  # the broker sees each request whole, in order
+        assert _read_exactly(relay.broker, len(request)) == request
+    responses = [_response(100 + i, p[::-1]) for i, p in enumerate(payloads)]
+    for response in responses:
+        relay.broker.sendall(response)
+    assert _read_exactly(relay.client, sum(map(len, responses))) == b"".join(responses)
+    reason, flights, answered, held, forwarded, spliced, _, _ = relay.join()
+    assert reason == native_relay.IDLE and flights == [] and held is None
+    assert forwarded == 5 and spliced == 2
+    assert [(a[0], a[1], a[2]) for a in answered] == [(HEARTBEAT, len(q), len(r)) for q, r in zip(requests, responses)]
+
+
+def test_a_request_it_may_not_carry_stays_in_the_socket_and_the_flights_come_back(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1)).start()
+    carried = _request(HEARTBEAT, 4, 1)
+    other = _request(METADATA, 12, 2, b"topics")
+    relay.client.sendall(carried + other)
+    assert _read_exactly(relay.broker, len(carried)) == carried
+    reason, flights, answered, held, forwarded, _, _, _ = relay.join()
+    assert reason == native_relay.PYTHON_REQUEST
+    assert [(f[0], f[2]) for f in flights] == [(HEARTBEAT, 1)] and answered == [] and forwarded == 1
+    relay.client_near.setblocking(True)
+    assert _read_exactly(relay.client_near, len(other)) == other  # untouched, for the event loop
+    # carried on by the next run: its response is relayed there
+    relay.start(flights)
+    relay.broker.sendall(_response(1, b"ok"))
+    assert _read_exactly(relay.client, len(_response(1, b"ok"))) == _response(1, b"ok")
+    reason, flights, answered, *_ = relay.join()
+    assert reason == native_relay.IDLE and flights == [] and len(answered) == 1
+
+
+def test_a_wrong_correlation_id_is_a_protocol_error(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1)).start()
+    relay.client.sendall(_request(HEARTBEAT, 4, 5))
+    _read_exactly(relay.broker, len(_request(HEARTBEAT, 4, 5)))
+    relay.broker.sendall(_response(6))
+    reason, *_, message = relay.join()
+    assert reason == native_relay.PROTOCOL and message == "broker answered correlation id 6, expected 5"
+
+
+def test_a_produce_response_with_leader_hints_comes_back_whole(relay_factory):
+    relay = relay_factory(_classes(produce=2)).start()
+    first, second = _produce_request(11, -1, None, "p"), _produce_request(11, 1, None, "p")
+    second = second[:8] + struct.pack(">i", 8) + second[12:]  # correlation id 8
+    relay.client.sendall(first + second)
+    _read_exactly(relay.broker, len(first) + len(second))
+    plain = _produce_response(11, endpoints=False)
+    hinted = _produce_response(11, endpoints=True)
+    hinted = struct.pack(">i", 8) + hinted[4:]
+    relay.broker.sendall(struct.pack(">i", len(plain)) + plain + struct.pack(">i", len(hinted)) + hinted)
+    assert _read_exactly(relay.client, len(plain) + 4) == struct.pack(">i", len(plain)) + plain
+    reason, flights, answered, held, *_ = relay.join()
+    assert reason == native_relay.PYTHON_RESPONSE and held == hinted
+    assert [(f[0], f[2], f[3]) for f in flights] == [(0, 8, 2)] and len(answered) == 1
+
+
+def test_acks_zero_is_left_to_the_event_loop(relay_factory):
+    relay = relay_factory(_classes(produce=2)).start()
+    relay.client.sendall(_produce_request(9, 0, None, None))
+    reason, flights, *_ = relay.join()
+    assert reason == native_relay.PYTHON_REQUEST and flights == []
+
+
+def test_a_wake_stops_at_the_boundaries_and_a_second_aborts(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1), idle_ms=-1).start()
+    relay.client.sendall(_request(HEARTBEAT, 4, 1))
+    _read_exactly(relay.broker, len(_request(HEARTBEAT, 4, 1)))
+    os.eventfd_write(relay.wake, 1)
+    reason, flights, *_ = relay.join()
+    assert reason == native_relay.WOKEN and [f[2] for f in flights] == [1]
+    # mid-response, a stop waits for the frame's end; an abort does not
+    relay.start(flights)
+    response = _response(1, b"x" * 100)
+    relay.broker.sendall(response[:20])
+    os.eventfd_write(relay.wake, 2)
+    assert relay.join()[0] == native_relay.ABORTED
+
+
+def test_the_client_closing_ends_the_run_for_the_event_loop(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1)).start()
+    relay.client.shutdown(socket.SHUT_WR)
+    assert relay.join()[0] == native_relay.PYTHON_REQUEST
+
+
+def test_the_broker_closing_inside_a_response_breaks_the_run(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1)).start()
+    relay.client.sendall(_request(HEARTBEAT, 4, 1))
+    _read_exactly(relay.broker, len(_request(HEARTBEAT, 4, 1)))
+    relay.broker.sendall(_response(1, b"x" * 100)[:50])
+    relay.broker.shutdown(socket.SHUT_WR)
+    reason, *_, message = relay.join()
+    assert reason == native_relay.BROKEN and "inside a response" in message
+
+
+def test_an_oversized_request_is_left_to_the_event_loop(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1), max_frame=1000).start()
+    relay.client.sendall(_request(HEARTBEAT, 4, 1, b"x" * 2000))
+    assert relay.join()[0] == native_relay.PYTHON_REQUEST
+
+
+def test_in_flight_requests_are_capped(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1), max_inflight=2, idle_ms=-1).start()
+    requests = [_request(HEARTBEAT, 4, i) for i in range(4)]
+    relay.client.sendall(b"".join(requests))
+    assert _read_exactly(relay.broker, 2 * len(requests[0])) == requests[0] + requests[1]
+    relay.broker.settimeout(0.3)
+    with pytest.raises(TimeoutError):  # the third waits for an answer
+        relay.broker.recv(100)
+    relay.broker.sendall(_response(0))
+    assert _read_exactly(relay.broker, len(requests[2])) == requests[2]
+    os.eventfd_write(relay.wake, 1)
+    reason, flights, answered, *_ = relay.join()
+    assert reason == native_relay.WOKEN and [f[2] for f in flights] == [1, 2] and len(answered) == 1
