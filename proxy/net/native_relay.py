@@ -9,8 +9,9 @@ contract it keeps (frame boundaries, order, what it hands back) is in ``_cpump.c
 
 A run starts only when a thread of the shared ``NativeRelayThreads`` is free; a connection
 that finds none goes on in the event loop, which is never worse than before. A run lasts
-at most ``slice_ms`` (so counters and the idle clock move on), and ends after ``idle_ms``
-without a request, so a quiet connection does not hold a thread.
+at most ``slice_ms`` (so counters and the idle clock move on) and is continued only if no
+connection was refused a thread meanwhile (so busy connections take turns); it ends after
+``idle_ms`` without a request, so a quiet connection does not hold a thread.
 
 Cancelling a run: the loop polls an eventfd. A cancel of the reader alone (the connection
 drains) asks it to stop at the next frame boundaries, with what is in flight handed back
@@ -65,6 +66,9 @@ class NativeRelayThreads:
         self.idle_ms = idle_ms
         self._tokens = trio.CapacityLimiter(self.threads) if self.threads else None
         self._unlimited = trio.CapacityLimiter(math.inf)  # the tokens above are the limit
+        # Connections refused a thread so far: a run that sees this move at the end of a
+        # slice gives its thread up, so busy connections take turns.
+        self.refusals = 0
 
     def try_take(self, borrower: object) -> bool:
         if self._tokens is None:
@@ -72,6 +76,7 @@ class NativeRelayThreads:
         try:
             self._tokens.acquire_on_behalf_of_nowait(borrower)
         except trio.WouldBlock:
+            self.refusals += 1
             return False
         return True
 
@@ -96,7 +101,12 @@ class NativeRelay:
         self.classes = classes
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # Runs start only on a Produce: the traffic whose rate makes the event loop's cost
+        # per frame matter. Once running, a run carries every request ``classes`` allows, so
+        # a producer's occasional other requests do not end it. A connection that only
+        # heartbeats never takes a thread, a pipe or an eventfd.
+        self.starters = bytes(cls if index // 32 == 0 else 0 for index, cls in enumerate(classes))
+        self._wake = -1  # the eventfd a run polls, made on the first run
         self.last: RunResult | None = None
 
     @staticmethod
@@ -115,7 +125,7 @@ class NativeRelay:
     def peek(self) -> int | None:
         """How the native loop may carry the client's next request (0: it may not), or
         None when nothing of it has arrived. Reads nothing from the socket."""
-        return _cpump.peek(self.client.socket.fileno(), self.classes, self.max_frame_bytes)
+        return _cpump.peek(self.client.socket.fileno(), self.starters, self.max_frame_bytes)
 
     async def run(self, flights: list, nursery: trio.Nursery) -> RunResult:
         """One run, carrying ``flights`` on. ``nursery``: the connection's (outside the
@@ -124,6 +134,8 @@ class NativeRelay:
         It may raise Cancelled, before the run began or after it ended; whatever ran is in
         ``self.last`` either way (None if nothing did), for the caller to account for."""
         self.last = None
+        if self._wake < 0:
+            self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         try:
             os.eventfd_read(self._wake)  # a wake-up left from an earlier run
         except BlockingIOError:

@@ -452,9 +452,10 @@ class ClientConnection:
         await self._sending.acquire()  # no request of the proxy's own goes upstream meanwhile
         try:
             while True:
+                refusals = threads.refusals
                 result = await native.run(flights, self.context.nursery)
                 flights, held = result.flights, result.held
-                if result.reason == native_relay.SLICE:
+                if result.reason == native_relay.SLICE and threads.refusals == refusals:
                     self._native_accounting(result)
                     continue
                 break
