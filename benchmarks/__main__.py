@@ -89,7 +89,7 @@ BENCHMARKS = {b.name: b for b in (
               "No work per record. Same-kind pairs: N trio Consumers through the proxy against one trio Consumer "
               "direct; N raw header-counting clients against one direct; N share consumers "
               "(ShareConsumerPerformance) against Kafka's ConsumerPerformance. A fresh proxy per range run.",
-              lambda a: 3 + a.rounds * 3 * (1 + len(a.workers)), _keyrange_delivery),
+              lambda a: 3 + a.rounds * (4 + 4 * len(a.workers)), _keyrange_delivery),
     Benchmark("virtual", *importlib.import_module("benchmarks.bench_virtual").REGISTRATION),
     Benchmark("live_tail", "Live tail: key-range, group and virtual-topic consumers read while records are written",
               "A fresh one-partition topic per run, written at a steady rate in small bursts with idle gaps "

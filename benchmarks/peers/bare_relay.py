@@ -32,20 +32,23 @@ def target(cluster: KafkaCluster) -> str:
 
 
 @contextlib.contextmanager
-def running(port: int, target_address: str, *, timeout: float = 30.0) -> Iterator[psutil.Process]:
-    """The relay listening on 127.0.0.1:``port``; yields its process (for CPU times)."""
-    relay = spawn([sys.executable, "-m", "benchmarks.bare_relay", str(port), target_address],
+def running(port: int, target_address: str, *, timeout: float = 30.0, module: str = "benchmarks.bare_relay",
+            args: tuple[str, ...] = ()) -> Iterator[psutil.Process]:
+    """The relay listening on 127.0.0.1:``port``; yields its process (for CPU times).
+    ``module``: another relay taking the same arguments (then ``args``), such as
+    ``benchmarks.hashing_relay``."""
+    relay = spawn([sys.executable, "-m", module, str(port), target_address, *args],
                   stdin=subprocess.DEVNULL)
     try:
         process = psutil.Process(relay.pid)
 
         def listening() -> bool:
             if relay.poll() is not None:
-                raise RuntimeError(f"the bare relay exited with {relay.returncode}")
+                raise RuntimeError(f"{module} exited with {relay.returncode}")
             return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
                        for c in process.net_connections())
 
-        wait_until(listening, timeout=timeout, what="the bare relay listening")
+        wait_until(listening, timeout=timeout, what=f"{module} listening")
         yield process
     finally:
         relay.kill()

@@ -7,7 +7,12 @@ partition straight from the broker, in the same round:
 - ``raw client``: the minimal wire client (``proxy.testing.raw_client``), one thread and
   connection each, counting records from batch headers, against itself direct;
 - ``share group``: ShareConsumerPerformance with N share consumers, against Kafka's
-  ConsumerPerformance direct (both Java; no key ranges, the share group splits by record).
+  ConsumerPerformance direct (both Java; no key ranges, the share group splits by record);
+- ``floor``: one raw client reading the whole partition through a bare relay
+  (``benchmarks/bare_relay.py``) and through a relay that also splits every record set
+  it relays into N key ranges (``benchmarks/hashing_relay.py``: the least any key-range
+  proxy must do), against the raw client direct; and the proxy's raw-client rows against
+  that relay, round by round.
 
 Every range run gets a fresh proxy (cold records cache, ``reserve.message.value.range.fetch``
 on for the topic), so its broker read amplification (record bytes the proxy read from the
@@ -24,20 +29,20 @@ import uuid
 
 import trio
 
-from benchmarks.peers import share_groups
+from benchmarks.peers import bare_relay, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from benchmarks.workloads.passthrough import consume as java_consume
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster
+from proxy.testing.kafka_cluster import KafkaCluster, _free_port
 from proxy.testing.proxy_process import ProxyProcess
 from proxy.testing.raw_client import RawClient
 from proxy.testing.scratch import scratch_dir
 
 TOPIC = "krd-delivery"
-KINDS = ("trio Consumer", "raw client", "share group")
+KINDS = ("trio Consumer", "raw client", "floor", "share group")
 
 
 def raw_clients(bootstrap: str, n: int | None, end: int, *, max_bytes: int = 1 << 20) -> tuple[float, int]:
@@ -132,7 +137,9 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
     progress.step("starting Kafka")
     values: dict[tuple[str, str], list[float]] = {}
     amplification: dict[int, list[float]] = {n: [] for n in consumers}
-    with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties=share_groups.BROKER_PROPERTIES) as cluster:
+    relay_port = _free_port()
+    with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties=share_groups.BROKER_PROPERTIES,
+                            **bare_relay.cluster_options(relay_port)) as cluster:
         progress.step(f"writing {records:,} records ({mb} MB)")
         java_tools.create_topic(cluster.bootstrap_servers, TOPIC, partitions=1)
         data.produce_keyed(cluster.bootstrap_servers, TOPIC, records, keys=10007, value_size=value_size)
@@ -165,6 +172,16 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
                 return java_consume(cluster.bootstrap_servers, TOPIC, share_records)["records_per_s"]
             return delivered / seconds
 
+        def floor(contender: str) -> float:
+            """One raw client, the whole partition, through the bare relay or the splitting one."""
+            module, extra = (("benchmarks.bare_relay", ()) if contender == "bare"
+                             else ("benchmarks.hashing_relay", (contender,)))
+            with bare_relay.running(relay_port, bare_relay.target(cluster), module=module, args=extra):
+                seconds, delivered = raw_clients(f"127.0.0.1:{relay_port}", None, records)
+            if delivered != records:
+                raise RuntimeError(f"floor {contender} delivered {delivered} of {records} records")
+            return delivered / seconds
+
         def share(n: int) -> float:
             result = share_groups.consumer_performance(cluster.bootstrap_servers, TOPIC, f"krd-{uuid.uuid4().hex[:6]}",
                                                        share_records, threads=n)
@@ -174,12 +191,14 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
         direct("raw client")
         for number in range(rounds):
             for kind in kinds:
-                contenders = ["direct", *map(str, consumers)]
+                contenders = ["direct", *(["bare"] if kind == "floor" else []), *map(str, consumers)]
                 for contender in rotation(contenders, number):
                     progress.step(f"round {number + 1}/{rounds}: {kind}, "
-                                  f"{'direct' if contender == 'direct' else 'N=' + contender}")
+                                  f"{contender if contender in ('direct', 'bare') else 'N=' + contender}")
                     if contender == "direct":
-                        rate = direct(kind)
+                        rate = direct("raw client" if kind == "floor" else kind)
+                    elif kind == "floor":
+                        rate = floor(contender)
                     elif kind == "share group":
                         rate = share(int(contender))
                     else:
@@ -188,6 +207,20 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
 
     rows = []
     for kind in kinds:
+        if kind == "floor":
+            group, baseline = "floor: one raw client, the whole partition", "raw client direct"
+            rows.append(Row(group, "through a bare relay", "records/s", values[(kind, "bare")], baseline,
+                            values[(kind, "direct")]))
+            for n in consumers:
+                rows.append(Row(group, f"through a relay splitting every read into N={n} ranges", "records/s",
+                                values[(kind, str(n))], baseline, values[(kind, "direct")]))
+            if "raw client" in kinds:
+                for n in consumers:
+                    rows.append(Row("raw client through the proxy against the floor", f"N={n} range consumers",
+                                    "records/s", values[("raw client", str(n))],
+                                    f"one raw client through a relay splitting into N={n} ranges",
+                                    values[(kind, str(n))]))
+            continue
         baseline = "Java ConsumerPerformance direct" if kind == "share group" else f"{kind} direct"
         for n in consumers:
             rows.append(Row(kind, f"N={n}" + (" share consumers" if kind == "share group" else " range consumers"),
@@ -201,7 +234,7 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
     by = {(r.group, r.name): r for r in rows}
     goals = []
     for kind in kinds:
-        if kind != "share group" and 4 in consumers:
+        if kind in ("trio Consumer", "raw client") and 4 in consumers:
             goals.append(goal(f"{kind}: N=4 aggregate >= 0.5 x direct", by[(kind, "N=4 range consumers")].ratio, 0.5))
     for n in (4, 16):
         if n in consumers and amplification[n]:

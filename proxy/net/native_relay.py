@@ -20,17 +20,19 @@ for the event loop to answer; a cancel of the whole connection aborts it at once
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from proxy.net.streams import FrameStream
 
-try:
-    from proxy.net import _cpump
+try:  # KEYRANGE_PURE_PYTHON=1 (proxy/accelerators.py) refuses every C accelerator, this one too
+    _cpump: Any = None if os.environ.get("KEYRANGE_PURE_PYTHON") else importlib.import_module("proxy.net._cpump")
 except ImportError:  # pragma: no cover - the extension is optional
     _cpump = None
 

@@ -226,7 +226,8 @@ class ClientConnection:
                 while True:
                     if frame is None:
                         if self._native is not None and self.setup.past_authentication:
-                            await self._relay_natively(self._native, exchanges)
+                            while await self._relay_natively(self._native, exchanges):
+                                pass
                         frame = await self.client.receive_request(pass_on_min)
                         if frame is None:
                             return
@@ -425,38 +426,43 @@ class ClientConnection:
             self._all_answered = None
 
     # -- the native relay ---------------------------------------------------------------------
-    async def _relay_natively(self, native: NativeRelay, exchanges: trio.MemorySendChannel) -> None:
+    async def _relay_natively(self, native: NativeRelay, exchanges: trio.MemorySendChannel) -> bool:
         """Let the native loop carry the client's next requests, if it may: from here until a
-        request or response that needs the event loop. Returns with that request still in
-        the client's socket, and whatever the loop left in flight queued for the writer."""
+        request or response that needs the event loop, whatever the loop left in flight
+        queued for the writer. True when the next request may be the loop's again (the run
+        went idle, or handed a response back), so the caller looks again; False when the
+        event loop is to read it."""
         if not native.at_boundaries():
-            return
+            return False
         cls = native.peek()
         if cls is None:
             await trio.lowlevel.wait_readable(native.client.socket)
             cls = native.peek()
         if not cls:
-            return
+            return False
         while self._unanswered:  # the loop starts with nothing of the event loop's in flight
             self._all_answered = trio.Event()
             await self._all_answered.wait()
         if not native.at_boundaries():
-            return
+            return False
         threads = native.threads
         if not threads.try_take(self):
             self.metrics.native_unavailable.inc()
-            return
+            return False
         flights: list = []
         held = None
-        failure = None
+        failure: Exception | None = None
+        result: native_relay.RunResult | None = None
+        nursery = self.context.nursery
+        assert nursery is not None  # set before the reader starts
         await self._sending.acquire()  # no request of the proxy's own goes upstream meanwhile
         try:
             while True:
                 refusals = threads.refusals
-                result = await native.run(flights, self.context.nursery)
-                flights, held = result.flights, result.held
-                if result.reason == native_relay.SLICE and threads.refusals == refusals:
-                    self._native_accounting(result)
+                ran = await native.run(flights, nursery)
+                flights, held = ran.flights, ran.held
+                if ran.reason == native_relay.SLICE and threads.refusals == refusals:
+                    self._native_accounting(ran)
                     continue
                 break
         finally:
@@ -476,6 +482,7 @@ class ClientConnection:
                 self._sending.release()
         if failure is not None:
             raise failure
+        return result is not None and result.reason in (native_relay.IDLE, native_relay.PYTHON_RESPONSE)
 
     def _native_accounting(self, result: native_relay.RunResult) -> None:
         metrics = self.metrics
