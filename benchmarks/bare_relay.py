@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
 
 _PIPE_BYTES = 1 << 20
 
@@ -46,15 +47,25 @@ def _responses(source: socket.socket, target: socket.socket) -> None:
         target.close()
 
 
-def serve(port: int, target_host: str, target_port: int) -> None:
+def accept_forever(port: int, target_host: str, target_port: int,
+                   start: Callable[[socket.socket, socket.socket], None]) -> None:
+    """Each client connection gets a connection to the target; ``start(client, upstream)``
+    starts whatever moves bytes between them."""
     listener = socket.create_server(("127.0.0.1", port))
     while True:
         client, _ = listener.accept()
         upstream = socket.create_connection((target_host, target_port))
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        start(client, upstream)
+
+
+def serve(port: int, target_host: str, target_port: int) -> None:
+    def start(client: socket.socket, upstream: socket.socket) -> None:
         threading.Thread(target=_requests, args=(client, upstream), daemon=True).start()
         threading.Thread(target=_responses, args=(upstream, client), daemon=True).start()
+
+    accept_forever(port, target_host, target_port, start)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import struct
 import sys
 import threading
 
+from benchmarks.bare_relay import accept_forever
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.ranges import equal_shares
@@ -98,15 +99,13 @@ def _responses(source: socket.socket, target: socket.socket, pending: collection
 
 def serve(port: int, target_host: str, target_port: int, shares: int) -> None:
     plan = RangePlan([[share] for share in equal_shares(shares)])
-    listener = socket.create_server(("127.0.0.1", port))
-    while True:
-        client, _ = listener.accept()
-        upstream = socket.create_connection((target_host, target_port))
-        for sock in (client, upstream):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def start(client: socket.socket, upstream: socket.socket) -> None:
         pending: collections.deque = collections.deque()
         threading.Thread(target=_requests, args=(client, upstream, pending), daemon=True).start()
         threading.Thread(target=_responses, args=(upstream, client, pending, plan), daemon=True).start()
+
+    accept_forever(port, target_host, target_port, start)
 
 
 if __name__ == "__main__":

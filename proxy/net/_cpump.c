@@ -356,6 +356,26 @@ static int done_push(run_t *r, const flight_t *f, int64_t response_bytes, int64_
     return 0;
 }
 
+/* One step of a frame's bytes through ``m``; the events it waits for are added to
+ * *src_events (POLLIN) and *dst_events (POLLOUT), *progress says whether any moved.
+ * Returns 1 once the frame is through, 0 before, -1 on a failure (the run ends). */
+static int move_frame(run_t *r, mover_t *m, short *src_events, short *dst_events, int *progress,
+                      const char *ended, const char *failed)
+{
+    int want_src, want_dst;
+    int moved = mover_step(m, &want_src, &want_dst);
+    if (moved < 0) {
+        int error = errno;
+        return fail(r, R_BROKEN, error, error == 0 ? ended : failed);
+    }
+    *progress = moved;
+    if (want_src)
+        *src_events |= POLLIN;
+    if (want_dst)
+        *dst_events |= POLLOUT;
+    return m->remaining == 0 && m->held == 0;
+}
+
 /* The request side: peek at the next request, and forward it when the run may. Returns 1
  * on progress, 0 when waiting (events in *events_client / *events_upstream), -1 to end. */
 static int step_requests(run_t *r, short *events_client, short *events_upstream, int *dry)
@@ -392,18 +412,11 @@ static int step_requests(run_t *r, short *events_client, short *events_upstream,
         r->req_mover.remaining = size + 4;
         r->req_state = REQ_FORWARD;
     }
-    int want_src, want_dst;
-    int progress = mover_step(&r->req_mover, &want_src, &want_dst);
-    if (progress < 0) {
-        if (errno == 0)
-            return fail(r, R_BROKEN, 0, "client's stream ended inside a request");
-        return fail(r, R_BROKEN, errno, "forwarding a request failed");
-    }
-    if (want_src)
-        *events_client |= POLLIN;
-    if (want_dst)
-        *events_upstream |= POLLOUT;
-    if (r->req_mover.remaining == 0 && r->req_mover.held == 0) {
+    int progress, through = move_frame(r, &r->req_mover, events_client, events_upstream, &progress,
+                                       "client's stream ended inside a request", "forwarding a request failed");
+    if (through < 0)
+        return -1;
+    if (through) {
         r->req_state = REQ_PEEK;
         r->requests++;
         if (r->ring[(r->head + r->count - 1) % r->max_inflight].request_bytes >= SPLICED_MIN)
@@ -421,6 +434,30 @@ static int complete_response(run_t *r, int64_t response_bytes)
     r->resp_state = RESP_IDLE;
     r->header_filled = 0;
     return done_push(r, &f, response_bytes, now_ns());
+}
+
+/* Read the rest of the buffered response from ``fd`` (``sending`` 0), or send it to ``fd``
+ * (``sending`` 1), as far as the socket allows now. Returns 1 once done, 0 while waiting
+ * (its event added to *events), -1 on a failure; *progress says whether any byte moved. */
+static int transfer_buffer(run_t *r, int fd, int sending, short *events, int *progress, const char *failed)
+{
+    *progress = 0;
+    while (r->buffer_done < r->buffer_size) {
+        uint8_t *at = r->buffer + r->buffer_done;
+        size_t count = (size_t)(r->buffer_size - r->buffer_done);
+        ssize_t n = sending ? send(fd, at, count, MSG_DONTWAIT | MSG_NOSIGNAL) : recv(fd, at, count, MSG_DONTWAIT);
+        if (n > 0) {
+            r->buffer_done += n;
+            *progress = 1;
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            *events |= sending ? POLLOUT : POLLIN;
+            return 0;
+        }
+        return fail(r, R_BROKEN, n < 0 ? errno : 0, failed);
+    }
+    return 1;
 }
 
 /* The response side: the next response of the oldest request in flight. */
@@ -484,18 +521,11 @@ static int step_responses(run_t *r, short *events_client, short *events_upstream
         }
     }
     if (r->resp_state == RESP_SPLICE) {
-        int want_src, want_dst;
-        int progress = mover_step(&r->resp_mover, &want_src, &want_dst);
-        if (progress < 0) {
-            if (errno == 0)
-                return fail(r, R_BROKEN, 0, "broker's stream ended inside a response");
-            return fail(r, R_BROKEN, errno, "relaying a response failed");
-        }
-        if (want_src)
-            *events_upstream |= POLLIN;
-        if (want_dst)
-            *events_client |= POLLOUT;
-        if (r->resp_mover.remaining == 0 && r->resp_mover.held == 0) {
+        int progress, through = move_frame(r, &r->resp_mover, events_upstream, events_client, &progress,
+                                           "broker's stream ended inside a response", "relaying a response failed");
+        if (through < 0)
+            return -1;
+        if (through) {
             int64_t size = (int32_t)be32(r->header);
             if (complete_response(r, size + 4) < 0)
                 return -1;
@@ -504,21 +534,10 @@ static int step_responses(run_t *r, short *events_client, short *events_upstream
         return progress;
     }
     if (r->resp_state == RESP_READ) {
-        int progress = 0;
-        while (r->buffer_done < r->buffer_size) {
-            ssize_t n = recv(r->upstream, r->buffer + r->buffer_done, (size_t)(r->buffer_size - r->buffer_done),
-                             MSG_DONTWAIT);
-            if (n > 0) {
-                r->buffer_done += n;
-                progress = 1;
-                continue;
-            }
-            if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-                *events_upstream |= POLLIN;
-                return progress;
-            }
-            return fail(r, R_BROKEN, n < 0 ? errno : 0, "broker's stream ended inside a response");
-        }
+        int progress, through = transfer_buffer(r, r->upstream, 0, events_upstream, &progress,
+                                                "broker's stream ended inside a response");
+        if (through <= 0)
+            return through < 0 ? -1 : progress;
         const flight_t *f = &r->ring[r->head];
         if (produce_response_needs_python(r->buffer + 4, (size_t)(r->buffer_size - 4), f->version)) {
             r->resp_state = RESP_HOLD;
@@ -530,21 +549,10 @@ static int step_responses(run_t *r, short *events_client, short *events_upstream
         r->resp_state = RESP_WRITE;
     }
     if (r->resp_state == RESP_WRITE) {
-        int progress = 0;
-        while (r->buffer_done < r->buffer_size) {
-            ssize_t n = send(r->client, r->buffer + r->buffer_done, (size_t)(r->buffer_size - r->buffer_done),
-                             MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (n > 0) {
-                r->buffer_done += n;
-                progress = 1;
-                continue;
-            }
-            if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-                *events_client |= POLLOUT;
-                return progress;
-            }
-            return fail(r, R_BROKEN, n < 0 ? errno : 0, "sending a response failed");
-        }
+        int progress, through = transfer_buffer(r, r->client, 1, events_client, &progress,
+                                                "sending a response failed");
+        if (through <= 0)
+            return through < 0 ? -1 : progress;
         int64_t total = r->buffer_size;
         free(r->buffer);
         r->buffer = NULL;
