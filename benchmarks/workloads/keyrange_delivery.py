@@ -207,18 +207,17 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
 
     rows = []
     for kind in kinds:
-        if kind == "floor":
-            group, baseline = "floor: one raw client, the whole partition", "raw client direct"
-            rows.append(Row(group, "through a bare relay", "records/s", values[(kind, "bare")], baseline,
+        if kind == "floor":  # one raw client reading the whole partition through each relay
+            group, baseline = "floor", "raw client direct"
+            rows.append(Row(group, "bare relay", "records/s", values[(kind, "bare")], baseline,
                             values[(kind, "direct")]))
             for n in consumers:
-                rows.append(Row(group, f"through a relay splitting every read into N={n} ranges", "records/s",
+                rows.append(Row(group, f"relay splitting into N={n}", "records/s",
                                 values[(kind, str(n))], baseline, values[(kind, "direct")]))
             if "raw client" in kinds:
                 for n in consumers:
-                    rows.append(Row("raw client through the proxy against the floor", f"N={n} range consumers",
-                                    "records/s", values[("raw client", str(n))],
-                                    f"one raw client through a relay splitting into N={n} ranges",
+                    rows.append(Row("proxy against the floor", f"raw client N={n}", "records/s",
+                                    values[("raw client", str(n))], f"relay splitting into N={n}",
                                     values[(kind, str(n))]))
             continue
         baseline = "Java ConsumerPerformance direct" if kind == "share group" else f"{kind} direct"
