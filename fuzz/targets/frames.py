@@ -11,23 +11,33 @@ the rewritable tail starts while the rest of the frame streams past the proxy. S
 * the streaming walk never reads a byte it was not yet given, nor one before the point it
   declared forwardable, and finds the same tail as the walk over the complete frame;
 * every Fetch response the codec accepts, the walk accepts too (a valid response must
-  never close a connection), and the tail rewrite keeps the tail's length exactly.
+  never close a connection), and the tail rewrite keeps the tail's length exactly;
+* the native relay's reads (``proxy/net/_cpump.c``) agree with the Python ones: the acks
+  of a Produce request, and a Produce response is passed on untouched only when it holds
+  no leader hints the codec would find.
 
 Input: three control bytes, then the byte stream of size-prefixed frames. The first
 control byte holds the frame size limit (bits 0-1), the Fetch version the frames are read
-as when taken for responses (12 + bits 2-4), and whether the proxy's advertised host is
-long enough to overflow the tail (bit 7); the other two are the sizes of the pieces the
-stream arrives in.
+as when taken for responses (12 + bits 2-4), the Produce version likewise (10 + bits 5-6),
+and whether the proxy's advertised host is long enough to overflow the tail (bit 7); the
+other two are the sizes of the pieces the stream arrives in.
 """
 
 from __future__ import annotations
 
 from fuzz.common import Choices, InvariantBroken, check_not_internal
 from proxy.features.addresses import rewrite_fetch_tail
+from proxy.net.native_relay import _cpump
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
-from proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameSplitter, peek_correlation_id, peek_request_header
+from proxy.protocol.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    SIZE_PREFIX,
+    FrameSplitter,
+    peek_correlation_id,
+    peek_request_header,
+)
 from proxy.protocol.peek import (
     FETCH_NODE_ENDPOINTS_VERSION,
     NODE_ENDPOINTS_TAG,
@@ -40,6 +50,7 @@ from proxy.protocol.peek import (
 # The limits a proxy may be configured with, down to the smallest max.frame.bytes allowed.
 FRAME_LIMITS = (DEFAULT_MAX_FRAME_BYTES, 1024, 4096, 1 << 16)
 FIRST_FLEXIBLE_FETCH = 12
+FIRST_HINTED_PRODUCE = 10  # 10..13: the Produce versions whose responses may carry leader hints
 FETCH_VERSIONS = 7  # 12..18
 MAX_FRAMES = 8  # frames past these add time, not coverage
 
@@ -186,6 +197,26 @@ def _check_request(frame: bytes) -> None:
         return
     if body is not None and acks != body.acks:
         raise InvariantBroken(f"produce_acks read {acks}, the codec {body.acks}")
+    if _cpump is not None:
+        native = _cpump.produce_acks(SIZE_PREFIX.pack(len(frame)) + frame, peek.api_version)
+        if native != acks:
+            raise InvariantBroken(f"the native relay read acks {native}, the Python peek {acks}")
+
+
+def _check_produce_response(frame: bytes, version: int) -> None:
+    """The native relay passes a Produce response on untouched only if it has no leader
+    hints for the proxy to rewrite. Like every response no feature decodes, it does not
+    judge bytes it has no use for (a topic name's UTF-8, the order of tags): those the
+    codec refuses may pass too, untouched, but never with a broker's address in them."""
+    if _cpump is None or _cpump.produce_response_needs_python(frame, version):
+        return
+    try:
+        _, body = messages.decode_response(ApiKey.PRODUCE, version, frame)
+    except ProtocolError as exc:
+        check_not_internal(exc)
+        return
+    if body.node_endpoints:
+        raise InvariantBroken(f"the native relay would pass on a Produce v{version} response with leader hints")
 
 
 def _walk_streaming(frame: bytes, version: int, sizes: tuple[int, int]) -> int:
@@ -245,9 +276,11 @@ def one_input(data: bytes) -> None:
     control = choices.byte()
     limit = FRAME_LIMITS[control & 3]
     version = FIRST_FLEXIBLE_FETCH + ((control >> 2) & 7) % FETCH_VERSIONS
+    produce_version = FIRST_HINTED_PRODUCE + ((control >> 5) & 3)
     sizes = _chunk_sizes(choices, len(data))
     book = _Book(sizes[0] * 2 if control & 0x80 else 9)
     frames = _check_splitting(choices.rest(), limit, sizes)
     for frame in frames[:MAX_FRAMES]:
         _check_request(frame)
         _check_fetch_response(frame, version, sizes, book)
+        _check_produce_response(frame, produce_version)

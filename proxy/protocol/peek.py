@@ -24,6 +24,7 @@ __all__ = [
 _INT16 = struct.Struct(">h")
 
 PRODUCE_FIRST_FLEXIBLE_VERSION = 9
+PRODUCE_FIRST_TRANSACTIONAL_VERSION = 3  # TransactionalId comes before acks from v3 on
 
 
 def produce_acks(frame, peek: RequestHeaderPeek) -> int:
@@ -36,7 +37,7 @@ def produce_acks(frame, peek: RequestHeaderPeek) -> int:
             pos = skip_tagged_fields(frame, pos, end)
             length_plus_one, pos = read_uvarint(frame, pos, end)
             pos += max(length_plus_one - 1, 0)
-        else:
+        elif version >= PRODUCE_FIRST_TRANSACTIONAL_VERSION:
             (length,) = _INT16.unpack_from(frame, pos)
             pos += 2 + max(length, 0)
         if pos + 2 > end:
