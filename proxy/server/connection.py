@@ -495,7 +495,7 @@ class ClientConnection:
             request_bytes.inc(request_size)
             response_bytes.inc(response_size)
             latency.observe(latency_ns / 1e9)
-        if result.forwarded or result.answered:
+        if result.forwarded or result.answered or result.flights:  # a request in flight is not idleness
             self._last_activity = trio.current_time()
 
     def _hand_over(self, flights: list, held: bytes | None, exchanges: trio.MemorySendChannel) -> None:
