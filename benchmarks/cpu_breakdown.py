@@ -1,7 +1,8 @@
 """Where the proxy's CPU goes, by kind of code: the kernel (sockets, copies, scheduling),
-the Python interpreter, the C kernels, libc. The bare relay does nothing but the kernel's
-part, so the difference between the two is what the proxy's own code costs, and the
-kernel's part of the relay is the floor any proxy on this machine pays to move the bytes.
+the Python interpreter, the C kernels, the native relay loop, libc. The bare relay does
+nothing but the kernel's part, so the difference between the two is what the proxy's own
+code costs, and the kernel's part of the relay is the floor any proxy on this machine pays
+to move the bytes.
 
 ``perf record`` samples one process while a workload runs through it:
 
@@ -52,6 +53,7 @@ def _shares(data: Path) -> dict[str, float]:
             name = parts[1].strip("[]")
             kind = ("kernel" if name.startswith("kernel") else "python" if name.startswith("libpython")
                     else "C kernels" if name.startswith(("_ckernels", "_cpacked")) else
+                    "native relay" if name.startswith("_cpump") else
                     "libc" if name.startswith("libc") else "other")
             shares[kind] = round(shares.get(kind, 0.0) + float(parts[0].rstrip("%")), 2)
     return shares
