@@ -541,8 +541,7 @@ static int step_responses(run_t *r, short *events_client, short *events_upstream
         const flight_t *f = &r->ring[r->head];
         if (produce_response_needs_python(r->buffer + 4, (size_t)(r->buffer_size - 4), f->version)) {
             r->resp_state = RESP_HOLD;
-            stop(r, R_PYTHON_RESPONSE);
-            r->reason = R_PYTHON_RESPONSE; /* it must be handed back whatever stopped the run */
+            r->reason = R_PYTHON_RESPONSE; /* it must be handed back whatever else stopped the run */
             return 1;
         }
         r->buffer_done = 0;

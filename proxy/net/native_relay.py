@@ -107,7 +107,8 @@ class NativeRelay:
         # per frame matter. Once running, a run carries every request ``classes`` allows, so
         # a producer's occasional other requests do not end it. A connection that only
         # heartbeats never takes a thread, a pipe or an eventfd.
-        self.starters = bytes(cls if index // 32 == 0 else 0 for index, cls in enumerate(classes))
+        versions = _cpump.VERSIONS  # the table is API key x version; Produce is key 0
+        self.starters = classes[:versions] + bytes(len(classes) - versions)
         self._wake = -1  # the eventfd a run polls, made on the first run
         self.last: RunResult | None = None
 

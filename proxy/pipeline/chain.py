@@ -68,6 +68,7 @@ class FeatureChain:
                                      f"below the oldest version the proxy decodes (v{low})")
                 self._known[key] = (low, min(high, newest))
         self._stages_by_version: dict[tuple[int, int], list[ResponseStage]] = {}
+        self._native_classes: bytes | None = None
 
     # -- what the chain decodes -------------------------------------------------------------
     def reads_requests(self, api_key: int) -> bool:
@@ -158,7 +159,13 @@ class FeatureChain:
         its response relayed untouched, 2 (Produce) with its response read and relayed
         untouched unless it carries top-level tagged fields (the only ones its stages read,
         ``ResponseStage.top_level_tags_only``). Request stages run on every request they
-        name, so a key any feature reads is never carried natively."""
+        name, so a key any feature reads is never carried natively. Made once: the chain
+        does not change, and every connection asks."""
+        if self._native_classes is None:
+            self._native_classes = self._make_native_classes()
+        return self._native_classes
+
+    def _make_native_classes(self) -> bytes:
         classes = bytearray(NATIVE_KEYS * NATIVE_VERSIONS)
         for api_key in range(NATIVE_KEYS):
             if api_key in self._request_stages or api_key == ApiKey.API_VERSIONS:

@@ -450,7 +450,6 @@ class ClientConnection:
             self.metrics.native_unavailable.inc()
             return False
         flights: list = []
-        held = None
         failure: Exception | None = None
         result: native_relay.RunResult | None = None
         nursery = self.context.nursery
@@ -460,13 +459,14 @@ class ClientConnection:
             while True:
                 refusals = threads.refusals
                 ran = await native.run(flights, nursery)
-                flights, held = ran.flights, ran.held
+                flights = ran.flights  # carried into the next run, or handed over below
                 if ran.reason == native_relay.SLICE and threads.refusals == refusals:
                     self._native_accounting(ran)
                     continue
                 break
         finally:
-            result = native.last
+            result = native.last  # None when cancelled before the run: the carried flights stand
+            held = None
             try:
                 if result is not None:
                     flights, held = result.flights, result.held
