@@ -2,8 +2,8 @@
 
 A commit entry is either an offset (a plain commit: every record below it is processed)
 or a list of inclusive offset ranges (docs/wire-contract.md#33-offsetcommit: OffsetRanges, CommittedOffset
--1). The consumer commits as a simple group (generation -1, no member id); group
-membership will pass its generation and member id through the same builder.
+-1). A consumer with ``assign`` commits as a simple group (generation -1, no member id); a
+member of its group (``subscribe``) passes its generation and member id.
 """
 
 from __future__ import annotations

@@ -1,7 +1,12 @@
-"""A standalone (assign-mode) Kafka consumer on trio that speaks the key-range extension.
+"""A Kafka consumer on trio that speaks the proxy's extensions (key-range fetch, individual
+commit, cooperative fetch). It is either a member of its group (``subscribe``: the group
+shares the topics' partitions among its members, by key range once members outnumber
+partitions; docs/consumer.md, "Groups") or on its own (``assign``: the application names
+the partitions and their key ranges):
 
     async with Consumer("127.0.0.1:9092", auto_offset_reset="earliest") as consumer:
         consumer.assign({TopicPartition("orders", 0): [equal_shares(4)[i]]})
+        # or, with a group_id: consumer.subscribe(["orders"])
         while True:
             for record in await consumer.poll(1.0):
                 ...
@@ -20,7 +25,8 @@ metadata, from which ``current_lag`` answers without a network call (KIP-695).
 
 With a ``group_id`` the consumer starts each partition at the group's committed offset
 (then ``auto_offset_reset``), and ``commit`` stores plain contiguous offsets for
-whole-partition assignments as a simple group (generation -1).
+whole-partition assignments: with ``assign`` as a simple group (generation -1), after
+``subscribe`` as the group's member (its generation and member id).
 
 With ``allow_individual_commit`` the application marks records processed in any order
 (``mark_processed``) and ``commit`` sends exactly those offsets as OffsetRanges (docs/wire-contract.md
@@ -469,7 +475,8 @@ class Consumer:
     # -- committed offsets -----------------------------------------------------------------
     async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Commit ``offsets`` (default: the position of every assigned partition) for
-        ``group_id`` with OffsetCommit v8+ as a simple group (generation -1, no member id).
+        ``group_id`` with OffsetCommit v8+: as a simple group (generation -1, no member id)
+        with ``assign``, as the group's member (generation and member id) after ``subscribe``.
         A committed offset means every record below it is processed, so a partition
         assigned key ranges is refused: its position says nothing about the other ranges.
 
