@@ -11,111 +11,30 @@ table ``benchmarks/results/README.md`` is regenerated from every JSON file after
 
 Each benchmark holds ``/tmp/keyrange-bench.lock`` (flock) while it runs, so benchmarks
 started by different people on one machine never overlap (a second one waits).
-The older single-purpose benchmarks keep their own commands and JSON layout
-(``python -m benchmarks.bench_codecs`` ...); ``python -m benchmarks --all`` runs them after
-the comparison with their defaults.
+The single-purpose benchmarks keep their own commands and JSON layout
+(``python -m benchmarks.bench_codecs`` ...); ``--list`` shows them too, and
+``python -m benchmarks --all`` runs the older ones after the comparison with their defaults.
+Every benchmark is registered in ``benchmarks/registry.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import importlib
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks import registry, results
 from benchmarks import report as tables
-from benchmarks import results
+from benchmarks.benchmark import Benchmark
+from benchmarks.lock import bench_lock
 
-LOCK = Path("/tmp/keyrange-bench.lock")
-OLDER = ("bench_proxy", "bench_hop", "bench_keyrange", "bench_consumer", "bench_commits", "bench_codecs",
-         "bench_split", "bench_groups")
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    title: str
-    method: str
-    steps: Callable[[argparse.Namespace], int]
-    run: Callable[[dict, object, argparse.Namespace], None]
-    default: bool = True  # False: runs only when named
-
-
-def _passthrough(report: dict, progress, args: argparse.Namespace) -> None:
-    from benchmarks.workloads import passthrough
-
-    passthrough.run(report, progress, consume_mb=args.consume_mb, produce_mb=args.produce_mb,
-                    rounds=args.rounds, latency_seconds=args.latency_seconds)
-
-
-def _key_ordered(report: dict, progress, args: argparse.Namespace) -> None:
-    from benchmarks.workloads import key_ordered
-
-    key_ordered.run(report, progress, workers=args.workers, rounds=args.rounds, work_ms=1.0, keys=10_000,
-                    warmup=args.warmup, window=args.window)
-
-
-def _keyrange_delivery(report: dict, progress, args: argparse.Namespace) -> None:
-    from benchmarks.workloads import keyrange_delivery
-
-    keyrange_delivery.run(report, progress, mb=args.delivery_mb, value_size=100, consumers=args.workers,
-                          rounds=args.rounds, share_records=args.share_records)
-
-
-def _live_tail(report: dict, progress, args: argparse.Namespace) -> None:
-    from benchmarks.workloads import live_tail
-
-    live_tail.run(report, progress, rounds=args.rounds, records=args.live_records, seconds=args.live_seconds)
-
-
-BENCHMARKS = {b.name: b for b in (
-    Benchmark("passthrough", "Passthrough: direct, bare relay, Kroxylicious, our proxy",
-              "Kafka's ConsumerPerformance and ProducerPerformance, 1 KB records, one partition; per round every "
-              "path once, order rotating; one unrecorded consume per path first. CPU = user + system seconds of "
-              "the hop's process per MB moved.",
-              lambda a: 6 + a.rounds * 12, _passthrough),
-    Benchmark("key_ordered", "Key-ordered, processing-bound: 1 ms of work per record, one partition, 10,000 keys",
-              "Each worker paces 1 ms per record (deadlines chained within a poll) and checks every key's sequence "
-              "numbers; records/s over a window after a warm-up; the baseline is a plain consumer group on the "
-              "same partition in the same round (one member works).",
-              lambda a: 2 + a.rounds * len(a.workers) * 5, _key_ordered),
-    Benchmark("keyrange_delivery", "Key-range delivery: N range consumers on one partition against one direct reader",
-              "No work per record. Same-kind pairs: N trio Consumers through the proxy against one trio Consumer "
-              "direct; N raw header-counting clients against one direct; N share consumers "
-              "(ShareConsumerPerformance) against Kafka's ConsumerPerformance. A fresh proxy per range run.",
-              lambda a: 3 + a.rounds * (4 + 4 * len(a.workers)), _keyrange_delivery),
-    Benchmark("virtual", *importlib.import_module("benchmarks.bench_virtual").REGISTRATION),
-    Benchmark("live_tail", "Live tail: key-range, group and virtual-topic consumers read while records are written",
-              "A fresh one-partition topic per run, written at a steady rate in small bursts with idle gaps "
-              "(acks=all, idempotent, one seeded schedule per round) while the contender reads it: one direct "
-              "librdkafka consumer (baseline), 4 range consumers in assign mode, 4 group members splitting the "
-              "partition, 4 librdkafka consumers of T.kr4. Every acknowledged record is accounted for; latency is "
-              "hand-out time minus CreateTime.",
-              lambda a: 1 + a.rounds * 4, _live_tail),
-    Benchmark("eos", *importlib.import_module("benchmarks.bench_eos").REGISTRATION),
-    Benchmark("coop", *importlib.import_module("benchmarks.bench_coop").REGISTRATION),
-)}
+BENCHMARKS = registry.load()
 DEFAULT = [name for name, bench in BENCHMARKS.items() if bench.default]
-
-
-@contextlib.contextmanager
-def _bench_lock(say: Callable[[str], None]) -> Iterator[None]:
-    with open(LOCK, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"waiting for {LOCK} (another benchmark is running)")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+WITH_ALL = [name for name, bench in BENCHMARKS.items() if bench.with_all]
 
 
 class _Progress:
@@ -152,7 +71,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: {', '.join(DEFAULT)})")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
-    parser.add_argument("--all", action="store_true", help="also run the older single-purpose benchmarks")
+    parser.add_argument("--all", action="store_true",
+                        help=f"also run the single-purpose benchmarks with their defaults ({', '.join(WITH_ALL)})")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes and one round: checks that everything runs, the figures mean little")
     parser.add_argument("--rounds", type=int, default=3)
@@ -183,9 +103,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)
-    unknown = [n for n in args.names if n not in BENCHMARKS and n not in OLDER]
+    unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
-        parser.error(f"unknown benchmark(s) {unknown}; known: {', '.join([*BENCHMARKS, *OLDER])}")
+        parser.error(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}")
+    # the others take options the defaults do not cover, or the benchmark lock themselves
+    elsewhere = [BENCHMARKS[n].command for n in args.names if not (BENCHMARKS[n].comparison or BENCHMARKS[n].with_all)]
+    if elsewhere:
+        parser.error(f"run with its own command: {'; '.join(elsewhere)}")
     if args.quick:
         args.rounds, args.consume_mb, args.produce_mb, args.latency_seconds = 1, 32, 16, 3
         args.warmup, args.window, args.delivery_mb = 1.0, 2.0, 8
@@ -207,25 +131,25 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     if args.list:
         for bench in BENCHMARKS.values():
-            print(f"{bench.name:18} {bench.title}{'' if bench.default else ' (by name only)'}")
-        for name in OLDER:
-            print(f"{name:18} (older) python -m benchmarks.{name}")
+            if bench.comparison:
+                print(f"{bench.name:20} {bench.title}{'' if bench.default else ' (by name only)'}")
+            else:
+                print(f"{bench.name:20} {bench.title} (own command: {bench.command}"
+                      f"{'; runs with --all' if bench.with_all else ''})")
         return 0
-    names = args.names or DEFAULT + (list(OLDER) if args.all else [])
+    names = args.names or DEFAULT + (WITH_ALL if args.all else [])
     failed = []
     with _display(args.plain or not sys.stdout.isatty()) as display:
         say = print if display is None else display.console.log
         for name in names:
-            with _bench_lock(say):
+            bench = BENCHMARKS[name]
+            with bench_lock(say):
                 began = time.monotonic()
                 try:
-                    if name in OLDER:
-                        say(f"{name}: python -m benchmarks.{name}")
-                        code = importlib.import_module(f"benchmarks.{name}").main([])
-                        if code:
-                            raise RuntimeError(f"exited with {code}")
+                    if bench.comparison:
+                        _run_one(bench, args, display, say)
                     else:
-                        _run_one(BENCHMARKS[name], args, display, say)
+                        _run_command(bench, say)
                 except Exception:  # one benchmark failing must not lose the others' results
                     failed.append(name)
                     say(f"{name} FAILED:\n{traceback.format_exc()}")
@@ -238,9 +162,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _run_command(bench: Benchmark, say) -> None:
+    """A benchmark with its own command line, with its defaults."""
+    assert bench.main is not None
+    say(f"{bench.name}: {bench.command}")
+    try:
+        code = bench.main([])
+    except SystemExit as exit_:  # its argument parser refused the defaults
+        code = exit_.code
+    if code:
+        raise RuntimeError(f"exited with {code}")
+
+
 def _run_one(bench: Benchmark, args: argparse.Namespace, display, say) -> None:
     command = " ".join(["python -m benchmarks", bench.name,
                         *[a for a in args.argv if a not in BENCHMARKS and a not in ("--plain",)]])
+    assert bench.run is not None and bench.steps is not None
     report = results.new_report(bench.name, bench.title, command, bench.method, {})
     task = None if display is None else display.add_task("", total=bench.steps(args), bench=bench.name)
     if display is None:

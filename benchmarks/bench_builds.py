@@ -35,6 +35,7 @@ import psutil
 
 from benchmarks import results
 from benchmarks.bench_proxy import RECORD_SIZE, _consume, _cpu_seconds, _produce
+from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, rotation
 from proxy.testing import java_tools
 from proxy.testing.kafka_cluster import KafkaCluster
@@ -217,6 +218,11 @@ def _finish(report: dict, output_dir: Path) -> int:
         print(line)
     print(f"wrote {path}")
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_builds", "Two builds of the proxy side by side (needs --build NAME=FOLDER twice)",
+    main=main)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.benchmark import Benchmark  # noqa: E402
 from proxy.protocol import messages  # noqa: E402
 from proxy.protocol.api_keys import ApiKey  # noqa: E402
 from proxy.protocol.compiler import compile_message  # noqa: E402
@@ -343,11 +344,11 @@ def git_commit() -> str | None:
         return None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="timing budget per measurement")
     parser.add_argument("--profile", action="store_true", help="also write a pyinstrument profile")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = run(args.seconds)
     report = {
         "benchmark": "Kafka message codec, microseconds per message (one core, best of repeats)",
@@ -369,6 +370,11 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "codecs.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {RESULTS / 'codecs.json'}")
+
+
+BENCHMARK = Benchmark(
+    "bench_codecs", "Message codec speed, microseconds per message on one core",
+    main=main, with_all=True)
 
 
 if __name__ == "__main__":

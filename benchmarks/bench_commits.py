@@ -41,6 +41,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.benchmark import Benchmark
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.testing.commit_client import CommitClient, commit_body
@@ -202,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results["p99_ratio_to_plain"]), "goal met" if results["goal_met"] else "goal NOT met")
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_commits", "Individual commit: range commits against plain OffsetCommit",
+    main=main, with_all=True)
 
 
 if __name__ == "__main__":

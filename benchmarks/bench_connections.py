@@ -50,6 +50,7 @@ import psutil
 import trio
 
 from benchmarks import results
+from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
@@ -556,6 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     for entry in report["goals"]:
         print(entry)
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_connections", "Connection load: idle connections, active ones beside them, max.connections",
+    main=main)
 
 
 if __name__ == "__main__":

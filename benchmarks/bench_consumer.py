@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 import trio
 
+from benchmarks.benchmark import Benchmark
 from proxy.client import Consumer, TopicPartition, equal_shares
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
@@ -188,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results.get("scaling_vs_n_times_one")), "goal met" if results.get("goal_met") else "goal NOT met")
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_consumer", "Processing-bound scaling: N key-range consumers sharing one partition",
+    main=main, with_all=True)
 
 
 if __name__ == "__main__":

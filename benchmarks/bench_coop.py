@@ -66,7 +66,6 @@ Fetch and OffsetCommit latency, and per-member counts.
     python -m benchmarks coop                 # 3 rounds: about 15-20 minutes on 2 cores
     python -m benchmarks coop --quick         # 1 round, small topics: about 3-4 minutes
     python -m benchmarks coop --rounds 2 --coop-seconds 6
-    python -m benchmarks.bench_coop --quick   # the same as ``python -m benchmarks coop --quick``
 
 Not in the default set of ``python -m benchmarks``: run it by name. It holds
 ``/tmp/keyrange-bench.lock`` like every benchmark there (do not wrap it in ``flock`` on that
@@ -89,6 +88,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.benchmark import Benchmark
 from benchmarks.peers import java_harness, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
@@ -879,12 +879,4 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
     report["medians"] = medians
 
 
-# What ``python -m benchmarks`` registers: title, method, step count, run, and False: not in
-# the default set (it runs only when named).
-REGISTRATION = (TITLE, METHOD, steps, run, False)
-
-
-if __name__ == "__main__":
-    from benchmarks.__main__ import main
-
-    sys.exit(main(["coop", *sys.argv[1:]]))
+BENCHMARK = Benchmark("coop", TITLE, method=METHOD, steps=steps, run=run, default=False)  # runs only when named

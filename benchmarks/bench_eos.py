@@ -49,7 +49,6 @@ clients, the commits), so on a 2-core machine 8 instances (``--partitions 2`` or
     python -m benchmarks eos                        # 3 rounds: about 12-15 minutes
     python -m benchmarks eos --quick                # 1 round, 10 s windows: about 2-3 minutes
     python -m benchmarks eos --partitions 2 --shares 4 --no-eos-proxy-baseline
-    python -m benchmarks.bench_eos --quick          # the same as ``python -m benchmarks eos --quick``
 
 It holds ``/tmp/keyrange-bench.lock`` like every benchmark of ``python -m benchmarks`` (do
 not wrap it in ``flock`` on that file: it would wait for itself). Not in the default set of
@@ -70,6 +69,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from proxy.testing import streams_app
@@ -476,12 +476,4 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, partition
                                f"{[n for n in rounds if n not in complete]}")
 
 
-# What ``python -m benchmarks`` registers: title, method, step count, run, and False: not in
-# the default set (it runs only when named).
-REGISTRATION = (TITLE, METHOD, steps, run, False)
-
-
-if __name__ == "__main__":
-    from benchmarks.__main__ import main
-
-    sys.exit(main(["eos", *sys.argv[1:]]))
+BENCHMARK = Benchmark("eos", TITLE, method=METHOD, steps=steps, run=run, default=False)  # runs only when named

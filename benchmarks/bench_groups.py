@@ -46,6 +46,7 @@ from typing import Any
 import psutil
 
 from benchmarks import results
+from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
 
 TOPIC = "bench-groups"
@@ -509,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     for g in report["goals"]:
         print(g)
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_groups", "Consumer groups with key ranges: scaling with subscribe, a fifth member joining four",
+    main=main, with_all=True)
 
 
 if __name__ == "__main__":

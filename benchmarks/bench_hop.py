@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.bench_proxy import RECORD_SIZE, _consume, _produce, _readahead_counts
+from benchmarks.benchmark import Benchmark
 from proxy.testing import java_tools
 from proxy.testing.kafka_cluster import KafkaCluster, _free_port
 from proxy.testing.proxy_process import ProxyProcess
@@ -145,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode}: {entry['mb_per_s']:.0f} MB/s, {entry['busy_cores']:.2f} cores busy{extra}")
     print(f"wrote {args.output}")
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_hop", "What one more TCP hop costs a consumer, and what the proxy adds to it",
+    main=main, with_all=True)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, rotation
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
@@ -237,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.output}")
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_keyrange", "Key-range fetch: N raw consumers of one partition against one direct consumer",
+    main=main, with_all=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.benchmark import Benchmark
 from proxy.testing import java_tools
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
@@ -204,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"proxy CPU per MB forwarded: {report['proxy_cpu_seconds_per_mb'] * 1000:.2f} ms")
     print(f"wrote {args.output}")
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_proxy", "Direct against through the proxy, with Kafka's own performance tools",
+    main=main, with_all=True)
 
 
 if __name__ == "__main__":

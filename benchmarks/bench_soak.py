@@ -67,6 +67,8 @@ from typing import Any
 import trio
 
 from benchmarks import results
+from benchmarks.benchmark import Benchmark
+from benchmarks.lock import bench_lock
 from benchmarks.rounds import Row, goal
 
 LOCK = Path("/tmp/keyrange-bench.lock")
@@ -798,9 +800,8 @@ def main(argv: list[str] | None = None) -> int:
         {"minutes": args.minutes, "warm-up seconds": warmup, "rate": f"{args.rate:g} records/s",
          "value bytes": VALUE_BYTES, "keys": KEYS, "sample interval s": args.interval,
          "churn interval s": args.churn_seconds, "IC log segment bytes": args.ic_segment_bytes})
-    from benchmarks.__main__ import _bench_lock  # the lock every benchmark holds
 
-    with _bench_lock(say):
+    with bench_lock(say):
         workdir = scratch_dir("bench-soak-")
         say(f"starting Kafka and the proxy in {workdir}")
         with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
@@ -841,6 +842,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fmt_pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f}"
+
+
+BENCHMARK = Benchmark(
+    "bench_soak", "Soak: mixed load through the proxy, its resource use sampled as it goes",
+    main=main)
 
 
 if __name__ == "__main__":

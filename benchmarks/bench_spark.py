@@ -45,6 +45,8 @@ import time
 import uuid
 from pathlib import Path
 
+from benchmarks.benchmark import Benchmark
+
 RESULTS = Path(__file__).resolve().parent / "results"
 READERS = ("kafka", "kafka_min_partitions_8", "keyrange_k4")
 WARM_UP_RECORDS = 8000  # 1,000 per task of the 8-task readers
@@ -230,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: result[k] for k in ("keyrange_vs_kafka", "keyrange_vs_min_partitions_8", "goal_met")}))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
+
+
+BENCHMARK = Benchmark(
+    "bench_spark", "Spark: the keyrange source against Spark's Kafka source, processing-bound",
+    main=main)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import cramjam  # noqa: E402
 import xxhash  # noqa: E402
 
+from benchmarks.benchmark import Benchmark  # noqa: E402
 from proxy.ranges import KeyRange, equal_shares  # noqa: E402
 from proxy.records import kernels  # noqa: E402
 from proxy.records.builder import build_batch, encode_record  # noqa: E402
@@ -153,10 +154,10 @@ def machine() -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="time per case")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     runs = ([("c", "whole-blob"), ("c", "per-batch")] if kernels.ACCELERATED else []) + [("python", "per-batch")]
     results = []
     profiles = []
@@ -201,6 +202,9 @@ def main() -> None:
         "cProfile, sorted by own time; 5 splits of the ~1 MiB blob per case.\n\n"
         + "\n".join(profiles)
     )
+
+
+BENCHMARK = Benchmark("bench_split", "Key-range split throughput, records/s on one core", main=main, with_all=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import statistics
 import urllib.request
 import uuid
 
+from benchmarks.benchmark import Benchmark
 from benchmarks.peers import share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
@@ -152,5 +153,4 @@ def run(report: dict, progress, args) -> None:
     report["notes"].append("Every K consumers are K JVMs on the same 2-core machine as the broker and the proxy.")
 
 
-# What ``python -m benchmarks`` registers: title, method, step count, run.
-REGISTRATION = (TITLE, METHOD, steps, run)
+BENCHMARK = Benchmark("virtual", TITLE, method=METHOD, steps=steps, run=run, default=True)

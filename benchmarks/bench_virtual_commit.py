@@ -17,6 +17,7 @@ import statistics
 import uuid
 
 from benchmarks.bench_commits import _percentile, _request
+from benchmarks.benchmark import Benchmark
 from proxy.testing.commit_client import CommitClient, commit_body
 from proxy.testing.kafka_cluster import KafkaCluster
 from proxy.testing.proxy_process import ProxyProcess
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             proxy.stop()
     print(json.dumps({"virtual_partitions_per_request": virtual_partitions, "rounds": rounds}))
     return 0
+
+
+BENCHMARK = Benchmark("bench_virtual_commit", "Latency of a virtual topic's share-watermark commit", main=main)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ from pathlib import Path
 import psutil
 
 from benchmarks import results
-from benchmarks.__main__ import _bench_lock
+from benchmarks.benchmark import Benchmark
+from benchmarks.lock import bench_lock
 from benchmarks.peers import bare_relay
 from benchmarks.workloads.passthrough import RECORD_SIZE, consume, produce
 from proxy.testing import java_tools
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = scratch_dir("bench-cpu-breakdown-")
     runs = []
     relay_port = _free_port()
-    with _bench_lock(print), contextlib.ExitStack() as stack:
+    with bench_lock(print), contextlib.ExitStack() as stack:
         cluster = stack.enter_context(KafkaCluster.start(1, workdir=workdir / "kafka",
                                                          **bare_relay.cluster_options(relay_port)))
         relay = stack.enter_context(bare_relay.running(relay_port, bare_relay.target(cluster)))
@@ -157,6 +158,9 @@ def _delivery(cluster: KafkaCluster, workdir: Path, args: argparse.Namespace) ->
                      "samples_percent": _shares(sampled.data)})
         print(runs[-1], flush=True)
     return runs
+
+
+BENCHMARK = Benchmark("cpu_breakdown", "Where the proxy's CPU goes, by kind of code (perf)", main=main)
 
 
 if __name__ == "__main__":

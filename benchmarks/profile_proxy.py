@@ -21,7 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.__main__ import _bench_lock
+from benchmarks.benchmark import Benchmark
+from benchmarks.lock import bench_lock
 from benchmarks.results import RESULTS
 from benchmarks.workloads.passthrough import RECORD_SIZE, consume, produce
 from proxy.testing import java_tools
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     suffix = f"_{args.consumers}" if args.direction == "delivery" and args.consumers != 4 else ""
     args.output_dir.mkdir(parents=True, exist_ok=True)
     raw = args.output_dir / f"profile_{args.direction}{suffix}.collapsed"
-    with _bench_lock(print), KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
+    with bench_lock(print), KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
         overrides = {}
         if args.direction == "delivery":  # as the delivery benchmark runs it: cached shares on
             from benchmarks.workloads.keyrange_delivery import TOPIC
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text[:4000])
     print(f"wrote {out}")
     return 0
+
+
+BENCHMARK = Benchmark("profile_proxy", "Where the proxy's time goes, by function (py-spy)", main=main)
 
 
 if __name__ == "__main__":

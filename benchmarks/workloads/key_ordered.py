@@ -22,6 +22,7 @@ warm-up after the first record was processed.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import statistics
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.benchmark import Benchmark, Progress
 from benchmarks.peers import parallel_consumer, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
@@ -262,3 +264,16 @@ def run(report: dict, progress, *, workers: list[int], rounds: int, work_ms: flo
     report["runs"] = {f"{peer} N={n}": runs[(peer, n)] for peer in PEERS for n in workers}
     report["notes"].append("ours: assign mode, equal key-hash shares; ours_subscribe: members of one group "
                            "(subscribe, the keyrange assignor), measured once every member has processed a record.")
+
+
+def _from_args(report: dict, progress: Progress, args: argparse.Namespace) -> None:
+    run(report, progress, workers=args.workers, rounds=args.rounds, work_ms=1.0, keys=10_000, warmup=args.warmup,
+        window=args.window)
+
+
+BENCHMARK = Benchmark(
+    "key_ordered", "Key-ordered, processing-bound: 1 ms of work per record, one partition, 10,000 keys",
+    method="Each worker paces 1 ms per record (deadlines chained within a poll) and checks every key's sequence "
+           "numbers; records/s over a window after a warm-up; the baseline is a plain consumer group on the "
+           "same partition in the same round (one member works).",
+    steps=lambda args: 2 + args.rounds * len(args.workers) * 5, run=_from_args, default=True)

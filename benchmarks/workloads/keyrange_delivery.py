@@ -21,6 +21,7 @@ broker for the partition / the partition's size) is that run's alone.
 
 from __future__ import annotations
 
+import argparse
 import re
 import threading
 import time
@@ -29,6 +30,7 @@ import uuid
 
 import trio
 
+from benchmarks.benchmark import Benchmark, Progress
 from benchmarks.peers import bare_relay, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
@@ -242,3 +244,16 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
                               at_least=False))
     report["goals"] = goals
     report["partition_bytes"] = partition_bytes
+
+
+def _from_args(report: dict, progress: Progress, args: argparse.Namespace) -> None:
+    run(report, progress, mb=args.delivery_mb, value_size=100, consumers=args.workers, rounds=args.rounds,
+        share_records=args.share_records)
+
+
+BENCHMARK = Benchmark(
+    "keyrange_delivery", "Key-range delivery: N range consumers on one partition against one direct reader",
+    method="No work per record. Same-kind pairs: N trio Consumers through the proxy against one trio Consumer "
+           "direct; N raw header-counting clients against one direct; N share consumers "
+           "(ShareConsumerPerformance) against Kafka's ConsumerPerformance. A fresh proxy per range run.",
+    steps=lambda args: 3 + args.rounds * (4 + 4 * len(args.workers)), run=_from_args, default=True)

@@ -25,6 +25,7 @@ commits; its group's committed offset at the coordinator must reach the log end.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import threading
 import time
@@ -32,6 +33,7 @@ import uuid
 
 import trio
 
+from benchmarks.benchmark import Benchmark, Progress
 from benchmarks.rounds import Row, goal, rotation
 from proxy.testing import java_tools
 from proxy.testing.clients import commit_consumed
@@ -274,3 +276,17 @@ def run(report: dict, progress, *, rounds: int, records: int, seconds: float, ke
         "Every contender reads a fresh one-partition topic while the same seeded schedule writes it; "
         "median drain after the last write (s): "
         + ", ".join(f"{c} {statistics.median(values(c, 'drain_s')):.2f}" for c in CONTENDERS) + ".")
+
+
+def _from_args(report: dict, progress: Progress, args: argparse.Namespace) -> None:
+    run(report, progress, rounds=args.rounds, records=args.live_records, seconds=args.live_seconds)
+
+
+BENCHMARK = Benchmark(
+    "live_tail", "Live tail: key-range, group and virtual-topic consumers read while records are written",
+    method="A fresh one-partition topic per run, written at a steady rate in small bursts with idle gaps "
+           "(acks=all, idempotent, one seeded schedule per round) while the contender reads it: one direct "
+           "librdkafka consumer (baseline), 4 range consumers in assign mode, 4 group members splitting the "
+           "partition, 4 librdkafka consumers of T.kr4. Every acknowledged record is accounted for; latency is "
+           "hand-out time minus CreateTime.",
+    steps=lambda args: 1 + args.rounds * 4, run=_from_args, default=True)
