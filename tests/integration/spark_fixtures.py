@@ -20,5 +20,9 @@ def spark() -> Iterator[object]:
 
     session = local_session("keyrange-tests", master="local[2]", shuffle_partitions=2,
                             conf={"spark.driver.memory": "1g", "spark.default.parallelism": "2"})
+    # Errors only. The JVM's stderr is pytest's capture file (it was started inside a test),
+    # and what lands there after the last test's teardown (Kafka clients in the JVM whose
+    # brokers and proxies are gone, the JVM's own shutdown) pytest prints after its summary.
+    session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

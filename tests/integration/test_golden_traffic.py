@@ -6,7 +6,8 @@ The Java clients (ProducerPerformance, ConsoleConsumer in a group, ConsumerGroup
 kafka-python (producer, group consumer, admin) talk to a dedicated broker through a
 recording tap (proxy/testing/tap.py) that the broker advertises, so every connection is
 recorded. Every request and response frame is then round-tripped; an (api key, version)
-our schemas lack fails the test by name. The (api key, version) pairs covered are printed.
+our schemas lack fails the test by name. The (api key, version) pairs covered are written
+to ``<tmp>/golden-coverage.txt`` and the test's log; the terminal summary names the file.
 
 A sample of the run is written to ``<tmp>/golden-traffic.jsonl``; with
 ``KEYRANGE_UPDATE_GOLDEN=1`` it also replaces ``tests/golden/kafka-traffic.jsonl``, which
@@ -185,6 +186,7 @@ class Traffic:
     outcomes: list[tuple[str, RoundTrip]] = field(default_factory=list)
     coverage: dict[tuple[str, int, int], Counter] = field(default_factory=lambda: defaultdict(Counter))
     recorded: list[GoldenExchange] = field(default_factory=list)
+    table_path: Path | None = None  # where the coverage table was written
 
     def pairs(self) -> list[tuple[int, int]]:
         return sorted({(k, v) for (_, k, v) in self.coverage})
@@ -271,15 +273,32 @@ def traffic(tapped_kafka, tmp_path_factory) -> Traffic:
         if (ex.api_key, ex.api_version) not in result.unsupported()
         and roundtrip_request(ex.request).ok
     )
-    write_golden(tmp_path_factory.mktemp("golden") / "golden-traffic.jsonl", sample, _versions())
+    directory = tmp_path_factory.mktemp("golden")
+    write_golden(directory / "golden-traffic.jsonl", sample, _versions())
     if os.environ.get("KEYRANGE_UPDATE_GOLDEN") == "1":
         write_golden(GOLDEN_PATH, sample, _versions())
+    result.table_path = directory / "golden-coverage.txt"
+    result.table_path.write_text(result.table() + "\n")
     return result
 
 
-def test_recorded_frames_roundtrip_byte_identical(traffic, capsys):
-    with capsys.disabled():
-        print("\n" + traffic.table())
+class _CoverageSummary:
+    """A plugin that names the coverage table in the terminal summary, after the run,
+    rather than printing the table into the progress line."""
+
+    def __init__(self, headline: str, path: Path) -> None:
+        self.headline, self.path = headline, path
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        terminalreporter.write_line(f"{self.headline}: table in {self.path}")
+
+
+def test_recorded_frames_roundtrip_byte_identical(traffic, request):
+    table = traffic.table()
+    log.info("%s", table)
+    plugins = request.config.pluginmanager
+    if not plugins.has_plugin(_CoverageSummary.__name__):
+        plugins.register(_CoverageSummary(table.splitlines()[0], traffic.table_path), _CoverageSummary.__name__)
     failures = [
         f"{name}: {api_name(o.api_key)} v{o.api_version} {o.direction} {o.status}: {o.detail}"
         for name, o in traffic.outcomes
