@@ -48,3 +48,17 @@ def test_table_lists_rows_goals_and_quoted_figures():
     assert "kroxylicious 0.57 / 0.60" in text
     assert "[codecs.json](codecs.json)" in text
     assert "![passthrough](passthrough.png)" in text
+
+
+def test_goals_at_a_glance_and_notes_come_before_the_sections():
+    result = {
+        "benchmark": "virtual", "title": "Virtual range topics: K consumers on T.krK", "command": "c",
+        "started": "2026-01-01T00:00:00+00:00",
+        "machine": {"cpus": 2, "load_average_at_start": [1.0, 1, 1]}, "method": "m",
+        "rows": [], "goals": [goal("per-key order violations", 0, 0, at_least=False)],
+    }
+    text = report.render([result], notes="## Where the time goes\n\nnotes text\n")
+    assert "| [virtual](#virtual-range-topics-k-consumers-on-tkrk) | per-key order violations | 0 | yes |" in text
+    assert text.index("## Goals at a glance") < text.index("## Where the time goes") < text.index(
+        "## Virtual range topics")
+    assert report.anchor("Connection load: 5,000 idle, max.connections") == "connection-load-5000-idle-maxconnections"
