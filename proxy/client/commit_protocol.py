@@ -69,11 +69,18 @@ def accepted_partitions(response: Any, entries: Mapping[TopicPartition, Any]) ->
     return accepted
 
 
-def first_commit_error(response: Any, group: str) -> KafkaError | None:
-    """The first partition error of an OffsetCommit response, as a typed error."""
+def commit_errors(response: Any) -> dict[TopicPartition, int]:
+    """The error code of each partition an OffsetCommit response refused."""
+    return {TopicPartition(topic.name, part.partition_index): part.error_code
+            for topic in response.topics for part in topic.partitions if part.error_code != ErrorCode.NONE}
+
+
+def first_commit_error(response: Any, group: str, ignore: frozenset[int] = frozenset()) -> KafkaError | None:
+    """The first partition error of an OffsetCommit response, as a typed error (codes in
+    ``ignore`` left out)."""
     for topic in response.topics:
         for part in topic.partitions:
-            if part.error_code != ErrorCode.NONE:
+            if part.error_code != ErrorCode.NONE and part.error_code not in ignore:
                 return KafkaError.for_code(part.error_code,
                                            f"OffsetCommit {topic.name}-{part.partition_index} for group {group!r}")
     return None

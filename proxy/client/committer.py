@@ -4,17 +4,28 @@ Three ways to commit, one lock so that they never interleave:
 
 * plain: an offset per whole partition (every record below it is processed);
 * range (``individual.commit`` advertised): the offsets marked processed, as OffsetRanges,
-  at most ``individual_commit_max_ranges`` per partition and request;
+  at most ``individual_commit_max_ranges`` per partition and request, lowest first;
 * contiguous (no ``individual.commit``): the processed prefix of each whole partition, as
   a plain commit (never for a partition with key ranges or fetched cooperatively: its
   members' offsets interleave).
 
 A partition's pending offsets leave its ``PartitionProgress`` only once a commit carrying
 them is acknowledged, so a failed commit loses nothing and may be retried.
+
+A range commit the proxy refuses with INVALID_COMMIT_OFFSET_SIZE would leave the group's
+state of the partition holding more ranges than its ``max.individual.commit.ranges.held``:
+the partition's other shares lag, and its gaps must close first. Like the per-request
+limit, it is met by sending fewer ranges: the partition's next request in the same
+``commit`` carries half as many of its lowest pending ranges, down to one (the lowest
+close gaps or move S, and those always pass); once part is accepted, or even one range
+is refused, the rest waits for a later ``commit``. It is not an error of this consumer:
+``commit`` does not raise for it, the ranges stay pending (``Consumer.pending_commit``), and
+``metrics()["range_commits_deferred"]`` counts the partitions left so.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +39,7 @@ from proxy.client.commit_protocol import (
     GroupMember,
     Range,
     accepted_partitions,
+    commit_errors,
     committed_state,
     first_commit_error,
     offset_commit_request,
@@ -38,7 +50,13 @@ from proxy.client.coordinator import Coordinator
 from proxy.client.errors import IllegalStateError, KafkaError
 from proxy.client.metadata import ClusterMetadata
 from proxy.client.records import TopicPartition
+from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
+
+log = logging.getLogger(__name__)
+
+# The proxy's refusal of a range commit that would pass the state's bound (module docstring).
+_STATE_FULL = frozenset({ErrorCode.INVALID_COMMIT_OFFSET_SIZE})
 
 
 class Committer:
@@ -50,6 +68,8 @@ class Committer:
         self._max_ranges = max_ranges
         self._metrics = metrics
         self._lock = trio.Lock()
+        # partitions whose last range commit the state's bound deferred (logged once a spell)
+        self._deferred: set[TopicPartition] = set()
         # who commits: a simple group until group membership sets its generation and id
         self.member: GroupMember = SIMPLE_GROUP
 
@@ -80,23 +100,51 @@ class Committer:
     async def _commit_ranges(self) -> None:
         state = self._state
         limit = self._max_ranges
-        # each round sends the lowest `limit` pending ranges of every partition; bounded by
-        # the largest pending set (an acknowledged round always removes what it sent)
-        rounds = max((len(p.pending) for p in state.progress.values()), default=0) // limit + 1
+        # Each round sends the lowest `limit` pending ranges of every partition (fewer where
+        # the state's bound refused it: `narrowed`); bounded by the largest pending set (an
+        # acknowledged round always removes what it sent) and by the halvings.
+        rounds = max((len(p.pending) for p in state.progress.values()), default=0) // limit + 2 + limit.bit_length()
+        narrowed: dict[TopicPartition, int] = {}
+        done: set[TopicPartition] = set()  # nothing more of these in this commit
         for _ in range(rounds):
             sent: dict[TopicPartition, list[Range]] = {
-                tp: progress.to_commit(limit) for tp, progress in state.progress.items()
-                if tp in state and progress.pending}
+                tp: progress.to_commit(narrowed.get(tp, limit)) for tp, progress in state.progress.items()
+                if tp in state and progress.pending and tp not in done}
             if not sent:
-                return
-            accepted, failed = await self._send(sent)
-            for tp, part in accepted.items():
+                break
+            response = await self._request(sent)
+            for tp, part in accepted_partitions(response, sent).items():
                 progress = state.progress.get(tp)
                 if progress is not None:
                     progress.acknowledged(sent[tp], part.stable_offset)
                     self._metrics["range_commits"] += 1
+                if tp in narrowed:
+                    done.add(tp)  # what the bound lets through now; the rest waits
+            for tp, code in commit_errors(response).items():
+                if code in _STATE_FULL and tp in sent:
+                    if len(sent[tp]) > 1:
+                        narrowed[tp] = len(sent[tp]) // 2
+                    else:
+                        narrowed[tp] = 1
+                        done.add(tp)
+            failed = first_commit_error(response, self.group, ignore=_STATE_FULL)
             if failed is not None:
                 raise failed
+        self._note_deferred({tp for tp in narrowed if tp in state.progress and state.progress[tp].pending})
+
+    def _note_deferred(self, deferred: set[TopicPartition]) -> None:
+        """Count the partitions whose ranges the state's bound left pending, and log when
+        one starts being deferred and when it is not any more."""
+        self._metrics["range_commits_deferred"] += len(deferred)
+        for tp in sorted(deferred - self._deferred):
+            pending = self._state.progress[tp].pending
+            log.warning("consumer: %s-%s: the proxy refused part of the range commit with INVALID_COMMIT_OFFSET_SIZE "
+                        "(the group's state of the partition is at max.individual.commit.ranges.held: other shares "
+                        "lag); %d ranges stay pending and go with a later commit", tp.topic, tp.partition,
+                        len(pending))
+        for tp in sorted(self._deferred - deferred):
+            log.info("consumer: %s-%s: range commits are accepted whole again", tp.topic, tp.partition)
+        self._deferred = deferred
 
     async def _commit_contiguous(self) -> None:
         state = self._state
@@ -129,15 +177,19 @@ class Committer:
     async def _send(self, entries: Mapping[TopicPartition, CommitEntry]
                     ) -> tuple[dict[TopicPartition, Any], KafkaError | None]:
         """One OffsetCommit; the accepted partitions' responses and the first error."""
+        response = await self._request(entries)
+        return accepted_partitions(response, entries), first_commit_error(response, self.group)
+
+    async def _request(self, entries: Mapping[TopicPartition, CommitEntry]) -> Any:
+        """One OffsetCommit of ``entries``; its response."""
         epochs = {}
         for tp in entries:
             leader = self._metadata.leader(tp)
             if leader is not None:
                 epochs[tp] = leader.leader_epoch
         member = self.member
-        response = await self._coordinator.request(
+        return await self._coordinator.request(
             ApiKey.OFFSET_COMMIT, lambda version: offset_commit_request(version, self.group, entries, epochs, member))
-        return accepted_partitions(response, entries), first_commit_error(response, self.group)
 
     async def committed_ranges(self, partitions: Sequence[TopicPartition]
                                ) -> dict[TopicPartition, tuple[int | None, list[Range]]]:

@@ -110,7 +110,7 @@ METRIC_NAMES = ("records_outside_ranges", "unfiltered_range_responses", "range_r
                 "aborted_records_dropped",
                 "records_returned", "fetch_requests", "metadata_refreshes", "offset_resets", "reconnects",
                 "retriable_errors", "records_already_committed", "records_skipped_by_reset", "range_commits",
-                "plain_commits",
+                "plain_commits", "range_commits_deferred",
                 "partitions_lost", "revocations", "cooperative_chunks", "cooperative_records",
                 "cooperative_records_outside_chunk")
 
@@ -469,7 +469,9 @@ class Consumer:
         ``retriable_errors``, ``records_already_committed`` (skipped: the group's S or R
         covers them), ``records_skipped_by_reset`` (a key-range member's own records below
         its reset point, committed as skipped), ``range_commits`` and ``plain_commits``
-        (acknowledged partitions)."""
+        (acknowledged partitions), ``range_commits_deferred`` (partitions whose ranges a
+        commit left pending because the group's state of the partition is at the proxy's
+        ``max.individual.commit.ranges.held``: docs/consumer.md)."""
         return {key: self._metrics[key] for key in METRIC_NAMES} | dict(self._metrics)
 
     # -- committed offsets -----------------------------------------------------------------

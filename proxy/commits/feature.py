@@ -59,6 +59,10 @@ _SETTLE_MAX_DELAY = 1.0
 _SETTLE_DEADLINE = 900.0  # transaction.max.timeout.ms, Kafka's default
 _FIRST_RANGE_FETCH = 6
 _LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet (plain commits)
+# Refusals for max.individual.commit.ranges.held come once per commit while a share lags
+# (a client narrows its commit, and retries with each commit): one log line at once, then
+# at most one per this many seconds, saying how many went unlogged (the metric counts all).
+_HELD_LOG_INTERVAL = 10.0
 
 Key = tuple[str, int]
 
@@ -73,6 +77,9 @@ class IndividualCommitFeature(Feature):
         # watermarks virtual topics keep there) whenever either feature may have written it.
         self.resets = self.enabled or bool(config.get("virtual.topics.enabled"))
         self.max_ranges = config.get("max.individual.commit.ranges")
+        self.max_held = config.get("max.individual.commit.ranges.held")
+        self._held_log_at = -_HELD_LOG_INTERVAL
+        self._held_unlogged = 0
         registry = metrics.registry
         self._commits = Counter("kafka_proxy_individual_commit_range_commits",
                                 "Partitions committed with offset ranges and acknowledged.", registry=registry)
@@ -150,9 +157,11 @@ class IndividualCommitFeature(Feature):
         # Plain commits of partitions that hold state reset it (S = O, R and watermarks cleared).
         known = self.log.records(group) if self.resets else {}
         locked = list({*range_commits, *(key for key in plain if key in known)})
-        commit = RangeCommit(range_commits, plain)
+        commit = RangeCommit(range_commits, plain, max_held=self.max_held)
         planned = await self.service.plan(ctx, group, commit, locked)
         refused.update(planned.refused)
+        for (name, partition), reason in commit.over_bound.items():
+            self._refuse_held("range commit", group, name, partition, reason)
         stable = planned.stable  # S' of each range commit, what the broker gets
         done = planned.done
 
@@ -214,6 +223,19 @@ class IndividualCommitFeature(Feature):
                 done.set()
 
         return Route(upstream, transform=transform)
+
+    def _refuse_held(self, what: str, group: str, topic: str, partition: int, reason: str) -> None:
+        """A commit refused for ``max.individual.commit.ranges.held``: counted, and logged
+        (throttled: ``_HELD_LOG_INTERVAL``)."""
+        self._refused.labels("ranges_held").inc()
+        now = trio.current_time()
+        if now < self._held_log_at:
+            self._held_unlogged += 1
+            return
+        unlogged, self._held_unlogged, self._held_log_at = self._held_unlogged, 0, now + _HELD_LOG_INTERVAL
+        log.warning("refusing %s group=%s topic=%s partition=%s reason=%r (INVALID_COMMIT_OFFSET_SIZE; the "
+                    "partition's other shares must close their gaps first)%s", what, group, topic, partition, reason,
+                    f"; {unlogged} more such refusals since the last line" if unlogged else "")
 
     async def _prepare(self, commit: RangeCommit, ready: trio.Event) -> None:
         """R' and the log values of the commit, computed while the broker handles it."""
@@ -306,8 +328,10 @@ class IndividualCommitFeature(Feature):
                 refused.update({key: int(ErrorCode.INVALID_REQUEST) for key in commits})
                 commits = {}
         if commits and slot is not None:
-            plan = await self.service.begin_stage(ctx, group, slot, commits)
+            plan = await self.service.begin_stage(ctx, group, slot, commits, max_held=self.max_held)
             refused.update(plan.refused)
+            for (name, partition), reason in plan.over_bound.items():
+                self._refuse_held("transactional range commit", group, name, partition, reason)
         offsets = plan.offsets if plan is not None else {}
         request_class = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
         shadow = copy.copy(body)

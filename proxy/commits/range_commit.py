@@ -14,6 +14,13 @@ next action for the I/O edge (``proxy.commits.feature``) to perform:
           └─> ReadWindow ──> [Correct] ──> Write ──> ...  (another instance wrote in between;
                          └─> Answer                        at most ``rounds`` windows)
 
+A range commit that would leave a key holding more ranges above S than ``max_held``
+(``max.individual.commit.ranges.held``) and more than it holds now is refused before
+anything is forwarded (``Forward.refused``, INVALID_COMMIT_OFFSET_SIZE; the reasons are
+``over_bound``): the state stored is untouched. The bound is checked against the state
+this instance holds; another instance's concurrent commit joined in later may take the
+stored state past it by what that commit added, and nothing acknowledged is dropped for it.
+
 Any failure to read or write the log answers the keys it concerns with
 COORDINATOR_NOT_AVAILABLE (retriable: merging is idempotent); a correction the
 coordinator refuses answers the key with the coordinator's error. Keys are (topic,
@@ -28,7 +35,17 @@ import enum
 from dataclasses import dataclass, field
 
 from proxy.commits.codec import encode_value
-from proxy.commits.state import CommitState, Edit, apply_edit, apply_packed, apply_plain, rebase_commit, stable_after
+from proxy.commits.packed import RANGE_SIZE
+from proxy.commits.state import (
+    CommitState,
+    Edit,
+    apply_edit,
+    apply_packed,
+    apply_plain,
+    check_held,
+    rebase_commit,
+    stable_after,
+)
 from proxy.protocol.constants import ErrorCode
 
 Key = tuple[str, int]
@@ -37,6 +54,7 @@ Record = tuple[int, CommitState]  # (log offset of the newest record of a key, i
 RECONCILE_ROUNDS = 8  # windows read after a write that did not land where the read ended
 
 _UNAVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
+_OVER_BOUND = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
 
 
 # -- actions ----------------------------------------------------------------------------------
@@ -51,9 +69,11 @@ class FetchCommitted:
 @dataclass(frozen=True)
 class Forward:
     """Forward the client's OffsetCommit with ``CommittedOffset = offsets[key]`` (S') for
-    each range-committed key; answer with ``on_response`` once the broker has answered."""
+    each range-committed key, and without the keys of ``refused`` (answered with that
+    error by the proxy); answer with ``on_response`` once the broker has answered."""
 
     offsets: dict[Key, int]
+    refused: dict[Key, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,15 +142,22 @@ class RangeCommit:
     two) and ``plain``
     (key -> offset of a plain commit, which resets a key that has state).
 
+    ``max_held``: the most ranges above S a commit may leave a key holding (None: no
+    bound; commits already acknowledged elsewhere, such as committed transactions' stages,
+    are folded without one).
+
     Attributes the edge reads: ``foreign_writes`` (keys found written by another instance
-    since this one read them), ``phase``."""
+    since this one read them), ``over_bound`` (key -> why its commit was refused for the
+    bound), ``phase``."""
 
     def __init__(self, commits: dict[Key, list[Edit]], plain: dict[Key, int] | None = None, *,
-                 rounds: int = RECONCILE_ROUNDS) -> None:
+                 rounds: int = RECONCILE_ROUNDS, max_held: int | None = None) -> None:
         self.commits = commits
         self.plain = plain or {}
         self.rounds = rounds
+        self.max_held = max_held
         self.foreign_writes = 0
+        self.over_bound: dict[Key, str] = {}
         self.phase = _Phase.PLANNING
         self._new: dict[Key, CommitState] = {}  # the state each key is to have
         self._stable: dict[Key, int] = {}  # S the coordinator holds for each range commit
@@ -173,31 +200,44 @@ class RangeCommit:
         """The coordinator's committed offsets (-1: none) of keys without state, or the
         state its committed offset carries (share watermarks in its metadata), and what
         this instance holds now. Computes S' (and R' where a key has several commits; one
-        range commit's R' waits for ``prepare``)."""
+        range commit's R' waits for ``prepare``, unless it may pass ``max_held``). A key
+        whose commit would pass the bound is refused and left out."""
         self._expect(_Phase.PLANNING)
+        bound = self.max_held
         for key, commits in self.commits.items():
             record = records.get(key)
-            self._basis[key] = record[0] if record is not None else -1
             if record is not None:
                 state = record[1]
             else:
                 known = coordinator.get(key, -1)
                 state = known if isinstance(known, CommitState) else CommitState(max(known, 0))
             if len(commits) == 1 and isinstance(commits[0], bytes):
-                self._stable[key] = stable_after(state, commits[0])
-                self._pending[key] = (state, commits[0])
+                # Each committed range adds at most one to R: below the bound that way, R'
+                # can wait for ``prepare`` (computed while the broker works).
+                if bound is None or state.held() + len(commits[0]) // RANGE_SIZE <= bound:
+                    self._basis[key] = record[0] if record is not None else -1
+                    self._stable[key] = stable_after(state, commits[0])
+                    self._pending[key] = (state, commits[0])
+                    continue
+                after = apply_packed(state, commits[0])
+            else:
+                after = state
+                for edit in commits:
+                    after = apply_edit(after, edit)
+            reason = check_held(state, after, bound) if bound is not None else None
+            if reason is not None:
+                self.over_bound[key] = reason
                 continue
-            for edit in commits:
-                state = apply_edit(state, edit)
-            self._new[key] = state
-            self._stable[key] = state.stable
+            self._basis[key] = record[0] if record is not None else -1
+            self._new[key] = after
+            self._stable[key] = after.stable
         for key, offset in self.plain.items():
             record = records.get(key)
-            if record is not None and key not in self._new:
+            if record is not None and key not in self._new and key not in self.over_bound:
                 self._new[key] = apply_plain(offset, record[1])
                 self._basis.setdefault(key, record[0])
         self.phase = _Phase.FORWARDED
-        return Forward(dict(self._stable))
+        return Forward(dict(self._stable), {key: _OVER_BOUND for key in self.over_bound})
 
     def unavailable(self) -> dict[Key, int]:
         """The state could not be read: every range commit is refused (retriable), and

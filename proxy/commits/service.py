@@ -31,7 +31,7 @@ from proxy.commits.cluster import Cluster, CommitLogError
 from proxy.commits.log import CommitLog
 from proxy.commits.packed import pack
 from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
-from proxy.commits.state import CommitState, MarkEdit, Range, apply_ranges, normalise
+from proxy.commits.state import CommitState, MarkEdit, Range, apply_ranges, check_held, normalise
 from proxy.net.pool import BrokerPool
 from proxy.pipeline import ClusterView, ConnectionContext
 from proxy.pipeline.background import Background
@@ -109,8 +109,8 @@ class EndCheck:
 @dataclass
 class Planned:
     """A commit planned in a request hook: what the coordinator gets (``stable``: S' per
-    range-committed key), the keys refused because the state could not be read, the
-    concurrent end read, and ``done``, to set once the response is out (releases the
+    range-committed key), the keys refused (the state could not be read, or the commit
+    would pass ``max.individual.commit.ranges.held``), the concurrent end read, and ``done``, to set once the response is out (releases the
     key locks)."""
 
     commit: RangeCommit
@@ -123,11 +123,13 @@ class Planned:
 @dataclass
 class StagePlan:
     """A transactional range commit planned by ``begin_stage``: ``offsets`` key -> (S_c,
-    the stage's metadata); ``refused`` key -> error; ``done`` releases the key locks."""
+    the stage's metadata); ``refused`` key -> error; ``over_bound`` key -> why it was
+    refused for ``max.individual.commit.ranges.held``; ``done`` releases the key locks."""
 
     done: trio.Event
     offsets: dict[Key, tuple[int, str]] = field(default_factory=dict)
     refused: dict[Key, int] = field(default_factory=dict)
+    over_bound: dict[Key, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -210,6 +212,7 @@ class CommitService:
                         known = dict(await self.log.cluster.committed_offsets(group, list(step.keys)))
                     step = commit.on_committed(known, self.log.records(group))
                 planned.stable = step.offsets
+                planned.refused = dict(step.refused)  # over max.individual.commit.ranges.held
         except CommitLogError as exc:
             log.warning("individual-commit state unavailable group=%s reason=%r", group, str(exc))
             planned.refused = commit.unavailable()
@@ -395,12 +398,17 @@ class CommitService:
 
     # -- offset ranges committed in transactions (stages) -----------------------------------------
     async def begin_stage(self, ctx: ConnectionContext, group: str, slot: str, commits: dict[Key, list[Range]], *,
-                          metadata_limit: int = 4096) -> StagePlan:
+                          metadata_limit: int = 4096, max_held: int | None = None) -> StagePlan:
         """Plan a transactional range commit of ``commits`` by the member whose stage is
         ``slot`` (a shadow group on ``group``'s coordinator): per key, the stage to write
         (its committed stage joined with the new ranges, less what the log covers) and S_c
         for the carrier. Holds the keys' locks until ``done`` is set (or the connection
-        ends): commits of one key through this instance serialise, as range commits do."""
+        ends): commits of one key through this instance serialise, as range commits do.
+
+        ``max_held``: a key whose log state, with the stage folded in, would hold more
+        ranges above S than that and than it holds now is refused
+        (INVALID_COMMIT_OFFSET_SIZE) before anything enters the transaction. Stages of
+        other members not folded yet are not counted; a committed stage is always folded."""
         plan = StagePlan(trio.Event())
         keys = sorted(commits)
         locked = [(group, *key) for key in keys]
@@ -425,13 +433,21 @@ class CommitService:
                 continue
             state = states[key]
             stage = txn_stages.next_stage(state, txn_stages.decode_stage(metadata), commits[key])
+            # The log's state once the stage is folded; its S is the carrier's
+            # (``txn_stages.carrier_offset``).
+            after = apply_ranges(state, stage) if stage else state
+            reason = check_held(state, after, max_held) if max_held is not None else None
+            if reason is not None:
+                plan.over_bound[key] = reason
+                plan.refused[key] = int(ErrorCode.INVALID_COMMIT_OFFSET_SIZE)
+                continue
             try:
                 text = txn_stages.encode_stage(state.epoch, stage, metadata_limit)
             except txn_stages.StageTooLarge as exc:
                 log.info("transactional range commit refused group=%s key=%s reason=%r", group, key, str(exc))
                 plan.refused[key] = int(ErrorCode.INVALID_REQUEST)
                 continue
-            plan.offsets[key] = (txn_stages.carrier_offset(state, stage), text)
+            plan.offsets[key] = (after.stable, text)
         return plan
 
     async def _states_for(self, group: str, keys: list[Key]) -> dict[Key, CommitState]:

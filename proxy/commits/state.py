@@ -46,8 +46,8 @@ MAX_SHARES = 64
 
 
 __all__ = ["MAX_OFFSET", "MAX_SHARES", "STRIPED_MARKS", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks",
-           "apply_packed", "apply_plain", "apply_ranges", "check", "check_packed", "checked_marks", "join",
-           "join_marks", "normalise", "rebase", "rebase_commit", "settle", "share_count", "stable_after",
+           "apply_packed", "apply_plain", "apply_ranges", "check", "check_held", "check_packed", "checked_marks",
+           "join", "join_marks", "normalise", "rebase", "rebase_commit", "settle", "share_count", "stable_after",
            "validate", "watermark_floor"]
 
 
@@ -338,6 +338,23 @@ def check(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> tu
         return reason, []
     ordered = sorted(ranges)
     return invalid(ordered), ordered
+
+
+def check_held(before: CommitState, after: CommitState, max_held: int) -> str | None:
+    """Why ``after``, the state a commit would leave of a key that holds ``before``, may not
+    be stored (INVALID_COMMIT_OFFSET_SIZE), or None if it may: more than ``max_held`` ranges
+    above S (``max.individual.commit.ranges.held``), and more than ``before`` holds.
+
+    A commit that adds no range (it closes gaps, extends a range, or moves S) is always
+    accepted, even to a state already over the bound (the setting was lowered, or two
+    instances' concurrent commits joined past it): that is how a state gets back under it,
+    and refusing it would hold S back for good. Each committed range adds at most one, so
+    ``before.held()`` plus the commit's ranges at most ``max_held`` needs no merge to tell."""
+    held = after.held()
+    if held <= max_held or held <= before.held():
+        return None
+    return f"{held} ranges held after the commit (now {before.held()}); at most {max_held} " \
+           f"(max.individual.commit.ranges.held)"
 
 
 def check_packed(committed_offset: int, commit: bytes, max_ranges: int) -> tuple[str | None, bytes]:

@@ -471,3 +471,78 @@ def test_a_plain_commit_through_another_instance_resets_the_state(kafka, proxy, 
         assert second_client.fetch(topic, [0]) == {0: (2, [])}
     with CommitClient(proxy.bootstrap_servers, group) as first_client:
         assert first_client.fetch(topic, [0]) == {0: (2, [])}
+
+
+# -- the bound on a partition's state (max.individual.commit.ranges.held) ---------------------------
+INVALID_COMMIT_OFFSET_SIZE = 28
+
+
+def _refused_for_the_bound(process) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(process.metrics_url, timeout=5).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith('kafka_proxy_individual_commit_refused_total{reason="ranges_held"}'))
+
+
+def test_commits_past_the_state_bound_are_refused_and_closing_the_gaps_goes_through(kafka, proxy_factory,
+                                                                                    topic_factory):
+    """With max.individual.commit.ranges.held=3 a partition's state holds at most three
+    ranges: a commit that would leave a fourth gets INVALID_COMMIT_OFFSET_SIZE and changes
+    nothing (other partitions of the request go through); commits that close gaps pass, and
+    the committed offset the broker holds moves with them."""
+    bounded = proxy_factory(kafka, max_individual_commit_ranges_held="3", metrics_port="0")
+    topic = topic_factory(kafka, partitions=2)
+    group = _group()
+    with CommitClient(bounded.bootstrap_servers, group) as client:
+        assert client.commit(topic, {0: [(2, 2), (4, 4), (6, 6)]}) == {0: (0, 0)}  # at the bound
+        assert client.commit(topic, {0: [(8, 8)], 1: [(0, 0), (2, 2)]}) == \
+            {0: (INVALID_COMMIT_OFFSET_SIZE, -1), 1: (0, 1)}
+        assert client.fetch(topic, [0, 1]) == {0: (0, [(2, 2), (4, 4), (6, 6)]), 1: (1, [(2, 2)])}
+        # Closing a gap makes room: [2-4], [6], [8].
+        assert client.commit(topic, {0: [(3, 3), (8, 8)]}) == {0: (0, 0)}
+        assert client.commit(topic, {0: [(10, 10), (12, 12)]}) == {0: (INVALID_COMMIT_OFFSET_SIZE, -1)}
+        assert client.fetch(topic, [0]) == {0: (0, [(2, 4), (6, 6), (8, 8)])}
+        assert _refused_for_the_bound(bounded) == 2
+        # The lagging share catches up: every gap closes, S moves past them all.
+        assert client.commit(topic, {0: [(0, 1), (5, 5), (7, 7), (9, 10)]}) == {0: (0, 11)}
+        assert client.fetch(topic, [0]) == {0: (11, [])}
+    with CommitClient(kafka.bootstrap_servers, group) as direct:
+        assert direct.fetch(topic, [0, 1]) == {0: (11, []), 1: (1, [])}
+    log = bounded.log_text()
+    assert f"group={group} topic={topic} partition=0" in log and "max.individual.commit.ranges.held" in log
+    assert "4 ranges held after the commit (now 3); at most 3" in log
+
+
+def test_a_transactional_commit_past_the_state_bound_is_refused(kafka, proxy_factory, topic_factory):
+    """TxnOffsetCommit with offset ranges: the same bound, the same error, nothing of the
+    refused partition enters the transaction; a commit closing the gaps is accepted and,
+    once committed, S reaches the coordinator."""
+    from proxy.testing.txn_client import Conn
+    from proxy.testing.wait import wait_until
+    from tests.integration.test_txn_virtual_wire import NONE, Member, _committed_ranges, _range_commit
+
+    bounded = proxy_factory(kafka, max_individual_commit_ranges_held="3", metrics_port="0")
+    topic = topic_factory(kafka, partitions=1)
+    group = _group()
+    admin = Conn(bounded.bootstrap_servers, name="admin")
+    generation, member_id = admin.join_classic(group, topic)
+    member = Member(bounded.bootstrap_servers, group, generation, member_id, version=5)
+    try:
+        assert _range_commit(member.conn, member, topic, [(2, 2), (4, 4), (6, 6)]) == NONE
+        assert member.end(True) == NONE
+        wait_until(lambda: _committed_ranges(admin, group, topic, stable=True) == (NONE, 0, [(2, 2), (4, 4), (6, 6)]),
+                   timeout=15, what="the first transaction's ranges")
+        assert _range_commit(member.conn, member, topic, [(8, 8)]) == INVALID_COMMIT_OFFSET_SIZE
+        assert _refused_for_the_bound(bounded) == 1
+        # In the same transaction, the gaps close: everything below 9 is processed.
+        assert _range_commit(member.conn, member, topic, [(0, 1), (3, 3), (5, 5), (7, 8)]) == NONE
+        assert member.end(True) == NONE
+        wait_until(lambda: _committed_ranges(admin, group, topic, stable=True) == (NONE, 9, []), timeout=15,
+                   what="the gaps closed")
+        with Conn(kafka.bootstrap_servers, name="direct") as direct:
+            wait_until(lambda: direct.offset_fetch({group: [(topic, 0)]}, require_stable=True)[group][(topic, 0)][0]
+                       == 9, timeout=15, what="S reaching the coordinator")
+    finally:
+        member.close()
+        admin.close()

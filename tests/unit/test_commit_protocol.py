@@ -19,7 +19,7 @@ from proxy.commits.range_commit import (
     ReadWindow,
     Write,
 )
-from proxy.commits.state import CommitState
+from proxy.commits.state import CommitState, apply_ranges
 from proxy.protocol.constants import ErrorCode
 
 K = ("orders", 0)
@@ -272,3 +272,46 @@ def test_events_out_of_order_are_refused():
     machine.on_response([(K, ErrorCode.NONE)])
     with pytest.raises(ProtocolViolation):
         machine.on_response([(K, ErrorCode.NONE)])
+
+
+# -- the bound on a key's state (max.individual.commit.ranges.held) --------------------------------
+OVER_BOUND = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+
+
+def test_a_commit_past_the_bound_is_refused_before_the_broker_and_the_others_go_on():
+    held = CommitState(0, ((10, 10), (12, 12), (14, 14)))
+    records = {K: (7, held), L: (8, held)}
+    machine = RangeCommit({K: commit_of((20, 20), (22, 22)), L: commit_of((20, 20))}, max_held=4)
+    forward = machine.begin(10, records, end_read=True)
+    assert isinstance(forward, Forward)
+    assert forward.refused == {K: OVER_BOUND} and forward.offsets == {L: 0}  # K is not forwarded
+    assert "5 ranges" in machine.over_bound[K] and "at most 4" in machine.over_bound[K]
+    assert machine.needs_prepare and machine.planned(L) is None  # 3 held + 1 sent cannot pass 4
+    assert machine.on_response([(L, ErrorCode.NONE)]) == ReadLogEnd()
+    write = machine.on_log_end(10, records)
+    assert set(write.states) == {L}  # nothing of K is written
+    assert machine.on_written(10) == Answer({}, {L: 0})
+
+
+def test_below_the_bound_by_the_commits_size_r_still_waits_for_prepare():
+    machine, forward = planned({K: commit_of((20, 20))}, {K: (7, CommitState(0, ((10, 10),)))})
+    assert forward.refused == {} and machine.needs_prepare
+    machine = RangeCommit({K: commit_of((20, 20), (22, 22))}, max_held=3)
+    forward = machine.begin(10, {K: (7, CommitState(0, ((10, 10),)))}, end_read=True)
+    assert forward.refused == {} and machine.needs_prepare  # 1 held + 2 sent cannot pass 3
+
+
+def test_a_state_over_the_bound_still_takes_commits_that_close_its_gaps():
+    over = CommitState(0, ((10, 10), (12, 12), (14, 14), (16, 16)))  # the bound was lowered to 2
+    records = {K: (7, over)}
+    machine = RangeCommit({K: commit_of((11, 11), (30, 30))}, max_held=2)
+    forward = machine.begin(10, records, end_read=False)
+    assert forward.refused == {}  # [10-12], [14], [16], [30]: 4 held, no more than before
+    assert not machine.needs_prepare  # 4 held + 2 sent might have passed 2: merged up front
+    assert machine.on_response([(K, ErrorCode.NONE)]).states == {K: apply_ranges(over, [(11, 11), (30, 30)])}
+    machine = RangeCommit({K: commit_of((30, 30))}, max_held=2)
+    assert machine.begin(10, records, end_read=False).refused == {K: OVER_BOUND}
+    # A plain commit of the same partition in that request is not applied either.
+    machine = RangeCommit({K: commit_of((30, 30))}, {K: 50}, max_held=2)
+    assert machine.begin(10, records, end_read=False).refused == {K: OVER_BOUND}
+    assert machine.planned(K) is None

@@ -12,6 +12,7 @@ from proxy.commits.state import (
     CommitState,
     apply_plain,
     apply_ranges,
+    check_held,
     normalise,
     rebase,
     validate,
@@ -250,3 +251,49 @@ def test_rebase_commit_joins_in_an_epoch_and_reapplies_after_a_reset_or_a_deleti
 def test_a_plain_commit_starts_a_new_epoch():
     assert apply_plain(5) == CommitState(5, (), epoch=0)
     assert apply_plain(5, CommitState(9, ((11, 12),), epoch=2)) == CommitState(5, (), epoch=3)
+
+
+# -- the bound on one key's state (max.individual.commit.ranges.held) ------------------------------
+def _isolated(count: int, first: int = 10) -> CommitState:
+    """S = 0 and ``count`` one-offset ranges two apart from ``first``: every gap a lagging
+    share's record."""
+    return CommitState(0, tuple((first + 2 * i, first + 2 * i) for i in range(count)))
+
+
+def test_a_commit_may_fill_the_state_to_the_bound_and_not_one_range_beyond():
+    state = _isolated(3)  # [10], [12], [14]
+    at_bound = apply_ranges(state, [(20, 20)])
+    assert at_bound.held() == 4 and check_held(state, at_bound, 4) is None
+    over = apply_ranges(state, [(20, 20), (22, 22)])
+    reason = check_held(state, over, 4)
+    assert reason is not None and "5 ranges" in reason and "at most 4" in reason
+    assert "max.individual.commit.ranges.held" in reason
+    # A commit merging some ranges and adding others counts what it leaves, not what it sends.
+    mixed = apply_ranges(state, [(11, 11), (20, 20), (22, 22)])  # [10-12], [14], [20], [22]
+    assert mixed.held() == 4 and check_held(state, mixed, 4) is None
+
+
+def test_closing_gaps_is_accepted_even_over_the_bound():
+    state = _isolated(6)  # the setting was lowered to 4 after this was stored
+    assert check_held(state, state, 4) is None  # nothing added (a commit of what it held)
+    closes = apply_ranges(state, [(11, 11), (13, 13)])  # three ranges become one: 4 held
+    assert closes.held() == 4 and check_held(state, closes, 4) is None
+    moves_s = apply_ranges(state, [(0, 9)])  # S moves past [10]: 5 held, still over 4
+    assert moves_s.stable == 11 and moves_s.held() == 5 and check_held(state, moves_s, 4) is None
+    extends = apply_ranges(state, [(21, 25)])  # [20] becomes [20-25]: the count stays 6
+    assert extends.held() == 6 and check_held(state, extends, 4) is None
+    adds = apply_ranges(state, [(11, 11), (30, 30), (40, 40)])  # one gap closed, two opened: 7
+    assert adds.held() == 7 and "7 ranges" in check_held(state, adds, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_commits, st.integers(1, 12))
+def test_the_bound_refuses_exactly_the_commits_that_grow_a_state_past_it(commits, bound):
+    state = CommitState(0)
+    for commit in commits:
+        after = apply_ranges(state, commit)
+        reason = check_held(state, after, bound)
+        assert (reason is None) == (after.held() <= max(bound, state.held()))
+        if reason is None:
+            state = after  # a refused commit leaves the state as it was
+        assert state.held() <= bound  # starting empty, no accepted commit passes it

@@ -41,6 +41,7 @@ from proxy.client.metadata import ClusterMetadata
 from proxy.client.offsets import OffsetQuery, apply_list_offsets, list_offsets_request
 from proxy.client.progress import PartitionProgress
 from proxy.client.records import ConsumerRecord
+from proxy.commits.state import CommitState, apply_ranges, check_held
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.protocol import messages
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, FETCH_SESSION_FINAL_EPOCH, FETCH_SESSIONLESS_ID, ErrorCode
@@ -559,6 +560,73 @@ async def test_without_individual_commit_the_contiguous_prefix_is_committed_plai
     state.progress[TP1].mark(0)
     with pytest.raises(IllegalStateError, match="t-1 is assigned key ranges"):
         await committer.commit_processed(ranges_supported=False)
+
+
+class BoundedProxy:
+    """Answers range commits as the proxy does with max.individual.commit.ranges.held =
+    ``bound``: the partition's state (``state``, shared with the other members' commits)
+    takes a commit unless it would hold more ranges than the bound and than it holds."""
+
+    group = "g"
+
+    def __init__(self, state: CommitState, bound: int) -> None:
+        self.state, self.bound = state, bound
+        self.sent: list[list[tuple[int, int]]] = []
+
+    async def request(self, api_key, build):
+        body = build(9)
+        (topic,) = body.topics
+        (part,) = topic.partitions
+        ranges = [(r.start, r.end) for r in part.offset_ranges]
+        self.sent.append(ranges)
+        after = apply_ranges(self.state, ranges)
+        code = ErrorCode.INVALID_COMMIT_OFFSET_SIZE if check_held(self.state, after, self.bound) else ErrorCode.NONE
+        if code == ErrorCode.NONE:
+            self.state = after
+        return NS(topics=[NS(name=topic.name, partitions=[NS(partition_index=part.partition_index, error_code=code,
+                                                             stable_offset=self.state.stable if not code else -1)])])
+
+
+async def test_a_commit_past_the_proxys_state_bound_sends_its_lowest_ranges_and_keeps_the_rest():
+    state = AssignmentState(read_committed=False, tracking=True)
+    state.assign({TP: equal_shares(2)[:1]})
+    progress = state.progress[TP] = PartitionProgress(0)
+    for offset in (0, 2, 10, 12, 14, 16):
+        progress.mark(offset)
+    # The other member committed 1, 3, 30 and 32: the state is at the bound of 4.
+    proxy = BoundedProxy(CommitState(0, ((1, 1), (3, 3), (30, 30), (32, 32))), bound=4)
+    metrics: Counter = Counter()
+    committer = Committer(proxy, state, ClusterMetadata(), max_ranges=10, metrics=metrics)  # type: ignore[arg-type]
+    await committer.commit_processed(ranges_supported=True)  # no error: nothing is lost
+    # All six would leave [10], [12], [14], [16], [30], [32]; the lowest three fit.
+    assert proxy.sent == [[(0, 0), (2, 2), (10, 10), (12, 12), (14, 14), (16, 16)], [(0, 0), (2, 2), (10, 10)]]
+    assert proxy.state == CommitState(4, ((10, 10), (30, 30), (32, 32)))
+    assert list(progress.pending) == [(12, 12), (14, 14), (16, 16)] and progress.stable == 4
+    assert metrics["range_commits"] == 1 and metrics["range_commits_deferred"] == 1
+    # The next commit halves down to one range, which fits, and leaves the rest.
+    proxy.sent.clear()
+    await committer.commit_processed(ranges_supported=True)
+    assert proxy.sent == [[(12, 12), (14, 14), (16, 16)], [(12, 12)]]
+    assert list(progress.pending) == [(14, 14), (16, 16)] and metrics["range_commits_deferred"] == 2
+    # The other member's share catches up and closes the gaps: everything goes at once.
+    proxy.state = apply_ranges(proxy.state, [(4, 9), (11, 11), (13, 13)])
+    proxy.sent.clear()
+    await committer.commit_processed(ranges_supported=True)
+    assert proxy.sent == [[(14, 14), (16, 16)]]
+    assert not list(progress.pending) and progress.stable == 15 and metrics["range_commits_deferred"] == 2
+
+
+async def test_a_single_range_past_the_bound_stays_pending_without_an_error():
+    state = AssignmentState(read_committed=False, tracking=True)
+    state.assign({TP: equal_shares(2)[:1]})
+    progress = state.progress[TP] = PartitionProgress(0)
+    progress.mark(40)
+    proxy = BoundedProxy(CommitState(0, ((1, 1), (3, 3))), bound=2)
+    metrics: Counter = Counter()
+    committer = Committer(proxy, state, ClusterMetadata(), max_ranges=10, metrics=metrics)  # type: ignore[arg-type]
+    await committer.commit_processed(ranges_supported=True)
+    assert proxy.sent == [[(40, 40)]] and list(progress.pending) == [(40, 40)]
+    assert metrics["range_commits_deferred"] == 1 and metrics["range_commits"] == 0
 
 
 # -- the fetcher, against scripted connections -------------------------------------------------

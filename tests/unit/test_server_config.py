@@ -10,6 +10,7 @@ def test_defaults_follow_the_design_contract():
     assert config.get("max.bytes.key.range.results") == 209715200
     assert config.get("accept.individual.commit") is True
     assert config.get("individual.commit.log.segment.bytes") == 10485760
+    assert config.get("max.individual.commit.ranges.held") == 10000
     assert config.get("max.frame.bytes") == 100 * 1024 * 1024
     assert config.topic_setting("orders", "accept.range.fetch") is True
     assert config.topic_setting("orders", "reserve.message.value.range.fetch") is False
