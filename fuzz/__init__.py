@@ -26,7 +26,7 @@ OPEN_CRASHES = CRASHES / "open.txt"
 # Target name -> what it covers. The module is ``fuzz.targets.<name>``; this table is read
 # before any ``proxy`` module is imported, so that the runner can instrument them all.
 TARGETS: dict[str, str] = {
-    "frames": "FrameSplitter on chunked streams, request header peeks, Produce acks, the Fetch response walk and its tail rewrite",
+    "frames": "FrameSplitter on chunked streams, request header peeks and their tagged-field limit, Produce acks, the native relay's request classes, the Fetch response walk and its tail rewrite",
     "messages": "the schema codecs of every API key and version the proxy decodes, requests and responses",
     "records": "record batches of every magic, codec, control and transactional flag; compression both ways",
     "split": "split_records, match_offsets and filter_by_offsets with the Python and C kernels side by side",

@@ -29,12 +29,15 @@ from proxy.commits.state import CommitState
 from proxy.commits.watermarks import PREFIX, encode_metadata
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey, api_name
+from proxy.protocol.constants import MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS
 from proxy.protocol.framing import frame_bytes
+from proxy.protocol.primitives import uvarint_bytes
 from proxy.records.batch import TRANSACTIONAL_BIT, RecordBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
 from proxy.records.compression import Codec
+from proxy.records.varint import encode_varint
 from proxy.server.config import PROXY_SETTINGS, TOPIC_SETTINGS
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch, legacy_batch
+from proxy.testing.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
 from proxy.testing.golden import GoldenExchange, read_golden
 
 GOLDEN = ROOT.parent / "tests" / "golden" / "kafka-traffic.jsonl"
@@ -129,6 +132,86 @@ def _sections() -> list[tuple[str, Codec, bytes]]:
     return found
 
 
+# -- declared counts at and over the limits ------------------------------------------------------
+# MAX_ARRAY_ELEMENTS and MAX_TAGGED_FIELDS (proxy/protocol/constants.py): a count over them
+# is refused from its few bytes, so these inputs are short; one of exactly the limit passes
+# the count check and fails on the bytes that are missing, except where every byte fits.
+
+_OVER_ARRAY = MAX_ARRAY_ELEMENTS + 1
+_OVER_TAGS = MAX_TAGGED_FIELDS + 1
+
+
+def _tag_section(count: int) -> bytes:
+    """``count`` empty tagged fields, every byte there (three bytes each at most)."""
+    return uvarint_bytes(count) + b"".join(uvarint_bytes(tag) + b"\x00" for tag in range(count))
+
+
+def _raw_request(api_key: int, version: int, header_tags: bytes | None, body: bytes) -> bytes:
+    head = struct.pack(">hhih", api_key, version, 9, 4) + b"seed"
+    return head + (header_tags if header_tags is not None else b"") + body
+
+
+def _limit_requests() -> list[Seed]:
+    fetch_v13 = struct.pack(">iiiibii", -1, 500, 1, 1024, 0, 0, -1)
+    return [
+        ("api-versions-v3-header-5M-tags", _raw_request(ApiKey.API_VERSIONS, 3, uvarint_bytes(5_000_000), b"\x00")),
+        ("api-versions-v3-header-at-tag-limit",
+         _raw_request(ApiKey.API_VERSIONS, 3, _tag_section(MAX_TAGGED_FIELDS), b"\x02a\x02b\x00")),
+        ("heartbeat-v4-header-over-tag-limit", _raw_request(ApiKey.HEARTBEAT, 4, uvarint_bytes(_OVER_TAGS), b"\x00")),
+        ("metadata-v12-2M-topics", _raw_request(ApiKey.METADATA, 12, b"\x00", uvarint_bytes(2_000_001) + b"\x00" * 3)),
+        ("metadata-v12-at-array-limit",
+         _raw_request(ApiKey.METADATA, 12, b"\x00", uvarint_bytes(MAX_ARRAY_ELEMENTS + 1) + b"\x00" * 3)),
+        ("list-offsets-v1-2M-topics",
+         _raw_request(ApiKey.LIST_OFFSETS, 1, None, struct.pack(">ii", -1, 2_000_000) + b"\x00" * 8)),
+        ("fetch-v13-over-array-limit",
+         _raw_request(ApiKey.FETCH, 13, b"\x00", fetch_v13 + uvarint_bytes(_OVER_ARRAY + 1) + b"\x00" * 8)),
+        ("produce-v9-header-over-tag-limit", _raw_request(ApiKey.PRODUCE, 9, uvarint_bytes(_OVER_TAGS),
+                                                          b"\x00" + struct.pack(">hi", -1, 1000) + b"\x01\x00")),
+    ]
+
+
+def _limit_responses() -> list[tuple[str, int, int, bytes]]:
+    """(label, api key, version, frame) of responses declaring counts over the limits."""
+    partition = struct.pack(">ihqqq", 0, 0, 5, -1, 0)
+    return [
+        ("fetch-v12-over-array-limit", ApiKey.FETCH, 12,
+         struct.pack(">i", 7) + b"\x00" + struct.pack(">ihi", 0, 0, 0) + uvarint_bytes(_OVER_ARRAY + 1) + b"\x00"),
+        ("fetch-v12-header-over-tag-limit", ApiKey.FETCH, 12,
+         struct.pack(">i", 7) + uvarint_bytes(_OVER_TAGS) + struct.pack(">ihi", 0, 0, 0) + b"\x01\x00"),
+        ("produce-v11-over-array-limit", ApiKey.PRODUCE, 11,
+         struct.pack(">i", 7) + b"\x00\x02\x02t\x02" + partition + uvarint_bytes(_OVER_ARRAY + 1) + b"\x00" * 8),
+        ("produce-v11-over-tag-limit", ApiKey.PRODUCE, 11,
+         struct.pack(">i", 7) + b"\x00\x01" + struct.pack(">i", 0) + uvarint_bytes(_OVER_TAGS) + b"\x00" * 4),
+    ]
+
+
+def _limit_offset_commits() -> list[Seed]:
+    head = _raw_request(ApiKey.OFFSET_COMMIT, 9, b"\x00", b"\x02g" + struct.pack(">i", 1) + b"\x02m\x00")
+    partition = struct.pack(">iqi", 0, 5, -1) + b"\x00"
+    ranges_field = uvarint_bytes(10000) + b"\x03" + uvarint_bytes(_OVER_ARRAY + 1)
+    return [
+        ("offset-commit-v9-over-topics", head + uvarint_bytes(_OVER_ARRAY + 1) + b"\x00" * 4),
+        ("offset-commit-v9-over-partitions", head + b"\x02\x02t" + uvarint_bytes(_OVER_ARRAY + 1) + b"\x00" * 4),
+        ("offset-commit-v9-over-partition-tags", head + b"\x02\x02t\x02" + partition + uvarint_bytes(_OVER_TAGS)),
+        ("offset-commit-v9-over-ranges", head + b"\x02\x02t\x02" + partition + b"\x01" + ranges_field + b"\x00\x00"),
+    ]
+
+
+def _record_with_headers(declared: int) -> bytes:
+    body = b"\x00" + encode_varint(0) + encode_varint(0) + encode_varint(-1) + encode_varint(-1) + encode_varint(declared)
+    return encode_varint(len(body)) + body
+
+
+def _limit_batches() -> list[Seed]:
+    over_headers = build_batch(base_offset=0, last_offset_delta=0, records=[_record_with_headers(_OVER_ARRAY)],
+                               record_count=1, base_timestamp=1, max_timestamp=1)
+    records = [encode_record(offset_delta=i, key=b"k%d" % i, value=b"v") for i in range(3)]
+    over_count = bytearray(build_batch(base_offset=0, last_offset_delta=2, records=records, record_count=3,
+                                       base_timestamp=1, max_timestamp=1))
+    struct.pack_into(">i", over_count, 57, 2**31 - 1)  # a record count its bytes cannot hold
+    return [("record-over-header-limit", over_headers), ("record-count-beyond-its-bytes", fix_crcs(over_count))]
+
+
 # -- per target ---------------------------------------------------------------------------------
 
 def records_seeds() -> list[Seed]:
@@ -136,6 +219,7 @@ def records_seeds() -> list[Seed]:
     seeds += [(f"section-{name}", b"\x01" + bytes((codec,)) + section) for name, codec, section in _sections()[:8]]
     plain = b"".join(encode_record(offset_delta=i, key=b"k%d" % i, value=b"x" * (i * 13)) for i in range(40))
     seeds += [(f"roundtrip-{codec.name.lower()}", b"\x02" + bytes((codec,)) + plain) for codec in Codec]
+    seeds += [(f"blob-{name}", b"\x00" + blob) for name, blob in _limit_batches()]
     return seeds
 
 
@@ -145,6 +229,7 @@ def split_seeds() -> list[Seed]:
         plan = (number % 4) | (0x10 if number % 3 == 0 else 0) | (0x20 if number % 5 == 0 else 0)
         options = number % 4
         seeds.append((f"{name}-plan{plan}-opt{options}", bytes((plan, options)) + blob))
+    seeds += [(f"{name}-plan1-opt0", bytes((1, 0)) + blob) for name, blob in _limit_batches()]
     return seeds
 
 
@@ -172,6 +257,9 @@ def messages_seeds() -> list[Seed]:
                                                 messages.new_body(api_key, version, "response"))
             seeds.append((f"request-default-{name}", b"\x00" + request))
             seeds.append((f"response-default-{name}", b"\x01" + _KEY_AND_VERSION.pack(api_key, version) + response))
+    seeds += [(f"request-{label}", b"\x00" + frame) for label, frame in _limit_requests() + _limit_offset_commits()]
+    seeds += [(f"response-{label}", b"\x01" + _KEY_AND_VERSION.pack(api_key, version) + frame)
+              for label, api_key, version, frame in _limit_responses()]
     return seeds
 
 
@@ -187,6 +275,10 @@ def frames_seeds() -> list[Seed]:
     stream = b"".join(frame_bytes(ex.request) for ex in golden[:6])
     seeds.append(("client-stream", bytes((1, 5, 2)) + stream))
     seeds.append(("oversized-prefix", bytes((1, 0, 0)) + struct.pack(">i", 5000) + b"\x00" * 64))
+    seeds += [(label, bytes((0, 3, 40)) + frame_bytes(frame)) for label, frame in _limit_requests()]
+    for label, api_key, version, frame in _limit_responses():
+        control = (version - 12) << 2 if api_key == ApiKey.FETCH else (version - 10) << 5
+        seeds.append((label, bytes((control, 3, 40)) + frame_bytes(frame)))
     return seeds
 
 
@@ -230,6 +322,9 @@ def commit_wire_seeds() -> list[Seed]:
             control = 1 | ((version - 8) << 1) | (0x78 if stable else 0)
             seeds.append((f"response-v{version}-stable{int(stable)}", bytes((control,))
                           + _commit_response(version, stable)))
+    seeds += [(f"request-{label}", b"\x00" + frame) for label, frame in _limit_offset_commits()]
+    over_topics = struct.pack(">i", 7) + b"\x00" + struct.pack(">i", 0) + uvarint_bytes(_OVER_ARRAY + 1) + b"\x00"
+    seeds.append(("response-v9-over-topics", bytes((1 | (1 << 1),)) + over_topics))
     return seeds
 
 
@@ -257,6 +352,8 @@ def commit_log_seeds() -> list[Seed]:
     seeds.append(("metadata-v2", b"\x02" + committed + encode_metadata(states["watermarks"]).encode()))
     seeds.append(("metadata-v1", b"\x02" + committed + b"keyrange.watermarks/1:3:30,-1,12"))
     seeds.append(("metadata-foreign", b"\x02" + committed + b"a client's own metadata"))
+    over_ranges = struct.pack(">hq", 0, 5) + uvarint_bytes(_OVER_ARRAY + 1) + b"\x00"  # v0: its Ranges array
+    seeds.append(("record-v0-over-array-limit", b"\x00" + struct.pack(">H", len(key)) + key + over_ranges))
     return seeds
 
 

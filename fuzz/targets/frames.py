@@ -14,7 +14,12 @@ the rewritable tail starts while the rest of the frame streams past the proxy. S
   never close a connection), and the tail rewrite keeps the tail's length exactly;
 * the native relay's reads (``proxy/net/_cpump.c``) agree with the Python ones: the acks
   of a Produce request, and a Produce response is passed on untouched only when it holds
-  no leader hints the codec would find.
+  no leader hints the codec would find, nor a count over the limits the codec refuses;
+* the limit on a request header's tagged fields (``MAX_TAGGED_FIELDS``): the cheap check
+  every request goes through (``check_request_header_tags``) refuses what the codec
+  refuses for it and counts what the codec decodes, and the native relay carries a
+  request with a flexible header exactly when that check, given the bytes the relay
+  peeks at, accepts it.
 
 Input: three control bytes, then the byte stream of size-prefixed frames. The first
 control byte holds the frame size limit (bits 0-1), the Fetch version the frames are read
@@ -35,6 +40,7 @@ from proxy.protocol.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     SIZE_PREFIX,
     FrameSplitter,
+    check_request_header_tags,
     peek_correlation_id,
     peek_request_header,
 )
@@ -53,6 +59,22 @@ FIRST_FLEXIBLE_FETCH = 12
 FIRST_HINTED_PRODUCE = 10  # 10..13: the Produce versions whose responses may carry leader hints
 FETCH_VERSIONS = 7  # 12..18
 MAX_FRAMES = 8  # frames past these add time, not coverage
+LIMIT = "exceeds the limit"  # the reason of every refusal of a count over MAX_ARRAY_ELEMENTS or MAX_TAGGED_FIELDS
+NATIVE_PEEK = 1024  # how many bytes of a request (size prefix included) the native relay peeks at
+NATIVE_KEYS, NATIVE_VERSIONS = 128, 32
+_NATIVE_OPAQUE = 1
+
+
+def _every_request_native() -> bytes | None:
+    """A native relay table that carries every request, each flagged as the chain flags it
+    (``FeatureChain.native_classes``): flexible headers have their tag count checked."""
+    if _cpump is None:
+        return None
+    return bytes(_NATIVE_OPAQUE | (_cpump.CLASS_FLEXIBLE_HEADER if messages.request_header_flexible(key, version) else 0)
+                 for key in range(NATIVE_KEYS) for version in range(NATIVE_VERSIONS))
+
+
+_EVERY_REQUEST_NATIVE = _every_request_native()
 
 
 class _Book:
@@ -172,21 +194,59 @@ def _check_splitting(stream: bytes, limit: int, sizes: tuple[int, int]) -> list[
     return whole
 
 
+def _check_header_tags(frame: bytes, api_key: int, version: int, header, refusal: ProtocolError | None) -> None:
+    """The header's tagged-field count as the per-request check, the codec and the native
+    relay read it."""
+    flexible = messages.request_header_flexible(api_key, version)
+    try:
+        count = check_request_header_tags(frame, flexible)
+        refused = None
+    except ProtocolError as exc:
+        count, refused = None, exc
+    if header is not None:
+        if refused is not None:
+            raise InvariantBroken(f"the header check refused a request the codec decodes: {refused}")
+        decoded = len(header._unknown_tagged) + len(header._present_tags) if flexible else 0
+        if count != decoded:
+            raise InvariantBroken(f"the header check counts {count} tagged fields, the codec {decoded}")
+    if refused is None and refusal is not None and refusal.reason.startswith("request header:") \
+            and LIMIT in refusal.reason:
+        raise InvariantBroken(f"the header check passed a header the codec refuses for its count: {refusal}")
+    if _EVERY_REQUEST_NATIVE is None or not (0 <= api_key < NATIVE_KEYS and 0 <= version < NATIVE_VERSIONS):
+        return
+    peeked = SIZE_PREFIX.pack(len(frame)) + frame
+    carried = _cpump.classify(peeked, _EVERY_REQUEST_NATIVE, DEFAULT_MAX_FRAME_BYTES) != 0
+    if not flexible:
+        return
+    try:
+        accepted = check_request_header_tags(peeked[4:NATIVE_PEEK], True) is not None
+    except ProtocolError:
+        accepted = False
+    if carried and not accepted:
+        raise InvariantBroken("the native relay would carry a request whose header the check refuses")
+    if api_key != ApiKey.PRODUCE and accepted and not carried and len(frame) >= 8:
+        raise InvariantBroken("the native relay leaves to the event loop a request whose header the check accepts")
+
+
 def _check_request(frame: bytes) -> None:
     try:
         peek = peek_request_header(frame)
     except ProtocolError:
         return
+    refusal: ProtocolError | None = None
     try:
         header, body = messages.decode_request(frame)
-    except UnsupportedVersionError:
+    except UnsupportedVersionError as exc:
         header = body = None
+        refusal = exc
     except ProtocolError as exc:
         check_not_internal(exc)
         header = body = None
+        refusal = exc
     if header is not None and (peek.api_key, peek.api_version, peek.correlation_id, peek.client_id) != \
             (header.request_api_key, header.request_api_version, header.correlation_id, header.client_id):
         raise InvariantBroken(f"header peek {peek} differs from the decoded header {header}")
+    _check_header_tags(frame, peek.api_key, peek.api_version, header, refusal)
     if peek.api_key != ApiKey.PRODUCE:
         return
     try:
@@ -214,6 +274,9 @@ def _check_produce_response(frame: bytes, version: int) -> None:
         _, body = messages.decode_response(ApiKey.PRODUCE, version, frame)
     except ProtocolError as exc:
         check_not_internal(exc)
+        if LIMIT in exc.reason:
+            raise InvariantBroken(f"the native relay would pass on a Produce v{version} response the codec "
+                                  f"refuses for its counts: {exc}") from None
         return
     if body.node_endpoints:
         raise InvariantBroken(f"the native relay would pass on a Produce v{version} response with leader hints")

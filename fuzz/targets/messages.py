@@ -7,7 +7,10 @@ that an explicit null for a tagged field whose default is null is dropped. On to
 that the proxy re-encodes what it decoded after its own edits: without our extensions
 (what goes to a broker) and, for responses that carry broker addresses, after the
 address rewrite every such response goes through. Neither may fail on a body the codec
-accepted.
+accepted. The codec holds every array to MAX_ARRAY_ELEMENTS and every tagged-field
+section to MAX_TAGGED_FIELDS; the cheap check of a request header's tagged fields that
+every request goes through must count what the codec decodes, and refuse whenever the
+codec refuses the header for its count.
 
 Input: one byte, even for a request and odd for a response. A request is the frame
 itself (its header names the key and version); a response is int16 api key, int16
@@ -25,6 +28,7 @@ from proxy.features.addresses import ADDRESS_REWRITERS, FIRST_VERSION_WITH_ADDRE
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
+from proxy.protocol.framing import check_request_header_tags
 
 _KEY_AND_VERSION = struct.Struct(">hh")
 
@@ -65,21 +69,34 @@ def _same_after_reencode(frame: bytes, again: bytes, redecode) -> None:
         raise InvariantBroken("a re-encoded frame does not encode to itself")
 
 
+def _header_tags(frame: bytes, api_key: int, version: int) -> tuple[int | None, ProtocolError | None]:
+    try:
+        return check_request_header_tags(frame, messages.request_header_flexible(api_key, version)), None
+    except ProtocolError as exc:
+        return None, exc
+
+
 def _request(frame: bytes) -> None:
     if len(frame) < 4:
         return
     api_key, version = _KEY_AND_VERSION.unpack_from(frame, 0)
     if not is_decoded(api_key, version):
         return
+    count, refused = _header_tags(frame, api_key, version)
     try:
         header, body = messages.decode_request(frame)
     except ProtocolError as exc:
         check_not_internal(exc)
+        if refused is None and exc.reason.startswith("request header:") and "exceeds the limit" in exc.reason:
+            raise InvariantBroken(f"the header check passed a header the codec refuses: {exc}") from None
         try:  # as the proxy reads a request on its way (a broker ignores trailing bytes)
             messages.decode_request(frame, strict=False)
         except ProtocolError as lenient:
             check_not_internal(lenient)
         return
+    decoded = len(header._unknown_tagged) + len(header._present_tags) if messages.is_flexible(api_key, version) else 0
+    if refused is not None or count != decoded:
+        raise InvariantBroken(f"the header check read {count} tagged fields ({refused}), the codec {decoded}")
 
     def redecode(again: bytes) -> tuple[bytes, bytes]:
         h, b = messages.decode_request(again)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from proxy.client.errors import KafkaError
-from proxy.protocol.constants import ErrorCode
+from proxy.protocol.constants import MAX_ARRAY_ELEMENTS, ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.ranges import KeyRange, contains
 from proxy.records import kernels
@@ -314,7 +314,7 @@ def _decode(buf: bytes, base_offset: int, base_timestamp: int, log_append_time: 
 
 def _headers(buf: bytes, pos: int, end: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
     count, pos = _varint(buf, pos, end)
-    if count < 0:
+    if count < 0 or count > MAX_ARRAY_ELEMENTS:  # the strict parser names the fault
         raise _Irregular
     headers = []
     for _ in range(count):

@@ -14,6 +14,7 @@ import struct
 from proxy.commits.packed import RANGE_SIZE, from_deltas, to_deltas
 from proxy.commits.state import CommitState, checked_marks
 from proxy.protocol import messages
+from proxy.protocol.constants import MAX_ARRAY_ELEMENTS
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.primitives import read_uvarint, uvarint_bytes
 
@@ -107,7 +108,7 @@ def decode_value(data) -> CommitState:
         if version == 1 and length and pos + length + 8 == len(data):
             (epoch,) = _EPOCH.unpack_from(data, pos + length - 1)
             return CommitState.from_packed(stable, from_deltas(stable, data[pos:pos + length - 1]), epoch)
-        if version == 0 and length and pos + (length - 1) * RANGE_SIZE + 1 == len(data):
+        if version == 0 and 0 < length <= MAX_ARRAY_ELEMENTS + 1 and pos + (length - 1) * RANGE_SIZE + 1 == len(data):
             ranges = data[pos:-1]
             if ranges[16::RANGE_SIZE].count(0) == length - 1:
                 return CommitState.from_packed(stable, ranges)

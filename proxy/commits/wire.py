@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from proxy.commits.packed import RANGE_SIZE, pack, unpack
 from proxy.protocol.constants import EXTENSION_TAG
 from proxy.protocol.errors import ProtocolError
-from proxy.protocol.primitives import read_compact_nullable_string, read_compact_string, read_uvarint, uvarint_bytes
+from proxy.protocol.primitives import (
+    check_array_count,
+    check_tag_count,
+    read_compact_nullable_string,
+    read_compact_string,
+    read_uvarint,
+    uvarint_bytes,
+)
 from proxy.protocol.tagged import skip_tagged_fields
 
 _HEAD = struct.Struct(">hhi")
@@ -75,10 +82,12 @@ def _fail(reason: str, pos: int) -> None:
 def _read_ranges(buf, pos: int, end: int) -> bytes | None:
     """An OffsetRanges array, packed. Clients send ranges without tagged fields: then the
     array's elements are the packed layout already, taken as one slice."""
+    count_at = pos
     length, pos = read_uvarint(buf, pos, end)
     if length == 0:
         return None
     count = length - 1
+    check_array_count(count, count_at)
     if end - pos == count * RANGE_SIZE and buf[pos + 16:end:RANGE_SIZE].tobytes().count(0) == count:
         return buf[pos:end].tobytes()
     ranges = []
@@ -87,7 +96,9 @@ def _read_ranges(buf, pos: int, end: int) -> bytes | None:
             _fail("truncated OffsetRange", pos)
         start, stop = struct.unpack_from(">qq", buf, pos)
         pos += 16
+        tags_at = pos
         tags, pos = read_uvarint(buf, pos, end)
+        check_tag_count(tags, tags_at)
         for _ in range(tags):
             _, pos = read_uvarint(buf, pos, end)
             size, pos = read_uvarint(buf, pos, end)
@@ -137,12 +148,15 @@ def parse_request(frame: bytes | bytearray) -> CommitRequest:
         count, pos = read_uvarint(buf, pos, end)
         if count == 0:
             _fail("null Topics", pos)
+        check_array_count(count - 1, body_head)
         topics = []
         for _ in range(count - 1):
             name, topic_id, head, pos = _topic_head(buf, pos, end, version)
+            parts_at = pos
             parts_count, pos = read_uvarint(buf, pos, end)
             if parts_count == 0:
                 _fail("null Partitions", pos)
+            check_array_count(parts_count - 1, parts_at)
             partitions = []
             for _ in range(parts_count - 1):
                 start = pos
@@ -151,6 +165,7 @@ def parse_request(frame: bytes | bytearray) -> CommitRequest:
                 _, pos = read_compact_nullable_string(buf, pos, end)
                 tags_at = pos
                 tags, pos = read_uvarint(buf, pos, end)
+                check_tag_count(tags, tags_at)
                 ranges = None
                 other = []
                 for _ in range(tags):
@@ -254,12 +269,15 @@ def parse_response(frame: bytes, version: int) -> CommitResponse | None:
         count, pos = read_uvarint(buf, pos, end)
         if count == 0:
             return None
+        check_array_count(count - 1, body_head)
         topics = []
         for _ in range(count - 1):
             name, topic_id, head, pos = _topic_head(buf, pos, end, version)
+            parts_at = pos
             parts_count, pos = read_uvarint(buf, pos, end)
             if parts_count == 0:
                 return None
+            check_array_count(parts_count - 1, parts_at)
             partitions = []
             for _ in range(parts_count - 1):
                 index, error = _PARTITION_HEAD.unpack_from(buf, pos)

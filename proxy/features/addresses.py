@@ -28,7 +28,7 @@ from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.peek import FETCH_NODE_ENDPOINTS_VERSION, NODE_ENDPOINTS_TAG, read_uvarint, walk_fetch_response
-from proxy.protocol.primitives import uvarint_bytes
+from proxy.protocol.primitives import check_tag_count, uvarint_bytes
 
 log = logging.getLogger("proxy.addresses")
 
@@ -134,6 +134,7 @@ def rewrite_fetch_tail(frame, tail: int, version: int, book: Advertiser) -> byte
 def _tagged_fields(data) -> dict[int, bytes]:
     """Tagged fields that make up all of ``data``: tag -> payload."""
     count, pos = read_uvarint(data, 0)
+    check_tag_count(count, 0)
     fields = {}
     for _ in range(count):
         tag, pos = read_uvarint(data, pos)

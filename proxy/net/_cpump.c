@@ -16,8 +16,12 @@
  * - It reads a request only after peeking at its header (MSG_PEEK) and finding its API
  *   key and version marked in ``classes``: 1 relays the response untouched, 2 (Produce)
  *   reads the response whole and relays it untouched when it carries no top-level tagged
- *   fields (the broker's leader hints, which the proxy must rewrite). A request marked 0,
- *   a Produce with acks=0, an oversized or malformed header, or the client's end of stream
+ *   fields (the broker's leader hints, which the proxy must rewrite). The bit
+ *   CLASS_FLEXIBLE_HEADER on top says the request's header is flexible (v2): its
+ *   tagged-field count, after the client id, must then be readable in the peeked bytes
+ *   and within MAX_TAGGED_FIELDS (proxy/protocol/constants.py: older brokers allocate by
+ *   it), or the event loop reads the request and refuses it. A request marked 0, a
+ *   Produce with acks=0, an oversized or malformed header, or the client's end of stream
  *   stays in the socket: the run stops and the event loop reads it.
  * - It stops only at frame boundaries (except when aborted): at the end of its time slice,
  *   after ``idle_ms`` with nothing to do, when woken through ``wake_fd`` (an eventfd: a
@@ -49,6 +53,11 @@
 #define CLASS_PYTHON 0
 #define CLASS_OPAQUE 1
 #define CLASS_PRODUCE 2
+#define CLASS_FLEXIBLE_HEADER 0x80 /* a flag on the classes above: the request header is v2 */
+#define CLASS_MASK 0x7f
+/* proxy/protocol/constants.py: the most a message may declare (Kafka 4.4's readers' limits) */
+#define MAX_ARRAY_ELEMENTS 1000000
+#define MAX_TAGGED_FIELDS 10000
 #define API_PRODUCE 0
 #define PEEK_MAX 1024
 #define DONE_MAX 65536
@@ -103,7 +112,7 @@ static inline int16_t be16(const uint8_t *p) { return (int16_t)(((uint16_t)p[0] 
 
 /* ------------------------------------------------------------------ header reads
  * Bounds-checked readers over [p, end): each returns the new position, or NULL when the
- * field runs past the end. */
+ * field runs past the end, or holds a count over the limits. */
 
 static const uint8_t *read_uvarint(const uint8_t *p, const uint8_t *end, uint32_t *value)
 {
@@ -112,6 +121,8 @@ static const uint8_t *read_uvarint(const uint8_t *p, const uint8_t *end, uint32_
         if (p >= end)
             return NULL;
         uint8_t b = *p++;
+        if (shift == 28 && b > 0x0f) /* more than 32 bits: malformed, as the codecs say */
+            return NULL;
         v |= (uint32_t)(b & 0x7f) << shift;
         if (!(b & 0x80)) {
             *value = v;
@@ -131,7 +142,7 @@ static const uint8_t *skip(const uint8_t *p, const uint8_t *end, uint64_t n)
 static const uint8_t *skip_tagged(const uint8_t *p, const uint8_t *end, uint32_t *count)
 {
     uint32_t n, tag, size;
-    if (p == NULL || (p = read_uvarint(p, end, &n)) == NULL)
+    if (p == NULL || (p = read_uvarint(p, end, &n)) == NULL || n > MAX_TAGGED_FIELDS)
         return NULL;
     if (count)
         *count = n;
@@ -142,6 +153,46 @@ static const uint8_t *skip_tagged(const uint8_t *p, const uint8_t *end, uint32_t
             return NULL;
     }
     return p;
+}
+
+/* A compact array's length (elements + 1; 0 for null), NULL above MAX_ARRAY_ELEMENTS. */
+static const uint8_t *read_array_length(const uint8_t *p, const uint8_t *end, uint32_t *length)
+{
+    if (p == NULL || (p = read_uvarint(p, end, length)) == NULL || *length > (uint32_t)MAX_ARRAY_ELEMENTS + 1)
+        return NULL;
+    return p;
+}
+
+/* The tagged-field count of a flexible request header whose frame (from its size prefix)
+ * starts at ``frame``: -1 when the peeked bytes end first, -2 when it is over
+ * MAX_TAGGED_FIELDS or not a canonical varint of at most 32 bits (what
+ * proxy/protocol/framing.py's check_request_header_tags refuses). */
+static int64_t header_tag_count(const uint8_t *frame, const uint8_t *end)
+{
+    const uint8_t *p = frame + 12; /* size, api key, version, correlation id */
+    if (end - p < 2)
+        return -1;
+    int16_t client_len = be16(p);
+    p += 2;
+    if (client_len < -1)
+        return -2;
+    if (client_len > 0 && (p = skip(p, end, (uint64_t)client_len)) == NULL)
+        return -1;
+    uint32_t v = 0;
+    for (int shift = 0; shift <= 28; shift += 7) {
+        if (p >= end)
+            return -1;
+        uint8_t b = *p++;
+        if (shift == 28 && b > 0x0f)
+            return -2;
+        v |= (uint32_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            if (b == 0 && shift > 0) /* a redundant zero byte */
+                return -2;
+            return v > MAX_TAGGED_FIELDS ? -2 : (int64_t)v;
+        }
+    }
+    return -2;
 }
 
 static const uint8_t *skip_compact_string(const uint8_t *p, const uint8_t *end)
@@ -189,15 +240,15 @@ int produce_response_needs_python(const uint8_t *body, size_t size, int version)
     uint32_t topics, partitions, errors, tags;
     if (version < 9)
         return 1;
-    if ((p = skip_tagged(p, end, NULL)) == NULL || (p = read_uvarint(p, end, &topics)) == NULL)
+    if ((p = skip_tagged(p, end, NULL)) == NULL || (p = read_array_length(p, end, &topics)) == NULL)
         return 1;
     for (uint32_t t = 1; t < topics; t++) {
         p = version >= 13 ? skip(p, end, 16) : skip_compact_string(p, end);
-        if (p == NULL || (p = read_uvarint(p, end, &partitions)) == NULL)
+        if (p == NULL || (p = read_array_length(p, end, &partitions)) == NULL)
             return 1;
         for (uint32_t i = 1; i < partitions; i++) {
             /* index, error code, base offset, log append time, log start offset */
-            if ((p = skip(p, end, 4 + 2 + 8 + 8 + 8)) == NULL || (p = read_uvarint(p, end, &errors)) == NULL)
+            if ((p = skip(p, end, 4 + 2 + 8 + 8 + 8)) == NULL || (p = read_array_length(p, end, &errors)) == NULL)
                 return 1;
             for (uint32_t e = 1; e < errors; e++) {
                 p = skip_tagged(skip_compact_string(skip(p, end, 4), end), end, NULL);
@@ -216,7 +267,8 @@ int produce_response_needs_python(const uint8_t *body, size_t size, int version)
 }
 
 /* How the loop may carry the request whose first ``n`` bytes (from its size prefix) are
- * ``peek``: CLASS_PYTHON when it may not, or cannot tell from these bytes. */
+ * ``peek``: CLASS_PYTHON when it may not, or cannot tell from these bytes (without the
+ * CLASS_FLEXIBLE_HEADER flag, which only the table holds). */
 static int classify(const uint8_t *peek, ssize_t n, const uint8_t *classes, int64_t max_frame)
 {
     if (n < 12) /* its end, or a header still on its way: the event loop reads it */
@@ -225,9 +277,16 @@ static int classify(const uint8_t *peek, ssize_t n, const uint8_t *classes, int6
     int api_key = be16(peek + 4), version = be16(peek + 6);
     if (size < 8 || size > max_frame || api_key < 0 || api_key >= KEYS || version < 0 || version >= VERSIONS)
         return CLASS_PYTHON;
-    int cls = classes[api_key * VERSIONS + version];
-    if (cls != CLASS_PYTHON && api_key == API_PRODUCE) {
-        const uint8_t *end = peek + (n < size + 4 ? n : size + 4);
+    int entry = classes[api_key * VERSIONS + version];
+    int cls = entry & CLASS_MASK;
+    if (cls == CLASS_PYTHON)
+        return CLASS_PYTHON;
+    const uint8_t *end = peek + (n < size + 4 ? n : size + 4);
+    /* A header declaring too many tagged fields, or whose count is not in these bytes, is
+     * the event loop's: it refuses the one, and reads the other whole. */
+    if ((entry & CLASS_FLEXIBLE_HEADER) && header_tag_count(peek, end) < 0)
+        return CLASS_PYTHON;
+    if (api_key == API_PRODUCE) {
         int acks = produce_acks(peek, end, version);
         if (acks == 0 || acks == -1000) /* no response to wait for, or unreadable here */
             return CLASS_PYTHON;
@@ -766,6 +825,26 @@ static PyObject *py_peek(PyObject *self, PyObject *args)
     return PyLong_FromLong(cls);
 }
 
+static PyObject *py_classify(PyObject *self, PyObject *args)
+{
+    Py_buffer frame, classes;
+    long long max_frame;
+    if (!PyArg_ParseTuple(args, "y*y*L", &frame, &classes, &max_frame))
+        return NULL;
+    int cls = -1;
+    if (classes.len == KEYS * VERSIONS) {
+        Py_ssize_t n = frame.len < PEEK_MAX ? frame.len : PEEK_MAX; /* as much as the loop peeks */
+        cls = classify(frame.buf, n, classes.buf, max_frame);
+    }
+    PyBuffer_Release(&frame);
+    PyBuffer_Release(&classes);
+    if (cls < 0) {
+        PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes");
+        return NULL;
+    }
+    return PyLong_FromLong(cls);
+}
+
 static PyObject *py_produce_response_needs_python(PyObject *self, PyObject *args)
 {
     Py_buffer body;
@@ -795,6 +874,8 @@ static PyMethodDef methods[] = {
      "Relay frames between two sockets until a frame needs the interpreter (see the module's comment)."},
     {"peek", py_peek, METH_VARARGS,
      "How the loop may carry the next request on a socket (0: it may not), or None if nothing has arrived."},
+    {"classify", py_classify, METH_VARARGS,
+     "How the loop would carry a request frame (from its size prefix; its first 1 KiB as peeked): 0 if not."},
     {"produce_response_needs_python", py_produce_response_needs_python, METH_VARARGS,
      "Whether a Produce response body (after its size prefix) has top-level tagged fields or is malformed."},
     {"produce_acks", py_produce_acks, METH_VARARGS,
@@ -827,6 +908,9 @@ PyMODINIT_FUNC PyInit__cpump(void)
     PyModule_AddIntConstant(m, "CLASS_PYTHON", CLASS_PYTHON);
     PyModule_AddIntConstant(m, "CLASS_OPAQUE", CLASS_OPAQUE);
     PyModule_AddIntConstant(m, "CLASS_PRODUCE", CLASS_PRODUCE);
+    PyModule_AddIntConstant(m, "CLASS_FLEXIBLE_HEADER", CLASS_FLEXIBLE_HEADER);
+    PyModule_AddIntConstant(m, "MAX_ARRAY_ELEMENTS", MAX_ARRAY_ELEMENTS);
+    PyModule_AddIntConstant(m, "MAX_TAGGED_FIELDS", MAX_TAGGED_FIELDS);
     PyModule_AddIntConstant(m, "KEYS", KEYS);
     PyModule_AddIntConstant(m, "VERSIONS", VERSIONS);
     return m;

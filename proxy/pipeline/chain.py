@@ -31,9 +31,12 @@ from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.peek import produce_acks
 
 ACKS_NONE = 0  # a Produce with acks=0 gets no response from the broker
-# The native relay's table (proxy/net/_cpump.c): API keys x versions, and its classes.
+# The native relay's table (proxy/net/_cpump.c): API keys x versions, and its classes;
+# NATIVE_FLEXIBLE_HEADER is a flag on a class: the request's header is flexible, so the
+# loop checks its tagged-field count before carrying it (MAX_TAGGED_FIELDS).
 NATIVE_KEYS, NATIVE_VERSIONS = 128, 32
 NATIVE_OPAQUE, NATIVE_PRODUCE = 1, 2
+NATIVE_FLEXIBLE_HEADER = 0x80
 
 
 class FeatureChain:
@@ -159,8 +162,11 @@ class FeatureChain:
         its response relayed untouched, 2 (Produce) with its response read and relayed
         untouched unless it carries top-level tagged fields (the only ones its stages read,
         ``ResponseStage.top_level_tags_only``). Request stages run on every request they
-        name, so a key any feature reads is never carried natively. Made once: the chain
-        does not change, and every connection asks."""
+        name, so a key any feature reads is never carried natively. A class other than 0
+        carries ``NATIVE_FLEXIBLE_HEADER`` when the request header is flexible
+        (``messages.request_header_flexible``): the loop then leaves a request whose header
+        declares more than MAX_TAGGED_FIELDS tagged fields to the event loop, which refuses
+        it. Made once: the chain does not change, and every connection asks."""
         if self._native_classes is None:
             self._native_classes = self._make_native_classes()
         return self._native_classes
@@ -177,9 +183,14 @@ class FeatureChain:
                         continue
                 stages = self.response_stages(api_key, version)
                 if not stages:
-                    classes[api_key * NATIVE_VERSIONS + version] = NATIVE_OPAQUE
+                    cls = NATIVE_OPAQUE
                 elif api_key == ApiKey.PRODUCE and all(getattr(s, "top_level_tags_only", False) for s in stages):
-                    classes[api_key * NATIVE_VERSIONS + version] = NATIVE_PRODUCE
+                    cls = NATIVE_PRODUCE
+                else:
+                    continue
+                if messages.request_header_flexible(api_key, version):
+                    cls |= NATIVE_FLEXIBLE_HEADER
+                classes[api_key * NATIVE_VERSIONS + version] = cls
         return bytes(classes)
 
     def native_route(self, ctx: ConnectionContext, api_key: int, version: int) -> Route:

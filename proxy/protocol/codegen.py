@@ -216,7 +216,9 @@ class Generator:
             f"{codec.nullable}, {codec.compact})"
         )
         if codec.compact:
-            # fast path: a one-byte count (under 127 elements) that fits what is left
+            # fast path: a one-byte count (under 127 elements, so far below
+            # MAX_ARRAY_ELEMENTS) that fits what is left; any other count goes through
+            # read_array_count, which refuses one above the limit before anything else
             lines = [
                 f"if pos < end and 0 < ({var}__c := buf[pos]) < 0x80 "
                 f"and ({var}__c - 1) * {min_size} < end - pos:",
@@ -261,7 +263,8 @@ class Generator:
 
     def _parse_tagged(self, codec: StructCodec, var_of: dict[str, str]) -> list[str]:
         """The tagged-fields section, inlined: a one-byte zero count is the fast path;
-        otherwise the loop of ``tagged.read_tagged_section`` with a branch per known tag."""
+        otherwise the loop of ``tagged.read_tagged_section`` with a branch per known tag,
+        after ``read_tag_count`` (which refuses a count above MAX_TAGGED_FIELDS)."""
         defaults = []
         for m in codec.tagged:
             var = f"v_{m.attr}"

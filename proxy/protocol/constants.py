@@ -91,3 +91,14 @@ EXTENSION_TAG_BYTES = bytes([0x90, 0x4E])
 FETCH_SESSION_INITIAL_EPOCH = 0
 FETCH_SESSION_FINAL_EPOCH = -1
 FETCH_SESSIONLESS_ID = 0
+
+# Limits on what a message may declare, as Kafka 4.4.0's readers enforce them. Kafka up
+# to 4.3.1 allocates an object per declared array element or tagged field before the
+# request is authenticated, so a few bytes declaring a huge count cost an older broker a
+# huge allocation. The proxy refuses such a count wherever it reads one (the schema codecs,
+# the hand-written peeks and walks, the C readers), so the brokers behind it never see it;
+# a request that declares one closes its connection, as any other malformed request does.
+# A record batch's record count is not such an array: it is bounded by the batch's bytes
+# where it sizes anything, and large batches legitimately hold more records than this.
+MAX_ARRAY_ELEMENTS = 1_000_000  # elements of one array (compact or not), record headers too
+MAX_TAGGED_FIELDS = 10_000  # fields of one tagged-field section, request header included

@@ -168,3 +168,51 @@ class FrameSplitter:
         while (frame := self.next_frame()) is not None:
             out.append(frame)
         return out
+
+
+# -- the tagged fields of a request header --------------------------------------------------------
+# (The proxy's one varint reader and the limit check, imported with the code that uses them.)
+
+from proxy.protocol.primitives import check_tag_count, read_uvarint  # noqa: E402
+
+
+def check_request_header_tags(frame: bytes | bytearray | memoryview, flexible: bool) -> int | None:
+    """How many tagged fields a request header declares, refused above MAX_TAGGED_FIELDS
+    before any of them is read (see ``constants.MAX_TAGGED_FIELDS``).
+
+    ``frame`` is a request frame without its size prefix, or its first bytes; ``flexible``
+    says whether its header is v2, where a tagged-field section follows the client id
+    (``messages.request_header_flexible(api_key, version)``). Returns 0 for a v1 header,
+    and None when ``frame`` ends before the count does: a head cut short, or a whole frame
+    that declares no count at all (the broker refuses it). It reads the client id's
+    length and the count's bytes (at most five) and allocates nothing, so it can be asked
+    of every request. Raises ``ProtocolError`` for a count over the limit, a count that is
+    not a canonical unsigned varint of at most 32 bits (as every codec of the proxy reads
+    varints), and a client id length below -1.
+    """
+    if not flexible:
+        return 0
+    n = len(frame)
+    if n < _REQUEST_HEADER_FIXED.size:
+        return None
+    api_key, version, _, client_len = _REQUEST_HEADER_FIXED.unpack_from(frame, 0)
+    if client_len < -1:
+        raise ProtocolError(
+            f"negative client id length {client_len}", api_key=api_key, version=version, offset=6
+        )
+    pos = _REQUEST_HEADER_FIXED.size + max(client_len, 0)
+    end = pos
+    while True:  # the count's last byte is the first without the continuation bit
+        if end >= n:
+            return None
+        if frame[end] < 0x80 or end - pos == 4:
+            break
+        end += 1
+    try:
+        count, _ = read_uvarint(frame, pos, end + 1)
+        check_tag_count(count, pos)
+    except ProtocolError as exc:
+        raise ProtocolError(
+            f"request header: {exc.reason}", api_key=api_key, version=version, offset=exc.offset
+        ) from None
+    return count

@@ -85,6 +85,7 @@ __all__ = [
     "new_request_header",
     "new_response_header",
     "precompile",
+    "request_header_flexible",
     "request_header_version",
     "response_header_version",
     "strip_extensions",
@@ -135,6 +136,52 @@ def is_flexible(api_key: int, version: int) -> bool:
 def request_header_version(api_key: int, version: int) -> int:
     """2 for flexible request versions, 1 otherwise (ControlledShutdown v0 is gone)."""
     return 2 if is_flexible(api_key, version) else 1
+
+
+# The first flexible version of every request Kafka defines, for deciding whether a request
+# header (v2) ends with a tagged-field section: our schemas' own, plus the keys they lack
+# but Kafka defines with versions before their first flexible one (``flexibleVersions`` of
+# Kafka's message definitions). Every other key they lack was added after KIP-482 (Kafka
+# 2.4), which made each new API flexible from its version 0; a key no Kafka defines is
+# refused by the broker before it reads the header's tagged fields, so reading them costs
+# nothing either. ``_NEVER_FLEXIBLE`` is above every int16 version.
+_NEVER_FLEXIBLE = 1 << 15
+_FIRST_FLEXIBLE_BEYOND_SCHEMAS = {
+    4: 4,  # LeaderAndIsr
+    5: 2,  # StopReplica
+    6: 6,  # UpdateMetadata
+    7: 3,  # ControlledShutdown
+    38: 2,  # CreateDelegationToken
+    39: 2,  # RenewDelegationToken
+    40: 2,  # ExpireDelegationToken
+    41: 2,  # DescribeDelegationToken
+    53: 1,  # BeginQuorumEpoch
+    54: 1,  # EndQuorumEpoch
+}
+
+
+def _first_flexible_requests() -> dict[int, int]:
+    table = dict(_FIRST_FLEXIBLE_BEYOND_SCHEMAS)
+    for (api_key, kind), message in registry().by_api.items():
+        if kind == "request" and api_key is not None:
+            flexible = message.flexible_versions
+            table[api_key] = _NEVER_FLEXIBLE if flexible.empty else flexible.lo
+    return table
+
+
+_FIRST_FLEXIBLE_REQUEST = _first_flexible_requests()
+
+
+def request_header_flexible(api_key: int, version: int) -> bool:
+    """Whether a request of (api key, version) has a flexible header (v2: the client id is
+    followed by a tagged-field section), as the broker reads it; for every key and version,
+    including those the proxy does not decode (versions past the newest our schemas know
+    keep their key's flexibility, as in Kafka). One dictionary lookup: it is asked of
+    every request (``framing.check_request_header_tags``) and fills the native relay's
+    table (``FeatureChain.native_classes``)."""
+    if api_key < 0:
+        return False
+    return version >= _FIRST_FLEXIBLE_REQUEST.get(api_key, 0)
 
 
 def response_header_version(api_key: int, version: int) -> int:

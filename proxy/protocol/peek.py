@@ -7,7 +7,7 @@ import struct
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import RequestHeaderPeek
-from proxy.protocol.primitives import read_uvarint
+from proxy.protocol.primitives import check_array_count, check_tag_count, read_uvarint
 from proxy.protocol.tagged import read_tag_count, read_tag_header, skip_tagged_fields
 
 __all__ = [
@@ -83,7 +83,9 @@ def _walk_uvarint(buf, state: list, size: int, pos: int):
 
 
 def _walk_tagged_fields(buf, state: list, size: int, pos: int):
+    start = pos
     count, pos = yield from _walk_uvarint(buf, state, size, pos)
+    check_tag_count(count, start)
     for _ in range(count):
         _tag, pos = yield from _walk_uvarint(buf, state, size, pos)
         length, pos = yield from _walk_uvarint(buf, state, size, pos)
@@ -92,9 +94,20 @@ def _walk_tagged_fields(buf, state: list, size: int, pos: int):
     return pos
 
 
+def _walk_array_count(buf, state: list, size: int, pos: int):
+    """A compact array's element count (0 for null), refused above MAX_ARRAY_ELEMENTS."""
+    start = pos
+    length, pos = yield from _walk_uvarint(buf, state, size, pos)
+    count = max(length - 1, 0)
+    check_array_count(count, start)
+    return count, pos
+
+
 def walk_fetch_response(buf, size: int, version: int, filled: int):
     """Generator: the offset of the top-level tagged fields of a Fetch response frame
-    (response header included) of ``size`` bytes, of which ``filled`` are in ``buf``."""
+    (response header included) of ``size`` bytes, of which ``filled`` are in ``buf``.
+    Counts above the limits (``constants.MAX_ARRAY_ELEMENTS``, ``MAX_TAGGED_FIELDS``) are
+    refused as the codec refuses them."""
     if version < FETCH_FIRST_FLEXIBLE_VERSION:
         raise ValueError("only flexible Fetch responses (v12+) end with tagged fields")
     state = [filled]
@@ -103,20 +116,20 @@ def walk_fetch_response(buf, size: int, version: int, filled: int):
     pos = yield from _walk_tagged_fields(buf, state, size, pos)  # response header v1
     pos += 4 + 2 + 4  # throttle time, error code, session id
     yield from _fill(state, size, pos, pos)
-    topics, pos = yield from _walk_uvarint(buf, state, size, pos)
-    for _ in range(topics - 1):
+    topics, pos = yield from _walk_array_count(buf, state, size, pos)
+    for _ in range(topics):
         if version >= FETCH_FIRST_TOPIC_ID_VERSION:
             pos += 16
         else:
             length, pos = yield from _walk_uvarint(buf, state, size, pos)
             pos += max(length - 1, 0)
         yield from _fill(state, size, pos, pos)
-        partitions, pos = yield from _walk_uvarint(buf, state, size, pos)
-        for _ in range(partitions - 1):
+        partitions, pos = yield from _walk_array_count(buf, state, size, pos)
+        for _ in range(partitions):
             pos += _PARTITION_FIXED
             yield from _fill(state, size, pos, pos)
-            aborted, pos = yield from _walk_uvarint(buf, state, size, pos)
-            for _ in range(aborted - 1):
+            aborted, pos = yield from _walk_array_count(buf, state, size, pos)
+            for _ in range(aborted):
                 pos += _ABORTED_TRANSACTION_FIXED
                 yield from _fill(state, size, pos, pos)
                 pos = yield from _walk_tagged_fields(buf, state, size, pos)

@@ -33,6 +33,7 @@ from construct import (
     stream_write,
 )
 
+from proxy.protocol.constants import MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS
 from proxy.protocol.errors import ProtocolError
 
 INT16 = struct.Struct(">h")
@@ -55,6 +56,23 @@ def fail(reason: str, offset: int) -> NoReturn:
 
 def short(pos: int, need: int, end: int) -> NoReturn:
     fail(f"truncated: need {need} bytes, {end - pos} left", pos)
+
+
+# --------------------------------------------------------------------------- declared counts
+# Every reader of a count checks it here first, before the count is compared with the
+# bytes left or drives a loop (constants.py says why the limits exist).
+
+
+def check_array_count(n: int, offset: int) -> None:
+    """Refuse an array (or compact array) that declares more than MAX_ARRAY_ELEMENTS."""
+    if n > MAX_ARRAY_ELEMENTS:
+        fail(f"array of {n} elements exceeds the limit of {MAX_ARRAY_ELEMENTS}", offset)
+
+
+def check_tag_count(n: int, offset: int) -> None:
+    """Refuse a tagged-field section that declares more than MAX_TAGGED_FIELDS fields."""
+    if n > MAX_TAGGED_FIELDS:
+        fail(f"tagged-field section of {n} fields exceeds the limit of {MAX_TAGGED_FIELDS}", offset)
 
 
 # --------------------------------------------------------------------------- varints
@@ -324,9 +342,10 @@ def write_compact_nullable_bytes(out: bytearray, value) -> None:
 def read_array_count(buf, pos, end, min_element_size: int, nullable: bool, compact: bool):
     """An array's element count, or None for null, bounded by the bytes left.
 
-    Elements of at least ``min_element_size`` bytes (at least 1 is assumed, as Kafka
-    does, even for elements that could be empty) must fit in what remains, so a hostile
-    count can never make the decoder loop or allocate beyond the frame's size.
+    A count above MAX_ARRAY_ELEMENTS is refused first, whatever follows it. Elements of
+    at least ``min_element_size`` bytes (at least 1 is assumed, as Kafka does, even for
+    elements that could be empty) must then fit in what remains, so a hostile count can
+    never make the decoder loop or allocate beyond the frame's size.
     """
     start = pos
     if compact:
@@ -337,6 +356,7 @@ def read_array_count(buf, pos, end, min_element_size: int, nullable: bool, compa
         if n == -1 and nullable:
             return None, pos
         fail(f"invalid array length {n}", start)
+    check_array_count(n, start)
     if n * (min_element_size or 1) > end - pos:
         fail(f"array of {n} elements cannot fit in the {end - pos} bytes left", start)
     return n, pos

@@ -14,17 +14,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from proxy.protocol.primitives import EMPTY_FROZENSET, fail, read_uvarint, write_uvarint
+from proxy.protocol.primitives import EMPTY_FROZENSET, check_tag_count, fail, read_uvarint, write_uvarint
 
 # tag -> (attribute name, reader(buf, pos, end) -> (value, pos))
 KnownTags = dict[int, tuple[str, Callable[[Any, int, int], tuple[Any, int]]]]
 
 
 def read_tag_count(buf, pos: int, end: int) -> tuple[int, int]:
-    """The number of tagged fields, bounded by the bytes left (each takes at least a tag
-    byte and a size byte)."""
+    """The number of tagged fields: at most MAX_TAGGED_FIELDS, and bounded by the bytes
+    left (each takes at least a tag byte and a size byte)."""
     start = pos
     count, pos = read_uvarint(buf, pos, end)
+    check_tag_count(count, start)
     if count * 2 > end - pos:
         fail(f"{count} tagged fields cannot fit in the {end - pos} bytes left", start)
     return count, pos

@@ -798,6 +798,12 @@ done:
 #define CODEC_MASK 0x07
 #define MAX_CODEC 4
 #define CONTROL_BIT 0x20
+/* The fewest bytes of a record the walk accepts: a length varint, then the attributes,
+ * timestamp delta, offset delta and key length bytes, all inside the record (route). A
+ * batch's declared record count sizes the routed array, so it is first held to what its
+ * bytes can hold: a count, like any other a peer declares, must never size an allocation
+ * beyond what the bytes that came with it can fill. */
+#define MIN_WALKED_RECORD 5
 
 static inline uint32_t be32(const uint8_t *p)
 {
@@ -843,7 +849,7 @@ typedef struct {
     int all_full, verify;
     entry_t *entries; /* malloc'd, sized by the first scan */
     Py_ssize_t nentries;
-    routed_t *recs; /* malloc'd, sized by the declared counts of the batches to walk */
+    routed_t *recs; /* malloc'd, sized by the declared counts of the batches to walk (bounded by their bytes) */
     Py_ssize_t nrecs;
     Py_ssize_t partial;
     int64_t next_offset;
@@ -895,8 +901,8 @@ static int scan_entries(blob_split *s, entry_t *entries, Py_ssize_t cap_entries,
             return -1;
         enum entry_kind kind = control ? ENTRY_CONTROL : s->all_full ? ENTRY_WHOLE : ENTRY_WALK;
         if (kind == ENTRY_WALK) {
-            /* A record takes at least two bytes: a larger count cannot be met. */
-            if (base < 0 || base > MAX_BASE_OFFSET || declared > (size - HEADER_SIZE) / 2)
+            /* A record takes at least MIN_WALKED_RECORD bytes: a larger count cannot be met. */
+            if (base < 0 || base > MAX_BASE_OFFSET || declared > (size - HEADER_SIZE) / MIN_WALKED_RECORD)
                 return -1;
         }
         if (entries != NULL) {

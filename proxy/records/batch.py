@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import crc32c
 
+from proxy.protocol.constants import MAX_ARRAY_ELEMENTS
 from proxy.protocol.errors import ProtocolError
 from proxy.records.compression import DEFAULT_MAX_DECOMPRESSED_BYTES, Codec, codec_of, decompress
 from proxy.records.varint import read_varint, read_varlong
@@ -371,6 +372,11 @@ def iter_records(
         header_count, pos = read_varint(view, pos, rec_end)
         if header_count < 0:
             raise ProtocolError(f"negative header count {header_count}", offset=pos)
+        if header_count > MAX_ARRAY_ELEMENTS:
+            raise ProtocolError(
+                f"record header array of {header_count} elements exceeds the limit of {MAX_ARRAY_ELEMENTS}",
+                offset=pos,
+            )
         headers = []
         for _ in range(header_count):
             hkey, pos = _read_bytes(view, pos, rec_end)

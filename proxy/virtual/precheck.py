@@ -19,6 +19,8 @@ import struct
 import uuid
 from collections.abc import Collection
 
+from proxy.protocol.constants import MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS
+
 _FIRST_DIGITS = b"123456789"
 MAX_IDS = 4096  # virtual topic ids remembered; beyond, the oldest is forgotten
 
@@ -87,7 +89,9 @@ _LAST_WITH_REPLICA_ID = 14  # ReplicaId moved into a tagged field at v15
 def fetch_topic_ids(frame: bytes | bytearray | memoryview, version: int) -> list[bytes] | None:
     """The 16-byte topic ids of a Fetch request's Topics (v13+), walked over the raw frame
     (request header v2, then the body up to the end of Topics); None when the frame does
-    not parse as one (the caller then decodes it, and the decoder says what is wrong).
+    not parse as one (the caller then decodes it, and the decoder says what is wrong),
+    which includes a count above the limits of ``constants.MAX_ARRAY_ELEMENTS`` and
+    ``MAX_TAGGED_FIELDS``: the decoder refuses it.
 
     Why: a client learns a virtual topic's id from the Metadata answer of whichever proxy
     instance it asked (a sidecar of another broker, or this proxy before a restart); one
@@ -101,7 +105,7 @@ def fetch_topic_ids(frame: bytes | bytearray | memoryview, version: int) -> list
         pos += 2 + max(client_len, 0)
         pos = _skip_tags(data, pos)  # the header's tagged fields
         pos += (4 if version <= _LAST_WITH_REPLICA_ID else 0) + 4 + 4 + 4 + 1 + 4 + 4
-        topics, pos = _uvarint(data, pos)
+        topics, pos = _array_length(data, pos)
         ids = []
         for _ in range(topics - 1):
             topic_id = data[pos:pos + 16]
@@ -109,7 +113,7 @@ def fetch_topic_ids(frame: bytes | bytearray | memoryview, version: int) -> list
                 return None
             ids.append(bytes(topic_id))
             pos += 16
-            partitions, pos = _uvarint(data, pos)
+            partitions, pos = _array_length(data, pos)
             for _ in range(partitions - 1):
                 pos = _skip_tags(data, pos + _FETCH_PARTITION_FIXED)
             pos = _skip_tags(data, pos)
@@ -137,8 +141,18 @@ def _uvarint(data: bytes | bytearray, pos: int) -> tuple[int, int]:
     raise ValueError("unsigned varint longer than 5 bytes")
 
 
+def _array_length(data: bytes | bytearray, pos: int) -> tuple[int, int]:
+    """A compact array's length (elements + 1, 0 for null), refused above the limit."""
+    length, pos = _uvarint(data, pos)
+    if length - 1 > MAX_ARRAY_ELEMENTS:
+        raise ValueError(f"array of {length - 1} elements exceeds the limit of {MAX_ARRAY_ELEMENTS}")
+    return length, pos
+
+
 def _skip_tags(data: bytes | bytearray, pos: int) -> int:
     count, pos = _uvarint(data, pos)
+    if count > MAX_TAGGED_FIELDS:
+        raise ValueError(f"tagged-field section of {count} fields exceeds the limit of {MAX_TAGGED_FIELDS}")
     for _ in range(count):
         _, pos = _uvarint(data, pos)
         size, pos = _uvarint(data, pos)

@@ -15,11 +15,14 @@ import uuid
 
 import pytest
 
-from proxy.pipeline.chain import NATIVE_KEYS, NATIVE_VERSIONS
+from proxy.pipeline.chain import NATIVE_FLEXIBLE_HEADER, NATIVE_KEYS, NATIVE_VERSIONS, FeatureChain
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
-from proxy.protocol.framing import peek_request_header
+from proxy.protocol.constants import MAX_TAGGED_FIELDS
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.framing import check_request_header_tags, peek_request_header
 from proxy.protocol.peek import produce_acks
+from proxy.protocol.primitives import uvarint_bytes
 
 _cpump = pytest.importorskip("proxy.net._cpump")
 native_relay = pytest.importorskip("proxy.net.native_relay")
@@ -298,3 +301,75 @@ def test_in_flight_requests_are_capped(relay_factory):
     os.eventfd_write(relay.wake, 1)
     reason, flights, answered, *_ = relay.join()
     assert reason == native_relay.WOKEN and [f[2] for f in flights] == [1, 2] and len(answered) == 1
+
+
+# -- request headers that declare too many tagged fields ----------------------------------------
+FLEXIBLE = NATIVE_FLEXIBLE_HEADER
+
+
+def _header_tags(count: int) -> bytes:
+    """A header's tagged-field section declaring ``count`` fields, their bytes there."""
+    return uvarint_bytes(count) + b"".join(uvarint_bytes(tag) + b"\x00" for tag in range(count))
+
+
+def _flexible_request(api_key: int, version: int, correlation_id: int, tags: bytes, client_id: bytes = b"c",
+                      body: bytes = b"\x00") -> bytes:
+    frame = struct.pack(">hhih", api_key, version, correlation_id, len(client_id)) + client_id + tags + body
+    return struct.pack(">i", len(frame)) + frame
+
+
+def test_the_table_flags_flexible_headers_from_the_schemas():
+    from fuzz.surface import production_chain
+
+    assert NATIVE_FLEXIBLE_HEADER == _cpump.CLASS_FLEXIBLE_HEADER
+    for chain in (FeatureChain([]), production_chain()):
+        table = chain.native_classes()
+        assert any(entry & FLEXIBLE for entry in table) and any(entry and not entry & FLEXIBLE for entry in table)
+        for index, entry in enumerate(table):
+            api_key, version = divmod(index, NATIVE_VERSIONS)
+            cls = entry & ~FLEXIBLE
+            assert cls in (0, _cpump.CLASS_OPAQUE, _cpump.CLASS_PRODUCE)
+            if cls == 0:
+                assert entry == 0, (api_key, version)
+            else:
+                assert bool(entry & FLEXIBLE) == messages.request_header_flexible(api_key, version), (api_key, version)
+
+
+@pytest.mark.parametrize("count", [0, 1, MAX_TAGGED_FIELDS - 1, MAX_TAGGED_FIELDS, MAX_TAGGED_FIELDS + 1, 5_000_000])
+def test_a_flexible_header_over_the_limit_is_left_to_the_event_loop(count):
+    tags = uvarint_bytes(count) + b"\x00" * 4  # the count is all the loop reads of them
+    frame = _flexible_request(HEARTBEAT, 4, 1, tags)
+    within = count <= MAX_TAGGED_FIELDS
+    assert _cpump.classify(frame, _classes(heartbeat=1 | FLEXIBLE), 1 << 20) == (1 if within else 0)
+    assert _cpump.classify(frame, _classes(heartbeat=1), 1 << 20) == 1  # a v1 header: no tags to read
+    if not within:  # and the event loop refuses it
+        with pytest.raises(ProtocolError, match="exceeds the limit"):
+            check_request_header_tags(frame[4:], True)
+    # a Produce's acks come after the header's tagged fields: those the loop steps over
+    if count <= 1 or not within:
+        tags = _header_tags(count) if within else tags
+        produce = _flexible_request(0, 9, 1, tags, body=b"\x00" + struct.pack(">hi", -1, 1000) + b"\x01\x00")
+        assert _cpump.classify(produce, _classes(produce=2 | FLEXIBLE), 1 << 20) == (2 if within else 0)
+
+
+def test_a_flexible_header_whose_count_is_past_the_peek_is_left_to_the_event_loop():
+    frame = _flexible_request(HEARTBEAT, 4, 1, b"\x00", client_id=b"c" * 1100)
+    assert _cpump.classify(frame, _classes(heartbeat=1 | FLEXIBLE), 1 << 20) == 0
+    assert _cpump.classify(frame, _classes(heartbeat=1), 1 << 20) == 1
+    assert check_request_header_tags(frame[4:1024], True) is None  # neither can tell from the first KiB
+    for count_bytes in (b"\x80\x00", b"\xff\xff\xff\xff\x7f"):  # what the codecs call malformed
+        frame = _flexible_request(HEARTBEAT, 4, 1, count_bytes)
+        assert _cpump.classify(frame, _classes(heartbeat=1 | FLEXIBLE), 1 << 20) == 0
+
+
+def test_the_loop_stops_at_a_header_over_the_limit_and_leaves_it_in_the_socket(relay_factory):
+    relay = relay_factory(_classes(heartbeat=1 | FLEXIBLE)).start()
+    carried = _flexible_request(HEARTBEAT, 4, 1, _header_tags(MAX_TAGGED_FIELDS))
+    refused = _flexible_request(HEARTBEAT, 4, 2, uvarint_bytes(MAX_TAGGED_FIELDS + 1))
+    relay.client.sendall(carried + refused)
+    assert _read_exactly(relay.broker, len(carried)) == carried
+    reason, flights, _, _, forwarded, *_ = relay.join()
+    assert reason == native_relay.PYTHON_REQUEST and forwarded == 1
+    assert [(f[0], f[2], f[3]) for f in flights] == [(HEARTBEAT, 1, 1)]  # its class without the flag
+    relay.client_near.setblocking(True)
+    assert _read_exactly(relay.client_near, len(refused)) == refused  # for the event loop, which refuses it

@@ -146,20 +146,25 @@ def _fetch_v18_prefix() -> bytes:
     return struct.pack(">iiibii", 500, 1, 1024, 0, 0, -1)
 
 
-def test_huge_array_count_fails_fast_without_allocating():
-    # Fetch v4 topics array with count 2^31 - 1 and ten bytes left
-    body = struct.pack(">iiiib", -1, 500, 1, 1024, 0) + struct.pack(">i", 2**31 - 1) + b"\x00" * 10
+@pytest.mark.parametrize(("count", "reason"), [
+    (2**31 - 1, "array of 2147483647 elements exceeds the limit of 1000000"),  # over MAX_ARRAY_ELEMENTS
+    (5000, "cannot fit"),  # under it, but more than the bytes left can hold
+])
+def test_huge_array_count_fails_fast_without_allocating(count, reason):
+    # Fetch v4 topics array with a huge count and ten bytes left
+    body = struct.pack(">iiiib", -1, 500, 1, 1024, 0) + struct.pack(">i", count) + b"\x00" * 10
     started = time.perf_counter()
     with pytest.raises(ProtocolError) as info:
         messages.decode_body(ApiKey.FETCH, 4, "request", body)
     assert time.perf_counter() - started < 0.05
-    assert "cannot fit" in info.value.reason
+    assert reason in info.value.reason
     assert (info.value.api_key, info.value.version, info.value.offset) == (1, 4, 17)
 
 
-def test_huge_compact_array_count_fails_fast():
-    body = _fetch_v18_prefix() + uvarint_bytes(2**32 - 1) + b"\x00" * 10
-    with pytest.raises(ProtocolError, match="cannot fit"):
+@pytest.mark.parametrize(("count", "reason"), [(2**32 - 2, "exceeds the limit"), (5000, "cannot fit")])
+def test_huge_compact_array_count_fails_fast(count, reason):
+    body = _fetch_v18_prefix() + uvarint_bytes(count + 1) + b"\x00" * 10
+    with pytest.raises(ProtocolError, match=reason):
         messages.decode_body(ApiKey.FETCH, 18, "request", body)
 
 

@@ -295,6 +295,8 @@ FAULTS = {
     "bad CRC": lambda b: b[:-1] + bytes([b[-1] ^ 1]),
     "one record more than declared": _patched(">i", 57, 9),
     "one record fewer than declared": _patched(">i", 57, 11),
+    "a record count its bytes cannot hold": _patched(">i", 57, 2**31 - 1),
+    "a record count just past a fifth of its bytes": _patched(">i", 57, 320 // 5 + 1),
     "negative record count": _patched(">i", 57, -1),
     "negative last offset delta": _patched(">i", 23, -3),
     "unknown codec": _patched(">H", 21, 5),
