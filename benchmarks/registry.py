@@ -47,6 +47,7 @@ MODULES = (
     "benchmarks.bench_connections",
     "benchmarks.bench_virtual_commit",
     "benchmarks.bench_builds",
+    "benchmarks.bench_cache_memory",
     "benchmarks.cpu_breakdown",
     "benchmarks.profile_proxy",
 )

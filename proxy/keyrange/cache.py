@@ -5,6 +5,9 @@ that partition; the requester takes its share now and the other shares wait here
 their consumers. A share is removed the moment it is served, or once its consumer is past
 it; when the bytes held would pass ``max_bytes`` the least recently used shares go first,
 so the bytes held never exceed the cap (a share larger than the cap is simply not kept).
+The bytes held are what the shares take in memory, their objects and the cache's entries
+for them included, not only their buffers (``CachedShare.size``): the cap bounds the
+proxy's memory.
 When a range set has not been requested for the interest time (its consumer left, or a
 rebalance gave it other ranges) its shares are dropped with it: nobody would take them,
 and without that they would stay until the cap pushed them out, the cache growing with
@@ -41,8 +44,16 @@ from proxy.ranges import KeyRange
 RangeSet = tuple[KeyRange, ...]
 PartitionId = tuple[str, int]  # (topic name, partition)
 
-_ENTRY_OVERHEAD = 200  # bytes charged per share for its bookkeeping, so tiny shares still count
-_OFFSET_BYTES = 8
+# What a share takes in memory, measured (CachedShare.size says how): the share with its key
+# and its LRU entry; each key range of its range set; a bytes object's or a tuple's header
+# with the allocator's rounding; each offset an offsets-only share lists; each aborted
+# transaction its read listed. And a range set's entry in the index, charged once a set.
+_SHARE_BYTES = 744
+_RANGE_BYTES = 160
+_BUFFER_BYTES = 48
+_OFFSET_BYTES = 41
+_ABORTED_BYTES = 176
+SET_ENTRY_BYTES = 336
 
 
 @dataclass(slots=True)
@@ -71,9 +82,41 @@ class CachedShare:
 
     @property
     def size(self) -> int:
-        held = len(self.records) if self.records is not None else 0
-        held += _OFFSET_BYTES * len(self.offsets) if self.offsets is not None else 0
-        return held + _ENTRY_OVERHEAD + 40 * len(self.aborted_transactions)
+        """The bytes this share takes in memory while cached, its range set's index entry
+        aside (``ShareCache`` charges that once a set).
+
+        The cap is meant to bound the proxy's memory, and most of a small share is not its
+        buffer: charging the buffer and a guess at the rest (200 bytes, 8 an offset) let an
+        offsets-only share of one offset take 1,317 bytes for a charge of 208, so a full
+        cache of small shares held up to 6 times its cap. The constants are measured by
+        ``benchmarks/bench_cache_memory.py`` (CPython 3.11, 64-bit): it fills a cache with
+        20,000-90,000 shares built as the engine builds them, each from a read and for a
+        range set of its own (every int, tuple, list and range set the share's own), and
+        counts both ``tracemalloc``'s bytes and the resident set's growth per share. The
+        resident figure is the larger (the allocator rounds to 16 bytes and keeps pool
+        headers); the constants cover it where it peaks, just after the LRU's and the
+        index's hash tables double. Per share: 744 for the share, its five offset ints,
+        partition tuple, aborted-transaction list, LRU key and entry; 160 a key range
+        (tuple slot, ``KeyRange``, two 63-bit ints); 48 a bytes or tuple header; 41 an
+        offset (tuple slot and int); 176 an aborted transaction; 336 a range set's index
+        entry. Resident against charged: offsets-only with none matched 1,237 / 1,288
+        (tracemalloc 1,122), with one offset 1,317 / 1,329, with 1,000 41,383 / 42,288;
+        records empty 1,237 / 1,288, 1 KiB 2,279 / 2,312, 16 KiB 17,641 / 17,672; 1 KiB
+        with 3 aborted transactions 2,793 / 2,840, with 4 key ranges 2,745 / 2,792, in a set
+        holding 50 shares 1,789 / 1,983. A buffer large enough for malloc to map it (128 KiB
+        and up) can take up to a page more than charged, under 0.4 %.
+
+        Charging above the cost only makes the cache hold less than it could: the shares
+        of one read share their partition tuple, ints and aborted list (up to 290 bytes),
+        and the shares of one set may share its range set.
+        """
+        ranges = self.ranges
+        size = _SHARE_BYTES + _RANGE_BYTES * (len(ranges) if isinstance(ranges, tuple) else 1)
+        if self.records is not None:
+            size += _BUFFER_BYTES + len(self.records)
+        if self.offsets is not None:
+            size += _BUFFER_BYTES + _OFFSET_BYTES * len(self.offsets)
+        return size + _ABORTED_BYTES * len(self.aborted_transactions)
 
 
 @dataclass(slots=True)
@@ -89,7 +132,7 @@ class CacheStats:
 class ShareCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.bytes_held = 0
+        self.bytes_held = 0  # the shares' sizes and SET_ENTRY_BYTES for each set in the index
         self.stats = CacheStats()
         self._lru: OrderedDict[Hashable, CachedShare] = OrderedDict()
         # (partition, ranges, isolation level) -> keys of its shares, for lookup by position
@@ -100,20 +143,26 @@ class ShareCache:
 
     def put(self, share: CachedShare) -> bool:
         """Keep ``share``, evicting the least recently used as needed. False if it alone
-        is larger than the cap."""
+        (with an index entry for its set) is larger than the cap."""
         size = share.size
-        if size > self.max_bytes:
+        if size + SET_ENTRY_BYTES > self.max_bytes:
             self.stats.rejected_too_large += 1
             return False
-        key = (share.partition, share.ranges, share.isolation_level, share.start_offset)
+        set_key = (share.partition, share.ranges, share.isolation_level)
+        key = (*set_key, share.start_offset)
         if key in self._lru:
             self._remove(key)
-        while self.bytes_held + size > self.max_bytes and self._lru:
+        while self._lru and self.bytes_held + size + (0 if set_key in self._by_set else SET_ENTRY_BYTES) \
+                > self.max_bytes:
             oldest = next(iter(self._lru))
             self._remove(oldest)
             self.stats.evictions += 1
         self._lru[key] = share
-        self._by_set.setdefault((share.partition, share.ranges, share.isolation_level), {})[share.start_offset] = key
+        per_set = self._by_set.get(set_key)
+        if per_set is None:
+            per_set = self._by_set[set_key] = {}
+            self.bytes_held += SET_ENTRY_BYTES
+        per_set[share.start_offset] = key
         self.bytes_held += size
         self.stats.stored += 1
         return True
@@ -156,6 +205,7 @@ class ShareCache:
             per_set.pop(share.start_offset, None)
             if not per_set:
                 del self._by_set[set_key]
+                self.bytes_held -= SET_ENTRY_BYTES
 
     def drop_set(self, partition: PartitionId, ranges: RangeSet) -> int:
         """Drop every share of ``ranges`` on ``partition`` (at either isolation level); how many."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.keyrange.cache import ActiveRangeSets, CachedShare, ShareCache
+from proxy.keyrange.cache import SET_ENTRY_BYTES, ActiveRangeSets, CachedShare, ShareCache
 from proxy.keyrange.requests import FetchRangeSessions
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
@@ -102,21 +102,29 @@ def test_cache_serves_a_share_only_at_the_isolation_level_of_its_read():
     assert cache.bytes_held == 0
 
 
+def _charged(cache: ShareCache) -> int:
+    """What the cache should be charging: its shares, and an index entry per range set."""
+    sets = {(share.partition, share.ranges, share.isolation_level) for share in cache.shares()}
+    return sum(share.size for share in cache.shares()) + SET_ENTRY_BYTES * len(sets)
+
+
 def test_cache_evicts_least_recently_used_and_rejects_oversized():
-    cache = ShareCache(1000)
+    one = _share(0, 300).size
+    cap = SET_ENTRY_BYTES + 2 * one + one // 2  # room for two of them
+    cache = ShareCache(cap)
     cache.put(_share(0, 300))
     cache.put(_share(10, 300))
     cache.put(_share(20, 300))
-    assert cache.bytes_held <= 1000
+    assert len(cache) == 2 and cache.bytes_held == _charged(cache) <= cap
     assert cache.take(("t", 0), (A,), 0, READ_UNCOMMITTED) is None, "the oldest share went first"
-    assert not cache.put(_share(30, 5000))
+    assert not cache.put(_share(30, cap))
     assert cache.stats.rejected_too_large == 1
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(300, 5000), st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 2000),
-                                                   st.sampled_from([READ_UNCOMMITTED, READ_COMMITTED])),
-                                         max_size=120))
+@given(st.integers(1500, 8000), st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 2000),
+                                                    st.sampled_from([READ_UNCOMMITTED, READ_COMMITTED])),
+                                          max_size=120))
 def test_cache_never_holds_more_than_its_cap(cap, operations):
     cache = ShareCache(cap)
     for is_put, offset_slot, size, level in operations:
@@ -125,7 +133,7 @@ def test_cache_never_holds_more_than_its_cap(cap, operations):
         else:
             cache.take(("t", 0), (A,), offset_slot * 10 + 3, level)
         assert 0 <= cache.bytes_held <= cap
-        assert cache.bytes_held == sum(share.size for share in cache.shares())
+        assert cache.bytes_held == _charged(cache)
 
 
 def test_active_range_sets_expire():
@@ -319,7 +327,7 @@ def test_dropping_a_set_removes_its_shares_at_both_isolation_levels_and_nothing_
     assert cache.drop_set(("t", 0), (A,)) == 4
     assert cache.stats.expired == 4
     assert [(s.partition, s.ranges) for s in cache.shares()] == [(("t", 0), (B,)), (("t", 1), (A,))]
-    assert cache.bytes_held == sum(share.size for share in cache.shares())
+    assert cache.bytes_held == _charged(cache)
     assert cache.drop_set(("t", 0), (A,)) == 0
 
 
