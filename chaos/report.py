@@ -86,7 +86,7 @@ def one_line(result: dict) -> str:
 
 def _summaries(data: dict) -> None:
     """Copy the other reliability results' summaries into ``data``."""
-    for name in ("fuzz", "soak", "connections"):
+    for name in ("fuzz", "soak", "connections", "hostile"):
         path = RESULTS / f"{name}.json"
         if path.exists():
             data[name] = json.loads(path.read_text())
@@ -115,6 +115,7 @@ def render(data: dict) -> str:
     lines += _fuzz_section(data.get("fuzz"))
     lines += _soak_section(data.get("soak"))
     lines += _connections_section(data.get("connections"))
+    lines += _hostile_section(data.get("hostile"), data.get("bad_inputs", []))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -145,7 +146,7 @@ def _goals_section(data: dict) -> list[str]:
         open_crashes = sum(len(t.get("open_crashes", [])) for t in targets.values())
         out.append(f"| fuzzing: >= 1 M executions per target, 0 crashes open | fewest {fewest:,} over "
                    f"{len(targets)} targets, {open_crashes} open | {_met(fewest >= 1_000_000 and not open_crashes)} |")
-    for name in ("soak", "connections"):
+    for name in ("soak", "connections", "hostile"):
         for goal in (data.get(name) or {}).get("goals", []):
             measured = goal.get("measured")
             shown = f"{measured:,.4g}" if isinstance(measured, (int, float)) else str(measured)
@@ -276,3 +277,18 @@ def _soak_section(soak: dict | None) -> list[str]:
 def _connections_section(connections: dict | None) -> list[str]:
     return _benchmark_section("Connections", connections, "python -m benchmarks.bench_connections",
                               "connections.png")
+
+
+def _hostile_section(hostile: dict | None, bad_inputs: list[dict]) -> list[str]:
+    """Bad inputs tried against the real broker (kept by hand in the JSON, each with the
+    test that tries it again), then the hostile-clients benchmark."""
+    out = _benchmark_section("Hostile clients", hostile, "python -m benchmarks.bench_hostile", "hostile.png")
+    if bad_inputs:
+        out += ["Bad inputs tried, each against a real broker with well-behaved clients of the same proxy "
+                "working meanwhile:", "",
+                "| bad input | what the proxy does | memory held | clients that behaved | test |",
+                "| --- | --- | --- | --- | --- |"]
+        for b in bad_inputs:
+            out.append(f"| {b['input']} | {b['proxy']} | {b['memory']} | {b['others']} | {b['test']} |")
+        out.append("")
+    return out

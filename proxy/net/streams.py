@@ -40,6 +40,15 @@ talks to the socket's file descriptor itself:
 Both paths parse frames with one sans-IO ``FrameSplitter``: TLS streams feed it what
 ``receive_some`` returns and take whole frames; the plain TCP path feeds it what it reads
 and takes only the start of each body from it (``take_start``), reading the rest in place.
+
+A client's stream (one given a ``RequestBudget``) never trusts a declared size with
+memory: its frame buffer starts at what has arrived (or ``_GROW_FIRST``) and doubles only
+when the bytes already there fill it, so a client declaring 100 MiB and sending eight
+bytes costs kilobytes, not 100 MiB. What its frames hold is charged to the proxy-wide
+budget as the buffer grows (see ``proxy.net.budget``) until the reader calls
+``release_frame``. A broker's
+stream keeps exact-size buffers: the proxy chose to connect to it, and its large
+responses are the hot path.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 import trio
 
+from proxy.net.budget import RequestBudget
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import SIZE_PREFIX, FrameSplitter, peek_correlation_id
 
@@ -74,6 +84,8 @@ _SPLICE_MIN = 64 * 1024  # regions the proxy never reads are spliced from this s
 _PIPE_SIZE = 1024 * 1024  # asked of the kernel for the splice pipe (it may give less)
 _SPLICE_CHUNK = 256 * 1024  # while splicing, the kernel wakes the proxy for no less than this
 _SPLICE_LOOKAHEAD = 4096  # when splicing, a relay reads no further than this past what the walk needs
+_GROW_FIRST = 16 * 1024  # a client's frame buffer starts no smaller than this (or its whole size)
+_ZEROS = memoryview(bytes(1024 * 1024))  # what a growing frame buffer is extended with
 
 
 class Relay:
@@ -116,11 +128,20 @@ class FrameStream:
     and one writer per stream.
     """
 
-    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_lowat", "_waits", "_relay_buffer", "_pipe")
+    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_lowat", "_waits", "_relay_buffer", "_pipe",
+                 "_budget", "_ticket", "_held")
 
-    def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int) -> None:
+    def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int, *, budget: RequestBudget | None = None,
+                 early_limit: tuple[int, str, frozenset[int]] | None = None) -> None:
+        """``budget``: a client's stream, whose frames grow with their bytes and are
+        charged to it (see the module's docstring). ``early_limit``: a lower size limit
+        for some API keys until ``authenticated`` (``FrameSplitter.limit_early``)."""
         self.stream = stream
         self._splitter = FrameSplitter(max_frame_bytes)
+        self._splitter.limit_early(early_limit)
+        self._budget = budget
+        self._ticket: int | None = None  # the budget's ticket of the frame being received
+        self._held = 0  # bytes of the budget this stream holds for the frame it is reading or last read
         # The plain TCP socket, or None (TLS): every method of the direct path runs only
         # when it is set, so it is typed for that path.
         self._socket: Any = stream.socket if isinstance(stream, trio.SocketStream) else None
@@ -129,6 +150,43 @@ class FrameStream:
         self._waits = 0  # times a receive waited for the socket (each wait is a checkpoint)
         self._relay_buffer = bytearray()  # see _receive_head
         self._pipe: tuple[int, int, int] | None = None  # (read end, write end, capacity), see _splice_into
+
+    def authenticated(self) -> None:
+        """The connection has authenticated: the early limit no longer applies from its
+        next size prefix on."""
+        self._splitter.limit_early(None)
+
+    @property
+    def held(self) -> int:
+        """Budget bytes held for the frame being read or last read."""
+        return self._held
+
+    def release_frame(self) -> None:
+        """The reader is done with the frame it last received: its bytes leave the budget."""
+        budget = self._budget
+        if budget is None:
+            return
+        self._received()
+        if self._held:
+            held, self._held = self._held, 0
+            budget.release(held)
+
+    async def _take(self, count: int) -> None:
+        """Charge ``count`` more bytes of the budget to the frame being received (the first
+        charge starts it: see ``proxy.net.budget`` for when each waits)."""
+        budget = self._budget
+        assert budget is not None
+        if self._ticket is None:
+            self._ticket = await budget.start()
+        await budget.grow(self._ticket, count)
+        self._held += count
+
+    def _received(self) -> None:
+        """The frame being received has all its bytes (or is abandoned)."""
+        if self._ticket is not None:
+            ticket, self._ticket = self._ticket, None
+            assert self._budget is not None
+            self._budget.received(ticket)
 
     @property
     def splices(self) -> bool:
@@ -162,15 +220,23 @@ class FrameStream:
         if self._socket is not None:
             return await self._receive_direct()
         splitter = self._splitter
+        budget = self._budget
         while True:
             frame = splitter.next_frame()
             if frame is not None:
+                if budget is not None:
+                    self._received()
                 return frame
             chunk = await self.stream.receive_some(_RECEIVE_CHUNK)
             if not chunk:
                 if splitter.buffered:
                     raise trio.BrokenResourceError(f"stream ended inside a frame ({splitter.buffered} bytes buffered)")
                 return None
+            if budget is not None:
+                # Charged by the piece as it arrives (a piece may hold the start of the next
+                # frame too: it is released with this one, the next frame's first piece
+                # uncharged, which bounds the error to one piece per connection).
+                await self._take(len(chunk))
             splitter.feed(chunk)
 
     async def _receive_direct(self, waits: int | None = None) -> bytearray | None:
@@ -180,7 +246,9 @@ class FrameStream:
         size, frame, filled = await self._receive_head()
         if frame is None:
             return None
-        await self._read_rest(frame, filled)
+        await self._read_rest(frame, filled, size)
+        if self._budget is not None:
+            self._received()
         if self._waits == waits:
             await trio.lowlevel.checkpoint()  # every receive is a checkpoint, even when nothing waited
         return frame
@@ -198,18 +266,33 @@ class FrameStream:
         # Most requests are small and arrive whole in this one read. Of a large one it takes
         # no more than the head that routing needs: every byte read here is copied through
         # user space and back into the pipe, while the rest is spliced without a copy.
-        if not await self._fill_splitter(4, 4 + _SPLICE_LOOKAHEAD):
+        size = await self._next_size(4 + _SPLICE_LOOKAHEAD)
+        if size is None:
             return None
-        size = splitter.next_size()
-        assert size is not None
         if size - (splitter.buffered - 4) < pass_on_min:
             return await self._receive_direct(waits)  # one checkpoint in all, waited or not
         await self._fill_splitter(4 + min(size, _SPLICE_LOOKAHEAD), 0)  # never False: bytes are buffered
         head = bytearray(min(splitter.buffered - 4, size))
+        if self._budget is not None:  # only the head is held: the body goes on without entering the proxy
+            await self._take(len(head))
+            self._received()
         splitter.take_start(head)
         if self._waits == waits:
             await trio.lowlevel.checkpoint()
         return PartialFrame(size, head)
+
+    async def _next_size(self, read: int) -> int | None:
+        """The next frame's size, reading (up to ``read`` bytes a read) until the splitter
+        can tell it; None at a clean end of stream before any byte of a frame."""
+        splitter = self._splitter
+        count = 4
+        while True:
+            if not await self._fill_splitter(count, read):
+                return None
+            size = splitter.next_size()
+            if size is not None:
+                return size
+            count = splitter.buffered + 1  # it needs the API key after the size (limit_early)
 
     async def _fill_splitter(self, count: int, read: int) -> bool:
         """Read until the splitter holds ``count`` bytes, taking up to ``read`` bytes a
@@ -232,22 +315,43 @@ class FrameStream:
 
     async def receive_rest(self, partial: PartialFrame) -> bytearray:
         """The whole frame of a ``PartialFrame``, read into memory after all."""
-        frame = bytearray(partial.size)
-        frame[: len(partial.head)] = partial.head
-        await self._read_rest(frame, len(partial.head))
+        if self._budget is None:
+            frame = bytearray(partial.size)
+            frame[: len(partial.head)] = partial.head
+        else:  # its head is charged already; the rest as it arrives (_grow)
+            frame = bytearray(partial.head)
+        await self._read_rest(frame, len(partial.head), partial.size)
+        if self._budget is not None:
+            self._received()
         return frame
 
-    async def _read_rest(self, frame: bytearray, filled: int) -> None:
-        """Read the rest of ``frame`` (its first ``filled`` bytes are there) in place."""
-        if filled == len(frame):
+    async def _read_rest(self, frame: bytearray, filled: int, size: int) -> None:
+        """Read the rest of ``frame`` (its first ``filled`` bytes are there) in place, up to
+        ``size`` bytes: a client's frame buffer grows as its bytes arrive (``_grow``)."""
+        if filled == size:
             return
-        view = memoryview(frame)
         try:
-            while filled < len(frame):
+            while filled < size:
+                if filled == len(frame):
+                    await self._grow(frame, size)
+                view = memoryview(frame)  # none may be held while the buffer grows
                 filled += await self._read_some(view, filled, len(frame), _LOWAT_CAP)
+                del view
         finally:
             if self._lowat != 1:
                 self._set_lowat(1)
+
+    async def _grow(self, frame: bytearray, size: int) -> None:
+        """Make room in a client's frame buffer whose room is all filled: double it, up to
+        the frame's size. The buffer never holds more than twice what has arrived (or
+        ``_GROW_FIRST``), whatever the client declared."""
+        more = min(size, max(2 * len(frame), _GROW_FIRST)) - len(frame)
+        if self._budget is not None:
+            await self._take(more)
+        while more:
+            piece = min(more, len(_ZEROS))
+            frame += _ZEROS[:piece]
+            more -= piece
 
     async def pass_on(self, partial: PartialFrame, destination: FrameStream) -> None:
         """Send a ``PartialFrame`` to ``destination`` (a plain TCP stream): its size prefix
@@ -410,14 +514,18 @@ class FrameStream:
         allocation and no zeroing of a megabyte per frame.
         """
         splitter = self._splitter
-        if not await self._fill_splitter(4, head):
+        size = await self._next_size(head)
+        if size is None:
             return None, None, 0
-        size = splitter.next_size()
-        assert size is not None
         if reuse and size <= _REUSE_MAX:
             frame = self._relay_buffer
             if len(frame) < size:
                 frame = self._relay_buffer = bytearray(size)
+        elif self._budget is not None:
+            # A client's frame: room for what has arrived (or _GROW_FIRST), never its declared size.
+            room = min(size, max(splitter.buffered - 4, _GROW_FIRST))
+            await self._take(room)
+            frame = bytearray(room)
         else:
             frame = bytearray(size)
         available = splitter.take_start(memoryview(frame)[:size])
@@ -482,6 +590,7 @@ class FrameStream:
         await self._send_buffers((prefix, body))
 
     async def aclose(self) -> None:
+        self.release_frame()
         self._close_pipe()
         with trio.CancelScope(shield=True):
             try:

@@ -39,6 +39,22 @@ class ProtocolError(Exception):
         super().__init__(f"{reason}{suffix}")
 
 
+def exceeded_limit(error: ProtocolError) -> str | None:
+    """Which protocol limit ``error`` refused ("array" or "tagged_fields", see
+    ``constants.MAX_ARRAY_ELEMENTS``), or None for any other malformation. Read from the
+    reason, which every reader words alike ("... of N elements exceeds the limit of ...",
+    "... of N fields exceeds the limit of ..."), because codecs re-raise a reader's error
+    with the message's api key and version added, as a plain ``ProtocolError``."""
+    reason = error.reason
+    if "exceeds the limit of" not in reason:
+        return None
+    if " elements exceeds" in reason:
+        return "array"
+    if " fields exceeds" in reason:
+        return "tagged_fields"
+    return None
+
+
 class UnsupportedVersionError(ProtocolError):
     """An API key, version or message that our merged schemas do not define.
 

@@ -14,10 +14,12 @@ import struct
 from dataclasses import dataclass
 
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.primitives import check_tag_count, read_uvarint
 
 SIZE_PREFIX = struct.Struct(">i")
 _REQUEST_HEADER_FIXED = struct.Struct(">hhih")  # api key, version, correlation id, client id length
 _CORRELATION_ID = struct.Struct(">i")
+_API_KEY = struct.Struct(">h")
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # the broker's socket.request.max.bytes default
 
@@ -86,12 +88,24 @@ def frame_bytes(body: bytes | bytearray | memoryview) -> bytes:
     return SIZE_PREFIX.pack(len(body)) + bytes(body)
 
 
-def check_frame_size(size: int, max_frame_bytes: int) -> None:
+class FrameTooLarge(ProtocolError):
+    """A size prefix over the limit in force: the connection is closed before a byte of
+    the body is read. ``limit_name`` says which limit (a setting's name), for the log
+    line and the metric that count such closures."""
+
+    def __init__(self, size: int, limit: int, limit_name: str) -> None:
+        super().__init__(f"frame of {size} bytes exceeds the {limit}-byte limit ({limit_name})", offset=0)
+        self.size = size
+        self.limit = limit
+        self.limit_name = limit_name
+
+
+def check_frame_size(size: int, max_frame_bytes: int, limit_name: str = "max.frame.bytes") -> None:
     """Refuse a size prefix before a single byte of its body is buffered."""
     if size < 0:
         raise ProtocolError(f"negative frame size {size}", offset=0)
     if size > max_frame_bytes:
-        raise ProtocolError(f"frame of {size} bytes exceeds the {max_frame_bytes}-byte limit", offset=0)
+        raise FrameTooLarge(size, max_frame_bytes, limit_name)
 
 
 class FrameSplitter:
@@ -102,15 +116,37 @@ class FrameSplitter:
     gets a ``ProtocolError`` and should close the connection.
     """
 
-    __slots__ = ("_buffer", "_max_frame_bytes", "_need")
+    __slots__ = ("_buffer", "_max_frame_bytes", "_limit_name", "_need", "_early")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         if max_frame_bytes <= 0:
             raise ValueError("max_frame_bytes must be positive")
         self._buffer = bytearray()
         self._max_frame_bytes = max_frame_bytes
+        self._limit_name = "max.frame.bytes"
         self._need: int | None = None  # body size of the frame being assembled
+        self._early: tuple[int, str, frozenset[int]] | None = None  # see limit_early
 
+    @property
+    def max_frame_bytes(self) -> int:
+        return self._max_frame_bytes
+
+    def limit(self, max_frame_bytes: int, limit_name: str) -> None:
+        """Change the size limit for frames whose prefix has not been read yet (a
+        connection's limit rises once it has authenticated); ``limit_name`` is the setting
+        named when a frame is refused."""
+        if max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        self._max_frame_bytes = max_frame_bytes
+        self._limit_name = limit_name
+
+    def limit_early(self, early: tuple[int, str, frozenset[int]] | None) -> None:
+        """A lower limit, ``(max_frame_bytes, limit_name, api_keys)``, for the frames whose
+        API key is one of ``api_keys`` (None: none). A connection's authentication
+        requests are held to what a broker reads before it knows the client; their API key
+        follows the size prefix, so a frame over this limit waits for two more bytes
+        before its size is taken."""
+        self._early = early
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame."""
@@ -127,7 +163,13 @@ class FrameSplitter:
             if len(buf) < 4:
                 return None
             size = SIZE_PREFIX.unpack_from(buf, 0)[0]
-            check_frame_size(size, self._max_frame_bytes)
+            early = self._early
+            if early is not None and size > early[0]:
+                if len(buf) < 6:
+                    return None
+                if _API_KEY.unpack_from(buf, 4)[0] in early[2]:
+                    raise FrameTooLarge(size, early[0], early[1])
+            check_frame_size(size, self._max_frame_bytes, self._limit_name)
             self._need = size
         return self._need
 
@@ -171,9 +213,6 @@ class FrameSplitter:
 
 
 # -- the tagged fields of a request header --------------------------------------------------------
-# (The proxy's one varint reader and the limit check, imported with the code that uses them.)
-
-from proxy.protocol.primitives import check_tag_count, read_uvarint  # noqa: E402
 
 
 def check_request_header_tags(frame: bytes | bytearray | memoryview, flexible: bool) -> int | None:

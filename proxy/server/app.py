@@ -43,6 +43,7 @@ from proxy.features.cluster_feed import ClusterFeed
 from proxy.keyrange.engine import SharedReads
 from proxy.keyrange.feature import KeyRangeFetchFeature
 from proxy.net.broker_connection import BrokerConnectionError
+from proxy.net.budget import RequestBudget
 from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
 from proxy.net.native_relay import NativeRelayThreads
 from proxy.net.pool import BrokerPool, NoBrokerAnswered
@@ -121,6 +122,9 @@ class ProxyServer:
         self._handshaking = 0  # TLS connections accepted, in their handshake: they count towards max.connections
         self._refusals = LogThrottle(_CROWD_LOG_INTERVAL)
         self._setup_timeouts = LogThrottle(_CROWD_LOG_INTERVAL)
+        self._frame_refusals = LogThrottle(_CROWD_LOG_INTERVAL)
+        self.request_budget = RequestBudget(self.config.get("queued.max.request.bytes"))
+        self.metrics.watch_budget(self.request_budget)
         self.native_threads = NativeRelayThreads(self.config.get("native.relay.threads"),
                                                  slice_ms=self.config.get("native.relay.slice.ms"))
         self.node_ports: dict[int, int] = {}
@@ -362,6 +366,9 @@ class ProxyServer:
             setup_deadline=setup_deadline,
             setup_log=self._setup_timeouts,
             native=self.native_threads,
+            budget=self.request_budget,
+            max_unauthenticated_frame_bytes=self.config.get("max.frame.bytes.unauthenticated"),
+            refusal_log=self._frame_refusals,
         )
         self.connections.add(connection)
         self.metrics.connections.inc()

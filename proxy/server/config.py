@@ -110,6 +110,16 @@ PROXY_SETTINGS: tuple[Setting, ...] = (
     Setting("sidecar.node.id", _parse_int, -1,
             "sidecar: the id of the broker this sidecar fronts; -1 finds it in the cluster metadata."),
     Setting("max.frame.bytes", _parse_int, 104857600, "Largest request or response frame accepted.", _at_least(1024)),
+    Setting("max.frame.bytes.unauthenticated", _parse_int, 524288,
+            "Largest request frame accepted from a client before it is past authentication (its first request, "
+            "or the end of its SASL exchange), as a broker caps SASL frames; a larger size prefix closes the "
+            "connection before a byte of the body is read.", _at_least(1024)),
+    Setting("queued.max.request.bytes", _parse_int, 104857600,
+            "Bytes of client request frames the whole proxy holds at once, being read or waiting to go upstream. "
+            "When spent, the proxy stops reading from clients until frames leave (their sockets fill, TCP slows "
+            "them). Frames are charged as their bytes arrive, never by their declared size; the oldest frame being "
+            "read may always finish, so the proxy holds at most this plus one max.frame.bytes.",
+            _at_least(1024 * 1024)),
     Setting("max.connections", _parse_int, 10000, "Client connections accepted at once.", _at_least(1)),
     Setting("max.inflight.requests.per.connection", _parse_int, 64,
             "Requests awaiting a response per connection before the proxy stops reading from the client.",

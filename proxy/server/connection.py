@@ -14,6 +14,14 @@ its frame".
 Bad bytes from the client close this connection only, with one log line naming the peer
 and the reason.
 
+What a client's frames may cost is bounded twice (``proxy.net.budget``): until the
+connection is past authentication its ApiVersions, SaslHandshake and SaslAuthenticate
+frames may declare no more than ``max.frame.bytes.unauthenticated`` (a broker's cap on
+SASL frames), any other ``max.frame.bytes`` (a first request may be a large Produce from
+a client that skips ApiVersions); and every frame read from a client holds its bytes in the proxy-wide
+``RequestBudget`` until the reader has sent it on (or answered it), so a crowd of clients
+makes the readers wait, never the heap grow.
+
 Two clocks bound a connection that does not do its part:
 
 - setup (``setup_deadline``, from ``connections.setup.timeout.ms`` after it was accepted):
@@ -38,15 +46,24 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from proxy.net import native_relay
+from proxy.net.budget import RequestBudget
 from proxy.net.native_relay import NativeRelay, NativeRelayThreads, native_now_ns
 from proxy.net.streams import FrameStream, PartialFrame
 from proxy.pipeline.chain import FeatureChain
 from proxy.pipeline.context import ConnectionContext
 from proxy.pipeline.route import OwnRequest
-from proxy.protocol.errors import ProtocolError
-from proxy.protocol.framing import peek_correlation_id, peek_request_header
+from proxy.protocol import messages
+from proxy.protocol.errors import ProtocolError, exceeded_limit
+from proxy.protocol.framing import (
+    FrameTooLarge,
+    RequestHeaderPeek,
+    check_request_header_tags,
+    peek_correlation_id,
+    peek_request_header,
+)
+from proxy.protocol.messages import request_header_flexible
 from proxy.server.exchange import Exchange
-from proxy.server.limits import ConnectionSetup, LogThrottle
+from proxy.server.limits import AUTHENTICATION_APIS, ConnectionSetup, LogThrottle
 from proxy.server.metrics import ProxyMetrics
 
 log = logging.getLogger("proxy.connection")
@@ -55,6 +72,40 @@ _connection_ids = itertools.count(1)
 
 UpstreamOpener = Callable[[], Awaitable[trio.abc.Stream]]
 _PASS_ON_MIN = 64 * 1024  # requests with this much still to arrive are spliced, not read
+
+
+def peek_request(frame: bytes | bytearray) -> RequestHeaderPeek | None:
+    """A request's header, peeked; refused (ProtocolError) when its flexible header declares
+    more tagged fields than Kafka 4.4 reads, so no broker behind the proxy ever sees such a
+    request (brokers before 4.4 allocate per declared field before authentication). None
+    when ``frame`` is the head of a request and ends before the header's count of tagged
+    fields (a client id of kilobytes): the caller reads the whole request and asks again."""
+    peek = peek_request_header(frame)
+    if check_request_header_tags(frame, request_header_flexible(peek.api_key, peek.api_version)) is None:
+        return None
+    return peek
+
+
+def peek_whole_request(frame: bytes | bytearray) -> RequestHeaderPeek:
+    peek = peek_request(frame)
+    if peek is None:
+        raise ProtocolError("request header ends before its tagged fields", offset=len(frame))
+    return peek
+
+
+def screen_unauthenticated(frame: bytes | bytearray) -> None:
+    """Decode a request that arrived before its connection was past authentication, to
+    refuse (ProtocolError) any array or tagged-field section over Kafka 4.4's limits
+    anywhere in it: brokers before 4.4 allocate per declared element while they read such
+    a request, before they know who sent it. These requests are few (ApiVersions, the SASL
+    exchange, a first request) and small (``max.frame.bytes.unauthenticated``), so reading
+    them whole costs little. Any other fault is the broker's to answer, as before: the
+    request goes on."""
+    try:
+        messages.decode_request(frame, strict=False)
+    except ProtocolError as exc:
+        if exceeded_limit(exc) is not None:
+            raise
 
 
 def check_correlation_id(response, exchange: Exchange) -> None:
@@ -87,11 +138,19 @@ class ClientConnection:
         setup_deadline: float = math.inf,
         setup_log: LogThrottle | None = None,
         native: NativeRelayThreads | None = None,
+        budget: RequestBudget | None = None,
+        max_unauthenticated_frame_bytes: int | None = None,
+        refusal_log: LogThrottle | None = None,
     ) -> None:
         self.id = next(_connection_ids)
         self.peer = peer
         self.target = target  # "bootstrap" or "node-<id>", for logs
-        self.client = FrameStream(client, max_frame_bytes)
+        if budget is None:  # a connection of its own (tests): a budget no frame can spend
+            budget = RequestBudget(1 << 62)
+        early = None
+        if max_unauthenticated_frame_bytes is not None:
+            early = (max_unauthenticated_frame_bytes, "max.frame.bytes.unauthenticated", AUTHENTICATION_APIS)
+        self.client = FrameStream(client, max_frame_bytes, budget=budget, early_limit=early)
         self.open_upstream = open_upstream
         self.chain = chain
         self.metrics = metrics
@@ -102,6 +161,7 @@ class ClientConnection:
         self.setup = ConnectionSetup()
         self._setup_closed = False  # counted and logged as a setup timeout
         self._setup_log = setup_log  # shared by the server's connections; None logs every closure
+        self._refusal_log = refusal_log  # likewise, for frames refused for their size
         self.context = ConnectionContext(self.id, peer, target, send_own=self.send_own,
                                          own_responses=chain.decode_own_response)
         self._unsettled: set[Exchange] = set()  # exchanges whose route must be told they are over
@@ -144,10 +204,13 @@ class ClientConnection:
                     self._closing_unset_up()
                 return
             try:
-                self.setup.on_request(peek_request_header(first).api_key)
+                screen_unauthenticated(first)
+                self.setup.on_request(peek_whole_request(first).api_key)
             except ProtocolError as exc:  # not a request: no broker connection for it
                 self._log_protocol_error(exc)
                 return
+            if self.setup.past_authentication:
+                self.client.authenticated()
             try:
                 upstream = FrameStream(await self.open_upstream(), self.max_frame_bytes)
             except (OSError, trio.TooSlowError, ssl.SSLError, UpstreamUnavailable) as exc:
@@ -183,6 +246,17 @@ class ClientConnection:
 
     def _log_protocol_error(self, exc: ProtocolError) -> None:
         self.metrics.errors.labels("protocol").inc()
+        if isinstance(exc, FrameTooLarge):
+            self.metrics.frames_refused.labels(exc.limit_name).inc()
+            # A crowd of them (an attack) is logged a line at a time, saying how many it stands for.
+            unlogged = 0 if self._refusal_log is None else self._refusal_log.allow(trio.current_time())
+            if unlogged is not None:
+                log.warning("closing connection conn=%s peer=%s target=%s reason=%r closed_unlogged=%s",
+                            self.id, self.peer, self.target, str(exc), unlogged)
+            return
+        limit = exceeded_limit(exc)
+        if limit is not None:
+            self.metrics.protocol_limits.labels(limit).inc()
         log.warning("closing connection conn=%s peer=%s target=%s reason=%r",
                     self.id, self.peer, self.target, str(exc))
 
@@ -237,16 +311,24 @@ class ClientConnection:
                     whole: bytes | bytearray = b""
                     if isinstance(frame, PartialFrame):
                         partial = frame
-                        peek = peek_request_header(partial.head)
-                        if self.chain.reads_requests(peek.api_key):
+                        head_peek = peek_request(partial.head)
+                        if head_peek is None or self.chain.reads_requests(head_peek.api_key):
                             whole, partial = await self.client.receive_rest(partial), None
+                            peek = peek_whole_request(whole)
+                        else:
+                            peek = head_peek
                     else:
                         whole = frame
-                        peek = peek_request_header(whole)
+                        peek = peek_whole_request(whole)
                     if counted:
                         counted = False
                     elif not self.setup.past_authentication:
+                        if partial is not None:  # read whole, to be screened
+                            whole, partial = await self.client.receive_rest(partial), None
+                        screen_unauthenticated(whole)
                         self._set_up_by(peek.api_key, received_at)
+                        if self.setup.past_authentication:
+                            self.client.authenticated()
                     try:
                         route = await self.chain.route(self.context, peek, partial.head if partial else whole)
                     except ProtocolError:
@@ -309,6 +391,7 @@ class ClientConnection:
                     finally:
                         sending.release()
                     frame = None
+                    self.client.release_frame()  # sent on or answered: its bytes leave the budget
             if half_sent:
                 # Drained in the middle of a request (a large one still arriving from the
                 # client, or an upstream socket that was full): the broker now holds part

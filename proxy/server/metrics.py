@@ -71,6 +71,20 @@ class ProxyMetrics:
                                           "(setup_timeout, idle).", ["reason"], registry=r)
         self.errors = Counter("kafka_proxy_connection_errors", "Connections closed on an error, by kind.", ["kind"],
                               registry=r)
+        self.frames_refused = Counter("kafka_proxy_frames_refused",
+                                      "Client connections closed for a frame over a size limit, by the limit "
+                                      "(max.frame.bytes.unauthenticated, max.frame.bytes).", ["limit"], registry=r)
+        self.protocol_limits = Counter("kafka_proxy_protocol_limits_refused",
+                                       "Client connections closed for a request over a protocol limit (more array "
+                                       "elements or tagged fields than Kafka 4.4 reads), by what was over.",
+                                       ["limit"], registry=r)
+        # Read when scraped from the server's RequestBudget (watch_budget).
+        self.request_bytes_held = Gauge("kafka_proxy_request_bytes_held",
+                                        "Bytes of client frames the proxy holds (queued.max.request.bytes bounds "
+                                        "it).", registry=r)
+        self.request_budget_waits = Gauge("kafka_proxy_request_budget_waits",
+                                          "Times a client's reader waited for queued.max.request.bytes to free "
+                                          "(a running total).", registry=r)
         self.upstream_connects = Counter("kafka_proxy_upstream_connects", "Upstream connections opened.", registry=r)
         self.upstream_connect_failures = Counter("kafka_proxy_upstream_connect_failures",
                                                  "Upstream connection attempts that failed.", registry=r)
@@ -103,6 +117,11 @@ class ProxyMetrics:
         self.trio_tasks = Gauge("kafka_proxy_trio_tasks", "Live trio tasks, counted when the metrics are scraped.",
                                 registry=r)
         self.trio_tasks.set_function(live_trio_tasks)
+
+    def watch_budget(self, budget) -> None:
+        """Export a ``proxy.net.budget.RequestBudget``'s figures, read when scraped."""
+        self.request_bytes_held.set_function(lambda: budget.held)
+        self.request_budget_waits.set_function(lambda: budget.waits)
 
     def for_api(self, api_key: int) -> tuple:
         """(requests, request_bytes, response_bytes, latency) children for one api key."""
