@@ -122,8 +122,20 @@ def _chunk_sizes(choices: Choices, stream_bytes: int) -> tuple[int, int]:
     return max(floor, 1 + choices.byte()), max(floor, 1 + 7 * choices.byte())
 
 
-def _split_whole(stream: bytes, limit: int) -> tuple[list[bytes], bool]:
+# Frames of these API keys are held to a lower limit, as a connection's authentication
+# requests are (FrameSplitter.limit_early): their key follows the size prefix, so the three
+# ways of splitting must agree however the two bytes after a size arrive.
+EARLY_LIMIT = (300, "early", frozenset({18, 17, 36}))
+
+
+def _splitter(limit: int) -> FrameSplitter:
     splitter = FrameSplitter(limit)
+    splitter.limit_early(EARLY_LIMIT)
+    return splitter
+
+
+def _split_whole(stream: bytes, limit: int) -> tuple[list[bytes], bool]:
+    splitter = _splitter(limit)
     splitter.feed(stream)
     frames: list[bytes] = []
     try:
@@ -135,7 +147,7 @@ def _split_whole(stream: bytes, limit: int) -> tuple[list[bytes], bool]:
 
 
 def _split_chunked(stream: bytes, limit: int, sizes: tuple[int, int]) -> tuple[list[bytes], bool]:
-    splitter = FrameSplitter(limit)
+    splitter = _splitter(limit)
     frames: list[bytes] = []
     pos = turn = 0
     try:
@@ -154,7 +166,7 @@ def _split_chunked(stream: bytes, limit: int, sizes: tuple[int, int]) -> tuple[l
 def _split_in_place(stream: bytes, limit: int, sizes: tuple[int, int]) -> tuple[list[bytes], bool]:
     """As the socket path reads: the splitter sees the size prefix and whatever arrived
     with it; the rest of the body goes straight from the source into the frame."""
-    splitter = FrameSplitter(limit)
+    splitter = _splitter(limit)
     frames: list[bytes] = []
     pos = turn = 0
     try:
