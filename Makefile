@@ -26,7 +26,7 @@ venv: $(STAMP)
 # changed source rebuilds them, so no test runs against a stale extension.
 CSOURCES := $(sort $(wildcard proxy/*.c proxy/*.h proxy/*/*.c proxy/*/*.h proxy/*/*/*.c proxy/*/*/*.h))
 
-$(STAMP): pyproject.toml setup.py $(CSOURCES) $(SYSDEPS)
+$(STAMP): pyproject.toml setup.py $(CSOURCES) proxy/net/native_table.py proxy/protocol/constants.py $(SYSDEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench,spark]'

@@ -15,9 +15,16 @@ from types import ModuleType
 def choose(accelerated: str, reference: ModuleType) -> tuple[ModuleType, bool]:
     """The module named ``accelerated`` if it is built and not refused, else ``reference``;
     and whether the accelerator was taken."""
+    module = optional(accelerated)
+    return (reference, False) if module is None else (module, True)
+
+
+def optional(accelerated: str) -> ModuleType | None:
+    """The module named ``accelerated`` if it is built and not refused, else None: for an
+    accelerator with no Python reference (the proxy then goes without what it offers)."""
     if os.environ.get("KEYRANGE_PURE_PYTHON"):
-        return reference, False
+        return None
     try:
-        return importlib.import_module(accelerated), True
+        return importlib.import_module(accelerated)
     except ImportError:
-        return reference, False
+        return None

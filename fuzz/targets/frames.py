@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from fuzz.common import Choices, InvariantBroken, check_not_internal
 from proxy.features.addresses import rewrite_fetch_tail
+from proxy.net import native_table
 from proxy.net.native_relay import _cpump
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
@@ -61,8 +62,7 @@ FETCH_VERSIONS = 7  # 12..18
 MAX_FRAMES = 8  # frames past these add time, not coverage
 LIMIT = "exceeds the limit"  # the reason of every refusal of a count over MAX_ARRAY_ELEMENTS or MAX_TAGGED_FIELDS
 NATIVE_PEEK = 1024  # how many bytes of a request (size prefix included) the native relay peeks at
-NATIVE_KEYS, NATIVE_VERSIONS = 128, 32
-_NATIVE_OPAQUE = 1
+NATIVE_KEYS, NATIVE_VERSIONS = native_table.KEYS, native_table.VERSIONS
 
 
 def _every_request_native() -> bytes | None:
@@ -70,7 +70,7 @@ def _every_request_native() -> bytes | None:
     (``FeatureChain.native_classes``): flexible headers have their tag count checked."""
     if _cpump is None:
         return None
-    return bytes(_NATIVE_OPAQUE | (_cpump.CLASS_FLEXIBLE_HEADER if messages.request_header_flexible(key, version) else 0)
+    return bytes(native_table.entry(native_table.NativeClass.OPAQUE, messages.request_header_flexible(key, version))
                  for key in range(NATIVE_KEYS) for version in range(NATIVE_VERSIONS))
 
 

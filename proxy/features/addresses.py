@@ -20,7 +20,7 @@ from typing import Protocol
 
 from proxy.net.streams import Relay
 from proxy.pipeline.context import ConnectionContext
-from proxy.pipeline.feature import Feature, RequestStage, ResponseStage
+from proxy.pipeline.feature import Feature, RequestStage, ResponseReads, ResponseStage, ResponseStageSpec
 from proxy.pipeline.request import Request
 from proxy.pipeline.route import DecodedResponse, Route
 from proxy.protocol import messages
@@ -179,8 +179,12 @@ class AddressRewrite(Feature):
     def request_stages(self) -> Mapping[int, RequestStage]:
         return {ApiKey.FETCH: self.relay_fetch}
 
-    def response_stages(self) -> Mapping[int, tuple[int, ResponseStage]]:
-        return {api_key: (FIRST_VERSION_WITH_ADDRESSES.get(api_key, 0), self._stage(rewriter))
+    def response_stages(self) -> Mapping[int, ResponseStageSpec]:
+        # The leader hints are top-level tagged fields: a response without any needs no
+        # stage, which lets the native relay pass such Produce responses on untouched.
+        return {api_key: ResponseStageSpec(FIRST_VERSION_WITH_ADDRESSES.get(api_key, 0), self._stage(rewriter),
+                                           ResponseReads.TOP_LEVEL_TAGS if rewriter is rewrite_node_endpoints
+                                           else ResponseReads.WHOLE)
                 for api_key, rewriter in ADDRESS_REWRITERS.items()}
 
     def _stage(self, rewriter) -> ResponseStage:
@@ -190,9 +194,6 @@ class AddressRewrite(Feature):
             if rewriter(response.body, book):
                 response.changed = True
 
-        # The leader hints are top-level tagged fields: a response without any needs no
-        # stage, which lets the native relay pass such Produce responses on untouched.
-        stage.top_level_tags_only = rewriter is rewrite_node_endpoints  # type: ignore[attr-defined]
         return stage
 
     async def relay_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:

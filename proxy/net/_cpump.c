@@ -48,16 +48,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KEYS 128
-#define VERSIONS 32
-#define CLASS_PYTHON 0
-#define CLASS_OPAQUE 1
-#define CLASS_PRODUCE 2
-#define CLASS_FLEXIBLE_HEADER 0x80 /* a flag on the classes above: the request header is v2 */
-#define CLASS_MASK 0x7f
-/* proxy/protocol/constants.py: the most a message may declare (Kafka 4.4's readers' limits) */
-#define MAX_ARRAY_ELEMENTS 1000000
-#define MAX_TAGGED_FIELDS 10000
+/* The table's dimensions and classes (KEYS, VERSIONS, CLASS_*: CLASS_FLEXIBLE_HEADER is a flag
+ * on a class, the request header is v2) and the most a message may declare
+ * (MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS: Kafka 4.4's readers' limits), written by setup.py
+ * from proxy/net/native_table.py and proxy/protocol/constants.py, where they are declared. */
+#include "_native_table.h"
 #define API_PRODUCE 0
 #define PEEK_MAX 1024
 #define DONE_MAX 65536

@@ -20,7 +20,6 @@ for the event loop to answer; a cancel of the whole connection aborts it at once
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import time
@@ -29,19 +28,37 @@ from typing import Any
 
 import trio
 
+from proxy import accelerators
+from proxy.net import native_table
 from proxy.net.streams import FrameStream
-
-try:  # KEYRANGE_PURE_PYTHON=1 (proxy/accelerators.py) refuses every C accelerator, this one too
-    _cpump: Any = None if os.environ.get("KEYRANGE_PURE_PYTHON") else importlib.import_module("proxy.net._cpump")
-except ImportError:  # pragma: no cover - the extension is optional
-    _cpump = None
-
-AVAILABLE = _cpump is not None and hasattr(os, "eventfd") and hasattr(os, "splice")
-
+from proxy.protocol.constants import MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS
 
 # How a run ended (``RunResult.reason``), as metric labels.
 ENDINGS = ("slice", "idle", "request", "response", "woken", "aborted", "upstream_closed", "protocol", "broken")
 SLICE, IDLE, PYTHON_REQUEST, PYTHON_RESPONSE, WOKEN, ABORTED, UPSTREAM_CLOSED, PROTOCOL, BROKEN = range(9)
+
+
+def _load() -> Any:
+    """The C loop, if built, not refused (KEYRANGE_PURE_PYTHON) and built with the numbers
+    this side uses: the table's (``native_table``), the run endings above and the
+    protocol limits. A stale build is refused rather than trusted."""
+    module = accelerators.optional("proxy.net._cpump")
+    if module is None:
+        return None
+    native_table.check_extension(module)
+    expected = {name.upper(): value for value, name in enumerate(ENDINGS)}
+    expected.update(PYTHON_REQUEST=PYTHON_REQUEST, PYTHON_RESPONSE=PYTHON_RESPONSE,
+                    MAX_ARRAY_ELEMENTS=MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS=MAX_TAGGED_FIELDS)
+    del expected["REQUEST"], expected["RESPONSE"]
+    wrong = {name: getattr(module, name, None) for name, value in expected.items()
+             if getattr(module, name, None) != value}
+    if wrong:
+        raise ImportError(f"proxy.net._cpump was built with other constants: {wrong}; rebuild it")
+    return module
+
+
+_cpump: Any = _load()
+AVAILABLE = _cpump is not None and hasattr(os, "eventfd") and hasattr(os, "splice")
 
 
 @dataclass(slots=True)
@@ -107,8 +124,7 @@ class NativeRelay:
         # per frame matter. Once running, a run carries every request ``classes`` allows, so
         # a producer's occasional other requests do not end it. A connection that only
         # heartbeats never takes a thread, a pipe or an eventfd.
-        versions = _cpump.VERSIONS  # the table is API key x version; Produce is key 0
-        self.starters = classes[:versions] + bytes(len(classes) - versions)
+        self.starters = native_table.only_key(classes, 0)  # Produce is API key 0
         self._wake = -1  # the eventfd a run polls, made on the first run
         self.last: RunResult | None = None
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.net import native_table
+from proxy.net.native_table import NativeClass
 from proxy.net.streams import OPAQUE
 from proxy.pipeline.context import ConnectionContext
-from proxy.pipeline.feature import Feature, RequestStage, ResponseStage
+from proxy.pipeline.feature import Feature, RequestStage, ResponseReads, ResponseStage, ResponseStageSpec
 from proxy.pipeline.request import Request
 from proxy.pipeline.route import DecodedResponse, LocalAnswer, Route
 from proxy.pipeline.versions import clamp_api_versions
@@ -31,25 +33,20 @@ from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.peek import produce_acks
 
 ACKS_NONE = 0  # a Produce with acks=0 gets no response from the broker
-# The native relay's table (proxy/net/_cpump.c): API keys x versions, and its classes;
-# NATIVE_FLEXIBLE_HEADER is a flag on a class: the request's header is flexible, so the
-# loop checks its tagged-field count before carrying it (MAX_TAGGED_FIELDS).
-NATIVE_KEYS, NATIVE_VERSIONS = 128, 32
-NATIVE_OPAQUE, NATIVE_PRODUCE = 1, 2
-NATIVE_FLEXIBLE_HEADER = 0x80
 
 
 class FeatureChain:
     def __init__(self, features: Sequence[Feature]) -> None:
         self.features = list(features)
         self._request_stages: dict[int, list[RequestStage]] = {}
-        self._response_stages: dict[int, list[tuple[int, ResponseStage]]] = {}
+        self._response_stages: dict[int, list[ResponseStageSpec]] = {}
         self.advertised: dict[str, tuple[int, int]] = {}
         for feature in self.features:
             for api_key, stage in feature.request_stages().items():
                 self._request_stages.setdefault(api_key, []).append(stage)
-            for api_key, (first_version, response_stage) in feature.response_stages().items():
-                self._response_stages.setdefault(api_key, []).append((first_version, response_stage))
+            for api_key, declared in feature.response_stages().items():
+                spec = declared if isinstance(declared, ResponseStageSpec) else ResponseStageSpec(*declared)
+                self._response_stages.setdefault(api_key, []).append(spec)
             for name, versions in feature.advertised().items():
                 if name in self.advertised:
                     raise ValueError(f"two features advertise {name!r}")
@@ -88,7 +85,7 @@ class FeatureChain:
         key = (api_key, version)
         stages = self._stages_by_version.get(key)
         if stages is None:
-            stages = [stage for first, stage in self._response_stages.get(api_key, ()) if version >= first]
+            stages = [spec.stage for spec in self._response_stages.get(api_key, ()) if version >= spec.first_version]
             self._stages_by_version[key] = stages
         return stages
 
@@ -157,14 +154,13 @@ class FeatureChain:
 
     # -- the native relay (proxy/net/native_relay.py) ----------------------------------------
     def native_classes(self) -> bytes:
-        """For every API key below 128 and version below 32, how the native relay may carry
-        a request: 0 never (a feature reads it, or the chain answers or checks it), 1 with
-        its response relayed untouched, 2 (Produce) with its response read and relayed
-        untouched unless it carries top-level tagged fields (the only ones its stages read,
-        ``ResponseStage.top_level_tags_only``). Request stages run on every request they
-        name, so a key any feature reads is never carried natively. A class other than 0
-        carries ``NATIVE_FLEXIBLE_HEADER`` when the request header is flexible
-        (``messages.request_header_flexible``): the loop then leaves a request whose header
+        """The native relay's table (``proxy.net.native_table``): for every API key and
+        version, PYTHON when a feature reads the request (request stages run on every
+        request they name) or the chain answers or checks it; OPAQUE when no stage reads
+        its response; PRODUCE for Produce when its stages read only top-level tagged
+        fields (``ResponseReads.TOP_LEVEL_TAGS``), so the loop relays every response
+        without any untouched. Flexible request headers are flagged
+        (``messages.request_header_flexible``): the loop leaves a request whose header
         declares more than MAX_TAGGED_FIELDS tagged fields to the event loop, which refuses
         it. Made once: the chain does not change, and every connection asks."""
         if self._native_classes is None:
@@ -172,26 +168,25 @@ class FeatureChain:
         return self._native_classes
 
     def _make_native_classes(self) -> bytes:
-        classes = bytearray(NATIVE_KEYS * NATIVE_VERSIONS)
-        for api_key in range(NATIVE_KEYS):
+        table = native_table.new_table()
+        for api_key in range(native_table.KEYS):
             if api_key in self._request_stages or api_key == ApiKey.API_VERSIONS:
                 continue
-            for version in range(NATIVE_VERSIONS):
+            for version in range(native_table.VERSIONS):
                 if api_key in self._decoded_keys:
                     low, high = self._known.get(api_key, (0, -1))
                     if not low <= version <= high:
                         continue
-                stages = self.response_stages(api_key, version)
-                if not stages:
-                    cls = NATIVE_OPAQUE
-                elif api_key == ApiKey.PRODUCE and all(getattr(s, "top_level_tags_only", False) for s in stages):
-                    cls = NATIVE_PRODUCE
+                specs = [spec for spec in self._response_stages.get(api_key, ()) if version >= spec.first_version]
+                if not specs:
+                    cls = NativeClass.OPAQUE
+                elif api_key == ApiKey.PRODUCE and all(s.reads is ResponseReads.TOP_LEVEL_TAGS for s in specs):
+                    cls = NativeClass.PRODUCE
                 else:
                     continue
-                if messages.request_header_flexible(api_key, version):
-                    cls |= NATIVE_FLEXIBLE_HEADER
-                classes[api_key * NATIVE_VERSIONS + version] = cls
-        return bytes(classes)
+                flexible = messages.request_header_flexible(api_key, version)
+                native_table.put(table, api_key, version, native_table.entry(cls, flexible))
+        return bytes(table)
 
     def native_route(self, ctx: ConnectionContext, api_key: int, version: int) -> Route:
         """The route of a request the native relay forwarded and hands back unanswered: its

@@ -6,6 +6,9 @@ A feature is one module with one class that says, by API key:
   and the request, and returns a ``Route`` to claim it or None to pass it on;
 - which responses it reads or rewrites (``response_stages``): each stage gets every
   decoded response of that API from the given version on, whoever claimed the request;
+  a stage that reads only the response's top-level tagged fields says so
+  (``ResponseStageSpec.reads``), which lets the native relay carry such requests and
+  hand back only the responses that have any;
 - which entries it adds to ApiVersions' SupportedFeatures (``advertised``).
 
 Features are listed once, in order, where the server is built (``proxy.server.app``); a
@@ -16,7 +19,9 @@ response stages in that order. Nothing else about a feature is known to the serv
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from proxy.pipeline.context import ConnectionContext
 from proxy.pipeline.request import Request
@@ -24,6 +29,24 @@ from proxy.pipeline.route import DecodedResponse, Route
 
 RequestStage = Callable[[ConnectionContext, Request], Awaitable["Route | None"]]
 ResponseStage = Callable[[ConnectionContext, DecodedResponse], None]
+
+
+class ResponseReads(enum.Enum):
+    """What of a response a response stage reads."""
+
+    WHOLE = "whole"  # any field: every response must be decoded for it
+    TOP_LEVEL_TAGS = "top-level tags"  # only top-level tagged fields: a response without any needs no stage
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseStageSpec:
+    """A response stage as a feature declares it: from which version of the API it
+    applies, and what it reads (``response_stages`` may also give ``(first_version,
+    stage)``, which reads the whole response)."""
+
+    first_version: int
+    stage: ResponseStage
+    reads: ResponseReads = ResponseReads.WHOLE
 
 
 class Feature:
@@ -35,8 +58,9 @@ class Feature:
         """API key -> the stage that may claim its requests."""
         return {}
 
-    def response_stages(self) -> Mapping[int, tuple[int, ResponseStage]]:
-        """API key -> (first version it applies to, the stage over decoded responses)."""
+    def response_stages(self) -> Mapping[int, ResponseStageSpec | tuple[int, ResponseStage]]:
+        """API key -> the stage over decoded responses (a spec, or (first version it
+        applies to, stage))."""
         return {}
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:

@@ -15,7 +15,10 @@ import uuid
 
 import pytest
 
-from proxy.pipeline.chain import NATIVE_FLEXIBLE_HEADER, NATIVE_KEYS, NATIVE_VERSIONS, FeatureChain
+from proxy.net.native_table import FLEXIBLE_HEADER as NATIVE_FLEXIBLE_HEADER
+from proxy.net.native_table import KEYS as NATIVE_KEYS
+from proxy.net.native_table import VERSIONS as NATIVE_VERSIONS
+from proxy.pipeline.chain import FeatureChain
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import MAX_TAGGED_FIELDS
