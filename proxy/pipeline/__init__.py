@@ -15,7 +15,7 @@ from proxy.pipeline.chain import FeatureChain
 from proxy.pipeline.cluster import ClusterView
 from proxy.pipeline.context import ConnectionContext, StateKey
 from proxy.pipeline.feature import Feature, RequestStage, ResponseStage
-from proxy.pipeline.request import Request
+from proxy.pipeline.request import Request, ResponseHook
 from proxy.pipeline.route import DecodedResponse, LocalAnswer, OwnRequest, Route
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "LocalAnswer",
     "OwnRequest",
     "Request",
+    "ResponseHook",
     "RequestStage",
     "ResponseStage",
     "Route",

@@ -22,7 +22,7 @@ from proxy.net.native_table import NativeClass
 from proxy.net.streams import OPAQUE
 from proxy.pipeline.context import ConnectionContext
 from proxy.pipeline.feature import Feature, RequestStage, ResponseReads, ResponseStage, ResponseStageSpec
-from proxy.pipeline.request import Request
+from proxy.pipeline.request import Request, ResponseHook
 from proxy.pipeline.route import DecodedResponse, LocalAnswer, Route
 from proxy.pipeline.versions import clamp_api_versions
 from proxy.protocol import messages
@@ -111,27 +111,31 @@ class FeatureChain:
             for stage in stages:
                 route = await stage(ctx, request)
                 if route is not None:
-                    return self._complete(ctx, peek, route)
+                    return self._complete(ctx, peek, route, request.response_hooks)
             frame = request.frame
         if api_key == ApiKey.PRODUCE and produce_acks(frame, peek) == ACKS_NONE:
             return Route(frame, expect_response=False)
         if api_key == ApiKey.API_VERSIONS:
             return Route(frame, transform=self._api_versions_transform(peek.api_version))
-        if self.response_stages(api_key, peek.api_version):
-            return self._complete(ctx, peek, Route(frame))
+        hooks = request.response_hooks if request is not None else ()
+        if hooks or self.response_stages(api_key, peek.api_version):
+            return self._complete(ctx, peek, Route(frame), hooks)
         return Route(frame, relay=OPAQUE)
 
-    def _complete(self, ctx: ConnectionContext, peek: RequestHeaderPeek, route: Route) -> Route:
+    def _complete(self, ctx: ConnectionContext, peek: RequestHeaderPeek, route: Route,
+                  hooks: tuple[ResponseHook, ...] = ()) -> Route:
         """Give ``route`` one transform that decodes the response once for its own
-        ``on_response`` and for every response stage of the API, when any applies."""
-        return self._complete_for(ctx, peek.api_key, peek.api_version, route)
+        ``on_response``, every response stage of the API, then the hooks of the stages that
+        rewrote the request (``Request.replace``), the last one's first; when any applies."""
+        return self._complete_for(ctx, peek.api_key, peek.api_version, route, hooks)
 
-    def _complete_for(self, ctx: ConnectionContext, api_key: int, version: int, route: Route) -> Route:
+    def _complete_for(self, ctx: ConnectionContext, api_key: int, version: int, route: Route,
+                      hooks: tuple[ResponseHook, ...] = ()) -> Route:
         if route.local is not None or route.relay is not None or not route.expect_response:
             return route
         stages = self.response_stages(api_key, version)
         on_response = route.on_response
-        if on_response is None and not stages:
+        if on_response is None and not stages and not hooks:
             return route
         raw_transform = route.transform
 
@@ -144,6 +148,8 @@ class FeatureChain:
                 await on_response(response)
             for stage in stages:
                 stage(ctx, response)
+            for hook in reversed(hooks):
+                hook(response)
             if not response.changed:
                 return raw
             return messages.encode_response(api_key, version, response.header, response.body)

@@ -3,7 +3,9 @@
 A feature is one module with one class that says, by API key:
 
 - which requests it reads (``request_stages``): each stage gets the connection's context
-  and the request, and returns a ``Route`` to claim it or None to pass it on;
+  and the request, and returns a ``Route`` to claim it or None to pass it on; a stage
+  that rewrites the request (``Request.replace``) may ask for its response
+  (``on_response=``), to turn it back into the answer to what the client asked;
 - which responses it reads or rewrites (``response_stages``): each stage gets every
   decoded response of that API from the given version on, whoever claimed the request;
   a stage that reads only the response's top-level tagged fields says so
@@ -14,7 +16,9 @@ A feature is one module with one class that says, by API key:
 Features are listed once, in order, where the server is built (``proxy.server.app``); a
 request goes through the request stages of its API key in that order, and a decoded
 response through the claiming feature's own ``Route.on_response`` first, then through the
-response stages in that order. Nothing else about a feature is known to the server.
+response stages in that order, then through the response hooks of the stages that
+rewrote the request, the last one's first. Nothing else about a feature is known to the
+server.
 """
 
 from __future__ import annotations

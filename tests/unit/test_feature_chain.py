@@ -149,6 +149,120 @@ async def test_the_claimant_sees_the_response_first_then_every_stage_in_order_ov
     assert body.throttle_time_ms == 77
 
 
+class _Renamer(Feature):
+    """Rewrites a Metadata request's topic ``asked`` into ``sent``, and asks for the response
+    to turn ``sent`` back into ``asked``: the hook's journal entry shows what it saw."""
+
+    def __init__(self, asked: str, sent: str, journal: list) -> None:
+        self.asked, self.sent, self.journal = asked, sent, journal
+
+    def request_stages(self):
+        return {ApiKey.METADATA: self.on_metadata}
+
+    async def on_metadata(self, ctx, request: Request):
+        header, body = request.decoded()
+        for topic in body.topics:
+            if topic.name == self.asked:
+                topic.name = self.sent
+
+        def back(response: DecodedResponse) -> None:
+            self.journal.append(("hook", self.asked, [t.name for t in response.body.topics]))
+            for topic in response.body.topics:
+                if topic.name == self.sent:
+                    topic.name = self.asked
+                    response.changed = True
+
+        request.replace(messages.encode_request(header, body), (header, body), on_response=back)
+        return None
+
+
+class _TopicsRecorder(Feature):
+    """Records the topic names of every Metadata request and response it sees."""
+
+    def __init__(self, journal: list, *, claim: bool = False) -> None:
+        self.journal, self.claim = journal, claim
+
+    def request_stages(self):
+        async def stage(ctx, request: Request):
+            self.journal.append(("request", [t.name for t in request.decoded()[1].topics]))
+            if not self.claim:
+                return None
+
+            async def on_response(response: DecodedResponse) -> None:
+                self.journal.append(("claimant", [t.name for t in response.body.topics]))
+
+            return Route(request.frame, on_response=on_response)
+
+        return {ApiKey.METADATA: stage}
+
+    def response_stages(self):
+        def stage(ctx, response: DecodedResponse) -> None:
+            self.journal.append(("stage", [t.name for t in response.body.topics]))
+
+        return {ApiKey.METADATA: (0, stage)}
+
+
+def _metadata_answer(*names: str) -> bytes:
+    cls = messages.body_class(ApiKey.METADATA, "response")
+    return _response(ApiKey.METADATA, 12, brokers=[], topics=[
+        cls.MetadataResponseTopic(name=name, partitions=[]) for name in names])
+
+
+def _metadata_asking(*names: str) -> bytes:
+    cls = messages.body_class(ApiKey.METADATA, "request")
+    return _request(ApiKey.METADATA, 12, topics=[cls.MetadataRequestTopic(name=name) for name in names])
+
+
+async def test_a_stage_that_rewrote_a_request_gets_its_response_after_every_response_stage():
+    journal: list = []
+    chain = FeatureChain([_Renamer("virtual", "real", journal), _TopicsRecorder(journal)])
+    route = await _route(chain, _metadata_asking("virtual"))
+    _, sent = messages.decode_request(route.upstream_frame)
+    assert [t.name for t in sent.topics] == ["real"]
+    out = await route.transform(_metadata_answer("real"))
+    # Later features saw the request as it went upstream, and so see its response; the
+    # hook then turns it back into the answer to what the client asked.
+    assert journal == [("request", ["real"]), ("stage", ["real"]), ("hook", "virtual", ["real"])]
+    _, body = messages.decode_response(ApiKey.METADATA, 12, out)
+    assert [t.name for t in body.topics] == ["virtual"]
+
+
+async def test_the_hooks_of_several_rewrites_unwind_the_last_first_after_the_claimant():
+    journal: list = []
+    chain = FeatureChain([_Renamer("a", "b", journal), _Renamer("b", "c", journal),
+                          _TopicsRecorder(journal, claim=True)])
+    route = await _route(chain, _metadata_asking("a"))
+    assert route.on_response is None  # folded into the one transform
+    out = await route.transform(_metadata_answer("c"))
+    assert journal == [("request", ["c"]), ("claimant", ["c"]), ("stage", ["c"]),
+                       ("hook", "b", ["c"]), ("hook", "a", ["b"])]
+    _, body = messages.decode_response(ApiKey.METADATA, 12, out)
+    assert [t.name for t in body.topics] == ["a"]
+
+
+async def test_a_hook_makes_the_default_route_decode_and_never_runs_on_a_local_answer():
+    journal: list = []
+    # No feature has a response stage for Metadata: without the hook the response would be
+    # relayed undecoded.
+    route = await _route(FeatureChain([_Renamer("x", "y", journal)]), _metadata_asking("x"))
+    assert route.relay is None and route.transform is not None
+    _, body = messages.decode_response(ApiKey.METADATA, 12, await route.transform(_metadata_answer("y")))
+    assert [t.name for t in body.topics] == ["x"]
+
+    class Answers(Feature):
+        def request_stages(self):
+            async def stage(ctx, request: Request):
+                return Route.answer(_metadata_answer("local"))
+
+            return {ApiKey.METADATA: stage}
+
+    journal.clear()
+    route = await _route(FeatureChain([_Renamer("x", "y", journal), Answers()]), _metadata_asking("x"))
+    assert route.transform is None and route.local is not None
+    _, body = messages.decode_response(ApiKey.METADATA, 12, await route.local.wait())
+    assert [t.name for t in body.topics] == ["local"] and journal == []
+
+
 async def test_an_unchanged_response_goes_on_as_the_broker_sent_it():
     journal: list = []
     chain = FeatureChain([_Recorder("reader", journal, keys=(), response_keys=(ApiKey.METADATA,))])
