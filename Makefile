@@ -11,7 +11,7 @@ PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
 # split kernel needs), so the virtualenv and its C accelerators are rebuilt exactly then.
 SYSDEPS := build/system-deps.stamp
 
-.PHONY: venv jars toxiproxy lint test unit demo clean system-deps FORCE
+.PHONY: venv jars toxiproxy lint stubs test unit demo clean system-deps FORCE
 
 system-deps: $(SYSDEPS)
 
@@ -46,7 +46,14 @@ toxiproxy: $(STAMP)
 # slip fails in seconds rather than after it.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check proxy tests benchmarks fuzz chaos experiments
+	$(PY) -m proxy.protocol.stubs --check
 	$(VENV)/bin/mypy
+
+# The typed view of the messages (proxy/protocol/message_types.pyi) and the version
+# constants (message_versions.py), generated from the message definitions: run after a
+# schema change (kafka-python bump, protocol_schemas/ edit) and commit the result.
+stubs: $(STAMP)
+	$(PY) -m proxy.protocol.stubs
 
 test: venv jars toxiproxy lint
 	$(PY) -m pytest $(PYTEST_FLAGS)

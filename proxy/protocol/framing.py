@@ -15,6 +15,14 @@ from dataclasses import dataclass
 
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.primitives import check_tag_count, read_uvarint
+from proxy.protocol.walks import Walk
+
+# What the peeks read: request headers v1 and v2 share their head (the client id is never
+# compact), response headers v0 and v1 start with the correlation id.
+REQUEST_HEADER_HEAD = Walk("RequestHeader", "", 1, None, (
+    "RequestApiKey int16", "RequestApiVersion int16", "CorrelationId int32", "ClientId nullable string"), prefix=True)
+RESPONSE_HEADER_HEAD = Walk("ResponseHeader", "", 0, None, ("CorrelationId int32",), prefix=True)
+WALKS = (REQUEST_HEADER_HEAD, RESPONSE_HEADER_HEAD)
 
 SIZE_PREFIX = struct.Struct(">i")
 _REQUEST_HEADER_FIXED = struct.Struct(">hhih")  # api key, version, correlation id, client id length

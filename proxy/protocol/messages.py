@@ -17,8 +17,14 @@ Frames here are Kafka frames *without* the 4-byte size prefix (``framing`` strip
 Behind the functions is ``REGISTRY``, a ``MessageRegistry``: it maps (api key, version,
 kind) to a ``FrameCodec`` (header codec of the right header version plus body codec) on
 first use, so decoding a frame is one dictionary lookup and two generated functions.
-Every value returned here is typed ``Any``: the classes are generated from the schemas
-at run time, so a type checker cannot know their fields.
+The classes are made from the schemas at run time; ``message_types`` names them
+(``FetchRequest``, ``FetchRequest.FetchTopic``) and its stub, generated from the same
+schemas, types them. Headers are typed here; a body is typed through its class: the
+``*_as`` functions take the class and return the body as it (``decode_response_as(
+FetchResponse, version, frame)``), and a pipeline stage's ``Request[FetchRequest]`` or
+``DecodedResponse[FetchResponse]`` says what its body is. The functions that find the
+API from the frame itself (``decode_request``, ``decode_body``...) return the body as
+``Any``.
 
 Reading::
 
@@ -29,8 +35,8 @@ Reading::
 
 Building from scratch (every field not given is at its Kafka default)::
 
-    F = body_class(ApiKey.FETCH, "request")              # nested classes by struct name
-    body = new_body(ApiKey.FETCH, 18, "request", max_wait_ms=500, topics=[
+    F = FetchRequest                                     # from proxy.protocol.message_types
+    body = F(max_wait_ms=500, topics=[                   # nested classes by struct name
         F.FetchTopic(topic_id=tid, partitions=[F.FetchPartition(partition=0, fetch_offset=7)])])
     frame = encode_request(new_request_header(ApiKey.FETCH, 18, correlation_id, "client"), body)
 
@@ -48,13 +54,14 @@ import functools
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from proxy.protocol.api_keys import ApiKey, api_name
 from proxy.protocol.compiler import MessageCodec, as_view, compile_message
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
 from proxy.protocol.framing import peek_correlation_id
+from proxy.protocol.message_types import RequestHeader, ResponseHeader
 from proxy.protocol.schema import MessageDef, View, registry
 from proxy.protocol.values import message_classes, strip_extensions, to_dict
 
@@ -71,9 +78,13 @@ __all__ = [
     "data_version",
     "decode_api_versions_response",
     "decode_body",
+    "decode_body_as",
     "decode_data",
+    "decode_data_as",
     "decode_request",
+    "decode_request_as",
     "decode_response",
+    "decode_response_as",
     "decode_response_by_correlation",
     "encode_body",
     "encode_data",
@@ -94,6 +105,9 @@ __all__ = [
 ]
 
 Kind = Literal["request", "response"]
+# A frame or body as the decoders take it: any bytes-like value, read without copying.
+Frame = bytes | bytearray | memoryview
+B = TypeVar("B")  # a message class of message_types
 
 _API_KEY_AND_VERSION = struct.Struct(">hh")
 _DATA_VERSION = struct.Struct(">h")
@@ -217,7 +231,7 @@ class FrameCodec:
     header: MessageCodec
     body: MessageCodec
 
-    def decode(self, frame: Any, *, to_end: bool = True) -> tuple[Any, Any]:
+    def decode(self, frame: Frame, *, to_end: bool = True) -> tuple[Any, Any]:
         """``(header, body)``; with ``to_end`` false, bytes after the body are ignored."""
         view = as_view(frame)
         try:
@@ -234,7 +248,7 @@ class FrameCodec:
             return header, body
         return header, self.body.decode(view, pos)
 
-    def encode(self, header: Any, body: Any) -> bytes:
+    def encode(self, header: object, body: object) -> bytes:
         out = bytearray()
         self.header.encode_into(out, header)
         self.body.encode_into(out, body)
@@ -278,20 +292,9 @@ def _body_codec(api_key: int, version: int, kind: str, view: View = "ours") -> M
     return _REGISTRIES[view].frame(api_key, version, kind).body
 
 
-# Typed as Any: the classes are generated from the schemas at import time, so a type
-# checker cannot know their fields; every value this module returns is typed Any too.
-RequestHeader: Any = message_classes("ours", "RequestHeader").root
-ResponseHeader: Any = message_classes("ours", "ResponseHeader").root
-# Shorter names for the two header fields every caller reads.
-RequestHeader.api_key = property(lambda self: self.request_api_key, doc="request_api_key")
-RequestHeader.api_version = property(
-    lambda self: self.request_api_version, doc="request_api_version"
-)
-
-
 def new_request_header(
     api_key: int, api_version: int, correlation_id: int, client_id: str | None = None
-) -> Any:
+) -> RequestHeader:
     return RequestHeader(
         request_api_key=api_key,
         request_api_version=api_version,
@@ -300,7 +303,7 @@ def new_request_header(
     )
 
 
-def new_response_header(correlation_id: int) -> Any:
+def new_response_header(correlation_id: int) -> ResponseHeader:
     return ResponseHeader(correlation_id=correlation_id)
 
 
@@ -338,20 +341,47 @@ def new_body(api_key: int, version: int, kind: Kind, *, view: View = "ours", **f
 
 
 def decode_body(
-    api_key: int, version: int, kind: Kind, data: Any, offset: int = 0, *, view: View = "ours"
+    api_key: int, version: int, kind: Kind, data: Frame, offset: int = 0, *, view: View = "ours"
 ) -> Any:
     """Decode a body that runs from ``offset`` to the end of ``data``."""
     return _body_codec(api_key, version, kind, view).decode(data, offset)
 
 
-def encode_body(api_key: int, version: int, kind: Kind, body: Any, *, view: View = "ours") -> bytes:
+def encode_body(api_key: int, version: int, kind: Kind, body: object, *, view: View = "ours") -> bytes:
     return _body_codec(api_key, version, kind, view).encode(body)
+
+
+_API_OF: dict[tuple[type, str], int] = {}
+
+
+def _api_of(cls: type, kind: str) -> int:
+    """The API key whose ``kind`` (request or response) body class ``cls`` is."""
+    api_key = _API_OF.get((cls, kind))
+    if api_key is None:
+        message = registry().by_name.get(cls.__name__)
+        if message is None or message.kind != kind or message_classes("ours", message.name).root is not cls:
+            raise TypeError(f"{cls.__qualname__} is not a {kind} class of message_types")
+        assert message.api_key is not None
+        api_key = _API_OF[(cls, kind)] = message.api_key
+    return api_key
+
+
+def _as(cls: type[B], body: object) -> B:
+    if type(body) is not cls:
+        raise TypeError(f"decoded {type(body).__qualname__} where {cls.__qualname__} was expected")
+    return body
+
+
+def decode_body_as(cls: type[B], version: int, data: Frame, offset: int = 0) -> B:
+    """``decode_body`` typed: the body of request or response class ``cls`` (``FetchRequest``)."""
+    kind: Kind = "request" if cls.__name__.endswith("Request") else "response"
+    return _as(cls, decode_body(_api_of(cls, kind), version, kind, data, offset))
 
 
 # --------------------------------------------------------------------------- frames
 
 
-def decode_request(frame: Any, *, strict: bool = True) -> tuple[Any, Any]:
+def decode_request(frame: Frame, *, strict: bool = True) -> tuple[RequestHeader, Any]:
     """Decode a whole request frame (header and body) into ``(header, body)``.
 
     ``strict`` false ignores bytes after the body, as a broker does: a client that pads
@@ -365,14 +395,21 @@ def decode_request(frame: Any, *, strict: bool = True) -> tuple[Any, Any]:
     return REGISTRY.frame(api_key, version, "request").decode(view, to_end=strict)
 
 
-def encode_request(header: Any, body: Any) -> bytes:
+def decode_request_as(cls: type[B], frame: Frame, *, strict: bool = True) -> tuple[RequestHeader, B]:
+    """``decode_request`` typed: a frame known to hold a request of class ``cls``
+    (TypeError when it holds another API's)."""
+    header, body = decode_request(frame, strict=strict)
+    return header, _as(cls, body)
+
+
+def encode_request(header: RequestHeader, body: object) -> bytes:
     """A request frame (without size prefix) for ``header`` and ``body``."""
     return REGISTRY.frame(header.request_api_key, header.request_api_version, "request").encode(
         header, body
     )
 
 
-def decode_response(api_key: int, api_version: int, frame: Any) -> tuple[Any, Any]:
+def decode_response(api_key: int, api_version: int, frame: Frame) -> tuple[ResponseHeader, Any]:
     """Decode a response frame to the request (api key, version) it answers.
 
     Responses do not name their API; look it up by correlation id first, see
@@ -385,7 +422,14 @@ def decode_response(api_key: int, api_version: int, frame: Any) -> tuple[Any, An
     return REGISTRY.frame(api_key, api_version, "response").decode(frame)
 
 
-def decode_api_versions_response(api_version: int, frame: Any) -> tuple[Any, Any, int]:
+def decode_response_as(cls: type[B], api_version: int, frame: Frame) -> tuple[ResponseHeader, B]:
+    """``decode_response`` typed: the API is the one whose response class ``cls`` is
+    (``decode_response_as(FetchResponse, 12, frame)``)."""
+    header, body = decode_response(_api_of(cls, "response"), api_version, frame)
+    return header, _as(cls, body)
+
+
+def decode_api_versions_response(api_version: int, frame: Frame) -> tuple[ResponseHeader, Any, int]:
     """Decode an ApiVersions response, falling back to the v0 layout as Kafka clients do.
 
     A broker that does not support the request's version answers UNSUPPORTED_VERSION (35)
@@ -409,8 +453,8 @@ def decode_api_versions_response(api_version: int, frame: Any) -> tuple[Any, Any
 
 
 def decode_response_by_correlation(
-    frame: Any, lookup: Callable[[int], tuple[int, int]]
-) -> tuple[Any, Any]:
+    frame: Frame, lookup: Callable[[int], tuple[int, int]]
+) -> tuple[ResponseHeader, Any]:
     """Decode a response when only its correlation id identifies it.
 
     ``lookup(correlation_id)`` returns the (api key, version) of the request it answers
@@ -424,7 +468,7 @@ def decode_response_by_correlation(
     return decode_response(api_key, api_version, frame)
 
 
-def encode_response(api_key: int, api_version: int, header: Any, body: Any) -> bytes:
+def encode_response(api_key: int, api_version: int, header: ResponseHeader, body: object) -> bytes:
     """A response frame (without size prefix)."""
     return REGISTRY.frame(api_key, api_version, "response").encode(header, body)
 
@@ -439,7 +483,7 @@ def _data_message(name: str) -> MessageDef:
     return message
 
 
-def data_version(data: Any) -> int:
+def data_version(data: Frame) -> int:
     """The int16 version that prefixes every versioned data structure."""
     view = as_view(data)
     if len(view) < 2:
@@ -447,7 +491,7 @@ def data_version(data: Any) -> int:
     return _DATA_VERSION.unpack_from(view, 0)[0]
 
 
-def decode_data(name: str, data: Any) -> Any:
+def decode_data(name: str, data: Frame) -> Any:
     """Decode a version-prefixed data structure (consumer protocol, individual commit).
 
     Layout: int16 version, then the structure in that version. A version newer than we
@@ -466,7 +510,12 @@ def decode_data(name: str, data: Any) -> Any:
     return compile_message("ours", name, version).decode(data, 2)
 
 
-def encode_data(name: str, value: Any, version: int | None = None) -> bytes:
+def decode_data_as(cls: type[B], data: Frame) -> B:
+    """``decode_data`` typed: the data structure of class ``cls`` (``IndividualCommitKey``)."""
+    return _as(cls, decode_data(cls.__name__, data))
+
+
+def encode_data(name: str, value: object, version: int | None = None) -> bytes:
     """``value`` with its int16 version prefix; ``version`` defaults to the newest."""
     message = _data_message(name)
     if version is None:

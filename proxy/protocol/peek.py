@@ -7,12 +7,21 @@ import struct
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.message_versions import (
+    FETCH_FIRST_FLEXIBLE,
+    FETCH_FIRST_NODE_ENDPOINTS,
+    FETCH_FIRST_TOPIC_ID,
+    PRODUCE_FIRST_FLEXIBLE,
+    PRODUCE_FIRST_TRANSACTIONAL_ID,
+)
 from proxy.protocol.primitives import check_array_count, check_tag_count, read_uvarint
 from proxy.protocol.tagged import read_tag_count, read_tag_header, skip_tagged_fields
+from proxy.protocol.walks import Walk
 
 __all__ = [
     "FETCH_NODE_ENDPOINTS_VERSION",
     "NODE_ENDPOINTS_TAG",
+    "WALKS",
     "fetch_response_tail",
     "has_tag",
     "produce_acks",
@@ -23,8 +32,13 @@ __all__ = [
 
 _INT16 = struct.Struct(">h")
 
-PRODUCE_FIRST_FLEXIBLE_VERSION = 9
-PRODUCE_FIRST_TRANSACTIONAL_VERSION = 3  # TransactionalId comes before acks from v3 on
+# What produce_acks reads: TransactionalId, then Acks (before v3, Acks comes first).
+PRODUCE_HEAD = (
+    Walk("ProduceRequest", "", PRODUCE_FIRST_TRANSACTIONAL_ID, PRODUCE_FIRST_FLEXIBLE - 1,
+         ("TransactionalId nullable string", "Acks int16"), prefix=True),
+    Walk("ProduceRequest", "", PRODUCE_FIRST_FLEXIBLE, None,
+         ("TransactionalId compact nullable string", "Acks int16"), prefix=True),
+)
 
 
 def produce_acks(frame, peek: RequestHeaderPeek) -> int:
@@ -33,11 +47,11 @@ def produce_acks(frame, peek: RequestHeaderPeek) -> int:
     pos = peek.header_end_v1
     end = len(frame)
     try:
-        if version >= PRODUCE_FIRST_FLEXIBLE_VERSION:
+        if version >= PRODUCE_FIRST_FLEXIBLE:
             pos = skip_tagged_fields(frame, pos, end)
             length_plus_one, pos = read_uvarint(frame, pos, end)
             pos += max(length_plus_one - 1, 0)
-        elif version >= PRODUCE_FIRST_TRANSACTIONAL_VERSION:
+        elif version >= PRODUCE_FIRST_TRANSACTIONAL_ID:
             (length,) = _INT16.unpack_from(frame, pos)
             pos += 2 + max(length, 0)
         if pos + 2 > end:
@@ -62,12 +76,32 @@ def produce_acks(frame, peek: RequestHeaderPeek) -> int:
 # may pass such bytes (a record set it steps over) from socket to socket without ever
 # putting them in ``buf``.
 
-FETCH_FIRST_FLEXIBLE_VERSION = 12
-FETCH_NODE_ENDPOINTS_VERSION = 16
-FETCH_FIRST_TOPIC_ID_VERSION = 13
+FETCH_NODE_ENDPOINTS_VERSION = FETCH_FIRST_NODE_ENDPOINTS
 NODE_ENDPOINTS_TAG = 0
-_PARTITION_FIXED = 4 + 2 + 8 + 8 + 8  # index, error code, high watermark, last stable, log start
-_ABORTED_TRANSACTION_FIXED = 8 + 8  # producer id, first offset
+
+# What walk_fetch_response steps over (the response header v1 before it: correlation id
+# and tagged fields); tagged fields, wherever they are, are skipped by their lengths.
+FETCH_RESPONSE = Walk("FetchResponse", "", FETCH_FIRST_FLEXIBLE, None, (
+    "ThrottleTimeMs int32", "ErrorCode int16", "SessionId int32", "Responses compact []FetchableTopicResponse"))
+FETCH_RESPONSE_TOPIC_BY_NAME = Walk("FetchResponse", "Responses", FETCH_FIRST_FLEXIBLE, FETCH_FIRST_TOPIC_ID - 1, (
+    "Topic compact string", "Partitions compact []PartitionData"))
+FETCH_RESPONSE_TOPIC_BY_ID = Walk("FetchResponse", "Responses", FETCH_FIRST_TOPIC_ID, None, (
+    "TopicId uuid", "Partitions compact []PartitionData"))
+FETCH_RESPONSE_PARTITION = Walk("FetchResponse", "Responses.Partitions", FETCH_FIRST_FLEXIBLE, None, (
+    "PartitionIndex int32", "ErrorCode int16", "HighWatermark int64", "LastStableOffset int64", "LogStartOffset int64",
+    "AbortedTransactions compact nullable []AbortedTransaction", "PreferredReadReplica int32",
+    "Records compact nullable records"))
+FETCH_RESPONSE_ABORTED = Walk("FetchResponse", "Responses.Partitions.AbortedTransactions", FETCH_FIRST_FLEXIBLE, None,
+                              ("ProducerId int64", "FirstOffset int64"))
+WALKS = (*PRODUCE_HEAD, FETCH_RESPONSE, FETCH_RESPONSE_TOPIC_BY_NAME, FETCH_RESPONSE_TOPIC_BY_ID,
+         FETCH_RESPONSE_PARTITION, FETCH_RESPONSE_ABORTED)
+
+_HEAD_FIXED = FETCH_RESPONSE.size("ThrottleTimeMs", "ErrorCode", "SessionId")
+_TOPIC_ID = FETCH_RESPONSE_TOPIC_BY_ID.size("TopicId")
+_PARTITION_FIXED = FETCH_RESPONSE_PARTITION.size(
+    "PartitionIndex", "ErrorCode", "HighWatermark", "LastStableOffset", "LogStartOffset")
+_PREFERRED_READ_REPLICA = FETCH_RESPONSE_PARTITION.size("PreferredReadReplica")
+_ABORTED_TRANSACTION_FIXED = FETCH_RESPONSE_ABORTED.size()
 
 
 def _fill(state: list, size: int, need: int, safe: int):
@@ -108,18 +142,18 @@ def walk_fetch_response(buf, size: int, version: int, filled: int):
     (response header included) of ``size`` bytes, of which ``filled`` are in ``buf``.
     Counts above the limits (``constants.MAX_ARRAY_ELEMENTS``, ``MAX_TAGGED_FIELDS``) are
     refused as the codec refuses them."""
-    if version < FETCH_FIRST_FLEXIBLE_VERSION:
+    if version < FETCH_FIRST_FLEXIBLE:
         raise ValueError("only flexible Fetch responses (v12+) end with tagged fields")
     state = [filled]
     pos = 4  # correlation id
     yield from _fill(state, size, pos, 0)
     pos = yield from _walk_tagged_fields(buf, state, size, pos)  # response header v1
-    pos += 4 + 2 + 4  # throttle time, error code, session id
+    pos += _HEAD_FIXED  # throttle time, error code, session id
     yield from _fill(state, size, pos, pos)
     topics, pos = yield from _walk_array_count(buf, state, size, pos)
     for _ in range(topics):
-        if version >= FETCH_FIRST_TOPIC_ID_VERSION:
-            pos += 16
+        if version >= FETCH_FIRST_TOPIC_ID:
+            pos += _TOPIC_ID
         else:
             length, pos = yield from _walk_uvarint(buf, state, size, pos)
             pos += max(length - 1, 0)
@@ -133,7 +167,7 @@ def walk_fetch_response(buf, size: int, version: int, filled: int):
                 pos += _ABORTED_TRANSACTION_FIXED
                 yield from _fill(state, size, pos, pos)
                 pos = yield from _walk_tagged_fields(buf, state, size, pos)
-            pos += 4  # preferred read replica
+            pos += _PREFERRED_READ_REPLICA
             yield from _fill(state, size, pos, pos)
             length, pos = yield from _walk_uvarint(buf, state, size, pos)
             pos += max(length - 1, 0)  # the record set: stepped over, all of it safe

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import operator
 import uuid
 from typing import Any
 
@@ -31,6 +32,11 @@ from proxy.protocol.schema import FieldDef, MessageDef, SchemaError, View, regis
 
 UNKNOWN_TAGGED = "_unknown_tagged"
 PRESENT_TAGS = "_present_tags"
+
+# Shorter read-only names for fields every caller reads: message -> {alias: field attribute}.
+ALIASES: dict[str, dict[str, str]] = {
+    "RequestHeader": {"api_key": "request_api_key", "api_version": "request_api_version"},
+}
 
 
 def parse_default(f: FieldDef) -> Any:
@@ -87,6 +93,8 @@ class MessageClasses:
         self.root = self._make(message.name, message.fields)
         for name, cls in self.by_struct.items():
             setattr(self.root, name, cls)
+        for alias, attr in ALIASES.get(message.name, {}).items():
+            setattr(self.root, alias, property(operator.attrgetter(attr), doc=attr))
 
     def _make(self, name: str, fields: tuple[FieldDef, ...]) -> type:
         spec: list[tuple[str, Any, Any]] = []
