@@ -5,11 +5,22 @@ rewrote it ask of its response (``replace(..., on_response=...)``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from proxy.pipeline.route import DecodedResponse
 from proxy.protocol import messages
 from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.message_types import RequestHeader
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    # The body's class (``message_types.FetchRequest``): a bare ``Request`` is ``Request[Any]``.
+    B = TypeVar("B", default=Any)
+else:
+    from typing import TypeVar
+
+    B = TypeVar("B")
 
 # A stage's hook on the response to the request it rewrote: it reads or rewrites the
 # decoded response (setting ``changed`` when it changes it), like a response stage of
@@ -17,13 +28,16 @@ from proxy.protocol.framing import RequestHeaderPeek
 ResponseHook = Callable[[DecodedResponse], None]
 
 
-class Request:
+class Request(Generic[B]):
+    """A stage of API key K takes a ``Request[<K's request class>]``: the chain hands it
+    requests of that key only, so ``decoded()`` is typed as the stage declares."""
+
     __slots__ = ("peek", "frame", "_decoded", "response_hooks")
 
     def __init__(self, peek: RequestHeaderPeek, frame: bytes | bytearray) -> None:
         self.peek = peek
         self.frame = frame
-        self._decoded: tuple[Any, Any] | None = None
+        self._decoded: tuple[RequestHeader, B] | None = None
         self.response_hooks: tuple[ResponseHook, ...] = ()
 
     @property
@@ -38,14 +52,14 @@ class Request:
     def correlation_id(self) -> int:
         return self.peek.correlation_id
 
-    def decoded(self) -> tuple[Any, Any]:
+    def decoded(self) -> tuple[RequestHeader, B]:
         """``(header, body)`` of the request, decoded on first use. Bytes after the body are
         ignored, as the broker ignores them (some clients pad requests)."""
         if self._decoded is None:
             self._decoded = messages.decode_request(self.frame, strict=False)
         return self._decoded
 
-    def replace(self, frame: bytes | bytearray, decoded: tuple[Any, Any] | None = None, *,
+    def replace(self, frame: bytes | bytearray, decoded: tuple[RequestHeader, B] | None = None, *,
                 on_response: ResponseHook | None = None) -> None:
         """Stages after this one, and the default route, see ``frame`` instead (a feature
         that rewrites a request but leaves its routing to others).

@@ -17,26 +17,38 @@ from __future__ import annotations
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
 import trio
 
 from proxy.net.streams import Relay
+from proxy.protocol.message_types import ResponseHeader
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    # The body's class (``message_types.FetchResponse``): a bare ``DecodedResponse`` is ``DecodedResponse[Any]``.
+    B = TypeVar("B", default=Any)
+else:
+    from typing import TypeVar
+
+    B = TypeVar("B")
 
 ResponseTransform = Callable[[bytes], Awaitable[bytes]]
 ResponseSink = Callable[[bytes], Awaitable[None]]
 
 
-class DecodedResponse:
+class DecodedResponse(Generic[B]):
     """A broker response decoded once for every stage that reads or rewrites it.
 
     A stage that changes ``body`` (in place, or by assigning a new one) sets ``changed``,
     so that the response is encoded again; otherwise the broker's bytes go on untouched.
+    A stage of API key K takes a ``DecodedResponse[<K's response class>]``.
     """
 
     __slots__ = ("api_key", "version", "header", "body", "changed")
 
-    def __init__(self, api_key: int, version: int, header: Any, body: Any) -> None:
+    def __init__(self, api_key: int, version: int, header: ResponseHeader, body: B) -> None:
         self.api_key = api_key
         self.version = version
         self.header = header
