@@ -18,7 +18,7 @@ talks to the socket's file descriptor itself:
   a Fetch response, the body of a response relayed opaquely) do not pass through user
   space at all: where the walk of the frame (see ``Relay``) is about to step over at least
   ``_SPLICE_MIN`` bytes it will never read, they are ``splice``d from the upstream socket
-  into a pipe and from the pipe into the client's socket (Linux; ``_splice_into``). A
+  into a pipe and from the pipe into the client's socket (Linux; ``_Outbox.splice_from_source``). A
   spliced region moves on in pieces of about ``_SPLICE_CHUNK`` as it arrives, so the
   client is receiving the start of a record set while its end is still on its way from
   the broker. The pipe belongs to the upstream stream and is reused: it is empty between
@@ -41,14 +41,11 @@ Both paths parse frames with one sans-IO ``FrameSplitter``: TLS streams feed it 
 ``receive_some`` returns and take whole frames; the plain TCP path feeds it what it reads
 and takes only the start of each body from it (``take_start``), reading the rest in place.
 
-A client's stream (one given a ``RequestBudget``) never trusts a declared size with
-memory: its frame buffer starts at what has arrived (or ``_GROW_FIRST``) and doubles only
-when the bytes already there fill it, so a client declaring 100 MiB and sending eight
-bytes costs kilobytes, not 100 MiB. What its frames hold is charged to the proxy-wide
-budget as the buffer grows (see ``proxy.net.budget``) until the reader calls
-``release_frame``. A broker's
-stream keeps exact-size buffers: the proxy chose to connect to it, and its large
-responses are the hot path.
+A client's stream (``ClientFrameStream``) never trusts a declared size with memory: its
+frame buffer grows with the bytes that arrive, so a client declaring 100 MiB and sending
+eight bytes costs kilobytes, not 100 MiB, and what its frames hold is charged to the
+proxy-wide budget (see ``proxy.net.budget``). A broker's stream keeps exact-size buffers:
+the proxy chose to connect to it, and its large responses are the hot path.
 """
 
 from __future__ import annotations
@@ -128,20 +125,11 @@ class FrameStream:
     and one writer per stream.
     """
 
-    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_lowat", "_waits", "_relay_buffer", "_pipe",
-                 "_budget", "_ticket", "_held")
+    __slots__ = ("stream", "_splitter", "_socket", "_max_frame_bytes", "_lowat", "_waits", "_relay_buffer", "_pipe")
 
-    def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int, *, budget: RequestBudget | None = None,
-                 early_limit: tuple[int, str, frozenset[int]] | None = None) -> None:
-        """``budget``: a client's stream, whose frames grow with their bytes and are
-        charged to it (see the module's docstring). ``early_limit``: a lower size limit
-        for some API keys until ``authenticated`` (``FrameSplitter.limit_early``)."""
+    def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int) -> None:
         self.stream = stream
         self._splitter = FrameSplitter(max_frame_bytes)
-        self._splitter.limit_early(early_limit)
-        self._budget = budget
-        self._ticket: int | None = None  # the budget's ticket of the frame being received
-        self._held = 0  # bytes of the budget this stream holds for the frame it is reading or last read
         # The plain TCP socket, or None (TLS): every method of the direct path runs only
         # when it is set, so it is typed for that path.
         self._socket: Any = stream.socket if isinstance(stream, trio.SocketStream) else None
@@ -149,44 +137,22 @@ class FrameStream:
         self._lowat = 1  # the socket's SO_RCVLOWAT as we last set it
         self._waits = 0  # times a receive waited for the socket (each wait is a checkpoint)
         self._relay_buffer = bytearray()  # see _receive_head
-        self._pipe: tuple[int, int, int] | None = None  # (read end, write end, capacity), see _splice_into
+        self._pipe: tuple[int, int, int] | None = None  # (read end, write end, capacity), see _Outbox.splice_from_source
 
-    def authenticated(self) -> None:
-        """The connection has authenticated: the early limit no longer applies from its
-        next size prefix on."""
-        self._splitter.limit_early(None)
+    # -- what a frame's buffer may cost: exact sizes here (see ClientFrameStream) ------------------
+    def _room(self, size: int, arrived: int) -> int:
+        """The first buffer for a frame of ``size`` bytes of which ``arrived`` are here."""
+        return size
 
-    @property
-    def held(self) -> int:
-        """Budget bytes held for the frame being read or last read."""
-        return self._held
+    def _more_room(self, room: int, size: int) -> int:
+        """How much a full buffer of ``room`` bytes grows by, for a frame of ``size``."""
+        return size - room
 
-    def release_frame(self) -> None:
-        """The reader is done with the frame it last received: its bytes leave the budget."""
-        budget = self._budget
-        if budget is None:
-            return
-        self._received()
-        if self._held:
-            held, self._held = self._held, 0
-            budget.release(held)
+    async def _charge(self, count: int) -> None:
+        """``count`` more bytes are held for the frame being received."""
 
-    async def _take(self, count: int) -> None:
-        """Charge ``count`` more bytes of the budget to the frame being received (the first
-        charge starts it: see ``proxy.net.budget`` for when each waits)."""
-        budget = self._budget
-        assert budget is not None
-        if self._ticket is None:
-            self._ticket = await budget.start()
-        await budget.grow(self._ticket, count)
-        self._held += count
-
-    def _received(self) -> None:
+    def _frame_done(self) -> None:
         """The frame being received has all its bytes (or is abandoned)."""
-        if self._ticket is not None:
-            ticket, self._ticket = self._ticket, None
-            assert self._budget is not None
-            self._budget.received(ticket)
 
     @property
     def splices(self) -> bool:
@@ -220,23 +186,20 @@ class FrameStream:
         if self._socket is not None:
             return await self._receive_direct()
         splitter = self._splitter
-        budget = self._budget
         while True:
             frame = splitter.next_frame()
             if frame is not None:
-                if budget is not None:
-                    self._received()
+                self._frame_done()
                 return frame
             chunk = await self.stream.receive_some(_RECEIVE_CHUNK)
             if not chunk:
                 if splitter.buffered:
                     raise trio.BrokenResourceError(f"stream ended inside a frame ({splitter.buffered} bytes buffered)")
                 return None
-            if budget is not None:
-                # Charged by the piece as it arrives (a piece may hold the start of the next
-                # frame too: it is released with this one, the next frame's first piece
-                # uncharged, which bounds the error to one piece per connection).
-                await self._take(len(chunk))
+            # Charged by the piece as it arrives (a piece may hold the start of the next
+            # frame too: it is released with this one, the next frame's first piece
+            # uncharged, which bounds the error to one piece per connection).
+            await self._charge(len(chunk))
             splitter.feed(chunk)
 
     async def _receive_direct(self, waits: int | None = None) -> bytearray | None:
@@ -247,8 +210,7 @@ class FrameStream:
         if frame is None:
             return None
         await self._read_rest(frame, filled, size)
-        if self._budget is not None:
-            self._received()
+        self._frame_done()
         if self._waits == waits:
             await trio.lowlevel.checkpoint()  # every receive is a checkpoint, even when nothing waited
         return frame
@@ -273,9 +235,8 @@ class FrameStream:
             return await self._receive_direct(waits)  # one checkpoint in all, waited or not
         await self._fill_splitter(4 + min(size, _SPLICE_LOOKAHEAD), 0)  # never False: bytes are buffered
         head = bytearray(min(splitter.buffered - 4, size))
-        if self._budget is not None:  # only the head is held: the body goes on without entering the proxy
-            await self._take(len(head))
-            self._received()
+        await self._charge(len(head))  # only the head is held: the body goes on without entering the proxy
+        self._frame_done()
         splitter.take_start(head)
         if self._waits == waits:
             await trio.lowlevel.checkpoint()
@@ -314,20 +275,16 @@ class FrameStream:
         return True
 
     async def receive_rest(self, partial: PartialFrame) -> bytearray:
-        """The whole frame of a ``PartialFrame``, read into memory after all."""
-        if self._budget is None:
-            frame = bytearray(partial.size)
-            frame[: len(partial.head)] = partial.head
-        else:  # its head is charged already; the rest as it arrives (_grow)
-            frame = bytearray(partial.head)
+        """The whole frame of a ``PartialFrame``, read into memory after all (its head is
+        charged already; the rest as it arrives, see ``_grow``)."""
+        frame = bytearray(partial.head)
         await self._read_rest(frame, len(partial.head), partial.size)
-        if self._budget is not None:
-            self._received()
+        self._frame_done()
         return frame
 
     async def _read_rest(self, frame: bytearray, filled: int, size: int) -> None:
         """Read the rest of ``frame`` (its first ``filled`` bytes are there) in place, up to
-        ``size`` bytes: a client's frame buffer grows as its bytes arrive (``_grow``)."""
+        ``size`` bytes, making room as the buffer fills (``_grow``)."""
         if filled == size:
             return
         try:
@@ -342,12 +299,9 @@ class FrameStream:
                 self._set_lowat(1)
 
     async def _grow(self, frame: bytearray, size: int) -> None:
-        """Make room in a client's frame buffer whose room is all filled: double it, up to
-        the frame's size. The buffer never holds more than twice what has arrived (or
-        ``_GROW_FIRST``), whatever the client declared."""
-        more = min(size, max(2 * len(frame), _GROW_FIRST)) - len(frame)
-        if self._budget is not None:
-            await self._take(more)
+        """Make room in a frame buffer whose room is all filled (``_more_room``)."""
+        more = self._more_room(len(frame), size)
+        await self._charge(more)
         while more:
             piece = min(more, len(_ZEROS))
             frame += _ZEROS[:piece]
@@ -360,7 +314,7 @@ class FrameStream:
         with self._passing(out):
             out.add(SIZE_PREFIX.pack(partial.size))
             out.add(partial.head)
-            await self._splice_into(out, partial.size - len(partial.head))
+            await out.splice_from_source(partial.size - len(partial.head))
             await out.flush()
 
     @contextlib.contextmanager
@@ -443,7 +397,7 @@ class FrameStream:
                     passed = ready
                 unread = min(need, safe, tail)  # nothing from filled to here is ever read
                 if splicing and unread - filled >= _SPLICE_MIN:
-                    await self._splice_into(out, unread - filled)
+                    await out.splice_from_source(unread - filled)
                     filled = passed = unread
                     continue
                 if out.buffered >= _RELAY_CHUNK:
@@ -464,29 +418,6 @@ class FrameStream:
         if self._waits == waits:
             await trio.lowlevel.checkpoint()
         return size
-
-    async def _splice_into(self, out: _Outbox, count: int) -> None:
-        """Move the next ``count`` bytes of this socket into ``out`` through this stream's
-        pipe, without copying them into user space. The pipe is passed on to the client
-        whenever a good piece (``_SPLICE_CHUNK``) has gathered and before waiting for more;
-        what is left of it at the end goes out later, with the bytes that follow. Waits
-        (and so checkpoints) only when a socket would block; raises
-        trio.BrokenResourceError when the stream ends first."""
-        await out.stash()
-        remaining = count  # bytes still to take from this socket
-        while remaining:
-            taken = out.take(remaining)
-            remaining -= taken
-            if out.held >= _SPLICE_CHUNK or (out.held and not taken):
-                if out.give() or taken:
-                    continue
-                await trio.lowlevel.wait_writable(out.target)  # the pipe and the client's socket are full
-            elif not taken:  # the pipe is empty and nothing more has arrived
-                lowat = min(remaining, _SPLICE_CHUNK, out.capacity) if remaining >= _LOWAT_MIN else 1
-                if lowat != self._lowat:
-                    self._set_lowat(lowat)
-                self._waits += 1
-                await trio.lowlevel.wait_readable(self._socket)
 
     def _open_pipe(self) -> tuple[int, int, int]:
         """This stream's splice pipe, opened on first use: (read end, write end, capacity)."""
@@ -521,13 +452,10 @@ class FrameStream:
             frame = self._relay_buffer
             if len(frame) < size:
                 frame = self._relay_buffer = bytearray(size)
-        elif self._budget is not None:
-            # A client's frame: room for what has arrived (or _GROW_FIRST), never its declared size.
-            room = min(size, max(splitter.buffered - 4, _GROW_FIRST))
-            await self._take(room)
-            frame = bytearray(room)
         else:
-            frame = bytearray(size)
+            room = self._room(size, splitter.buffered - 4)
+            await self._charge(room)
+            frame = bytearray(room)
         available = splitter.take_start(memoryview(frame)[:size])
         return size, frame, available
 
@@ -555,29 +483,6 @@ class FrameStream:
                 raise trio.BrokenResourceError(f"stream ended inside a frame ({filled} of {size} bytes)")
             return received
 
-    async def _send_buffers(self, buffers) -> None:
-        """Write the buffers in order, with one system call when the socket takes them all."""
-        sock = self._socket
-        try:
-            done = os.writev(sock.fileno(), buffers)
-        except BlockingIOError:
-            done = 0
-        if done == sum(map(len, buffers)):
-            return
-        remaining = [memoryview(buffer) for buffer in buffers if len(buffer)]
-        while True:
-            while remaining and done >= len(remaining[0]):
-                done -= len(remaining.pop(0))
-            if not remaining:
-                return
-            if done:
-                remaining[0] = remaining[0][done:]
-            await trio.lowlevel.wait_writable(sock)
-            try:  # the descriptor is looked up again after every wait: never a stale one
-                done = os.writev(sock.fileno(), remaining)
-            except BlockingIOError:
-                done = 0
-
     async def send_frame(self, body: bytes | bytearray | memoryview) -> None:
         prefix = SIZE_PREFIX.pack(len(body))
         if self._socket is None:
@@ -587,16 +492,74 @@ class FrameStream:
                 await self.stream.send_all(prefix)
                 await self.stream.send_all(body)
             return
-        await self._send_buffers((prefix, body))
+        await send_buffers(self._socket, (prefix, body))
 
     async def aclose(self) -> None:
-        self.release_frame()
         self._close_pipe()
         with trio.CancelScope(shield=True):
             try:
                 await self.stream.aclose()
             except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
                 pass
+
+
+class ClientFrameStream(FrameStream):
+    """A client's stream: it never trusts a declared size with memory. A frame's buffer
+    starts at what has arrived (or ``_GROW_FIRST``) and doubles only when the bytes already
+    there fill it, so it never holds more than twice what has arrived, whatever the client
+    declared; and every byte is charged to the proxy-wide ``RequestBudget`` until the
+    reader calls ``release_frame`` (see ``proxy.net.budget`` for when a charge waits).
+    ``early_limit``: a lower size limit for some API keys until ``authenticated``
+    (``FrameSplitter.limit_early``)."""
+
+    __slots__ = ("_budget", "_ticket", "_held")
+
+    def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int, *, budget: RequestBudget,
+                 early_limit: tuple[int, str, frozenset[int]] | None = None) -> None:
+        super().__init__(stream, max_frame_bytes)
+        self._splitter.limit_early(early_limit)
+        self._budget = budget
+        self._ticket: int | None = None  # the budget's ticket of the frame being received
+        self._held = 0  # bytes of the budget this stream holds for the frame it is reading or last read
+
+    def authenticated(self) -> None:
+        """The connection has authenticated: the early limit no longer applies from its
+        next size prefix on."""
+        self._splitter.limit_early(None)
+
+    @property
+    def held(self) -> int:
+        """Budget bytes held for the frame being read or last read."""
+        return self._held
+
+    def release_frame(self) -> None:
+        """The reader is done with the frame it last received: its bytes leave the budget."""
+        self._frame_done()
+        if self._held:
+            held, self._held = self._held, 0
+            self._budget.release(held)
+
+    def _room(self, size: int, arrived: int) -> int:
+        return min(size, max(arrived, _GROW_FIRST))
+
+    def _more_room(self, room: int, size: int) -> int:
+        return min(size, max(2 * room, _GROW_FIRST)) - room
+
+    async def _charge(self, count: int) -> None:
+        """The first charge of a frame starts it in the budget."""
+        if self._ticket is None:
+            self._ticket = await self._budget.start()
+        await self._budget.grow(self._ticket, count)
+        self._held += count
+
+    def _frame_done(self) -> None:
+        if self._ticket is not None:
+            ticket, self._ticket = self._ticket, None
+            self._budget.received(ticket)
+
+    async def aclose(self) -> None:
+        self.release_frame()
+        await super().aclose()
 
 
 class _Outbox:
@@ -694,7 +657,31 @@ class _Outbox:
                     await trio.lowlevel.wait_writable(self.target)
         if self.buffered:
             buffers, self.buffers, self.buffered = self.buffers, [], 0
-            await self.destination._send_buffers(buffers)
+            await send_buffers(self.target, buffers)
+
+    async def splice_from_source(self, count: int) -> None:
+        """Move the next ``count`` bytes of the source's socket into this outbox through
+        the source's pipe, without copying them into user space. The pipe is passed on to
+        the client whenever a good piece (``_SPLICE_CHUNK``) has gathered and before
+        waiting for more; what is left of it at the end goes out later, with the bytes that
+        follow. Waits (and so checkpoints) only when a socket would block; raises
+        trio.BrokenResourceError when the stream ends first."""
+        out, source = self, self.source
+        await out.stash()
+        remaining = count  # bytes still to take from the source's socket
+        while remaining:
+            taken = out.take(remaining)
+            remaining -= taken
+            if out.held >= _SPLICE_CHUNK or (out.held and not taken):
+                if out.give() or taken:
+                    continue
+                await trio.lowlevel.wait_writable(out.target)  # the pipe and the client's socket are full
+            elif not taken:  # the pipe is empty and nothing more has arrived
+                lowat = min(remaining, _SPLICE_CHUNK, out.capacity) if remaining >= _LOWAT_MIN else 1
+                if lowat != source._lowat:
+                    source._set_lowat(lowat)
+                source._waits += 1
+                await trio.lowlevel.wait_readable(source._socket)
 
     def abandon(self) -> None:
         """After a failure: a pipe that still holds bytes is dropped with them, so that
@@ -704,6 +691,31 @@ class _Outbox:
         if self.held:
             self.held = 0
             self.source._close_pipe()
+
+
+async def send_buffers(sock: Any, buffers) -> None:
+    """Write the buffers to a plain TCP socket in order, with one system call when it
+    takes them all."""
+    try:
+        done = os.writev(sock.fileno(), buffers)
+    except BlockingIOError:
+        done = 0
+    if done == sum(map(len, buffers)):
+        return
+    remaining = [memoryview(buffer) for buffer in buffers if len(buffer)]
+    while True:
+        while remaining and done >= len(remaining[0]):
+            done -= len(remaining.pop(0))
+        if not remaining:
+            return
+        if done:
+            remaining[0] = remaining[0][done:]
+        await trio.lowlevel.wait_writable(sock)
+        try:  # the descriptor is looked up again after every wait: never a stale one
+            done = os.writev(sock.fileno(), remaining)
+        except BlockingIOError:
+            done = 0
+
 
 
 def _check_correlation(frame, expected: int) -> None:

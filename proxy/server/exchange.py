@@ -1,13 +1,14 @@
 """One request on its way through the proxy, and how its response will be produced.
 
 A client connection keeps its exchanges in request order. Each one says where its
-response comes from: the next frame of the upstream connection (possibly rewritten on the
-way back), or an answer the proxy computes itself. The writer side takes exchanges in
-order, so responses leave in request order whatever their source, as Kafka requires.
+response comes from (``response``, one of four kinds): the next frame of the upstream
+connection passed on while it arrives (``Relayed``) or received whole and perhaps
+rewritten (``Received``), an answer the proxy computes itself (``Local``), or, for a
+request of the proxy's own, the next upstream frame handed to a sink in the proxy and
+never to the client (``ToSink``). The writer side takes exchanges in order, so responses
+leave in request order whatever their source, as Kafka requires.
 
-The proxy may also send requests of its own on a client's upstream connection (a Fetch
-read ahead). Their exchanges sit in the same queue, in the order their frames went
-upstream; their responses go to a sink in the proxy, never to the client.
+``InflightLedger`` counts what a connection has in flight, in one place.
 """
 
 from __future__ import annotations
@@ -15,8 +16,43 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import trio
+
 from proxy.net.streams import Relay
-from proxy.pipeline.route import LocalAnswer, OwnRequest, ResponseSink, ResponseTransform
+from proxy.pipeline.route import LocalAnswer, OwnRequest, ResponseSink, ResponseTransform, Route
+
+
+@dataclass(slots=True)
+class Relayed:
+    """The broker's response goes on to the client while it arrives."""
+
+    relay: Relay
+
+
+@dataclass(slots=True)
+class Received:
+    """The broker's response is received whole, through ``transform`` if any.
+    ``prefetched``: read already (by the native relay, which handed it back)."""
+
+    transform: ResponseTransform | None
+    prefetched: bytes | None = None
+
+
+@dataclass(slots=True)
+class Local:
+    """The proxy answers by itself; nothing comes from the broker."""
+
+    answer: LocalAnswer
+
+
+@dataclass(slots=True)
+class ToSink:
+    """A request of the proxy's own: the broker's response goes to ``sink``."""
+
+    sink: ResponseSink
+
+
+ResponseSource = Relayed | Received | Local | ToSink
 
 
 @dataclass(slots=True, eq=False)
@@ -26,14 +62,96 @@ class Exchange:
     correlation_id: int
     received_at: float
     request_bytes: int
-    transform: ResponseTransform | None = None
-    local: LocalAnswer | None = None
-    relay: Relay | None = None  # the response goes on while it arrives
-    sink: ResponseSink | None = None  # the proxy's own request: its response goes here
+    response: ResponseSource
     settle: Callable[[], None] | None = None  # the route's, run once when the exchange is over
-    prefetched: bytes | None = None  # its response, read already (by the native relay)
+
+    @property
+    def for_client(self) -> bool:
+        """Whether its response goes to the client (not a request of the proxy's own)."""
+        return not isinstance(self.response, ToSink)
+
+    @property
+    def from_broker(self) -> bool:
+        """Whether its response is the upstream connection's next frame."""
+        return not isinstance(self.response, Local)
+
+    @classmethod
+    def of_route(cls, route: Route, *, api_key: int, api_version: int, correlation_id: int, received_at: float,
+                 request_bytes: int, prefetched: bytes | None = None) -> Exchange:
+        """A client's request as ``route`` has it answered."""
+        response: ResponseSource
+        if route.local is not None:
+            response = Local(route.local)
+        elif route.relay is not None:
+            assert prefetched is None, "a response read already cannot be relayed as it arrives"
+            response = Relayed(route.relay)
+        else:
+            response = Received(route.transform, prefetched)
+        return cls(api_key, api_version, correlation_id, received_at, request_bytes, response, route.settle)
 
     @classmethod
     def own(cls, own: OwnRequest, now: float) -> Exchange:
-        return cls(api_key=own.api_key, api_version=own.api_version, correlation_id=own.correlation_id,
-                   received_at=now, request_bytes=len(own.frame) + 4, sink=own.sink)
+        return cls(own.api_key, own.api_version, own.correlation_id, now, len(own.frame) + 4, ToSink(own.sink))
+
+
+class InflightLedger:
+    """What one connection has in flight, counted where exchanges are queued and answered.
+
+    - ``client_requests``: the client's requests awaiting their response (the proxy-wide
+      ``inflight_requests`` figure moves with it);
+    - ``arriving``: 1 while a request is passed on upstream as its bytes arrive (not in
+      flight for the idle clock: a client trickling a body is idle);
+    - ``from_broker``: queued exchanges whose response is the upstream connection's next
+      frame (while any is, the proxy sends nothing of its own upstream);
+    - ``unanswered``: queued exchanges the writer has not finished with (the native relay
+      starts only when there are none).
+    """
+
+    __slots__ = ("client_requests", "arriving", "from_broker", "unanswered", "_all_answered", "_metrics")
+
+    def __init__(self, metrics) -> None:
+        self.client_requests = 0
+        self.arriving = 0
+        self.from_broker = 0
+        self.unanswered = 0
+        self._all_answered: trio.Event | None = None
+        self._metrics = metrics  # its ``inflight_requests`` counts every connection's client requests
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight that the idle clock should wait for."""
+        return self.client_requests - self.arriving == 0
+
+    def queued(self, exchange: Exchange) -> None:
+        self.unanswered += 1
+        if exchange.from_broker:
+            self.from_broker += 1
+        if exchange.for_client:
+            self.client_requests += 1
+            self._metrics.inflight_requests += 1
+
+    def taken(self, exchange: Exchange) -> None:
+        """The writer took ``exchange``: its response is being produced."""
+        if exchange.from_broker:
+            self.from_broker -= 1
+
+    def answered(self, exchange: Exchange) -> None:
+        """The writer is done with ``exchange`` (its response left, or went to its sink)."""
+        if exchange.for_client:
+            self.client_requests -= 1
+            self._metrics.inflight_requests -= 1
+        self.unanswered -= 1
+        if not self.unanswered and self._all_answered is not None:
+            self._all_answered.set()
+            self._all_answered = None
+
+    async def all_answered(self) -> None:
+        """Wait until every queued exchange is answered."""
+        while self.unanswered:
+            self._all_answered = trio.Event()
+            await self._all_answered.wait()
+
+    def close(self) -> None:
+        """The connection is over: what it had in flight leaves the proxy-wide figure."""
+        self._metrics.inflight_requests -= self.client_requests
+        self.client_requests = 0

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from proxy.net.budget import RequestBudget
-from proxy.net.streams import FrameStream, PartialFrame
+from proxy.net.streams import ClientFrameStream, PartialFrame
 from proxy.protocol.framing import FrameTooLarge
 from tests.unit.test_streams import dribble, framed, tcp_pair
 
@@ -80,7 +80,7 @@ async def test_client_frames_of_every_size_survive_arbitrary_splits(authenticate
     bodies = [b"", b"x", bytes(100), random.Random(3).randbytes(17_000), random.Random(4).randbytes(70_000),
               random.Random(5).randbytes(3_000_000), b"end"]
     budget = RequestBudget(64 * MIB)
-    reader = FrameStream(b, 10 * MIB, budget=budget, early_limit=EARLY)
+    reader = ClientFrameStream(b, 10 * MIB, budget=budget, early_limit=EARLY)
     if authenticated:
         reader.authenticated()
     received = []
@@ -105,7 +105,7 @@ async def test_a_declared_size_is_never_allocated_before_its_bytes_arrive():
     of the budget than that."""
     budget = RequestBudget(1024 * MIB)
     pairs = [await tcp_pair() for _ in range(20)]
-    readers = [FrameStream(server, 200 * MIB, budget=budget) for _, server in pairs]
+    readers = [ClientFrameStream(server, 200 * MIB, budget=budget) for _, server in pairs]
     for reader in readers[10:]:
         reader.authenticated()
     tracemalloc.start()
@@ -135,7 +135,7 @@ async def test_before_authentication_frames_are_capped_and_the_cap_rises_after()
     """Authentication requests are held to the early limit until ``authenticated``; a large
     first request of another API (a Produce from a client that skips ApiVersions) is not."""
     a, b = await tcp_pair()
-    reader = FrameStream(b, 2 * MIB, budget=RequestBudget(64 * MIB), early_limit=EARLY)
+    reader = ClientFrameStream(b, 2 * MIB, budget=RequestBudget(64 * MIB), early_limit=EARLY)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(a.send_all, framed(struct.pack(">h", 0) + bytes(600 * 1024)))
         with trio.fail_after(10):
@@ -151,7 +151,7 @@ async def test_before_authentication_frames_are_capped_and_the_cap_rises_after()
     await reader.aclose()
 
     a, b = await tcp_pair()
-    reader = FrameStream(b, 2 * MIB, budget=RequestBudget(64 * MIB), early_limit=EARLY)
+    reader = ClientFrameStream(b, 2 * MIB, budget=RequestBudget(64 * MIB), early_limit=EARLY)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(a.send_all, framed(b"first") + framed(struct.pack(">h", 36) + bytes(600 * 1024)))
         with trio.fail_after(10):
@@ -165,8 +165,8 @@ async def test_before_authentication_frames_are_capped_and_the_cap_rises_after()
 async def test_a_spent_budget_stops_other_readers_until_a_frame_is_released():
     budget = RequestBudget(2 * MIB)
     (a1, b1), (a2, b2) = await tcp_pair(), await tcp_pair()
-    first = FrameStream(b1, 8 * MIB, budget=budget)
-    second = FrameStream(b2, 8 * MIB, budget=budget)
+    first = ClientFrameStream(b1, 8 * MIB, budget=budget)
+    second = ClientFrameStream(b2, 8 * MIB, budget=budget)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(a1.send_all, framed(bytes(3 * MIB)))
         with trio.fail_after(10):
@@ -193,7 +193,7 @@ async def test_a_spent_budget_stops_other_readers_until_a_frame_is_released():
 async def test_a_partial_frame_holds_its_head_only_and_its_rest_grows():
     budget = RequestBudget(64 * MIB)
     a, b = await tcp_pair()
-    reader = FrameStream(b, 8 * MIB, budget=budget)
+    reader = ClientFrameStream(b, 8 * MIB, budget=budget)
     body = random.Random(9).randbytes(2 * MIB)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dribble, a, framed(body))
@@ -232,7 +232,7 @@ class _Chunks(trio.abc.Stream):
 async def test_tls_path_charges_the_budget_too():
     budget = RequestBudget(64 * MIB)
     data = framed(bytes(300_000)) + framed(b"x")
-    reader = FrameStream(_Chunks([data[i:i + 70_000] for i in range(0, len(data), 70_000)]), 1 * MIB, budget=budget)
+    reader = ClientFrameStream(_Chunks([data[i:i + 70_000] for i in range(0, len(data), 70_000)]), 1 * MIB, budget=budget)
     assert len(await reader.receive_frame()) == 300_000
     assert reader.held >= 300_000
     reader.release_frame()
