@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from proxy.client.errors import KafkaError
 from proxy.client.records import TopicPartition
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
-from proxy.protocol.messages import ApiKey
+from proxy.protocol.message_types import (
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
 
 Range = tuple[int, int]
 CommitEntry = int | Sequence[Range]
@@ -37,11 +40,12 @@ SIMPLE_GROUP = GroupMember()
 
 
 def offset_commit_request(version: int, group: str, entries: Mapping[TopicPartition, CommitEntry],
-                          leader_epochs: Mapping[TopicPartition, int], member: GroupMember = SIMPLE_GROUP) -> Any:
+                          leader_epochs: Mapping[TopicPartition, int],
+                          member: GroupMember = SIMPLE_GROUP) -> OffsetCommitRequest:
     """One OffsetCommit: an int entry commits that offset (with the partition's leader
     epoch where known), a range list commits its ranges as OffsetRanges."""
-    cls: Any = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
-    topics: dict[str, list[Any]] = {}
+    cls = OffsetCommitRequest
+    topics: dict[str, list[OffsetCommitRequest.OffsetCommitRequestPartition]] = {}
     for tp, what in entries.items():
         if isinstance(what, int):
             part = cls.OffsetCommitRequestPartition(
@@ -52,13 +56,14 @@ def offset_commit_request(version: int, group: str, entries: Mapping[TopicPartit
                 partition_index=tp.partition, committed_offset=NO_OFFSET, committed_leader_epoch=NO_EPOCH,
                 committed_metadata="", offset_ranges=[cls.OffsetRange(start=a, end=b) for a, b in what])
         topics.setdefault(tp.topic, []).append(part)
-    return messages.new_body(
-        ApiKey.OFFSET_COMMIT, version, "request", group_id=group, generation_id_or_member_epoch=member.generation,
+    return cls(
+        group_id=group, generation_id_or_member_epoch=member.generation,
         member_id=member.member_id, group_instance_id=member.instance_id,
         topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()])
 
 
-def accepted_partitions(response: Any, entries: Mapping[TopicPartition, Any]) -> dict[TopicPartition, Any]:
+def accepted_partitions(response: OffsetCommitResponse, entries: Mapping[TopicPartition, object]
+                        ) -> dict[TopicPartition, OffsetCommitResponse.OffsetCommitResponsePartition]:
     """The response partitions of ``entries`` that the commit stored."""
     accepted = {}
     for topic in response.topics:
@@ -69,13 +74,13 @@ def accepted_partitions(response: Any, entries: Mapping[TopicPartition, Any]) ->
     return accepted
 
 
-def commit_errors(response: Any) -> dict[TopicPartition, int]:
+def commit_errors(response: OffsetCommitResponse) -> dict[TopicPartition, int]:
     """The error code of each partition an OffsetCommit response refused."""
     return {TopicPartition(topic.name, part.partition_index): part.error_code
             for topic in response.topics for part in topic.partitions if part.error_code != ErrorCode.NONE}
 
 
-def first_commit_error(response: Any, group: str, ignore: frozenset[int] = frozenset()) -> KafkaError | None:
+def first_commit_error(response: OffsetCommitResponse, group: str, ignore: frozenset[int] = frozenset()) -> KafkaError | None:
     """The first partition error of an OffsetCommit response, as a typed error (codes in
     ``ignore`` left out)."""
     for topic in response.topics:
@@ -86,18 +91,18 @@ def first_commit_error(response: Any, group: str, ignore: frozenset[int] = froze
     return None
 
 
-def offset_fetch_request(version: int, group: str, partitions: Iterable[TopicPartition]) -> Any:
+def offset_fetch_request(version: int, group: str, partitions: Iterable[TopicPartition]) -> OffsetFetchRequest:
     """One OffsetFetch (grouped form) of ``partitions``, asking for stable offsets only."""
-    cls: Any = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+    cls = OffsetFetchRequest
     topics: dict[str, list[int]] = {}
     for tp in partitions:
         topics.setdefault(tp.topic, []).append(tp.partition)
-    return messages.new_body(ApiKey.OFFSET_FETCH, version, "request", require_stable=True, groups=[
+    return cls(require_stable=True, groups=[
         cls.OffsetFetchRequestGroup(group_id=group, topics=[
             cls.OffsetFetchRequestTopics(name=name, partition_indexes=indexes) for name, indexes in topics.items()])])
 
 
-def committed_state(response: Any, partitions: Sequence[TopicPartition], group: str
+def committed_state(response: OffsetFetchResponse, partitions: Sequence[TopicPartition], group: str
                     ) -> dict[TopicPartition, tuple[int | None, list[Range]]]:
     """Each partition's (S, R) from an OffsetFetch response: S None where nothing is
     committed, R the CommittedRangeOffsets (empty unless the proxy holds individual

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import trio
 
@@ -51,6 +50,7 @@ from proxy.client.errors import IllegalStateError, KafkaError
 from proxy.client.metadata import ClusterMetadata
 from proxy.client.records import TopicPartition
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import OffsetCommitResponse, OffsetFetchResponse
 from proxy.protocol.messages import ApiKey
 
 log = logging.getLogger(__name__)
@@ -175,12 +175,12 @@ class Committer:
             raise failed
 
     async def _send(self, entries: Mapping[TopicPartition, CommitEntry]
-                    ) -> tuple[dict[TopicPartition, Any], KafkaError | None]:
+                    ) -> tuple[dict[TopicPartition, OffsetCommitResponse.OffsetCommitResponsePartition], KafkaError | None]:
         """One OffsetCommit; the accepted partitions' responses and the first error."""
         response = await self._request(entries)
         return accepted_partitions(response, entries), first_commit_error(response, self.group)
 
-    async def _request(self, entries: Mapping[TopicPartition, CommitEntry]) -> Any:
+    async def _request(self, entries: Mapping[TopicPartition, CommitEntry]) -> OffsetCommitResponse:
         """One OffsetCommit of ``entries``; its response."""
         epochs = {}
         for tp in entries:
@@ -196,6 +196,6 @@ class Committer:
         """The group's (S, R) of each partition, read with OffsetFetch."""
         if not partitions:
             return {}
-        response = await self._coordinator.request(
+        response: OffsetFetchResponse = await self._coordinator.request(
             ApiKey.OFFSET_FETCH, lambda version: offset_fetch_request(version, self.group, partitions))
         return committed_state(response, partitions, self.group)

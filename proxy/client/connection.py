@@ -24,13 +24,15 @@ from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
 from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.message_types import ApiVersionsRequest, ApiVersionsResponse
+from proxy.protocol.message_versions import API_VERSIONS_FIRST_SUPPORTED_FEATURES, FETCH_FIRST_FLEXIBLE
 from proxy.protocol.messages import ApiKey
 
 RANGE_FETCH_FEATURE = "keyrange.fetch"
 INDIVIDUAL_COMMIT_FEATURE = "individual.commit"
 COOPERATIVE_FETCH_FEATURE = "cooperative.fetch"
-RANGE_FETCH_MIN_VERSION = 12  # the first flexible Fetch version: tag 10000 fields
-API_VERSIONS_VERSION = 3  # the first version that carries SupportedFeatures
+RANGE_FETCH_MIN_VERSION = FETCH_FIRST_FLEXIBLE  # tag 10000 fields need tagged fields
+API_VERSIONS_VERSION = API_VERSIONS_FIRST_SUPPORTED_FEATURES
 
 # The oldest versions this client speaks, and the newest it asks for.
 VERSION_FLOOR: Mapping[int, int] = {ApiKey.FETCH: 4, ApiKey.LIST_OFFSETS: 2, ApiKey.METADATA: 4}
@@ -56,12 +58,11 @@ class Negotiated:
     features: frozenset[str]
 
 
-def api_versions_request() -> Any:
-    return messages.new_body(ApiKey.API_VERSIONS, API_VERSIONS_VERSION, "request",
-                             client_software_name="keyrange-consumer", client_software_version="1")
+def api_versions_request() -> ApiVersionsRequest:
+    return ApiVersionsRequest(client_software_name="keyrange-consumer", client_software_version="1")
 
 
-def negotiate(response: Any, where: str) -> Negotiated:
+def negotiate(response: ApiVersionsResponse, where: str) -> Negotiated:
     """Versions and features from an ApiVersions response. Raises ``UnsupportedVersionError``
     when a required API has no version in common, naming both windows."""
     if response.error_code != ErrorCode.NONE:
@@ -204,9 +205,10 @@ class Connections:
             if self.by_node[node_id].closed or node_id not in keep:
                 await close_connection(self.by_node.pop(node_id))
 
-    async def request(self, connection: NodeConnection, api_key: int, version: int, body: Any, *,
+    async def request(self, connection: NodeConnection, api_key: int, version: int, body: object, *,
                       timeout: float | None = None) -> Any:
-        """One request; the connection is closed if it fails or is cancelled midway."""
+        """One request; the connection is closed if it fails or is cancelled midway. The
+        response body is that of ``api_key``: the caller, who knows which, types it."""
         try:
             return await connection.conn.request(api_key, version, body,
                                                  timeout=self.timeout if timeout is None else timeout)

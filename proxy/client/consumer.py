@@ -99,8 +99,8 @@ from proxy.client.membership import Phase
 from proxy.client.metadata import ClusterMetadata, refresh_metadata
 from proxy.client.offsets import OffsetResolver
 from proxy.client.records import ConsumerRecord, ConsumerRecords, TopicPartition
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import MetadataRequest, MetadataResponse
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange
 
@@ -610,10 +610,11 @@ class Consumer:
             return None
         connection = await self._connections.any()
         version = connection.versions[ApiKey.METADATA]
-        body = messages.new_body(ApiKey.METADATA, version, "request", topics=None, allow_auto_topic_creation=False)
-        response = await self._connections.request(connection, ApiKey.METADATA, version, body)
-        return sorted(t.name for t in response.topics if t.error_code == ErrorCode.NONE and self._pattern.fullmatch(t.name)
-                      and not t.is_internal)
+        body = MetadataRequest(topics=None, allow_auto_topic_creation=False)
+        response: MetadataResponse = await self._connections.request(connection, ApiKey.METADATA, version, body)
+        pattern = self._pattern
+        return sorted(t.name for t in response.topics if t.error_code == ErrorCode.NONE and t.name is not None
+                      and pattern.fullmatch(t.name) and not t.is_internal)
 
     async def _poll(self, deadline: float) -> ConsumerRecords:
         fetcher, state = self._fetcher, self._state

@@ -18,8 +18,8 @@ import trio
 from proxy.client.connection import NETWORK_ERRORS, Connections, NodeConnection, close_connection
 from proxy.client.errors import COORDINATOR_RETRY_CODES, KafkaError, RequestTimedOutError, UnsupportedVersionError
 from proxy.net.broker_connection import BrokerConnectionError
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import FindCoordinatorRequest, FindCoordinatorResponse
 from proxy.protocol.messages import ApiKey
 
 log = logging.getLogger(__name__)
@@ -27,12 +27,11 @@ log = logging.getLogger(__name__)
 GROUP_KEY_TYPE = 0  # FindCoordinator: a group (1 would be a transactional id)
 
 
-def find_coordinator_request(version: int, group: str) -> Any:
-    return messages.new_body(ApiKey.FIND_COORDINATOR, version, "request", key_type=GROUP_KEY_TYPE,
-                             coordinator_keys=[group])
+def find_coordinator_request(version: int, group: str) -> FindCoordinatorRequest:
+    return FindCoordinatorRequest(key_type=GROUP_KEY_TYPE, coordinator_keys=[group])
 
 
-def coordinator_address(response: Any, group: str) -> tuple[str, int]:
+def coordinator_address(response: FindCoordinatorResponse, group: str) -> tuple[str, int]:
     """The coordinator's address from a FindCoordinator v4 response. A coordinator not
     available yet raises ``BrokerConnectionError`` (retried like a failed connection)."""
     (entry,) = response.coordinators
@@ -44,7 +43,7 @@ def coordinator_address(response: Any, group: str) -> tuple[str, int]:
     return entry.host, entry.port
 
 
-def must_find_again(response: Any) -> bool:
+def must_find_again(response: object) -> bool:
     """Whether a group response's partition or group errors say the coordinator moved,
     is loading, or a pending transactional commit should settle first."""
     codes = {p.error_code for t in getattr(response, "topics", ()) for p in t.partitions}
@@ -63,8 +62,9 @@ class Coordinator:
         self._metrics = metrics
         self._connection: NodeConnection | None = None
 
-    async def request(self, api_key: int, build: Callable[[int], Any], *, timeout: float | None = None) -> Any:
-        """Send ``build(version)`` to the coordinator, finding it (again) while needed, for
+    async def request(self, api_key: int, build: Callable[[int], object], *, timeout: float | None = None) -> Any:
+        """Send ``build(version)`` (a request body of ``api_key``) to the coordinator and
+        return the response body (typed by the caller, who knows its API), finding it (again) while needed, for
         at most ``timeout`` (default: the request timeout); ``RequestTimedOutError`` after
         that. A JoinGroup needs longer: the coordinator holds it for the rebalance."""
         timeout = self._connections.timeout if timeout is None else timeout
@@ -75,7 +75,7 @@ class Coordinator:
             raise RequestTimedOutError(f"{ApiKey(api_key).name} for group {self.group!r} got no answer within "
                                        f"request_timeout_ms={int(timeout * 1000)}") from None
 
-    async def _request_until_answered(self, api_key: int, build: Callable[[int], Any], timeout: float) -> Any:
+    async def _request_until_answered(self, api_key: int, build: Callable[[int], object], timeout: float) -> Any:
         while True:
             try:
                 connection = await self._find()

@@ -21,10 +21,11 @@ proxy serves each kind with a feature of its own.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeVar
 
 from proxy.client.assignment import AssignmentState, EndOffsets, PendingReset, narrows, reset_timestamp
 from proxy.client.errors import (
@@ -35,14 +36,24 @@ from proxy.client.errors import (
     OffsetOutOfRangeError,
 )
 from proxy.client.records import ConsumerRecord, TopicPartition, parse_partition
-from proxy.protocol import messages
 from proxy.protocol.constants import FETCH_SESSION_FINAL_EPOCH, FETCH_SESSIONLESS_ID, ErrorCode
-from proxy.protocol.messages import ApiKey
+from proxy.protocol.message_types import FetchRequest, FetchResponse
+from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID
 from proxy.ranges import KeyRange, normalize
 
 log = logging.getLogger(__name__)
 
-TOPIC_IDS_VERSION = 13  # Fetch names topics by id from this version on
+T = TypeVar("T")
+
+
+class Span(Protocol):
+    """A key range as any message or ``proxy.ranges`` holds it."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,7 @@ class FetchLimits:
     isolation_level: int
 
 
-def rotated(items: Sequence[Any], shift: int) -> list[Any]:
+def rotated(items: Sequence[T], shift: int) -> list[T]:
     """``items`` starting at ``shift`` (modulo its length): the order a Fetch lists its
     partitions in turns with every request, so no partition is always last in the
     response (where the byte limits cut)."""
@@ -85,13 +96,13 @@ def rotated(items: Sequence[Any], shift: int) -> list[Any]:
     return list(items[shift:]) + list(items[:shift])
 
 
-def fetch_request(version: int, positions: Sequence[FetchPosition], topic_ids: Mapping[str, Any],
-                  limits: FetchLimits) -> Any:
+def fetch_request(version: int, positions: Sequence[FetchPosition], topic_ids: Mapping[str, uuid.UUID],
+                  limits: FetchLimits) -> FetchRequest:
     """A sessionless Fetch (KIP-227: id 0, final epoch) of ``positions`` in their order.
     Sessionless is also what a cooperative partition needs (section 3.7). ``ValueError``
     for a partition both ranged and cooperative, or a request mixing ranged and cooperative
     partitions (plain whole partitions go with either)."""
-    cls: Any = messages.body_class(ApiKey.FETCH, "request")
+    cls = FetchRequest
     ranged = [p.tp for p in positions if p.ranges]
     shared = [p.tp for p in positions if p.cooperative is not None]
     if ranged and shared:
@@ -100,7 +111,7 @@ def fetch_request(version: int, positions: Sequence[FetchPosition], topic_ids: M
             f"{_names(both)} cannot be fetched both by key range and cooperatively" if both else
             f"one Fetch cannot carry key ranges ({_names(ranged)}) and cooperative partitions ({_names(shared)}): "
             f"send them in separate requests")
-    topics: dict[str, list[Any]] = {}
+    topics: dict[str, list[FetchRequest.FetchPartition]] = {}
     for p in positions:
         member = p.cooperative
         topics.setdefault(p.tp.topic, []).append(cls.FetchPartition(
@@ -109,16 +120,16 @@ def fetch_request(version: int, positions: Sequence[FetchPosition], topic_ids: M
             key_ranges=[cls.KeyRange(start=r.start, end=r.end) for r in p.ranges] if p.ranges else None,
             cooperative=None if member is None else cls.CooperativeMember(
                 group_id=member.group_id, member_id=member.member_id, generation_id=member.generation_id)))
-    return messages.new_body(
-        ApiKey.FETCH, version, "request", replica_id=-1, max_wait_ms=limits.max_wait_ms, min_bytes=1,
+    return cls(
+        replica_id=-1, max_wait_ms=limits.max_wait_ms, min_bytes=1,
         max_bytes=limits.max_bytes, isolation_level=limits.isolation_level,
         session_id=FETCH_SESSIONLESS_ID, session_epoch=FETCH_SESSION_FINAL_EPOCH, rack_id="",
         topics=[cls.FetchTopic(topic=name, topic_id=topic_ids[name], partitions=parts)
                 for name, parts in topics.items()])
 
 
-def apply_fetch_response(state: AssignmentState, response: Any, *, version: int, node_id: int,
-                         offsets: Mapping[TopicPartition, int], topic_names: Mapping[Any, str],
+def apply_fetch_response(state: AssignmentState, response: FetchResponse, *, version: int, node_id: int,
+                         offsets: Mapping[TopicPartition, int], topic_names: Mapping[uuid.UUID, str],
                          received_time: float, received: set[TopicPartition], auto_offset_reset: str,
                          metrics: Counter[str], cooperative: Mapping[TopicPartition, CooperativeMember] | None = None,
                          fenced: list[TopicPartition] | None = None) -> bool:
@@ -145,7 +156,7 @@ def apply_fetch_response(state: AssignmentState, response: Any, *, version: int,
     discarded: list[str] = []
     shared = cooperative or {}
     for topic in response.responses:
-        name = topic.topic if version < TOPIC_IDS_VERSION else topic_names.get(topic.topic_id)
+        name = topic.topic if version < FETCH_FIRST_TOPIC_ID else topic_names.get(topic.topic_id)
         if name is None:
             continue  # a topic id this consumer no longer knows: not one it asked for
         for part in topic.partitions:
@@ -168,7 +179,7 @@ def apply_fetch_response(state: AssignmentState, response: Any, *, version: int,
     return refresh
 
 
-def covers_held_ranges(applied: Sequence[Any] | None, held: Sequence[KeyRange]) -> bool:
+def covers_held_ranges(applied: Sequence[Span] | None, held: Sequence[KeyRange]) -> bool:
     """Whether a partition answered with ``KeyRangesApplied`` = ``applied`` (None: the proxy
     did not filter it) still holds every record of the ranges ``held`` ([] = the whole
     partition; an empty ``applied`` is the whole partition too, docs/wire-contract.md
@@ -178,7 +189,7 @@ def covers_held_ranges(applied: Sequence[Any] | None, held: Sequence[KeyRange]) 
     return narrows([KeyRange(r.start, r.end) for r in applied], held)
 
 
-def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch_offset: int, *,
+def apply_partition(state: AssignmentState, tp: TopicPartition, part: FetchResponse.PartitionData, fetch_offset: int, *,
                     received_time: float, received: set[TopicPartition], auto_offset_reset: str,
                     metrics: Counter[str], discarded: list[str] | None = None) -> bool:
     """Take one partition of a Fetch response into ``state``. True when metadata must be
@@ -208,7 +219,7 @@ def apply_partition(state: AssignmentState, tp: TopicPartition, part: Any, fetch
     if ranges and (applied is None or normalize(KeyRange(r.start, r.end) for r in applied) != normalize(ranges)):
         # not filtered (or filtered differently): the local check below decides
         metrics["unfiltered_range_responses"] += 1
-    if not covers_held_ranges(applied, ranges):
+    if applied is not None and not covers_held_ranges(applied, ranges):
         metrics["range_responses_discarded"] += 1
         reason = (f"{tp.topic}-{tp.partition} at offset {fetch_offset} was filtered for key ranges "
                   f"{_describe(applied)} (KeyRangesApplied), which do not cover this consumer's "
@@ -253,7 +264,8 @@ def _reset_out_of_range(state: AssignmentState, tp: TopicPartition, auto_offset_
     state.positions[tp] = PendingReset(reset_timestamp(auto_offset_reset, tp))
 
 
-def apply_cooperative(state: AssignmentState, tp: TopicPartition, part: Any, token: int, member: CooperativeMember,
+def apply_cooperative(state: AssignmentState, tp: TopicPartition, part: FetchResponse.PartitionData, token: int,
+                      member: CooperativeMember,
                       *, received_time: float, received: set[TopicPartition], metrics: Counter[str],
                       fenced: list[TopicPartition] | None = None, auto_offset_reset: str = "earliest") -> bool:
     """Take one cooperatively fetched partition (fetched with ``token`` as its offset) into
@@ -371,5 +383,5 @@ def _names(tps: Sequence[TopicPartition] | set[TopicPartition]) -> str:
     return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))
 
 
-def _describe(ranges: Sequence[Any]) -> str:
+def _describe(ranges: Sequence[Span]) -> str:
     return ", ".join(f"[{r.start}, {r.end}]" for r in ranges) or "(the whole partition)"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -43,9 +44,10 @@ from proxy.client.errors import ConsumerError, KafkaError
 from proxy.client.group_assignor import Assignment, intersect, subtract, to_intervals, to_ranges
 from proxy.client.group_protocol import leave_error
 from proxy.client.membership import Answer, Change, Membership, Phase, difference, union
+from proxy.client.metadata import metadata_request
 from proxy.client.records import ConsumerRecord, TopicPartition
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import MetadataResponse
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange
 from proxy.records.keyhash import key_hash
@@ -157,7 +159,7 @@ class GroupMember:
         self._next_heartbeat = 0.0
         self.rebalances = 0
         self.assigned_event = trio.Event()
-        self.pattern: Any = None  # a pattern subscription: the topics are listed at each join
+        self.pattern: re.Pattern[str] | None = None  # a pattern subscription: the topics are listed at each join
 
     # -- the background task -------------------------------------------------------------
     async def run(self) -> None:
@@ -226,7 +228,7 @@ class GroupMember:
     def _wake_poll(self) -> None:
         self.assigned_event.set()
 
-    async def _request(self, api_key: int, build: Callable[[int], Any], timeout: float | None = None) -> Any:
+    async def _request(self, api_key: int, build: Callable[[int], object], timeout: float | None = None) -> Any:
         return await self._coordinator.request(api_key, build, timeout=timeout)
 
     async def _join(self) -> None:
@@ -265,12 +267,10 @@ class GroupMember:
             return {}
         connection = await self._connections.any()
         version = connection.versions[ApiKey.METADATA]
-        cls: Any = messages.body_class(ApiKey.METADATA, "request")
-        body = messages.new_body(ApiKey.METADATA, version, "request", allow_auto_topic_creation=False,
-                                 topics=[cls.MetadataRequestTopic(name=t) for t in topics])
-        response = await self._connections.request(connection, ApiKey.METADATA, version, body)
+        response: MetadataResponse = await self._connections.request(
+            connection, ApiKey.METADATA, version, metadata_request(version, topics))
         return {t.name: sorted(p.partition_index for p in t.partitions) for t in response.topics
-                if t.error_code == ErrorCode.NONE}
+                if t.error_code == ErrorCode.NONE and t.name is not None}
 
     async def _heartbeat(self) -> None:
         m = self.membership

@@ -4,7 +4,10 @@
 (2^63 values) wide, and cut the line into M equal pieces for the topic's M members.
 
 * M <= P: whole partitions only; counts differ by at most one.
-* M > P: every member gets P/M units (loads within one hash value of each other). A fresh
+* M > P: every member gets P/M units (loads within ``SLIVER`` hash values of each other:
+  a piece of a partition thinner than that, which rounding can leave a member beside its
+  real stretch, goes to the neighbour it touches instead, since a partition held for a
+  millionth of its keys costs the member a fetch and a commit like any other). A fresh
   cut gives each member one stretch of the line, so at most two pieces (it crosses at most
   one partition boundary).
 * A member that does not allow individual commit only ever gets whole partitions: with
@@ -47,6 +50,7 @@ from proxy.ranges import HASH_SPACE, KeyRange, normalize
 
 UNIT = HASH_SPACE  # hash values per partition
 MAX_PIECES = 2
+SLIVER = UNIT >> 20  # a piece thinner than this (a millionth of a partition) is not kept apart
 
 Interval = tuple[int, int]  # [start, end) on a topic's line, or within one partition's [0, UNIT)
 Assignment = dict[TopicPartition, list[KeyRange]]  # [] = the whole partition
@@ -238,7 +242,10 @@ def _sticky_cut(ids: Sequence[str], space: Sequence[Interval], claims: Mapping[s
     own = {m: intersect(claims.get(m, []), space) for m in ids}
     quota = _quotas(ids, length(space), {m: length(own[m]) for m in ids})
     keep_end = _trim_sides(ids, own, quota)
-    kept = {m: _keep(own[m], quota[m], from_end=m in keep_end) for m in ids}
+    # A member over its quota by no more than a sliver keeps it all (it took a sliver its
+    # neighbour could not, see _without_slivers): the next rebalance moves nothing.
+    kept = {m: _keep(own[m], quota[m] + (SLIVER if length(own[m]) - quota[m] <= SLIVER else 0),
+                     from_end=m in keep_end) for m in ids}
     # free stretches never cross a partition boundary: a piece is within one partition
     free = [piece for a, b in subtract(list(space), merge(i for m in ids for i in kept[m]))
             for piece in _split_at_units(a, b)]
@@ -247,7 +254,7 @@ def _sticky_cut(ids: Sequence[str], space: Sequence[Interval], claims: Mapping[s
     order = sorted(ids, key=lambda m: (kept[m][0][0] if kept[m] else 1 << 80, m))
     for m in order:
         need = quota[m] - length(kept[m])
-        while need > 0:
+        while need > 0 and free:
             # prefer free space touching the member's own, then a stretch that covers the
             # whole shortfall in one piece, then the first free stretch
             ends = {b for _, b in out[m]} | {a for a, _ in out[m]}
@@ -388,8 +395,27 @@ def _assign_topic(line: _Line, members: Sequence[MemberInfo], ranges: bool) -> d
         cut = _sticky_cut(rangers, space, claims)
     if any(_line_pieces(line, cut[m]) > MAX_PIECES for m in rangers):
         cut = _ordered_cut(rangers, space, claims)
-    out.update(cut)
+    out.update(_without_slivers(cut))
     return out
+
+
+def _without_slivers(cut: Mapping[str, list[Interval]]) -> dict[str, list[Interval]]:
+    """``cut`` with every piece thinner than ``SLIVER`` (within one partition) that is not
+    its member's only piece given to the member whose stretch it touches in the same
+    partition: that member's piece grows and keeps its count, the other loses one."""
+    out = {m: [p for a, b in intervals for p in _split_at_units(a, b)] for m, intervals in cut.items()}
+    for m in sorted(out):
+        for piece in [p for p in out[m] if p[1] - p[0] < SLIVER]:
+            if len(out[m]) < 2:
+                break
+            a, b = piece
+            neighbour = next((n for n in sorted(out) if n != m and any(
+                (y == a and a % UNIT) or (x == b and b % UNIT) for x, y in out[n])), None)
+            if neighbour is None:
+                continue
+            out[m].remove(piece)
+            out[neighbour].append(piece)
+    return {m: merge(intervals) for m, intervals in out.items()}
 
 
 def cooperative_topics(members: Sequence[MemberInfo], partitions: Mapping[str, Sequence[int]], *,

@@ -15,12 +15,22 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from proxy.client.group_assignor import Assignment, MemberInfo
 from proxy.client.records import TopicPartition
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.message_types import (
+    ConsumerProtocolAssignment,
+    ConsumerProtocolSubscription,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    KeyRangeAssignmentUserData,
+    KeyRangeSubscriptionUserData,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    SyncGroupRequest,
+)
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange, validate_ranges
 
@@ -51,19 +61,35 @@ def _by_topic(assignment: Mapping[TopicPartition, Sequence[KeyRange]]) -> dict[s
     return out
 
 
-def _split_by_topic(assignment: Mapping[TopicPartition, Sequence[KeyRange]], topic_cls: Any, part_cls: Any,
-                    range_cls: Any) -> list[Any]:
-    """The partitions assigned only in part, with their ranges, as UserData topics."""
-    topics: dict[str, list[Any]] = {}
+def _partial(assignment: Mapping[TopicPartition, Sequence[KeyRange]]) -> dict[str, dict[int, Sequence[KeyRange]]]:
+    """The partitions assigned only in part, with their ranges, by topic."""
+    topics: dict[str, dict[int, Sequence[KeyRange]]] = {}
     for tp in sorted(assignment):
         ranges = assignment[tp]
         if ranges:
-            topics.setdefault(tp.topic, []).append(
-                part_cls(partition=tp.partition, ranges=[range_cls(start=r.start, end=r.end) for r in ranges]))
-    return [topic_cls(topic=name, partitions=parts) for name, parts in topics.items()]
+            topics.setdefault(tp.topic, {})[tp.partition] = ranges
+    return topics
 
 
-def _ranges_of(data_topics: Sequence[Any], where: str) -> dict[TopicPartition, list[KeyRange]]:
+def _owned_ranges(owned: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[KeyRangeSubscriptionUserData.OwnedTopic]:
+    """Subscription UserData: the partitions owned only in part, with their ranges."""
+    data = KeyRangeSubscriptionUserData
+    return [data.OwnedTopic(topic=name, partitions=[
+        data.OwnedPartition(partition=partition, ranges=[data.OwnedRange(start=r.start, end=r.end) for r in ranges])
+        for partition, ranges in parts.items()]) for name, parts in _partial(owned).items()]
+
+
+def _assigned_ranges(
+        assignment: Mapping[TopicPartition, Sequence[KeyRange]]) -> list[KeyRangeAssignmentUserData.AssignedTopic]:
+    """Assignment UserData: the partitions assigned only in part, with their ranges."""
+    data = KeyRangeAssignmentUserData
+    return [data.AssignedTopic(topic=name, partitions=[
+        data.AssignedPartition(partition=partition, ranges=[data.AssignedRange(start=r.start, end=r.end) for r in ranges])
+        for partition, ranges in parts.items()]) for name, parts in _partial(assignment).items()]
+
+
+def _ranges_of(data_topics: Sequence[KeyRangeSubscriptionUserData.OwnedTopic]
+               | Sequence[KeyRangeAssignmentUserData.AssignedTopic], where: str) -> dict[TopicPartition, list[KeyRange]]:
     out: dict[TopicPartition, list[KeyRange]] = {}
     for topic in data_topics:
         for part in topic.partitions:
@@ -81,17 +107,14 @@ def encode_subscription(protocol: str, topics: Sequence[str], owned: Mapping[Top
     """A member's JoinGroup metadata for ``protocol``: the topics, the partitions it owns,
     and (keyrange) its ranges, whether it allows individual commit and how it shares a
     partition (``sharing``: "keyrange" or "cooperative")."""
-    cls: Any = messages.data_class(SUBSCRIPTION)
+    cls = ConsumerProtocolSubscription
     if protocol == KEYRANGE:
-        data_cls: Any = messages.data_class(SUBSCRIPTION_DATA)
-        user_data = messages.encode_data(SUBSCRIPTION_DATA, messages.new_data(
-            SUBSCRIPTION_DATA, allow_individual_commit=allows_ranges,
-            owned_ranges=_split_by_topic(owned, data_cls.OwnedTopic, data_cls.OwnedPartition, data_cls.OwnedRange),
-            partition_sharing=sharing))
+        user_data = messages.encode_data(SUBSCRIPTION_DATA, KeyRangeSubscriptionUserData(
+            allow_individual_commit=allows_ranges, owned_ranges=_owned_ranges(owned), partition_sharing=sharing))
     else:
         user_data = _INT32.pack(generation)  # what Java's CooperativeStickyAssignor writes
-    value = messages.new_data(
-        SUBSCRIPTION, topics=sorted(topics), user_data=user_data, generation_id=generation, rack_id=None,
+    value = cls(
+        topics=sorted(topics), user_data=user_data, generation_id=generation, rack_id=None,
         owned_partitions=[cls.TopicPartition(topic=t, partitions=p) for t, p in _by_topic(owned).items()])
     return messages.encode_data(SUBSCRIPTION, value, SUBSCRIPTION_VERSION)
 
@@ -99,14 +122,14 @@ def encode_subscription(protocol: str, topics: Sequence[str], owned: Mapping[Top
 def decode_subscription(protocol: str, member_id: str, metadata: bytes) -> MemberInfo:
     """A member's subscription as the leader's assignor needs it. A member without our
     UserData (a standard client) owns whole partitions and does not share by range."""
-    value = messages.decode_data(SUBSCRIPTION, metadata)
+    value = messages.decode_data_as(ConsumerProtocolSubscription, metadata)
     owned: dict[TopicPartition, list[KeyRange]] = {
         TopicPartition(t.topic, p): [] for t in value.owned_partitions or () for p in t.partitions}
     allows_ranges = cooperative = False
     generation = value.generation_id if value.generation_id is not None else -1
     user_data = bytes(value.user_data) if value.user_data is not None else b""
     if protocol == KEYRANGE and user_data:
-        data = messages.decode_data(SUBSCRIPTION_DATA, user_data)
+        data = messages.decode_data_as(KeyRangeSubscriptionUserData, user_data)
         allows_ranges = bool(data.allow_individual_commit)
         cooperative = data.partition_sharing == SHARING_COOPERATIVE  # anything else (a newer mode): by key range
         for tp, ranges in _ranges_of(data.owned_ranges, f"subscription of {member_id}").items():
@@ -122,17 +145,16 @@ def encode_assignment(protocol: str, assignment: Mapping[TopicPartition, Sequenc
                       cooperative: Iterable[TopicPartition] = ()) -> bytes:
     """A member's SyncGroup assignment; ``cooperative``: the (whole) partitions of it the
     member fetches cooperatively (keyrange only)."""
-    cls: Any = messages.data_class(ASSIGNMENT)
+    cls = ConsumerProtocolAssignment
     user_data = None
     if protocol == KEYRANGE:
-        data_cls: Any = messages.data_class(ASSIGNMENT_DATA)
+        data = KeyRangeAssignmentUserData
         shared = _by_topic({TopicPartition(*tp): [] for tp in cooperative})
-        user_data = messages.encode_data(ASSIGNMENT_DATA, messages.new_data(
-            ASSIGNMENT_DATA, assigned_ranges=_split_by_topic(assignment, data_cls.AssignedTopic,
-                                                             data_cls.AssignedPartition, data_cls.AssignedRange),
-            cooperative_partitions=[data_cls.CooperativeTopic(topic=t, partitions=p) for t, p in shared.items()]))
-    value = messages.new_data(
-        ASSIGNMENT, user_data=user_data,
+        user_data = messages.encode_data(ASSIGNMENT_DATA, data(
+            assigned_ranges=_assigned_ranges(assignment),
+            cooperative_partitions=[data.CooperativeTopic(topic=t, partitions=p) for t, p in shared.items()]))
+    value = cls(
+        user_data=user_data,
         assigned_partitions=[cls.TopicPartition(topic=t, partitions=p) for t, p in _by_topic(assignment).items()])
     return messages.encode_data(ASSIGNMENT, value, ASSIGNMENT_VERSION)
 
@@ -148,11 +170,11 @@ def decode_assignment_sharing(protocol: str, data: bytes) -> tuple[Assignment, f
     assigned whole)."""
     if not data:
         return {}, frozenset()
-    value = messages.decode_data(ASSIGNMENT, data)
+    value = messages.decode_data_as(ConsumerProtocolAssignment, data)
     out: Assignment = {TopicPartition(t.topic, p): [] for t in value.assigned_partitions for p in t.partitions}
     shared: set[TopicPartition] = set()
     if protocol == KEYRANGE and value.user_data:
-        user_data = messages.decode_data(ASSIGNMENT_DATA, bytes(value.user_data))
+        user_data = messages.decode_data_as(KeyRangeAssignmentUserData, bytes(value.user_data))
         for tp, rs in _ranges_of(user_data.assigned_ranges, "assignment").items():
             if tp not in out:
                 raise ProtocolError(f"assignment: ranges for {tp.topic}-{tp.partition}, which is not assigned")
@@ -170,36 +192,38 @@ def decode_assignment_sharing(protocol: str, data: bytes) -> tuple[Assignment, f
 # -- requests -----------------------------------------------------------------------------
 def join_group_request(version: int, group: str, member_id: str, instance_id: str | None, *,
                        session_timeout_ms: int, rebalance_timeout_ms: int, protocols: Sequence[tuple[str, bytes]],
-                       reason: str | None = None) -> Any:
-    cls: Any = messages.body_class(ApiKey.JOIN_GROUP, "request")
-    return messages.new_body(
-        ApiKey.JOIN_GROUP, version, "request", group_id=group, session_timeout_ms=session_timeout_ms,
+                       reason: str | None = None) -> JoinGroupRequest:
+    cls = JoinGroupRequest
+    return cls(
+        group_id=group, session_timeout_ms=session_timeout_ms,
         rebalance_timeout_ms=rebalance_timeout_ms, member_id=member_id, group_instance_id=instance_id,
         protocol_type=PROTOCOL_TYPE, reason=reason,
         protocols=[cls.JoinGroupRequestProtocol(name=name, metadata=metadata) for name, metadata in protocols])
 
 
 def sync_group_request(version: int, group: str, generation: int, member_id: str, instance_id: str | None,
-                       protocol: str, assignments: Mapping[str, bytes]) -> Any:
-    cls: Any = messages.body_class(ApiKey.SYNC_GROUP, "request")
-    return messages.new_body(
-        ApiKey.SYNC_GROUP, version, "request", group_id=group, generation_id=generation, member_id=member_id,
+                       protocol: str, assignments: Mapping[str, bytes]) -> SyncGroupRequest:
+    cls = SyncGroupRequest
+    return cls(
+        group_id=group, generation_id=generation, member_id=member_id,
         group_instance_id=instance_id, protocol_type=PROTOCOL_TYPE, protocol_name=protocol,
         assignments=[cls.SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in sorted(assignments.items())])
 
 
-def heartbeat_request(version: int, group: str, generation: int, member_id: str, instance_id: str | None) -> Any:
-    return messages.new_body(ApiKey.HEARTBEAT, version, "request", group_id=group, generation_id=generation,
-                             member_id=member_id, group_instance_id=instance_id)
+def heartbeat_request(version: int, group: str, generation: int, member_id: str,
+                      instance_id: str | None) -> HeartbeatRequest:
+    return HeartbeatRequest(group_id=group, generation_id=generation, member_id=member_id,
+                            group_instance_id=instance_id)
 
 
-def leave_group_request(version: int, group: str, member_id: str, instance_id: str | None, reason: str) -> Any:
-    cls: Any = messages.body_class(ApiKey.LEAVE_GROUP, "request")
-    return messages.new_body(ApiKey.LEAVE_GROUP, version, "request", group_id=group, members=[
+def leave_group_request(version: int, group: str, member_id: str, instance_id: str | None,
+                        reason: str) -> LeaveGroupRequest:
+    cls = LeaveGroupRequest
+    return cls(group_id=group, members=[
         cls.MemberIdentity(member_id=member_id, group_instance_id=instance_id, reason=reason)])
 
 
-def leave_error(response: Any) -> int:
+def leave_error(response: LeaveGroupResponse) -> int:
     """The first error of a LeaveGroup response (the group's, else the member's)."""
     if response.error_code:
         return int(response.error_code)

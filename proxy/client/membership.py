@@ -17,7 +17,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from proxy.client.errors import KafkaError
 from proxy.client.group_assignor import (
@@ -45,6 +44,15 @@ from proxy.client.group_protocol import (
 )
 from proxy.client.records import TopicPartition
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
 from proxy.ranges import KeyRange
 
 MEMBER_ID_REQUIRED = 79
@@ -98,7 +106,7 @@ class Membership:
     owned: Assignment = field(default_factory=dict)  # held now, revocations not finished included
     revoking: Assignment = field(default_factory=dict)
     rejoin_needed: bool = False
-    members: list[Any] = field(default_factory=list)  # the leader's JoinGroup members
+    members: list[JoinGroupResponse.JoinGroupResponseMember] = field(default_factory=list)  # the leader's JoinGroup members
     lost_owned: Assignment = field(default_factory=dict)
     cooperative: frozenset[TopicPartition] = frozenset()  # of the last assignment: fetched cooperatively
 
@@ -122,7 +130,7 @@ class Membership:
         return bool(self.member_id) and self.member_id == self.leader_id
 
     # -- JoinGroup -------------------------------------------------------------------------
-    def join_request(self, version: int, reason: str | None = None) -> Any:
+    def join_request(self, version: int, reason: str | None = None) -> JoinGroupRequest:
         self.phase = Phase.JOINING
         self.rejoin_needed = False
         protocols = [(name, encode_subscription(name, self.topics, self.owned, allows_ranges=self.allows_ranges,
@@ -132,7 +140,7 @@ class Membership:
                                   session_timeout_ms=self.session_timeout_ms,
                                   rebalance_timeout_ms=self.rebalance_timeout_ms, protocols=protocols, reason=reason)
 
-    def on_join(self, response: Any) -> Answer:
+    def on_join(self, response: JoinGroupResponse) -> Answer:
         code = response.error_code
         if code == ErrorCode.NONE:
             self.member_id = response.member_id
@@ -160,7 +168,7 @@ class Membership:
             topics |= self._subscription(member).topics
         return sorted(topics)
 
-    def _subscription(self, member: Any) -> MemberInfo:
+    def _subscription(self, member: JoinGroupResponse.JoinGroupResponseMember) -> MemberInfo:
         return decode_subscription(self.protocol or KEYRANGE, member.member_id, bytes(member.metadata))
 
     def assignments(self, partitions: Mapping[str, Sequence[int]]) -> dict[str, bytes]:
@@ -176,11 +184,11 @@ class Membership:
                 for member_id, a in first.items()}
 
     # -- SyncGroup -------------------------------------------------------------------------
-    def sync_request(self, version: int, assignments: Mapping[str, bytes]) -> Any:
+    def sync_request(self, version: int, assignments: Mapping[str, bytes]) -> SyncGroupRequest:
         return sync_group_request(version, self.group, self.joined_generation, self.member_id, self.instance_id,
                                   self.protocol or KEYRANGE, assignments if self.is_leader else {})
 
-    def on_sync(self, response: Any) -> tuple[Answer, Change | None]:
+    def on_sync(self, response: SyncGroupResponse) -> tuple[Answer, Change | None]:
         code = response.error_code
         if code == ErrorCode.NONE:
             new, shared = decode_assignment_sharing(self.protocol or KEYRANGE, bytes(response.assignment or b""))
@@ -215,10 +223,10 @@ class Membership:
         self.rejoin_needed = True
 
     # -- Heartbeat -------------------------------------------------------------------------
-    def heartbeat_request(self, version: int) -> Any:
+    def heartbeat_request(self, version: int) -> HeartbeatRequest:
         return heartbeat_request(version, self.group, self.generation, self.member_id, self.instance_id)
 
-    def on_heartbeat(self, response: Any) -> Answer:
+    def on_heartbeat(self, response: HeartbeatResponse) -> Answer:
         code = response.error_code
         if code == ErrorCode.NONE:
             return Answer.OK
@@ -230,7 +238,7 @@ class Membership:
         raise KafkaError.for_code(code, f"Heartbeat of group {self.group!r}")
 
     # -- leaving and losing ----------------------------------------------------------------
-    def leave_request(self, version: int, reason: str) -> Any | None:
+    def leave_request(self, version: int, reason: str) -> LeaveGroupRequest | None:
         """LeaveGroup, or None when there is nothing to leave. A static member does not
         leave (KIP-345): its session timeout removes it, so a restart keeps its share."""
         request = None

@@ -8,16 +8,16 @@ refresh before the next fetch; anything that learns a leader moved sets it.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from proxy.client.connection import Connections
 from proxy.client.errors import METADATA_REFRESH_CODES, KafkaError
 from proxy.client.records import TopicPartition
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import MetadataRequest, MetadataResponse
 from proxy.protocol.messages import ApiKey
 
 NO_LEADER = -1
@@ -31,7 +31,7 @@ class PartitionLeader:
 
 @dataclass
 class TopicMeta:
-    topic_id: Any
+    topic_id: uuid.UUID
     partitions: dict[int, PartitionLeader] = field(default_factory=dict)
 
 
@@ -52,14 +52,14 @@ class ClusterMetadata:
     def knows(self, topic: str) -> bool:
         return topic in self.topics
 
-    def topic_id(self, topic: str) -> Any:
+    def topic_id(self, topic: str) -> uuid.UUID:
         return self.topics[topic].topic_id
 
-    def topic_names(self) -> dict[Any, str]:
+    def topic_names(self) -> dict[uuid.UUID, str]:
         """Topic id to name, for Fetch responses that name topics by id."""
         return {meta.topic_id: name for name, meta in self.topics.items()}
 
-    def update(self, response: Any, assigned: Iterable[TopicPartition]) -> bool:
+    def update(self, response: MetadataResponse, assigned: Iterable[TopicPartition]) -> bool:
         """Take a Metadata response in. True while an assigned partition has no reachable
         leader yet (the caller backs off and refreshes again). Raises ``KafkaError`` for a
         topic error that cannot be retried, or a partition its topic does not have."""
@@ -72,6 +72,8 @@ class ClusterMetadata:
                     missing = True
                     continue
                 raise KafkaError.for_code(entry.error_code, f"metadata for topic {entry.name!r}")
+            if entry.name is None:
+                continue  # null only for a topic asked by id, which this consumer never does
             self.topics[entry.name] = TopicMeta(
                 entry.topic_id,
                 {p.partition_index: PartitionLeader(p.leader_id if p.error_code == ErrorCode.NONE else NO_LEADER,
@@ -88,12 +90,10 @@ class ClusterMetadata:
         return missing
 
 
-def metadata_request(version: int, topics: Iterable[str]) -> Any:
+def metadata_request(version: int, topics: Iterable[str]) -> MetadataRequest:
     """Metadata of ``topics`` only, never creating one that does not exist."""
-    cls: Any = messages.body_class(ApiKey.METADATA, "request")
-    return messages.new_body(ApiKey.METADATA, version, "request",
-                             topics=[cls.MetadataRequestTopic(name=name) for name in topics],
-                             allow_auto_topic_creation=False)
+    cls = MetadataRequest
+    return cls(topics=[cls.MetadataRequestTopic(name=name) for name in topics], allow_auto_topic_creation=False)
 
 
 async def refresh_metadata(metadata: ClusterMetadata, connections: Connections,
@@ -107,7 +107,8 @@ async def refresh_metadata(metadata: ClusterMetadata, connections: Connections,
         return False
     connection = await connections.any()
     version = connection.versions[ApiKey.METADATA]
-    response = await connections.request(connection, ApiKey.METADATA, version, metadata_request(version, topics))
+    response: MetadataResponse = await connections.request(connection, ApiKey.METADATA, version,
+                                                           metadata_request(version, topics))
     metrics["metadata_refreshes"] += 1
     metadata.nodes = {b.node_id: (b.host, b.port) for b in response.brokers}
     await connections.retain(metadata.nodes)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from proxy.client.assignment import EARLIEST_TIMESTAMP, AssignmentState, PendingReset, reset_timestamp
 from proxy.client.committer import Committer
@@ -20,8 +19,8 @@ from proxy.client.errors import METADATA_REFRESH_CODES, KafkaError
 from proxy.client.metadata import ClusterMetadata
 from proxy.client.progress import PartitionProgress
 from proxy.client.records import TopicPartition
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import ListOffsetsRequest, ListOffsetsResponse
 from proxy.protocol.messages import ApiKey
 
 CONSUMER_REPLICA_ID = -1
@@ -37,19 +36,19 @@ class OffsetQuery:
 
 
 def list_offsets_request(version: int, queries: Sequence[OffsetQuery], *, isolation_level: int,
-                         timeout_ms: int) -> Any:
-    cls: Any = messages.body_class(ApiKey.LIST_OFFSETS, "request")
-    topics: dict[str, list[Any]] = {}
+                         timeout_ms: int) -> ListOffsetsRequest:
+    cls = ListOffsetsRequest
+    topics: dict[str, list[ListOffsetsRequest.ListOffsetsPartition]] = {}
     for q in queries:
         topics.setdefault(q.tp.topic, []).append(cls.ListOffsetsPartition(
             partition_index=q.tp.partition, current_leader_epoch=q.leader_epoch, timestamp=q.timestamp))
-    return messages.new_body(
-        ApiKey.LIST_OFFSETS, version, "request", replica_id=CONSUMER_REPLICA_ID, isolation_level=isolation_level,
+    return cls(
+        replica_id=CONSUMER_REPLICA_ID, isolation_level=isolation_level,
         timeout_ms=timeout_ms,
         topics=[cls.ListOffsetsTopic(name=name, partitions=parts) for name, parts in topics.items()])
 
 
-def apply_list_offsets(state: AssignmentState, response: Any, metrics: Counter[str],
+def apply_list_offsets(state: AssignmentState, response: ListOffsetsResponse, metrics: Counter[str],
                        log_starts: Mapping[TopicPartition, int] | None = None) -> bool:
     """Resolve the pending resets a ListOffsets response answers (``log_starts``: the log
     start offsets of the partitions ``AssignmentState.needs_log_start`` names). True when
@@ -66,7 +65,7 @@ def apply_list_offsets(state: AssignmentState, response: Any, metrics: Counter[s
     return refresh
 
 
-def _answers(response: Any, metrics: Counter[str]) -> Iterator[tuple[TopicPartition, int | None]]:
+def _answers(response: ListOffsetsResponse, metrics: Counter[str]) -> Iterator[tuple[TopicPartition, int | None]]:
     """Each partition's offset from a ListOffsets response; None for a leader change."""
     for topic in response.topics:
         for part in topic.partitions:
@@ -146,7 +145,8 @@ class OffsetResolver:
                 self._metadata.stale = again = True
         return retry or again
 
-    async def _list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> tuple[bool, list[Any]]:
+    async def _list_offsets(self, timestamps: Mapping[TopicPartition, int]
+                            ) -> tuple[bool, list[ListOffsetsResponse]]:
         """One ListOffsets request per leader: (no partition had a leader, the responses).
         Partitions without a leader stay pending for a later poll."""
         by_leader: dict[int, list[OffsetQuery]] = {}
@@ -155,7 +155,7 @@ class OffsetResolver:
             if leader is None:
                 continue
             by_leader.setdefault(leader.leader, []).append(OffsetQuery(tp, leader.leader_epoch, timestamp))
-        responses = []
+        responses: list[ListOffsetsResponse] = []
         for node_id, queries in by_leader.items():
             connection = await self._connections.node(node_id, self._metadata.nodes[node_id])
             version = connection.versions[ApiKey.LIST_OFFSETS]
