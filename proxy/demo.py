@@ -47,7 +47,8 @@ from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
 from proxy.testing.scratch import scratch_dir
 
 TOPIC = "demo-orders"
-CUSTOMERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+# Two customers in each quarter of the key-hash space, so each of the four range consumers has some.
+CUSTOMERS = ["alice", "bob", "carol", "dave", "erin", "eve", "grace", "olivia"]
 RECORDS = 40
 SHARES = 4
 GROUP = "demo-order-workers"

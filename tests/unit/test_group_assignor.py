@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.client.group_assignor import (
+    SLIVER,
     UNIT,
     MemberInfo,
     assign,
@@ -24,6 +25,12 @@ from proxy.ranges import KeyRange, equal_shares
 
 TOPIC = "t"
 
+
+
+def least(moved_space: int, bound: int, members: int) -> bool:
+    """``moved_space`` is the least any balanced cut moves: ``bound`` for an exact balance,
+    less by what members may keep beyond their quota (a sliver each, see SLIVER)."""
+    return bound - SLIVER * members <= moved_space <= bound
 
 def members(n: int, *, whole_only: int = 0, owned=None, generation: int = 1) -> list[MemberInfo]:
     owned = owned or {}
@@ -87,7 +94,7 @@ def test_fresh_cut_covers_everything_once_balanced_in_at_most_two_pieces(shape):
         assert max(counts) - min(counts) <= 1
     else:
         loads = [hash_space(a) for a in result.values()]
-        assert max(loads) - min(loads) <= 1
+        assert max(loads) - min(loads) <= SLIVER
         assert all(pieces(a) <= 2 for a in result.values())
 
 
@@ -106,7 +113,7 @@ def test_a_join_and_a_leave_move_little_and_stay_balanced(shape, seed, data):
     if count + 1 <= partitions:
         assert moved_join == lower_bound(owned, partitions * UNIT, UNIT)
     elif count <= 2:
-        assert moved_join == lower_bound(owned, partitions * UNIT)
+        assert least(moved_join, lower_bound(owned, partitions * UNIT), len(joined))
     else:
         # never worse than cutting afresh without looking at who owns what
         fresh = assign([MemberInfo(m.member_id, m.topics) for m in joined], {TOPIC: range(partitions)})
@@ -120,7 +127,7 @@ def test_a_join_and_a_leave_move_little_and_stay_balanced(shape, seed, data):
     check_exact_cover(third, partitions)
     if len(left) > partitions:
         loads = [hash_space(a) for a in third.values()]
-        assert max(loads) - min(loads) <= 1
+        assert max(loads) - min(loads) <= SLIVER
         assert all(pieces(a) <= 2 for a in third.values())
     owned = {m.member_id: hash_space(m.owned) for m in left}
     moved_leave = sum(moved(m.owned, third[m.member_id]) for m in left)
@@ -132,7 +139,7 @@ def test_a_join_and_a_leave_move_little_and_stay_balanced(shape, seed, data):
         assert moved_leave <= best_whole_move(left, partitions) + UNIT // 2
     elif len(joined) > partitions and all(pieces(m.owned) == 1 for m in joined):
         # the leaver's space is one stretch: everyone's shortfall fits in one more piece
-        assert moved_leave == lower_bound(owned, partitions * UNIT)
+        assert least(moved_leave, lower_bound(owned, partitions * UNIT), len(left))
 
 
 @settings(max_examples=100, deadline=None)
@@ -150,7 +157,7 @@ def test_the_proposal_example_five_members_three_partitions():
     result = assign(members(5), {TOPIC: range(3)})
     check_exact_cover(result, 3)
     loads = sorted(hash_space(a) for a in result.values())
-    assert loads[-1] - loads[0] <= 1 and abs(loads[0] - 3 * UNIT // 5) <= 1
+    assert loads[-1] - loads[0] <= SLIVER and abs(loads[0] - 3 * UNIT // 5) <= SLIVER
 
 
 def test_six_members_on_two_partitions_each_get_a_third_of_one():
@@ -174,12 +181,12 @@ def test_members_joining_a_split_partition_take_from_neighbours_and_nobody_else_
     second = assign(joined, {TOPIC: [0]})
     check_exact_cover(second, 1)
     loads = [hash_space(a) for a in second.values()]
-    assert max(loads) - min(loads) <= 1
+    assert max(loads) - min(loads) <= SLIVER
     assert all(pieces(a) <= 2 for a in second.values())
     for m in joined[:before]:
         assert moved(m.owned, second[m.member_id]) == 0, f"{m.member_id} gains hash space"
     total_moved = sum(moved(m.owned, second[m.member_id]) for m in joined)
-    assert total_moved == lower_bound({m.member_id: hash_space(m.owned) for m in joined}, UNIT)
+    assert least(total_moved, lower_bound({m.member_id: hash_space(m.owned) for m in joined}, UNIT), len(joined))
 
 
 def test_cooperative_sticky_keeps_whole_partitions_where_they_are():
@@ -222,3 +229,56 @@ def test_interval_helpers():
     assert intersect([(0, 10)], [(5, 20)]) == [(5, 10)]
     assert length(merge([(0, 5), (5, 7), (9, 10)])) == 8
     assert to_intervals([KeyRange(0, 9)]) == [(0, 10)]
+
+
+def _hand_off(ids: list[str], owned: dict, generation: int, partitions: list[int]) -> tuple[dict, int]:
+    """The cooperative rebalances of one membership change, until nothing is withheld."""
+    for _ in range(4):
+        generation += 1
+        infos = [MemberInfo(m, frozenset({TOPIC}), owned.get(m, {}), True, generation) for m in ids]
+        target = assign(infos, {TOPIC: partitions})
+        owned = withhold_moving(target, infos)
+        if owned == target:
+            break
+    return owned, generation
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 9), st.lists(st.integers(0, 99), min_size=1, max_size=6))
+def test_no_member_keeps_a_sliver_and_a_settled_group_stays_put(partition_count, count, changes):
+    """Rounding leaves a member one hash value more than its stretch holds (six members on
+    two partitions after a seventh came and went): it is not handed a sliver of another
+    partition, and a rebalance with no change moves nothing."""
+    partitions = list(range(partition_count))
+    ids = [f"m{i:02d}" for i in range(count)]
+    owned: dict = {}
+    generation = 0
+    for change in changes:
+        if change % 2 and len(ids) > 2:
+            ids.remove(ids[change % len(ids)])
+        else:
+            ids = sorted({*ids, f"n{change:02d}"})
+        owned, generation = _hand_off(ids, owned, generation, partitions)
+        for m in ids:
+            assignment = owned.get(m, {})
+            if len(assignment) > 1:
+                assert all(hash_space({tp: r}) >= SLIVER for tp, r in assignment.items()), (m, assignment)
+        again, _ = _hand_off(ids, owned, generation, partitions)
+        assert again == owned
+
+
+def test_six_members_after_a_seventh_came_and_went_hold_no_sliver():
+    ids = [f"member-{i}" for i in range(6)]
+    owned, generation = _hand_off(ids, {}, 0, [0, 1])
+    owned, generation = _hand_off([*ids, "member-6"], owned, generation, [0, 1])
+    owned, _ = _hand_off([*ids[1:], "member-6"], owned, generation, [0, 1])
+    assert all(len(owned[m]) == 1 for m in owned), owned
+
+
+def test_the_demo_customers_fall_two_in_each_quarter_of_the_hash_space():
+    from proxy.demo import CUSTOMERS
+    from proxy.records.keyhash import key_hash
+
+    quarters = equal_shares(4)
+    counts = [sum(r.start <= key_hash(c.encode(), 0) <= r.end for c in CUSTOMERS) for r in quarters]
+    assert counts == [2, 2, 2, 2]
