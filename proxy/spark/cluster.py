@@ -10,9 +10,9 @@ raises ``SourceReadError`` with Kafka's error name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -20,13 +20,34 @@ from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
 from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.message_types import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    FetchRequest,
+    FetchResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+)
+from proxy.protocol.message_versions import (
+    API_VERSIONS_FIRST_SUPPORTED_FEATURES,
+    FETCH_FIRST_FLEXIBLE,
+    FETCH_FIRST_TOPIC_ID,
+)
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange
 from proxy.spark.options import KeyRangeSourceError, parse_bootstrap
 
+R = TypeVar("R")
 RANGE_FETCH_FEATURE = "keyrange.fetch"
 INDIVIDUAL_COMMIT_FEATURE = "individual.commit"
-FETCH_VERSION = 12  # the first flexible Fetch (tag 10000 key ranges) that still names topics
+FETCH_VERSION = FETCH_FIRST_FLEXIBLE  # the first with tagged fields (tag 10000 key ranges); it still names topics
+assert FETCH_VERSION < FETCH_FIRST_TOPIC_ID
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 # (lowest we speak, highest we ask for)
@@ -81,7 +102,7 @@ class Cluster:
     nodes: dict[int, tuple[str, int]] = field(default_factory=dict)
     leaders: dict[tuple[str, int], int] = field(default_factory=dict)
     partitions: dict[str, list[int]] = field(default_factory=dict)
-    _open: dict[Any, Node] = field(default_factory=dict)  # node id, or ('coordinator', group)
+    _open: dict[int | tuple[str, str], Node] = field(default_factory=dict)  # node id, or ('coordinator', group)
 
     @classmethod
     async def connect(cls, bootstrap: str, *, timeout: float = 30.0, client_id: str = "keyrange-spark") -> Cluster:
@@ -132,22 +153,26 @@ class Cluster:
         """Learn the partitions, leaders and node addresses of ``topics``; returns the
         topics that came back with an error, and their code."""
         version = self.seed.versions[ApiKey.METADATA]
-        cls = messages.body_class(ApiKey.METADATA, "request")
-        body = messages.new_body(ApiKey.METADATA, version, "request", allow_auto_topic_creation=False,
-                                 topics=[cls.MetadataRequestTopic(name=name) for name in sorted(set(topics))])
-        response = await self._seed_request(ApiKey.METADATA, version, body)
+        cls = MetadataRequest
+        body = cls(allow_auto_topic_creation=False,
+                   topics=[cls.MetadataRequestTopic(name=name) for name in sorted(set(topics))])
+        response: MetadataResponse = await self._seed_request(ApiKey.METADATA, version, body)
         self.nodes = {b.node_id: (b.host, b.port) for b in response.brokers}
-        errors = {}
+        errors: dict[str, int] = {}
         for topic in response.topics:
+            name = topic.name
+            if name is None:
+                continue  # null only for a topic asked by id, which the source never does
             if topic.error_code:
-                errors[topic.name] = topic.error_code
+                errors[name] = topic.error_code
                 continue
-            self.partitions[topic.name] = sorted(p.partition_index for p in topic.partitions)
+            self.partitions[name] = sorted(p.partition_index for p in topic.partitions)
             for p in topic.partitions:
-                self.leaders[(topic.name, p.partition_index)] = p.leader_id if p.error_code == ErrorCode.NONE else -1
+                self.leaders[(name, p.partition_index)] = p.leader_id if p.error_code == ErrorCode.NONE else -1
         return errors
 
-    async def _seed_request(self, api_key: int, version: int, body: Any) -> Any:
+    async def _seed_request(self, api_key: int, version: int, body: object) -> Any:
+        """The response to ``body`` (a request of ``api_key``), typed by the caller."""
         if self.seed.conn.closed:
             await self._reconnect_seed()
         return await _request(self.seed, api_key, version, body, self.timeout)
@@ -187,33 +212,34 @@ class Cluster:
             for leader, tps in by_leader.items():
                 node = await self.node(leader)
                 version = node.versions[ApiKey.LIST_OFFSETS]
-                cls = messages.body_class(ApiKey.LIST_OFFSETS, "request")
-                topics: dict[str, list] = {}
+                cls = ListOffsetsRequest
+                topics: dict[str, list[ListOffsetsRequest.ListOffsetsPartition]] = {}
                 for topic, partition in tps:
                     topics.setdefault(topic, []).append(cls.ListOffsetsPartition(
                         partition_index=partition, current_leader_epoch=-1, timestamp=timestamp))
-                body = messages.new_body(
-                    ApiKey.LIST_OFFSETS, version, "request", replica_id=-1, isolation_level=isolation_level,
+                body = cls(
+                    replica_id=-1, isolation_level=isolation_level,
                     timeout_ms=int(self.timeout * 1000),
                     topics=[cls.ListOffsetsTopic(name=name, partitions=parts) for name, parts in topics.items()])
-                response = await _request(node, ApiKey.LIST_OFFSETS, version, body, self.timeout)
+                response: ListOffsetsResponse = await _request(node, ApiKey.LIST_OFFSETS, version, body, self.timeout)
                 retry = False
-                for topic in response.topics:
-                    for part in topic.partitions:
+                for answered in response.topics:
+                    for part in answered.partitions:
                         if part.error_code in RETRIABLE:
                             retry = True
                         elif part.error_code:
-                            raise SourceReadError(f"ListOffsets {topic.name}-{part.partition_index}",
+                            raise SourceReadError(f"ListOffsets {answered.name}-{part.partition_index}",
                                                   part.error_code)
                         else:
-                            out[(topic.name, part.partition_index)] = part.offset
+                            out[(answered.name, part.partition_index)] = part.offset
                 if retry:
                     raise Retry("ListOffsets")
 
         await self.retrying(attempt, wanted)
         return out
 
-    async def retrying(self, attempt, topics_of: Iterable[tuple[str, int]] | Iterable[str]) -> Any:
+    async def retrying(self, attempt: Callable[[], Awaitable[R]],
+                       topics_of: Iterable[tuple[str, int]] | Iterable[str]) -> R:
         """Run ``attempt()`` until it succeeds; on ``Retry`` or a network failure refresh
         metadata, back off, and go again, until the request timeout has passed."""
         topics = {t if isinstance(t, str) else t[0] for t in topics_of}
@@ -243,20 +269,21 @@ class Cluster:
 
     # -- fetch ----------------------------------------------------------------------------
     async def fetch(self, tp: tuple[str, int], offset: int, share: KeyRange | None, *, isolation_level: int,
-                    max_bytes: int, wait_ms: int) -> Any:
+                    max_bytes: int, wait_ms: int) -> FetchResponse.PartitionData:
         """One sessionless Fetch of one partition from its leader, with the share as the
         partition's key ranges (none for a whole partition). Returns the partition's
         answer; retriable errors raise ``Retry``."""
         node = await self.leader(tp)
-        cls = messages.body_class(ApiKey.FETCH, "request")
+        cls = FetchRequest
         ranges = None if share is None else [cls.KeyRange(start=share.start, end=share.end)]
-        body = messages.new_body(
-            ApiKey.FETCH, FETCH_VERSION, "request", replica_id=-1, max_wait_ms=wait_ms, min_bytes=1,
+        body = cls(
+            replica_id=-1, max_wait_ms=wait_ms, min_bytes=1,
             max_bytes=max_bytes, isolation_level=isolation_level, session_id=0, session_epoch=-1,
             topics=[cls.FetchTopic(topic=tp[0], partitions=[cls.FetchPartition(
                 partition=tp[1], current_leader_epoch=-1, fetch_offset=offset, log_start_offset=-1,
                 partition_max_bytes=max_bytes, key_ranges=ranges)])])
-        response = await _request(node, ApiKey.FETCH, FETCH_VERSION, body, self.timeout + wait_ms / 1000)
+        response: FetchResponse = await _request(node, ApiKey.FETCH, FETCH_VERSION, body,
+                                                 self.timeout + wait_ms / 1000)
         if response.error_code in RETRIABLE:
             raise Retry(f"Fetch: {ErrorCode.name_of(response.error_code)}")
         if response.error_code:
@@ -289,8 +316,8 @@ class Cluster:
             if version is None:
                 raise SourceReadError(f"commit.group.id: the coordinator of {group!r} does not serve "
                                       "OffsetCommit v8+")
-            cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
-            topics: dict[str, list] = {}
+            cls = OffsetCommitRequest
+            topics: dict[str, list[OffsetCommitRequest.OffsetCommitRequestPartition]] = {}
             for (topic, partition), offset in sorted(wanted.items()):
                 if individual:
                     part = cls.OffsetCommitRequestPartition(partition_index=partition, committed_offset=-1,
@@ -298,24 +325,22 @@ class Cluster:
                 else:
                     part = cls.OffsetCommitRequestPartition(partition_index=partition, committed_offset=offset)
                 topics.setdefault(topic, []).append(part)
-            body = messages.new_body(ApiKey.OFFSET_COMMIT, version, "request", group_id=group,
-                                     generation_id_or_member_epoch=-1, member_id="",
-                                     topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts)
-                                             for name, parts in topics.items()])
-            response = await _request(coordinator, ApiKey.OFFSET_COMMIT, version, body, self.timeout)
-            for topic in response.topics:
-                for part in topic.partitions:
-                    if part.error_code in RETRIABLE:
+            body = cls(group_id=group, generation_id_or_member_epoch=-1, member_id="",
+                       topics=[cls.OffsetCommitRequestTopic(name=name, partitions=parts) for name, parts in topics.items()])
+            response: OffsetCommitResponse = await _request(coordinator, ApiKey.OFFSET_COMMIT, version, body,
+                                                            self.timeout)
+            for answered in response.topics:
+                for entry in answered.partitions:
+                    if entry.error_code in RETRIABLE:
                         await coordinator.conn.aclose()
                         self._open.pop(("coordinator", group), None)
-                        raise Retry(f"OffsetCommit: {ErrorCode.name_of(part.error_code)}")
-                    if part.error_code:
-                        raise SourceReadError(f"OffsetCommit {topic.name}-{part.partition_index} for group "
-                                              f"{group!r}", part.error_code)
-                    stable = getattr(part, "stable_offset", None)
-                    result[(topic.name, part.partition_index)] = (
-                        stable if individual and stable is not None and stable >= 0
-                        else wanted[(topic.name, part.partition_index)])
+                        raise Retry(f"OffsetCommit: {ErrorCode.name_of(entry.error_code)}")
+                    if entry.error_code:
+                        raise SourceReadError(f"OffsetCommit {answered.name}-{entry.partition_index} for group "
+                                              f"{group!r}", entry.error_code)
+                    stable = entry.stable_offset
+                    result[(answered.name, entry.partition_index)] = (
+                        stable if individual and stable >= 0 else wanted[(answered.name, entry.partition_index)])
 
         await self.retrying(attempt, wanted)
         return result
@@ -328,8 +353,8 @@ class Cluster:
         version = self.seed.versions.get(ApiKey.FIND_COORDINATOR)
         if version is None:
             raise SourceReadError("commit.group.id: the cluster does not serve FindCoordinator v4")
-        body = messages.new_body(ApiKey.FIND_COORDINATOR, version, "request", key_type=0, coordinator_keys=[group])
-        response = await self._seed_request(ApiKey.FIND_COORDINATOR, version, body)
+        body = FindCoordinatorRequest(key_type=0, coordinator_keys=[group])
+        response: FindCoordinatorResponse = await self._seed_request(ApiKey.FIND_COORDINATOR, version, body)
         (entry,) = response.coordinators
         if entry.error_code in RETRIABLE:
             raise Retry(f"FindCoordinator: {ErrorCode.name_of(entry.error_code)}")
@@ -340,9 +365,10 @@ class Cluster:
         return node
 
 
-async def _request(node: Node, api_key: int, version: int, body: Any, timeout: float) -> Any:
+async def _request(node: Node, api_key: int, version: int, body: object, timeout: float) -> Any:
     """A request that failed or was cancelled midway closes its connection, so a late
-    answer can never be read as the next request's."""
+    answer can never be read as the next request's. The response body is that of
+    ``api_key``: the caller types it."""
     try:
         return await node.conn.request(api_key, version, body, timeout=timeout)
     except BaseException:
@@ -354,9 +380,9 @@ async def _request(node: Node, api_key: int, version: int, body: Any, timeout: f
 async def _open_node(host: str, port: int, timeout: float, client_id: str) -> Node:
     conn = await BrokerConnection.open(host, port, client_id=client_id, timeout=timeout)
     try:
-        body = messages.new_body(ApiKey.API_VERSIONS, 3, "request", client_software_name="keyrange-spark",
-                                 client_software_version="1")
-        response = await conn.request(ApiKey.API_VERSIONS, 3, body, timeout=timeout)
+        body = ApiVersionsRequest(client_software_name="keyrange-spark", client_software_version="1")
+        response: ApiVersionsResponse = await conn.request(ApiKey.API_VERSIONS, API_VERSIONS_FIRST_SUPPORTED_FEATURES,
+                                                           body, timeout=timeout)
         if response.error_code:
             raise SourceReadError(f"ApiVersions from {host}:{port}", response.error_code)
         theirs = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
