@@ -1,10 +1,13 @@
 """One client connection and its one upstream connection.
 
-Two tasks share a nursery: the reader takes frames from the client, routes them and
+Three tasks share a nursery: the reader takes frames from the client, routes them and
 sends them upstream; the writer takes responses in request order (from upstream or from
-the proxy itself) and sends them to the client. Between them a bounded channel of
-exchanges caps the requests in flight: when it is full the reader stops reading, the
-client's socket fills, and the client slows down; nothing buffers without limit.
+the proxy itself) and sends them to the client; the watch closes a connection that does
+not do its part (below, ``proxy.server.watch``). Between reader and writer a bounded
+channel of exchanges (``proxy.server.exchange``) caps the requests in flight, counted in
+one ``InflightLedger``: when it is full the reader stops reading, the client's socket
+fills, and the client slows down; nothing buffers without limit. Between two requests the
+reader may hand both sockets to the native relay (``proxy.server.native_runs``).
 
 The proxy may send requests of its own on the upstream connection (``send_own``, and a
 route's ``before`` and ``follow_up``). Queue order must equal the order frames go
@@ -18,9 +21,11 @@ What a client's frames may cost is bounded twice (``proxy.net.budget``): until t
 connection is past authentication its ApiVersions, SaslHandshake and SaslAuthenticate
 frames may declare no more than ``max.frame.bytes.unauthenticated`` (a broker's cap on
 SASL frames), any other ``max.frame.bytes`` (a first request may be a large Produce from
-a client that skips ApiVersions); and every frame read from a client holds its bytes in the proxy-wide
-``RequestBudget`` until the reader has sent it on (or answered it), so a crowd of clients
-makes the readers wait, never the heap grow.
+a client that skips ApiVersions); and every frame read from a client holds its bytes in
+the proxy-wide ``RequestBudget`` until the reader has sent it on (or answered it), so a
+crowd of clients makes the readers wait, never the heap grow. Requests before
+authentication are screened whole, and every request header's tagged fields counted,
+against Kafka 4.4's limits (``screen_unauthenticated``, ``peek_request``).
 
 Two clocks bound a connection that does not do its part:
 
