@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from proxy.protocol.messages import api_name
+from proxy.server.health import Health
 
 log = logging.getLogger("proxy.metrics")
 
@@ -144,8 +145,17 @@ class ProxyMetrics:
         return generate_latest(self.registry)
 
 
-async def serve_metrics(metrics: ProxyMetrics, host: str, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """GET /metrics on ``host:port``. Anything else gets 404. One request per connection."""
+def _answer(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    return head + body
+
+
+async def serve_metrics(metrics: ProxyMetrics, host: str, port: int, health: Health | None = None,
+                        task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """GET /metrics on ``host:port``, and the probes: /livez (200 while the event loop
+    answers) and /readyz (200, or 503 with the reasons, see ``proxy.server.health``).
+    Anything else gets 404. One request per connection."""
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
@@ -157,15 +167,18 @@ async def serve_metrics(metrics: ProxyMetrics, host: str, port: int, task_status
                         return
                     request += chunk
                 line = request.split(b"\r\n", 1)[0].split()
-                if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] in (b"/metrics", b"/"):
-                    body = metrics.render()
-                    head = (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE_LATEST}\r\n"
-                            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+                path = line[1].split(b"?")[0] if len(line) >= 2 and line[0] == b"GET" else None
+                if path in (b"/metrics", b"/"):
+                    answer = _answer("200 OK", metrics.render(), CONTENT_TYPE_LATEST)
+                elif path == b"/livez":
+                    answer = _answer("200 OK", b"ok\n")
+                elif path == b"/readyz" and health is not None:
+                    reasons = health.reasons()
+                    answer = (_answer("200 OK", b"ready\n") if not reasons else
+                              _answer("503 Service Unavailable", ("\n".join(reasons) + "\n").encode()))
                 else:
-                    body = b"not found\n"
-                    head = (b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
-                            b"Content-Length: 10\r\nConnection: close\r\n\r\n")
-                await stream.send_all(head + body)
+                    answer = _answer("404 Not Found", b"not found\n")
+                await stream.send_all(answer)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
