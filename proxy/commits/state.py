@@ -43,9 +43,11 @@ Marks = tuple[tuple[int, int, int, int], ...]  # sorted (K, share, W, sequence)
 # offset.metadata.max.bytes (4096 characters by default); every share of one K, each
 # ``K/i=W@sequence`` with int64 W and sequence, fits in it up to 88 shares, and 64 leaves room.
 MAX_SHARES = 64
+# The smallest K of a virtual topic: one share would be the real partition.
+MIN_SHARES = 2
 
 
-__all__ = ["MAX_OFFSET", "MAX_SHARES", "STRIPED_MARKS", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks",
+__all__ = ["MAX_OFFSET", "MAX_SHARES", "MIN_SHARES", "STRIPED_MARKS", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks",
            "apply_packed", "apply_plain", "apply_ranges", "check", "check_held", "check_packed", "checked_marks",
            "join", "join_marks", "normalise", "rebase", "rebase_commit", "settle", "share_count", "stable_after",
            "validate", "watermark_floor"]

@@ -14,11 +14,12 @@ import logging
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 from prometheus_client import Counter, Gauge
 
+from proxy.commits.reads import CommittedReads
 from proxy.coop.chunks import cut_chunk
 from proxy.coop.leases import Committed, PartitionLeases, Span, generation_error
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
@@ -37,15 +38,6 @@ _MAX_GROUPS = 10_000  # groups whose newest generation is remembered
 _EMPTY = b""
 
 Key = tuple[str, str, int]  # (group, topic, partition)
-
-
-class CommitView(Protocol):
-    """What cooperative fetch reads of the group's committed offsets (the commit service)."""
-
-    def known_state(self, group: str, key: tuple[str, int]) -> tuple[int, tuple] | None: ...
-
-    async def committed_state(self, group: str, key: tuple[str, int], *, with_stages: bool = False
-                              ) -> tuple[int, tuple]: ...
 
 
 class _Partition:
@@ -78,7 +70,7 @@ class _Pending:
 class CooperativeFetchFeature(Feature):
     name = "cooperative"
 
-    def __init__(self, config, cluster: ClusterView, metrics, commits: CommitView) -> None:
+    def __init__(self, config, cluster: ClusterView, metrics, commits: CommittedReads) -> None:
         self.cluster = cluster
         self.commits = commits
         self.lease_seconds = config.get("cooperative.fetch.lease.ms") / 1000
@@ -236,7 +228,7 @@ class CooperativeFetchFeature(Feature):
             try:  # what the group committed decides what is handed out again: read it whole,
                 # transactions committed and not yet folded into the log included
                 committed = self._committed(await self.commits.committed_state(group, (topic, partition),
-                                                                               with_stages=True))
+                                                                               with_shadows=True))
             except Exception as exc:
                 log.warning("cooperative fetch: cannot expire leases group=%s topic=%s partition=%s reason=%r",
                             group, topic, partition, str(exc))

@@ -94,10 +94,6 @@ class Span:
     claim_from: int | None = None  # the chunk starts here, below ``start`` (see ``unclaimed_from``)
 
     @property
-    def from_marker(self) -> bool:
-        return self.end is None
-
-    @property
     def chunk_start(self) -> int:
         return self.start if self.claim_from is None else min(self.claim_from, self.start)
 

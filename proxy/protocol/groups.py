@@ -3,9 +3,9 @@
 The group coordinator of group G is the leader of partition
 ``Utils.abs(G.hashCode()) % offsets.topic.num.partitions`` of ``__consumer_offsets``, so
 that partition holds G's offsets, its transactional offset commits and, beside them, the
-individual-commit log's records of G. Both the commit log (``proxy.commits``) and the
-shadow groups of virtual topics (``proxy.virtual.shadows``) need this arithmetic, and it is
-a fact of the Kafka protocol rather than of either feature, hence this layer.
+individual-commit log's records of G. Both the commit log and the shadow groups of
+transactional commits (``proxy.commits.shadows``) need this arithmetic, and it is a fact of
+the Kafka protocol rather than of either, hence this layer.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import functools
 import itertools
 
 __all__ = ["MAX_SALT_LENGTH", "SALT_ALPHABET", "first_salt", "group_partition", "is_salt", "java_string_hash",
-           "parse_salted", "salt_for", "salted_group", "stage_prefix"]
+           "parse_salted", "salt_for", "salted_group"]
 
 # Salts of group names the proxy keeps beside a group (transactional commits' shadow
 # groups): one to three characters from 64 consecutive code points, '0' (U+0030) through
@@ -22,7 +22,7 @@ __all__ = ["MAX_SALT_LENGTH", "SALT_ALPHABET", "first_salt", "group_partition", 
 _FIRST = 0x30
 _SIZE = 64
 SALT_ALPHABET = "".join(map(chr, range(_FIRST, _FIRST + _SIZE)))
-# Three characters reach every partition count up to 31 280 (proxy.virtual.shadows says why).
+# Three characters reach every partition count up to 31 280 (proxy.commits.shadows says why).
 MAX_SALT_LENGTH = 3
 _MASK = 0xFFFFFFFF
 
@@ -116,9 +116,3 @@ def parse_salted(name: str, group: str, partitions: int) -> str | None:
         return None
     return prefix
 
-
-def stage_prefix(group: str, transactional_id: str) -> str:
-    """The name, before its salt, of the shadow group that holds the offset ranges the
-    producer ``transactional_id`` commits for ``group`` inside its transactions
-    (proxy.commits.txn_stages): one writer, whose transactions follow one another."""
-    return f"{group}.keyrange/{transactional_id}"

@@ -35,11 +35,11 @@ from typing import Any
 import trio
 from prometheus_client import Gauge
 
-from proxy.commits.feature import IndividualCommitFeature
 from proxy.commits.service import CommitService
 from proxy.coop.feature import CooperativeFetchFeature
 from proxy.features.addresses import AddressRewrite
 from proxy.features.cluster_feed import ClusterFeed
+from proxy.individual.feature import IndividualCommitFeature
 from proxy.keyrange.engine import SharedReads
 from proxy.keyrange.feature import KeyRangeFetchFeature
 from proxy.net.broker_connection import BrokerConnectionError
@@ -143,14 +143,14 @@ class ProxyServer:
         commits = CommitService(config, self.cluster, metrics, pool=self.pool,  # the log both commit paths write
                                 background=self.background)
         if config.get("virtual.topics.enabled"):  # virtual names become real before any other feature sees them
-            features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine), self.pool,
+            features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine),
                                                  commits))
         if config.get("cooperative.fetch.enabled"):  # Fetch partitions tagged Cooperative: before key ranges
-            features.append(CooperativeFetchFeature(config, self.cluster, metrics, commits))
+            features.append(CooperativeFetchFeature(config, self.cluster, metrics, commits.reads))
         features.append(keyrange)  # extended Fetches
         if config.get("fetch.readahead.enabled"):
             features.append(ReadAheadFeature(config, metrics))  # plain Fetches the key-range one passed on
-        features.append(IndividualCommitFeature(config, self.cluster, metrics, service=commits))
+        features.append(IndividualCommitFeature(config, self.cluster, metrics, commits=commits))
         features.append(AddressRewrite(self.book))  # last: every other feature's responses pass it too
         return features
 

@@ -18,14 +18,17 @@ from typing import Any, Protocol
 import trio
 from prometheus_client import Counter
 
+from proxy.commits import shadows
+from proxy.commits.service import CommitService
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
+from proxy.pipeline.background import Background
 from proxy.pipeline.context import StateKey
 from proxy.pipeline.route import OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.records.stripes import Stripe
-from proxy.virtual import commits, fetch, refusals, rewrite, shadows, txn
+from proxy.virtual import commits, fetch, refusals, rewrite, txn
 from proxy.virtual.names import VirtualNames, VirtualTopic
 from proxy.virtual.precheck import Precheck, fetch_topic_ids
 
@@ -38,11 +41,6 @@ _FIND_COORDINATOR_VERSION = 4
 _LOAD_TIMEOUT = 10.0
 _MERGE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for another connection's read
 _MAX_INFLIGHT_READS = 10_000
-# After a transactional commit's answer, its shadows are asked with RequireStable first
-# after this, then with the delay doubling up to the cap, until the transaction ended.
-_SETTLE_FIRST_DELAY = 0.02
-_SETTLE_MAX_DELAY = 1.0
-_SETTLE_DEADLINE = 900.0  # transaction.max.timeout.ms, Kafka's default: no transaction is open longer
 NEWEST_COMMIT_BY_NAME = 9  # OffsetCommit / OffsetFetch v10 name topics by id only
 
 
@@ -62,42 +60,6 @@ class SharedReads(Protocol):
 
     def take_stripe(self, partition_id: tuple[str, int], stripe: Stripe, position: int, *,
                     isolation_level: int) -> Any: ...
-
-
-class CommitLogService(Protocol):
-    """The individual-commit log service (``proxy.commits.service.CommitService``), as the
-    server hands it over: where share watermarks are kept."""
-
-    async def begin_shares(self, ctx: ConnectionContext, group: str, edits: dict, plain: dict, *,
-                           transactional: bool = False) -> Any: ...
-
-    async def finish_shares(self, plan: Any, generation: int, member: str, instance_id: str | None,
-                            results: list) -> dict: ...
-
-    def abandon(self, plan: Any) -> None: ...
-
-    async def read(self, group: str) -> None: ...
-
-    def watermarks(self, group: str, key: tuple[str, int], committed: int,
-                   metadata: str | None, shadows: Any = ()) -> tuple[int, dict[int, list[int]]]: ...
-
-    def fold_edits(self, group: str, shadows: dict) -> dict: ...
-
-    async def shadow_offsets(self, group: str, shadows: dict, *, require_stable: bool) -> dict: ...
-
-    async def settle_shares(self, ctx: ConnectionContext, group: str, edits: dict, generation: int, member: str,
-                            instance_id: str | None, *, since: float | None = None) -> dict: ...
-
-    def on_deleted(self, hook: Callable[[str, set | None], Any]) -> None: ...
-
-    async def groups_beside(self, group: str) -> list[str]: ...
-
-    async def delete_groups(self, coordinator_of: str, groups: list[str]) -> dict[str, int]: ...
-
-    async def delete_offsets(self, group: str, keys: list) -> int: ...
-
-    @property
-    def background(self) -> Any: ...
 
 
 class _Connection:
@@ -168,18 +130,17 @@ class _Resolver:
 class VirtualTopicsFeature(Feature):
     name = "virtual-topics"
 
-    def __init__(self, config, cluster: ClusterView, metrics, shared: SharedReads, pool,
-                 store: CommitLogService) -> None:
+    def __init__(self, config, cluster: ClusterView, metrics, shared: SharedReads,
+                 commits: CommitService | None) -> None:
         self.cluster = cluster
         self.names = VirtualNames(config.get("virtual.topic.suffix"), config.get("virtual.topic.max.shares"),
                                   config.get("virtual.coop.suffix"))
         self.resolver = _Resolver(self.names, cluster, config)
         self.precheck = Precheck(self.names.suffixes)  # which requests are decoded at all
         self.shared = shared
-        self.pool = pool
-        self.store = store
-        if store is not None:
-            store.on_deleted(self._delete_shadows)
+        if commits is not None:
+            self.reads, self.writes, self.transactions = commits.reads, commits.writes, commits.transactions
+            self.writes.on_deleted(self.transactions.delete_share_shadows)
         self._last_refresh = -float("inf")
         self._regex_verdicts: dict[tuple[str, tuple[str, ...], int], str | None] = {}
         # Broker reads of virtual partitions on their way, by (topic, partition, offset,
@@ -260,7 +221,7 @@ class VirtualTopicsFeature(Feature):
         through the proxy does not show them (DescribeGroups and OffsetFetch by name do)."""
         partitions = self.cluster.consumer_offsets_partitions
         listed = response.body.groups or []
-        kept = [group for group in listed if shadows.parse_shadow(group.group_id, partitions) is None]
+        kept = [group for group in listed if shadows.parse_share_shadow(group.group_id, partitions) is None]
         if len(kept) != len(listed):
             response.body.groups = kept
             response.changed = True
@@ -320,7 +281,7 @@ class VirtualTopicsFeature(Feature):
 
             def marks_of(group: str, real: str, partition: int, committed: int,
                          metadata: str | None) -> tuple[int, dict[int, list[int]]]:
-                return self.store.watermarks(group, (real, partition), committed, metadata,
+                return self.reads.watermarks(group, (real, partition), committed, metadata,
                                              shadow_marks.get((group, (real, partition)), ()))
 
             commits.offset_fetch_response(body, version, plan, marks_of, self.names.name_of_marks)
@@ -688,13 +649,13 @@ class VirtualTopicsFeature(Feature):
             return None
         # The commit log service plans S and the watermarks under its per-partition locks
         # (held until the log is written) and writes the log once the coordinator accepted.
-        shares = await self.store.begin_shares(ctx, plan.group, plan.edits, plan.plain)
+        shares = await self.writes.begin_shares(ctx, plan.group, plan.edits, plan.plain)
         refused = {**plan.refused, **shares.refused}
         for _name, vt, parts in plan.topics:
             if vt is not None:
                 self._commits.labels(vt.real).inc(len(parts))
         if not commits.commit_request(body, plan, shares.offsets, refused):
-            self.store.abandon(shares)
+            self.writes.abandon(shares)
             response = messages.new_body(ApiKey.OFFSET_COMMIT, request.version, "response")
             commits.commit_response(response, plan, {}, refused)
             return Route.answer(messages.encode_response(ApiKey.OFFSET_COMMIT, request.version,
@@ -704,7 +665,7 @@ class VirtualTopicsFeature(Feature):
         async def on_response(response: DecodedResponse) -> None:
             results = [((t.name, p.partition_index), p.error_code) for t in response.body.topics
                        for p in t.partitions]
-            errors = await self.store.finish_shares(shares, body.generation_id_or_member_epoch, body.member_id,
+            errors = await self.writes.finish_shares(shares, body.generation_id_or_member_epoch, body.member_id,
                                                     body.group_instance_id, results)
             commits.commit_response(response.body, plan, errors, refused)
             response.changed = True
@@ -713,7 +674,7 @@ class VirtualTopicsFeature(Feature):
 
     def _marks_of(self, group: str, real: str, partition: int, committed: int,
                   metadata: str | None) -> tuple[int, dict[int, list[int]]]:
-        return self.store.watermarks(group, (real, partition), committed, metadata)
+        return self.reads.watermarks(group, (real, partition), committed, metadata)
 
     async def on_offset_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
         _, body = request.decoded()
@@ -726,7 +687,7 @@ class VirtualTopicsFeature(Feature):
         plan = commits.offset_fetch_request(body, version, self.resolver)
         for group_id in plan.group_ids():
             try:
-                await self.store.read(group_id)  # the log's watermarks, up to its end
+                await self.reads.read(group_id)  # the log's watermarks, up to its end
             except Exception as exc:  # noqa: BLE001 - CommitLogError: answered retriable, never stale
                 log.warning("share watermarks unreadable group=%s reason=%r", group_id, str(exc))
                 plan.unavailable.add(group_id)
@@ -735,13 +696,6 @@ class VirtualTopicsFeature(Feature):
         return None
 
     # -- transactional commits ---------------------------------------------------------------
-    async def _offsets_partitions(self) -> int:
-        """The partition count of ``__consumer_offsets`` (shadow group names depend on it)."""
-        count = await self.cluster.offsets_partitions()
-        if count is None:
-            raise shadows.ShadowNameError("the partition count of __consumer_offsets is unknown")
-        return count
-
     async def _read_shadows(self, plan: commits.FetchPlan, require_stable: bool) -> None:
         """The committed watermark of each shadow group of the virtual partitions asked (one
         request per group: the shadows share its coordinator), for the answer."""
@@ -752,15 +706,15 @@ class VirtualTopicsFeature(Feature):
             if group in plan.unavailable:
                 continue
             try:
-                partitions = partitions or await self._offsets_partitions()
-                shadow = shadows.shadow_group(group, vt.mark_k, vt.share(index), partitions)
+                partitions = partitions or await self.reads.offsets_partitions()
+                shadow = shadows.share_shadow(group, vt.mark_k, vt.share(index), partitions)
             except shadows.ShadowNameError:
                 continue  # such a group cannot have committed transactionally
             wanted.setdefault(group, {}).setdefault(shadow, set()).add((vt.real, vt.real_partition(index)))
             slots[(group, shadow)] = (vt.mark_k, vt.share(index))
         for group, by_shadow in wanted.items():
             try:
-                found = await self.store.shadow_offsets(group, {name: sorted(keys) for name, keys in by_shadow.items()},
+                found = await self.reads.shadow_offsets(group, {name: sorted(keys) for name, keys in by_shadow.items()},
                                                         require_stable=require_stable)
             except Exception as exc:  # noqa: BLE001 - CommitLogError: answered retriable, never stale
                 log.warning("shadow watermarks unreadable group=%s reason=%r", group, str(exc))
@@ -772,8 +726,8 @@ class VirtualTopicsFeature(Feature):
                     if error != ErrorCode.NONE:
                         plan.shadows[(group, *key, shares, share)] = (error, "")
                         continue
-                    mark = txn.shadow_mark(shares, share, offset, metadata)
-                    decoded = shadows.decode_metadata(metadata)
+                    mark = shadows.shadow_mark(shares, share, offset, metadata)
+                    decoded = shadows.decode_share_metadata(metadata)
                     if mark is None or decoded is None:
                         continue
                     plan.shadows[(group, *key, shares, share)] = (int(ErrorCode.NONE), decoded.client)
@@ -787,9 +741,9 @@ class VirtualTopicsFeature(Feature):
             return None
         refused = dict(plan.refused)
         try:
-            partitions = await self._offsets_partitions()
+            partitions = await self.reads.offsets_partitions()
             for shares, share in plan.slots():
-                plan.shadows[(shares, share)] = shadows.shadow_group(plan.group, shares, share, partitions)
+                plan.shadows[(shares, share)] = shadows.share_shadow(plan.group, shares, share, partitions)
         except shadows.ShadowNameError as exc:
             log.warning("transactional commit refused group=%s reason=%r", plan.group, str(exc))
             for key in plan.edits:
@@ -797,7 +751,7 @@ class VirtualTopicsFeature(Feature):
         edits = {key: by_k for key, by_k in plan.edits.items() if key not in refused}
         # S_c and the watermarks, computed under the keys' locks as a plain virtual commit
         # plans them; nothing is written to the log: the transaction may still abort.
-        planned = await self.store.begin_shares(ctx, plan.group, edits, {}, transactional=True)
+        planned = await self.transactions.begin_marks(ctx, plan.group, edits)
         refused.update(planned.refused)
         own = []
         for slot, shadow_body in txn.shadow_requests(body, plan, planned.sequences, refused):
@@ -810,7 +764,7 @@ class VirtualTopicsFeature(Feature):
                 self._txn_commits.labels(vt.real).inc(len(parts))
         if not txn.carrier_request(body, plan, planned.offsets, refused):
             # every partition refused: nothing goes to the broker
-            self.store.abandon(planned)
+            self.writes.abandon(planned)
             response = messages.new_body(ApiKey.TXN_OFFSET_COMMIT, request.version, "response")
             txn.commit_response(response, plan, refused)
             return Route.answer(messages.encode_response(ApiKey.TXN_OFFSET_COMMIT, request.version,
@@ -819,37 +773,16 @@ class VirtualTopicsFeature(Feature):
         generation, member, instance = body.generation_id, body.member_id, body.group_instance_id
 
         async def on_response(response: DecodedResponse) -> None:
-            self.store.abandon(planned)
+            self.writes.abandon(planned)
             outcome = txn.commit_response(response.body, plan, refused)
             response.changed = True
             committed = {key: plan.edits[key] for key, code in outcome.items() if code == ErrorCode.NONE}
             if committed:
-                background = self.store.background
+                background = self.transactions.background
                 background.start(self._settle_txn, background, plan.group, committed, generation, member, instance)
 
         return Route(messages.encode_request(header, body), before=tuple(own), on_response=on_response,
-                     settle=lambda: self.store.abandon(planned))
-
-    async def _delete_shadows(self, group: str, keys: set | None) -> None:
-        """G deleted through the proxy (``keys`` None) deletes G's shadow groups; offsets
-        of G deleted delete them in G's shadows too. Otherwise a group created again under
-        the name would read its predecessor's transactional watermarks."""
-        partitions = await self._offsets_partitions()
-        names = [name for name in await self.store.groups_beside(group)
-                 if (shadow := shadows.parse_shadow(name, partitions)) is not None and shadow.group == group]
-        if not names:
-            return
-        if keys is None:
-            errors = await self.store.delete_groups(group, names)
-            left = {name: ErrorCode.name_of(code) for name, code in errors.items() if code != ErrorCode.NONE}
-            if left:
-                log.warning("shadow groups not deleted group=%s errors=%s", group, left)
-            return
-        for name in names:
-            code = await self.store.delete_offsets(name, sorted(keys))
-            if code not in (ErrorCode.NONE, ErrorCode.GROUP_ID_NOT_FOUND):
-                log.warning("shadow offsets not deleted group=%s shadow=%s error=%s", group, name,
-                            ErrorCode.name_of(code))
+                     settle=lambda: self.writes.abandon(planned))
 
     @staticmethod
     def _keep_shadow(plan: txn.TxnPlan, slot: tuple[int, int], version: int):
@@ -857,50 +790,8 @@ class VirtualTopicsFeature(Feature):
             _, plan.answers[slot] = messages.decode_response(ApiKey.TXN_OFFSET_COMMIT, version, raw)
         return keep
 
-    async def _settle_txn(self, ctx: Any, group: str, keys: dict, generation: int, member: str,
+    async def _settle_txn(self, ctx: Background, group: str, keys: dict, generation: int, member: str,
                           instance: str | None) -> None:
-        """Once the transaction has ended, fold the committed shadows of ``keys`` (real ->
-        K -> shares) into the log and move S at the coordinator; an aborted transaction left
-        nothing newer, and nothing is written."""
-        try:
-            partitions = await self._offsets_partitions()
-            asked: dict[str, list[tuple[str, int]]] = {}
-            slots: dict[str, tuple[int, int]] = {}
-            for key, by_k in keys.items():
-                for shares in by_k:
-                    # every share of K: a settle catches up the others' too
-                    for share in range(shadows.shares_of(shares)):
-                        name = shadows.shadow_group(group, shares, share, partitions)
-                        asked.setdefault(name, []).append(key)
-                        slots[name] = (shares, share)
-            delay = _SETTLE_FIRST_DELAY
-            began = trio.current_time()
-            deadline = began + _SETTLE_DEADLINE
-            while True:
-                await trio.sleep(delay)
-                found = await self.store.shadow_offsets(group, asked, require_stable=True)
-                if not any(error == ErrorCode.UNSTABLE_OFFSET_COMMIT for answers in found.values()
-                           for _o, _m, error in answers.values()):
-                    break
-                if trio.current_time() > deadline:
-                    return
-                delay = min(delay * 2, _SETTLE_MAX_DELAY)
-            marks: dict[tuple[str, int], list] = {}
-            for name, answers in found.items():
-                shares, share = slots[name]
-                for key, (offset, metadata, error) in answers.items():
-                    mark = txn.shadow_mark(shares, share, offset, metadata) if error == ErrorCode.NONE else None
-                    if mark is not None:
-                        marks.setdefault(key, []).append(mark)
-            await self.store.read(group)
-            edits = self.store.fold_edits(group, marks)
-            if not edits:
-                return
-            errors = await self.store.settle_shares(ctx, group, edits, generation, member, instance, since=began)
-            failed = {key: code for key, code in errors.items() if code != ErrorCode.NONE}
-            if failed:
-                log.info("transactional watermarks folded later group=%s refused=%s", group,
-                         {f"{t}-{p}": ErrorCode.name_of(c) for (t, p), c in failed.items()})
+        """Once the transaction has ended, fold its committed share shadows into the log."""
+        if await self.transactions.settle_marks(ctx, group, keys, generation, member, instance):
             self._settles.inc()
-        except Exception as exc:  # noqa: BLE001 - the next commit or OffsetFetch folds them
-            log.warning("transactional watermarks not settled group=%s reason=%r", group, str(exc))

@@ -14,10 +14,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from proxy.commits.state import MIN_SHARES
 from proxy.ranges import KeyRange, equal_shares
 from proxy.records.stripes import STRIPED_MARKS, Stripe
 
-MIN_SHARES = 2
+__all__ = ["MIN_SHARES", "VirtualNames", "VirtualTopic", "share_ranges", "virtual_topic_id"]
+
 # Fixed forever: changing it changes every virtual topic id clients hold.
 _ID_NAMESPACE = uuid.UUID("6b657972-616e-6765-2d76-697274756131")
 

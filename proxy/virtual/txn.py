@@ -7,7 +7,7 @@ one real partition cannot share a key (of two pending writes Kafka keeps the one
 last), so the request becomes, on the client's own connection and in this order:
 
 1. one TxnOffsetCommit per (K, share) named, to the share's *shadow group*
-   (``proxy.virtual.shadows``): the real (T, p) at X, with the client's transactional id,
+   (``proxy.commits.shadows``): the real (T, p) at X, with the client's transactional id,
    producer id and epoch, generation -1 and no member (``shadow_requests``);
 2. the client's request itself, the *carrier*: G with the client's generation and member
    (the broker's KIP-447 fencing), each virtual partition replaced by its real partition at
@@ -27,10 +27,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.commits import shadows
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
-from proxy.virtual import shadows
 from proxy.virtual.commits import real_topics
 from proxy.virtual.names import VirtualTopic
 from proxy.virtual.rewrite import Resolver
@@ -101,7 +101,7 @@ def shadow_requests(body: Any, plan: TxnPlan, sequences: dict[RealKey, Sequences
             for share in sorted(marks):
                 sent = plan.sent[(key, shares, share)]
                 try:
-                    metadata = shadows.encode_metadata(epoch, sequence_of.get((shares, share), 0),
+                    metadata = shadows.encode_share_metadata(epoch, sequence_of.get((shares, share), 0),
                                                        sent.committed_metadata, metadata_limit)
                 except shadows.ShadowMetadataTooLarge:
                     refused[key] = int(ErrorCode.OFFSET_METADATA_TOO_LARGE)
@@ -176,15 +176,3 @@ def commit_response(body: Any, plan: TxnPlan, refused: dict[RealKey, int]) -> di
         out.append(cls.TxnOffsetCommitResponseTopic(name=name, partitions=entries))
     body.topics = out
     return outcome
-
-
-# -- reading shadows back ----------------------------------------------------------------------
-
-
-def shadow_mark(shares: int, share: int, offset: int, metadata: str | None) -> tuple[int, int, int, int, int] | None:
-    """A shadow group's committed offset as a watermark (K, share, W, reset epoch,
-    sequence), or None when its metadata is not a proxy's (anyone may commit to a group)."""
-    decoded = shadows.decode_metadata(metadata)
-    if decoded is None or offset < 0:
-        return None
-    return shares, share, offset, decoded.epoch, decoded.sequence

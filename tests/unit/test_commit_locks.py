@@ -1,5 +1,5 @@
-"""Per-key serialisation of commits (proxy.commits.service.KeyLocks), and deletions waiting
-for the commits under way (CommitService.deleting)."""
+"""Per-key serialisation of commits (proxy.commits.writes.KeyLocks), and deletions waiting
+for the commits under way (CommitWrites.deleting)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from proxy.commits.service import CommitService
-from proxy.commits.service import KeyLocks as _KeyLocks
+from proxy.commits.writes import KeyLocks as _KeyLocks
 
 
 async def test_holders_of_a_key_take_turns_in_order_and_other_keys_do_not_wait():
@@ -97,25 +97,25 @@ async def test_a_deletion_waits_for_a_follow_up_that_checked_before_it_began():
     writes the key's first log record (slow: the log topic may be being created). A
     deletion of the group beginning meanwhile must not read the log for what to tombstone
     before that write is done; a follow-up beginning after it writes nothing."""
-    service = CommitService({"individual.commit.log.segment.bytes": 1 << 20}, None,
-                            SimpleNamespace(registry=CollectorRegistry()), pool=None)
+    writes = CommitService({"individual.commit.log.segment.bytes": 1 << 20}, None,
+                           SimpleNamespace(registry=CollectorRegistry()), pool=None).writes
     since = trio.current_time()
     key = ("g", "t", 0)
-    await service.locks.acquire([key])  # the settle's plan
-    assert not service.deleted_since("g", since)
+    await writes.locks.acquire([key])  # the settle's plan
+    assert not writes.deleted_since("g", since)
     steps = []
 
     async def delete():
-        await service.deleting("g")
+        await writes.deleting("g")
         steps.append("tombstones read")
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(delete)
         await trio.testing.wait_all_tasks_blocked()
         assert steps == []
-        await service.deleting("g", {("t", 1)})  # offsets of another partition: not held, no wait
+        await writes.deleting("g", {("t", 1)})  # offsets of another partition: not held, no wait
         steps.append("settle written")
-        service.locks.release([key])
+        writes.locks.release([key])
     assert steps == ["settle written", "tombstones read"]
-    assert service.deleted_since("g", since)  # a follow-up that began before it writes nothing
-    assert service.locks._held == {}
+    assert writes.deleted_since("g", since)  # a follow-up that began before it writes nothing
+    assert writes.locks._held == {}

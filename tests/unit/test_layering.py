@@ -21,7 +21,8 @@ LAYERS: list[set[str]] = [
     {"records"},
     {"net"},
     {"pipeline"},
-    {"features", "keyrange", "commits", "readahead", "virtual", "coop", "client"},
+    {"commits"},  # the commit layer the features stand on
+    {"features", "keyrange", "individual", "readahead", "virtual", "coop", "client"},
     {"server", "spark"},
     {"testing"},
     {"demo"},

@@ -213,7 +213,7 @@ def _virtual_topics_feature() -> Feature:
         cls.MetadataResponseTopic(error_code=0, name="t", partitions=[
             cls.MetadataResponsePartition(error_code=0, partition_index=0, leader_id=0)])]))
     engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=config.topic_setting, topic_name=lambda key: None)
-    return VirtualTopicsFeature(config, cluster, ProxyMetrics(), SharedReads(engine), None, None)
+    return VirtualTopicsFeature(config, cluster, ProxyMetrics(), SharedReads(engine), None)
 
 
 @pytest.mark.parametrize("feature", [_VirtualOffsets, _virtual_topics_feature], ids=["rewrite", "feature"])

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from proxy.commits.shadows import parse_share_shadow, share_shadow
 from proxy.commits.state import MAX_SHARES, CommitState, checked_marks, settle, share_count, watermark_floor
 from proxy.commits.watermarks import decode_metadata, encode_metadata, per_share
 from proxy.protocol import messages
@@ -20,7 +21,6 @@ from proxy.virtual import commits
 from proxy.virtual.fetch import compose
 from proxy.virtual.names import VirtualNames, virtual_topic_id
 from proxy.virtual.precheck import Precheck
-from proxy.virtual.shadows import parse_shadow, shadow_group
 
 
 def _batch(base: int, count: int, *, control: bool = False) -> bytes:
@@ -126,9 +126,9 @@ def test_a_striped_commit_edits_its_own_watermark_k():
 
 
 def test_shadow_groups_of_stripes_are_apart_from_key_shares():
-    striped = shadow_group("g", STRIPED_MARKS + 4, 3, 50)
-    assert striped != shadow_group("g", 4, 3, 50)
-    parsed = parse_shadow(striped, 50)
+    striped = share_shadow("g", STRIPED_MARKS + 4, 3, 50)
+    assert striped != share_shadow("g", 4, 3, 50)
+    parsed = parse_share_shadow(striped, 50)
     assert (parsed.shares, parsed.share) == (STRIPED_MARKS + 4, 3)
 
 

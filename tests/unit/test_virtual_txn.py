@@ -4,12 +4,12 @@ watermarks rank against the log's (proxy.virtual.txn, proxy.commits.watermarks).
 
 from __future__ import annotations
 
-from proxy.commits import watermarks
+from proxy.commits import shadows, watermarks
 from proxy.commits.state import CommitState, MarkEdit, apply_marks
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
-from proxy.virtual import shadows, txn
+from proxy.virtual import txn
 from tests.unit.test_virtual_core import _Resolver
 
 REQUEST = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
@@ -125,9 +125,9 @@ def test_the_answer_takes_the_carriers_error_first_then_the_shadows():
 
 
 def test_a_shadow_mark_needs_proxy_metadata_and_an_offset():
-    assert txn.shadow_mark(2, 1, 30, "keyrange.txn/1:0:4:meta") == (2, 1, 30, 0, 4)
-    assert txn.shadow_mark(2, 1, 30, "someone else's") is None
-    assert txn.shadow_mark(2, 1, -1, shadows.encode_metadata(0, 4, "")) is None
+    assert shadows.shadow_mark(2, 1, 30, "keyrange.txn/1:0:4:meta") == (2, 1, 30, 0, 4)
+    assert shadows.shadow_mark(2, 1, 30, "someone else's") is None
+    assert shadows.shadow_mark(2, 1, -1, shadows.encode_share_metadata(0, 4, "")) is None
 
 
 def test_a_shadow_counts_only_when_newer_than_the_logs_watermark_of_its_share():

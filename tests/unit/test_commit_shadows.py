@@ -1,5 +1,6 @@
-"""Shadow groups of transactional virtual commits (proxy/virtual/shadows.py): names on the
-group's own ``__consumer_offsets`` partition, their parse, and the shadow commit metadata."""
+"""Share shadows of transactional commits of virtual partitions (proxy/commits/shadows.py):
+names on the group's own ``__consumer_offsets`` partition, their parse, and the share
+shadow commit metadata."""
 
 from __future__ import annotations
 
@@ -11,23 +12,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.protocol import groups
-from proxy.protocol.groups import group_partition, java_string_hash
-from proxy.virtual.shadows import (
+from proxy.commits.shadows import (
     MAX_SALT_LENGTH,
     SALT_ALPHABET,
-    Shadow,
-    ShadowMetadata,
     ShadowMetadataTooLarge,
     ShadowNameError,
-    decode_metadata,
-    encode_metadata,
+    ShareMetadata,
+    ShareShadow,
+    decode_share_metadata,
+    encode_share_metadata,
     java_length,
     metadata_room,
-    parse_shadow,
-    shadow_group,
-    shadow_salt,
+    parse_share_shadow,
+    share_shadow,
+    share_shadow_salt,
 )
+from proxy.protocol import groups
+from proxy.protocol.groups import group_partition, java_string_hash
 
 
 def _by_definition(text: str) -> int:
@@ -123,7 +124,7 @@ def test_every_count_up_to_1100_needs_at_most_two_characters():
     worst = 0
     for partitions in range(1, 1101):
         for group in _SAMPLE:
-            salt = shadow_salt(group, 4, 3, partitions)
+            salt = share_shadow_salt(group, 4, 3, partitions)
             assert 1 <= len(salt) <= 2 and set(salt) <= set(SALT_ALPHABET), (group, partitions, salt)
             worst = max(worst, len(salt))
     assert worst == 2
@@ -132,25 +133,25 @@ def test_every_count_up_to_1100_needs_at_most_two_characters():
 def test_salt_lands_on_the_group_partition():
     for partitions in [*range(1, 261), 500, 992, 1000, 1024, 1100, 5000]:
         for group in _SAMPLE:
-            name = shadow_group(group, 4, 3, partitions)
+            name = share_shadow(group, 4, 3, partitions)
             assert group_partition(name, partitions) == group_partition(group, partitions), (group, partitions)
-            assert parse_shadow(name) == Shadow(group, 4, 3, name.rpartition("#")[2])
-            assert parse_shadow(name, partitions) == parse_shadow(name)
+            assert parse_share_shadow(name) == ShareShadow(group, 4, 3, name.rpartition("#")[2])
+            assert parse_share_shadow(name, partitions) == parse_share_shadow(name)
 
 
 @pytest.mark.parametrize("partitions", [1, 2, 3, 7, 30, 31, 32, 50, 62, 64, 93, 100, 150, 310, 992, 1024])
 def test_salt_is_the_first_that_lands(partitions):
     for group in _SAMPLE if partitions <= 100 else _GROUPS[:6]:
         for shares, share in ((2, 0), (2, 1), (64, 63)):
-            salt = shadow_salt(group, shares, share, partitions)
+            salt = share_shadow_salt(group, shares, share, partitions)
             assert salt == _first_salt(group, shares, share, partitions)
-            assert shadow_group(group, shares, share, partitions) == f"{group}.kr{shares}/{share}#{salt}"
+            assert share_shadow(group, shares, share, partitions) == f"{group}.kr{shares}/{share}#{salt}"
 
 
 def test_large_counts_use_three_characters():
     lengths = set()
     for group in _GROUPS[:6]:
-        salt = shadow_salt(group, 4, 0, 5000)
+        salt = share_shadow_salt(group, 4, 0, 5000)
         base = java_string_hash(f"{group}.kr4/0#") & 0xFFFFFFFF
         assert salt == _first_salt_after(base, group_partition(group, 5000), 5000)
         lengths.add(len(salt))
@@ -187,7 +188,7 @@ def test_a_sign_change_can_push_1009_partitions_to_three_characters():
 
 def test_default_partition_count_needs_short_salts():
     # offsets.topic.num.partitions defaults to 50: one character for most names, never more than two
-    lengths = [len(shadow_salt(group, shares, share, 50))
+    lengths = [len(share_shadow_salt(group, shares, share, 50))
                for group in _SAMPLE for shares in (2, 4, 64) for share in (0, shares - 1)]
     assert max(lengths) <= 2 and lengths.count(1) > len(lengths) // 2
 
@@ -197,19 +198,19 @@ def test_default_partition_count_needs_short_salts():
        partitions=st.sampled_from([1, 3, 10, 16, 31, 50, 62, 64, 100, 150, 200, 256, 310, 992, 1000]))
 def test_shadow_names_land_and_round_trip(group, shares, data, partitions):
     share = data.draw(st.integers(0, shares - 1))
-    name = shadow_group(group, shares, share, partitions)
+    name = share_shadow(group, shares, share, partitions)
     assert group_partition(name, partitions) == group_partition(group, partitions)
-    parsed = parse_shadow(name, partitions)
+    parsed = parse_share_shadow(name, partitions)
     assert parsed is not None
     assert (parsed.group, parsed.shares, parsed.share) == (group, shares, share)
     assert parsed.name == name
-    assert parse_shadow(name) == parsed
+    assert parse_share_shadow(name) == parsed
 
 
 def test_no_salt_beyond_three_characters():
     # 66 784 salts cannot reach every residue of a billion partitions; never a fourth character
     with pytest.raises(ShadowNameError, match=r"no salt of at most 3 characters .* of 1000000000$"):
-        shadow_group("payments", 2, 0, 1_000_000_000)
+        share_shadow("payments", 2, 0, 1_000_000_000)
 
 
 @pytest.mark.parametrize(("args", "reason"), [
@@ -221,12 +222,12 @@ def test_no_salt_beyond_three_characters():
 ])
 def test_bad_arguments_are_refused(args, reason):
     with pytest.raises(ShadowNameError, match=reason):
-        shadow_group(*args)
+        share_shadow(*args)
 
 
 def test_a_name_too_long_for_kafka_is_refused():
     with pytest.raises(ShadowNameError, match="32767 bytes"):
-        shadow_group("g" * 32760, 4, 0, 1)
+        share_shadow("g" * 32760, 4, 0, 1)
 
 
 @pytest.mark.parametrize("name", [
@@ -238,44 +239,44 @@ def test_a_name_too_long_for_kafka_is_refused():
     "orders.kr4/1#0x\n", "orders.kr4/1#0x1",
 ])
 def test_names_that_are_not_shadows(name):
-    assert parse_shadow(name) is None
+    assert parse_share_shadow(name) is None
 
 
 @pytest.mark.parametrize("salt", ["0", "o", "A", "_", "`", "\\", "@?", "00", "0o", "o0", "oo", "1_0", "a[;", "ooo", "000"])
 def test_every_salt_of_the_alphabet_up_to_three_characters_parses(salt):
-    assert parse_shadow(f"orders.kr4/1#{salt}") == Shadow("orders", 4, 1, salt)
+    assert parse_share_shadow(f"orders.kr4/1#{salt}") == ShareShadow("orders", 4, 1, salt)
 
 
 def test_parse_reads_from_the_right():
-    assert parse_shadow("a.kr2/1#0.kr8/7#12") == Shadow("a.kr2/1#0", 8, 7, "12")
-    assert parse_shadow("x#y/z.kr3/2#0") == Shadow("x#y/z", 3, 2, "0")
-    assert parse_shadow("a.kr2/1#0.kr8/7#1.2") is None  # '.' is no salt character
+    assert parse_share_shadow("a.kr2/1#0.kr8/7#12") == ShareShadow("a.kr2/1#0", 8, 7, "12")
+    assert parse_share_shadow("x#y/z.kr3/2#0") == ShareShadow("x#y/z", 3, 2, "0")
+    assert parse_share_shadow("a.kr2/1#0.kr8/7#1.2") is None  # '.' is no salt character
 
 
 def test_parse_with_the_partition_count_checks_the_salt():
-    name = shadow_group("orders-app", 4, 1, 50)
-    shadow = parse_shadow(name, 50)
+    name = share_shadow("orders-app", 4, 1, 50)
+    shadow = parse_share_shadow(name, 50)
     assert shadow is not None and shadow.group == "orders-app"
-    assert parse_shadow(name, 50) == Shadow("orders-app", 4, 1, shadow_salt("orders-app", 4, 1, 50))
+    assert parse_share_shadow(name, 50) == ShareShadow("orders-app", 4, 1, share_shadow_salt("orders-app", 4, 1, 50))
     # same form, another salt: an application's own group, not ours
     for salt in ("o", "oo", "ooo", shadow.salt + "0"):
         if salt == shadow.salt:
             continue
         other = f"orders-app.kr4/1#{salt}"
-        assert parse_shadow(other) == Shadow("orders-app", 4, 1, salt)
-        assert parse_shadow(other, 50) is None
+        assert parse_share_shadow(other) == ShareShadow("orders-app", 4, 1, salt)
+        assert parse_share_shadow(other, 50) is None
     # a multiple of 31: every group has its salt now
     for group in _SAMPLE:
-        name = shadow_group(group, 2, 0, 31)
-        assert parse_shadow(name, 31) == Shadow(group, 2, 0, name.rpartition("#")[2])
+        name = share_shadow(group, 2, 0, 31)
+        assert parse_share_shadow(name, 31) == ShareShadow(group, 2, 0, name.rpartition("#")[2])
     # and a name whose group has no salt at all for that count
-    assert parse_shadow("payments.kr2/0#5", 1_000_000_000) is None
+    assert parse_share_shadow("payments.kr2/0#5", 1_000_000_000) is None
 
 
 def test_searches_are_cached():
     groups.salt_for.cache_clear()
-    shadow_group("cached", 4, 0, 50)
-    shadow_group("cached", 4, 0, 50)
+    share_shadow("cached", 4, 0, 50)
+    share_shadow("cached", 4, 0, 50)
     assert groups.salt_for.cache_info().hits == 1
 
 
@@ -283,20 +284,20 @@ def test_searches_are_cached():
 
 
 def test_metadata_format():
-    assert encode_metadata(3, 17, "partition-time=5") == "keyrange.txn/1:3:17:partition-time=5"
-    assert encode_metadata(0, 0, None) == "keyrange.txn/1:0:0:"
-    assert decode_metadata("keyrange.txn/1:0:0:") == ShadowMetadata(0, 0, "")
+    assert encode_share_metadata(3, 17, "partition-time=5") == "keyrange.txn/1:3:17:partition-time=5"
+    assert encode_share_metadata(0, 0, None) == "keyrange.txn/1:0:0:"
+    assert decode_share_metadata("keyrange.txn/1:0:0:") == ShareMetadata(0, 0, "")
 
 
 @given(epoch=st.integers(0, (1 << 63) - 1), sequence=st.integers(0, (1 << 63) - 1),
        client=st.text(max_size=200))
 def test_metadata_round_trips(epoch, sequence, client):
-    assert decode_metadata(encode_metadata(epoch, sequence, client)) == ShadowMetadata(epoch, sequence, client)
+    assert decode_share_metadata(encode_share_metadata(epoch, sequence, client)) == ShareMetadata(epoch, sequence, client)
 
 
 def test_client_metadata_with_colons_and_our_prefix_round_trips():
     client = "keyrange.txn/1:9:9:x:y"
-    assert decode_metadata(encode_metadata(1, 2, client)) == ShadowMetadata(1, 2, client)
+    assert decode_share_metadata(encode_share_metadata(1, 2, client)) == ShareMetadata(1, 2, client)
 
 
 def test_metadata_limit_counts_utf16_code_units():
@@ -304,30 +305,30 @@ def test_metadata_limit_counts_utf16_code_units():
     room = metadata_room(12, 345)
     assert room == 4096 - header
     # CJK: one code unit (three UTF-8 bytes) each; exactly the room fits
-    text = encode_metadata(12, 345, "字" * room)
+    text = encode_share_metadata(12, 345, "字" * room)
     assert java_length(text) == 4096 and len(text.encode()) > 4096
     with pytest.raises(ShadowMetadataTooLarge, match=r"4097 UTF-16 code units exceeds offset\.metadata\.max\.bytes="
                                                      r"4096: the client's metadata may hold at most"):
-        encode_metadata(12, 345, "字" * (room + 1))
+        encode_share_metadata(12, 345, "字" * (room + 1))
     # outside the Basic Multilingual Plane: two code units each, as Java's String.length()
     assert java_length("\U0001F600") == 2
-    encode_metadata(12, 345, "\U0001F600" * (room // 2))
+    encode_share_metadata(12, 345, "\U0001F600" * (room // 2))
     with pytest.raises(ShadowMetadataTooLarge) as refused:
-        encode_metadata(12, 345, "\U0001F600" * (room // 2 + 1))
+        encode_share_metadata(12, 345, "\U0001F600" * (room // 2 + 1))
     assert (refused.value.limit, refused.value.room) == (4096, room)
 
 
 def test_metadata_limit_is_configurable():
-    assert encode_metadata(1, 1, "ab", limit=len("keyrange.txn/1:1:1:ab")) == "keyrange.txn/1:1:1:ab"
+    assert encode_share_metadata(1, 1, "ab", limit=len("keyrange.txn/1:1:1:ab")) == "keyrange.txn/1:1:1:ab"
     with pytest.raises(ShadowMetadataTooLarge):
-        encode_metadata(1, 1, "abc", limit=len("keyrange.txn/1:1:1:ab"))
+        encode_share_metadata(1, 1, "abc", limit=len("keyrange.txn/1:1:1:ab"))
     assert metadata_room(1, 1, limit=5) == 0
 
 
 @pytest.mark.parametrize(("epoch", "sequence"), [(-1, 0), (0, -1), (1 << 63, 0)])
 def test_metadata_numbers_out_of_range_are_refused(epoch, sequence):
     with pytest.raises(ValueError, match="must be in"):
-        encode_metadata(epoch, sequence, "")
+        encode_share_metadata(epoch, sequence, "")
 
 
 @pytest.mark.parametrize("metadata", [
@@ -337,4 +338,4 @@ def test_metadata_numbers_out_of_range_are_refused(epoch, sequence):
     "keyrange.txn/1:1:+1:", "keyrange.txn/1:9223372036854775808:1:", "keyrange.txn/1: 1:1:",
 ])
 def test_metadata_that_is_not_ours_reads_as_none(metadata):
-    assert decode_metadata(metadata) is None
+    assert decode_share_metadata(metadata) is None
