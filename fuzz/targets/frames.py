@@ -45,8 +45,12 @@ from proxy.protocol.framing import (
     peek_correlation_id,
     peek_request_header,
 )
+from proxy.protocol.message_versions import (
+    FETCH_FIRST_FLEXIBLE,
+    FETCH_FIRST_NODE_ENDPOINTS,
+    PRODUCE_FIRST_NODE_ENDPOINTS,
+)
 from proxy.protocol.peek import (
-    FETCH_NODE_ENDPOINTS_VERSION,
     NODE_ENDPOINTS_TAG,
     fetch_response_tail,
     has_tag,
@@ -56,8 +60,8 @@ from proxy.protocol.peek import (
 
 # The limits a proxy may be configured with, down to the smallest max.frame.bytes allowed.
 FRAME_LIMITS = (DEFAULT_MAX_FRAME_BYTES, 1024, 4096, 1 << 16)
-FIRST_FLEXIBLE_FETCH = 12
-FIRST_HINTED_PRODUCE = 10  # 10..13: the Produce versions whose responses may carry leader hints
+FIRST_FLEXIBLE_FETCH = FETCH_FIRST_FLEXIBLE
+FIRST_HINTED_PRODUCE = PRODUCE_FIRST_NODE_ENDPOINTS  # 10..13: the Produce versions whose responses may carry leader hints
 FETCH_VERSIONS = 7  # 12..18
 MAX_FRAMES = 8  # frames past these add time, not coverage
 LIMIT = "exceeds the limit"  # the reason of every refusal of a count over MAX_ARRAY_ELEMENTS or MAX_TAGGED_FIELDS
@@ -334,7 +338,7 @@ def _check_fetch_response(frame: bytes, version: int, sizes: tuple[int, int], bo
             check_not_internal(exc)
             return
         raise InvariantBroken(f"the walk refused a Fetch v{version} response the codec decodes")
-    if version < FETCH_NODE_ENDPOINTS_VERSION:
+    if version < FETCH_FIRST_NODE_ENDPOINTS:
         return
     try:
         has_tag(frame, tail, NODE_ENDPOINTS_TAG)

@@ -15,7 +15,7 @@ and says whether it changed anything, so the response is encoded again only when
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from proxy.net.streams import Relay
@@ -27,7 +27,17 @@ from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
-from proxy.protocol.peek import FETCH_NODE_ENDPOINTS_VERSION, NODE_ENDPOINTS_TAG, read_uvarint, walk_fetch_response
+from proxy.protocol.message_types import (
+    DescribeClusterResponse,
+    FetchResponse,
+    FindCoordinatorResponse,
+    MetadataResponse,
+    ProduceResponse,
+    ShareAcknowledgeResponse,
+    ShareFetchResponse,
+)
+from proxy.protocol.message_versions import FETCH_FIRST_NODE_ENDPOINTS, PRODUCE_FIRST_NODE_ENDPOINTS
+from proxy.protocol.peek import NODE_ENDPOINTS_TAG, read_uvarint, walk_fetch_response
 from proxy.protocol.primitives import check_tag_count, uvarint_bytes
 
 log = logging.getLogger("proxy.addresses")
@@ -39,7 +49,15 @@ class Advertiser(Protocol):
     def advertised(self, node_id: int) -> tuple[str, int]: ...
 
 
-def _rewrite_entries(entries: Iterable, book: Advertiser, id_field: str = "node_id") -> bool:
+class Endpoint(Protocol):
+    """An entry of a response that names a broker: its id (``node_id`` or ``broker_id``)
+    and address."""
+
+    host: str
+    port: int
+
+
+def _rewrite_entries(entries: Iterable[Endpoint], book: Advertiser, id_field: str = "node_id") -> bool:
     changed = False
     for entry in entries or ():
         node_id = getattr(entry, id_field)
@@ -54,33 +72,37 @@ def _rewrite_entries(entries: Iterable, book: Advertiser, id_field: str = "node_
     return changed
 
 
-def rewrite_metadata(body, book: Advertiser) -> bool:
+def rewrite_metadata(body: MetadataResponse, book: Advertiser) -> bool:
     return _rewrite_entries(body.brokers, book)
 
 
-def rewrite_describe_cluster(body, book: Advertiser) -> bool:
+def rewrite_describe_cluster(body: DescribeClusterResponse, book: Advertiser) -> bool:
     return _rewrite_entries(body.brokers, book, id_field="broker_id")
 
 
-def rewrite_find_coordinator(body, book: Advertiser) -> bool:
-    coordinators = getattr(body, "coordinators", None)
+def rewrite_find_coordinator(body: FindCoordinatorResponse, book: Advertiser) -> bool:
+    coordinators = body.coordinators
     if coordinators:  # v4+: batched form
         changed = False
         for entry in coordinators:
             if entry.error_code == ErrorCode.NONE:
                 changed |= _rewrite_entries([entry], book)
         return changed
-    if getattr(body, "error_code", 0) == ErrorCode.NONE and getattr(body, "node_id", -1) >= 0 and hasattr(body, "host"):
+    if body.error_code == ErrorCode.NONE and body.node_id >= 0:  # v0-v3: one coordinator
         return _rewrite_entries([body], book)
     return False
 
 
-def rewrite_node_endpoints(body, book: Advertiser) -> bool:
+LeaderHints = ProduceResponse | FetchResponse | ShareFetchResponse | ShareAcknowledgeResponse
+
+
+def rewrite_node_endpoints(body: LeaderHints, book: Advertiser) -> bool:
     """Produce v10+, Fetch v16+, ShareFetch and ShareAcknowledge (KIP-951 leader hints)."""
-    return _rewrite_entries(getattr(body, "node_endpoints", None) or (), book)
+    return _rewrite_entries(body.node_endpoints or (), book)
 
 
-ADDRESS_REWRITERS = {
+# API key -> the rewrite of its response body (of that API's response class)
+ADDRESS_REWRITERS: dict[int, Callable[..., bool]] = {
     ApiKey.METADATA: rewrite_metadata,
     ApiKey.DESCRIBE_CLUSTER: rewrite_describe_cluster,
     ApiKey.FIND_COORDINATOR: rewrite_find_coordinator,
@@ -92,9 +114,9 @@ ADDRESS_REWRITERS = {
 
 # The first version of each API whose response can carry a broker address; older versions
 # pass through untouched.
-FIRST_VERSION_WITH_ADDRESSES = {
-    ApiKey.PRODUCE: 10,
-    ApiKey.FETCH: 16,
+FIRST_VERSION_WITH_ADDRESSES: dict[int, int] = {
+    ApiKey.PRODUCE: PRODUCE_FIRST_NODE_ENDPOINTS,
+    ApiKey.FETCH: FETCH_FIRST_NODE_ENDPOINTS,
 }
 
 # A tagged field no Kafka version defines, inside the proxy's own tag range (docs/wire-contract.md#31-tag-10000-and-feature-advertisement):
@@ -187,7 +209,7 @@ class AddressRewrite(Feature):
                                            else ResponseReads.WHOLE)
                 for api_key, rewriter in ADDRESS_REWRITERS.items()}
 
-    def _stage(self, rewriter) -> ResponseStage:
+    def _stage(self, rewriter: Callable[..., bool]) -> ResponseStage:
         book = self.book
 
         def stage(ctx: ConnectionContext, response: DecodedResponse) -> None:
@@ -200,7 +222,7 @@ class AddressRewrite(Feature):
         """A Fetch no other feature claimed streams through; only its top-level tagged
         fields, where the leader hints live, are held back and rewritten in place."""
         version = request.version
-        if version < FETCH_NODE_ENDPOINTS_VERSION:
+        if version < FETCH_FIRST_NODE_ENDPOINTS:
             return None  # no addresses in the response: the default (opaque) relay
         book = self.book
 

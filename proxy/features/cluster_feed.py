@@ -13,6 +13,7 @@ from proxy.pipeline.context import ConnectionContext
 from proxy.pipeline.feature import Feature, ResponseStage
 from proxy.pipeline.route import DecodedResponse
 from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.message_types import MetadataResponse
 
 
 class ClusterFeed(Feature):
@@ -24,5 +25,5 @@ class ClusterFeed(Feature):
     def response_stages(self) -> Mapping[int, tuple[int, ResponseStage]]:
         return {ApiKey.METADATA: (0, self._metadata)}
 
-    def _metadata(self, ctx: ConnectionContext, response: DecodedResponse) -> None:
+    def _metadata(self, ctx: ConnectionContext, response: DecodedResponse[MetadataResponse]) -> None:
         self.view.learn_metadata(response.body)

@@ -14,11 +14,11 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import MetadataResponse
 
 log = logging.getLogger("proxy.cluster")
 
@@ -27,7 +27,7 @@ CONSUMER_OFFSETS = "__consumer_offsets"
 _NO_TOPIC_ID = uuid.UUID(int=0)
 
 # async (topic names, or None for every topic) -> a decoded Metadata response body
-MetadataReader = Callable[[list[str] | None], Awaitable[Any]]
+MetadataReader = Callable[[list[str] | None], Awaitable[MetadataResponse]]
 
 
 @dataclass(slots=True)
@@ -62,7 +62,7 @@ class ClusterView:
             if previous is not None:
                 log.info("node address changed node_id=%s old=%s:%s new=%s:%s", node_id, *previous, host, port)
 
-    def learn_metadata(self, body: Any) -> None:
+    def learn_metadata(self, body: MetadataResponse) -> None:
         """Take in a Metadata response body (any version), from a client's or our own request."""
         for broker in body.brokers or ():
             self.learn_node(broker.node_id, broker.host, broker.port)
@@ -73,8 +73,8 @@ class ClusterView:
             view = self.topics.get(name)
             if view is None:
                 view = self.topics[name] = TopicView(name)
-            topic_id = getattr(topic, "topic_id", None)
-            if topic_id is not None and topic_id != _NO_TOPIC_ID:
+            topic_id = topic.topic_id  # the zero id before v10, or for a topic the broker gives none
+            if topic_id != _NO_TOPIC_ID:
                 if view.topic_id is not None and view.topic_id != topic_id:
                     self._names_by_id.pop(view.topic_id, None)  # deleted and created again
                 view.topic_id = topic_id

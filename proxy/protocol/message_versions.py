@@ -64,6 +64,7 @@ SHARE_ACKNOWLEDGE_FIRST_FLEXIBLE = 0
 # -- where the fields the proxy branches on appear or end
 PRODUCE_FIRST_TRANSACTIONAL_ID = 3  # ProduceRequest TransactionalId
 PRODUCE_FIRST_TOPIC_ID = 13  # ProduceRequest TopicData.TopicId
+PRODUCE_FIRST_NODE_ENDPOINTS = 10  # ProduceResponse NodeEndpoints
 FETCH_FIRST_ISOLATION_LEVEL = 4  # FetchRequest IsolationLevel
 FETCH_FIRST_SESSION_ID = 7  # FetchRequest SessionId
 FETCH_LAST_REPLICA_ID = 14  # FetchRequest ReplicaId

@@ -9,7 +9,6 @@ from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.message_versions import (
     FETCH_FIRST_FLEXIBLE,
-    FETCH_FIRST_NODE_ENDPOINTS,
     FETCH_FIRST_TOPIC_ID,
     PRODUCE_FIRST_FLEXIBLE,
     PRODUCE_FIRST_TRANSACTIONAL_ID,
@@ -19,7 +18,6 @@ from proxy.protocol.tagged import read_tag_count, read_tag_header, skip_tagged_f
 from proxy.protocol.walks import Walk
 
 __all__ = [
-    "FETCH_NODE_ENDPOINTS_VERSION",
     "NODE_ENDPOINTS_TAG",
     "WALKS",
     "fetch_response_tail",
@@ -76,8 +74,7 @@ def produce_acks(frame, peek: RequestHeaderPeek) -> int:
 # may pass such bytes (a record set it steps over) from socket to socket without ever
 # putting them in ``buf``.
 
-FETCH_NODE_ENDPOINTS_VERSION = FETCH_FIRST_NODE_ENDPOINTS
-NODE_ENDPOINTS_TAG = 0
+NODE_ENDPOINTS_TAG = 0  # FetchResponse NodeEndpoints (v16+: message_versions.FETCH_FIRST_NODE_ENDPOINTS)
 
 # What walk_fetch_response steps over (the response header v1 before it: correlation id
 # and tagged fields); tagged fields, wherever they are, are skipped by their lengths.

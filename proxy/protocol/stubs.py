@@ -64,6 +64,7 @@ class Notable:
 NOTABLE_FIELDS: tuple[Notable, ...] = (
     Notable("PRODUCE_FIRST_TRANSACTIONAL_ID", "ProduceRequest", "TransactionalId"),
     Notable("PRODUCE_FIRST_TOPIC_ID", "ProduceRequest", "TopicData.TopicId"),
+    Notable("PRODUCE_FIRST_NODE_ENDPOINTS", "ProduceResponse", "NodeEndpoints"),
     Notable("FETCH_FIRST_ISOLATION_LEVEL", "FetchRequest", "IsolationLevel"),
     Notable("FETCH_FIRST_SESSION_ID", "FetchRequest", "SessionId"),
     Notable("FETCH_LAST_REPLICA_ID", "FetchRequest", "ReplicaId", "last"),

@@ -47,5 +47,5 @@ def test_node_endpoints_tag_is_the_schema_tag():
     from proxy.protocol import peek
 
     node_endpoints = next(f for f in registry().by_name["FetchResponse"].fields if f.name == "NodeEndpoints")
-    assert (peek.NODE_ENDPOINTS_TAG, peek.FETCH_NODE_ENDPOINTS_VERSION) == (
-        node_endpoints.tag, message_versions.FETCH_FIRST_NODE_ENDPOINTS)
+    assert peek.NODE_ENDPOINTS_TAG == node_endpoints.tag
+    assert node_endpoints.versions.lo == message_versions.FETCH_FIRST_NODE_ENDPOINTS
