@@ -56,20 +56,17 @@ import math
 import re
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import trio
 
 from proxy.client.assignment import (
-    EARLIEST_TIMESTAMP,
-    LATEST_TIMESTAMP,
     AssignmentInput,
     AssignmentState,
     check_assignment,
 )
-from proxy.client.commit_protocol import Range
 from proxy.client.committer import Committer
 from proxy.client.config import ConsumerConfig
 from proxy.client.connection import (
@@ -80,17 +77,15 @@ from proxy.client.connection import (
     Connections,
     NodeConnection,
 )
+from proxy.client.consumer_commits import ConsumerCommits
+from proxy.client.consumer_positions import ConsumerPositions
 from proxy.client.coordinator import Coordinator
 from proxy.client.errors import (
-    CommitFailedError,
     ConfigError,
     CooperativeFetchNotSupportedError,
-    IllegalGenerationError,
     IllegalStateError,
     NetworkExceptionError,
     RangeFetchNotSupportedError,
-    RebalanceInProgressError,
-    UnknownMemberIdError,
 )
 from proxy.client.fetch_protocol import CooperativeMember
 from proxy.client.fetcher import Fetcher
@@ -98,7 +93,7 @@ from proxy.client.group import GroupMember, RebalanceListener
 from proxy.client.membership import Phase
 from proxy.client.metadata import ClusterMetadata, refresh_metadata
 from proxy.client.offsets import OffsetResolver
-from proxy.client.records import ConsumerRecord, ConsumerRecords, TopicPartition
+from proxy.client.records import ConsumerRecords, TopicPartition
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import MetadataRequest, MetadataResponse
 from proxy.protocol.messages import ApiKey
@@ -131,7 +126,7 @@ async def background_nursery() -> AsyncIterator[trio.Nursery]:
         raise raised
 
 
-class Consumer:
+class Consumer(ConsumerCommits, ConsumerPositions):
     """See the module documentation. Settings are Kafka's consumer settings in snake case;
     see ``ConsumerConfig`` for the defaults."""
 
@@ -410,54 +405,6 @@ class Consumer:
     def assignment(self) -> dict[TopicPartition, list[KeyRange]]:
         return {tp: list(ranges) for tp, ranges in self._state.ranges.items()}
 
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        """Fetch ``tp`` from ``offset`` on the next poll (buffered records are dropped)."""
-        self._require_assigned(tp)
-        self._require_not_cooperative([tp], "seek")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-        self._state.seek(tp, offset)
-
-    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
-        self._reset_later(partitions, EARLIEST_TIMESTAMP, "seek_to_beginning")
-
-    def seek_to_end(self, *partitions: TopicPartition) -> None:
-        self._reset_later(partitions, LATEST_TIMESTAMP, "seek_to_end")
-
-    def _reset_later(self, partitions: Sequence[TopicPartition], timestamp: int, call: str) -> None:
-        chosen = list(partitions or self._state.partitions())
-        for tp in chosen:
-            self._require_assigned(tp)
-        self._require_not_cooperative(chosen, call)
-        for tp in chosen:
-            self._state.reset_later(tp, timestamp)
-
-    def _require_not_cooperative(self, partitions: Iterable[TopicPartition], call: str) -> None:
-        shared = sorted(TopicPartition(*tp) for tp in partitions if tp in self._state.cooperative)
-        if shared:
-            raise ValueError(f"{call}: {', '.join(f'{tp.topic}-{tp.partition}' for tp in shared)} "
-                             f"{'is' if len(shared) == 1 else 'are'} fetched cooperatively: the proxy decides which "
-                             f"offsets each member gets, so there is no position to move (assign the partition "
-                             f"without cooperative=True to read it from an offset of your choice)")
-
-    def position(self, tp: TopicPartition) -> int | None:
-        """The offset of the next record ``poll`` will return for ``tp``; None while it
-        waits for an offset reset. For a partition fetched cooperatively: the token, the
-        offset the next fetch sends (the last chunk's end + 1, at first the starting
-        position), which says nothing about the records to come: the proxy hands out the
-        next chunk nobody has had, or one handed out again below earlier ones."""
-        self._require_assigned(tp)
-        return self._state.position(tp)
-
-    def current_lag(self, tp: TopicPartition) -> int | None:
-        """End offset (high watermark, or last stable offset under read_committed) from the
-        latest fetch response minus the position; None while either is unknown. Answers
-        from the local cache only, never the network (KIP-695). For a partition fetched
-        cooperatively: the end minus the highest chunk end + 1 this member received (None
-        before its first chunk), the records past everything it was handed."""
-        self._require_assigned(tp)
-        return self._state.lag(tp)
-
     def metrics(self) -> dict[str, int]:
         """Counters: ``cooperative_chunks`` (chunks received), ``cooperative_records``
         (their records handed to poll), ``cooperative_records_outside_chunk`` (dropped:
@@ -473,115 +420,6 @@ class Consumer:
         commit left pending because the group's state of the partition is at the proxy's
         ``max.individual.commit.ranges.held``: docs/consumer.md)."""
         return {key: self._metrics[key] for key in METRIC_NAMES} | dict(self._metrics)
-
-    # -- committed offsets -----------------------------------------------------------------
-    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
-        """Commit ``offsets`` (default: the position of every assigned partition) for
-        ``group_id`` with OffsetCommit v8+: as a simple group (generation -1, no member id)
-        with ``assign``, as the group's member (generation and member id) after ``subscribe``.
-        A committed offset means every record below it is processed, so a partition
-        assigned key ranges is refused: its position says nothing about the other ranges.
-
-        With ``allow_individual_commit`` and no ``offsets``, commits what ``mark_processed``
-        marked instead (see ``commit_processed``)."""
-        self._require_started()
-        committer = self._require_group()
-        if offsets is None and self._state.tracking:
-            await self.commit_processed()
-            return
-        if offsets is None:
-            positions = {tp: self._state.position(tp) for tp in self._state.partitions()}
-            offsets = {tp: position for tp, position in positions.items() if position is not None}
-        offsets = dict(offsets)
-        for tp, offset in offsets.items():
-            self._require_assigned(tp)
-            if self._state.ranges[tp]:
-                raise IllegalStateError(
-                    f"{tp[0]}-{tp[1]} is assigned key ranges: a plain committed offset covers every key of the "
-                    f"partition, so a range member cannot commit its own position")
-            if tp in self._state.cooperative:
-                raise IllegalStateError(
-                    f"{tp[0]}-{tp[1]} is fetched cooperatively: a plain committed offset would cover the chunks "
-                    f"other members are processing (mark_processed, then commit() without offsets)")
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-                raise ValueError(f"{tp[0]}-{tp[1]}: offset must be a non-negative int, got {offset!r}")
-        if offsets:
-            with self._generation_races():
-                await committer.commit_offsets(offsets)
-
-    def mark_processed(self, *records: ConsumerRecord) -> None:
-        """Mark records processed, in any order; the next ``commit`` carries them. Needs
-        ``allow_individual_commit``."""
-        self._require_started()
-        if not self._state.tracking:
-            raise IllegalStateError("mark_processed needs allow_individual_commit=True (and a group_id)")
-        # Records of one partition mostly come together: its checks are made once per run.
-        group = self._group if self._subscribed else None  # only a member tracks what it handed out
-        tp = progress = None
-        for record in records:
-            if tp is None or record.partition != tp.partition or record.topic != tp.topic:
-                tp = TopicPartition(record.topic, record.partition)
-                self._require_assigned(tp)
-                progress = self._state.progress.get(tp)
-            if progress is None:
-                raise IllegalStateError(f"{tp.topic}-{tp.partition} offset {record.offset} was not handed out by "
-                                        f"this consumer's poll")
-            progress.mark(record.offset)
-            if group is not None:
-                group.marked(tp, record.offset)
-
-    def pending_commit(self, tp: TopicPartition) -> list[Range]:
-        """Offset ranges of ``tp`` marked processed (or amended gaps) that no acknowledged
-        commit has carried yet."""
-        self._require_assigned(tp)
-        progress = self._state.progress.get(tp)
-        return list(progress.pending) if progress else []
-
-    async def commit_processed(self) -> None:
-        """Send every marked range with OffsetCommit v8+ (``individual.commit``), as many
-        requests as ``individual_commit_max_ranges`` needs; a range leaves the pending set
-        only once acknowledged, so a failed commit loses nothing and may simply be retried.
-        Without the feature, whole partitions fall back to a plain commit of the contiguous
-        processed prefix; a partition assigned key ranges cannot and raises."""
-        self._require_started()
-        committer = self._require_group()
-        if not self._state.tracking:
-            raise IllegalStateError("commit_processed needs allow_individual_commit=True")
-        with self._generation_races():
-            await committer.commit_processed((await self._any_connection()).commits_ranges)
-
-    @contextmanager
-    def _generation_races(self) -> Iterator[None]:
-        """A group member's commit that races a rebalance (the coordinator moved to the next
-        generation before this member heard of it) fails with ILLEGAL_GENERATION: raised as
-        the retriable ``RebalanceInProgressError``, since nothing was lost (the marks stay
-        pending). A member really fenced learns it from its heartbeat and drops them.
-        A member that left for want of a poll gets ``CommitFailedError`` (as Java does)."""
-        if self._group is not None and self._subscribed and self._group.poll_expired:
-            raise CommitFailedError(
-                f"the member left group {self.config.group_id!r}: no poll within max_poll_interval_ms="
-                f"{self.config.max_poll_interval_ms}; its partitions may be processed by others now, so nothing "
-                f"is committed (the next poll rejoins)")
-        try:
-            yield
-        except (IllegalGenerationError, UnknownMemberIdError) as exc:
-            if self._group is None or not self._subscribed:
-                raise
-            raise RebalanceInProgressError(f"commit raced a rebalance ({exc})") from exc
-
-    async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
-        """The group's committed offset of each partition (None where nothing is committed),
-        read with OffsetFetch v8+."""
-        return {tp: stable for tp, (stable, _) in (await self.committed_ranges(partitions)).items()}
-
-    async def committed_ranges(self, partitions: Sequence[TopicPartition]
-                               ) -> dict[TopicPartition, tuple[int | None, list[Range]]]:
-        """The group's state of each partition: (S, R), the committed (stable) offset (None
-        where nothing is committed) and the ranges processed above it (empty unless the
-        proxy holds individual commits), read with OffsetFetch v8+."""
-        self._require_started()
-        committer = self._require_group()
-        return await committer.committed_ranges([TopicPartition(*tp) for tp in partitions])
 
     # -- poll ------------------------------------------------------------------------------
     async def poll(self, timeout: float = 0.0) -> ConsumerRecords:
