@@ -6,7 +6,8 @@ ConsumerPerformance (1 KB records, ``--consume-mb``) in the same run, in turns, 
   ``splice`` and doing nothing else (the broker advertises the relay's port on a listener
   of its own, so the consumer's fetches go through it): the floor of any proxy;
 - ``proxy``: the proxy with its defaults;
-- ``proxy_readahead``: the proxy with Fetch read-ahead (``fetch.readahead.enabled=true``).
+- ``proxy_readahead``: the proxy with fetch prediction (``fetch.prediction.enabled=true``; the
+  contender keeps the feature's former name, so results stay comparable).
 
 Each of the ``--rounds`` rounds runs every mode once, in an order that rotates from round
 to round, after one unrecorded consume each. Ratios are medians over rounds of the
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         proxies = {
             "proxy": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy"),
             "proxy_readahead": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy-readahead",
-                                                  overrides={"metrics.port": "0", "fetch.readahead.enabled": "true"}),
+                                                  overrides={"metrics.port": "0", "fetch.prediction.enabled": "true"}),
         }
         try:
             java_tools.create_topic(cluster.bootstrap_servers, "bench-hop", partitions=1)

@@ -59,14 +59,15 @@ def _consume(bootstrap: str, topic: str, records: int) -> dict:
 
 
 def _readahead_counts(proxy: ProxyProcess) -> dict:
-    """The proxy's read-ahead counters so far (the consume rounds): how many of the
-    consumer's fetches were answered from a read-ahead."""
+    """The proxy's fetch prediction counters so far (the consume rounds): how many of the
+    consumer's fetches were answered from an early fetch (reported as "readahead", the
+    feature's former name, so results stay comparable)."""
     if proxy.metrics_url is None:
         return {}
     text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
     counts = {}
     for name in ("sent", "hits", "wasted"):
-        match = re.search(rf"^kafka_proxy_readahead_{name}_total ([0-9.e+]+)$", text, re.M)
+        match = re.search(rf"^kafka_proxy_fetch_prediction_{name}_total ([0-9.e+]+)$", text, re.M)
         counts[name] = int(float(match.group(1))) if match else 0
     return counts
 

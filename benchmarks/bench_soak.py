@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.bench_soak --minutes 2      # checks the harness
 
 A one-node Kafka and the proxy (its own process; ``metrics.port``,
-``virtual.topics.enabled=true``, ``fetch.readahead.enabled=true``, and 1 MiB segments for
+``virtual.topics.enabled=true``, ``fetch.prediction.enabled=true``, and 1 MiB segments for
 ``__individual_commit_offsets`` (``--ic-segment-bytes``), so that the broker's compaction of
 the log shows within the run) carry, for ``--minutes``:
 
@@ -13,7 +13,7 @@ the log shows within the run) carry, for ``--minutes``:
 - ``ranges``: 4 ``proxy.client.Consumer`` in assign mode, each one key-hash quarter of both
   partitions of ``soak-ranges``, individual commit once a second;
 - ``plain``: one librdkafka consumer of ``soak-ranges`` through the proxy, whole partitions
-  (the plain Fetch path, read-ahead on);
+  (the plain Fetch path, fetch prediction on);
 - ``group``: 5 ``proxy.client.Consumer`` members of one group on the 3 partitions of
   ``soak-group`` (the keyrange assignor splits partitions), individual commit once a second;
 - ``virtual``: 4 librdkafka consumers of one group on ``soak-virtual.kr4`` (2 partitions, 8
@@ -23,11 +23,11 @@ the log shows within the run) carry, for ``--minutes``:
   near the log end, commit individually and leave; a librdkafka consumer of
   ``soak-virtual.kr2`` that reads up to 2,000 records in one of three groups, commits and
   leaves; the same with a plain librdkafka consumer of ``soak-group`` (behind the log end,
-  so read-ahead works); a metadata lookup plus a few connections opened and closed without
+  so fetch prediction works); a metadata lookup plus a few connections opened and closed without
   a request; one ``group`` member leaving and a new one joining.
 
 Every ``--interval`` seconds (10) the sampler reads the proxy's metrics endpoint (RSS, open
-fds, live trio tasks, key-range cache bytes, individual-commit ranges held, read-ahead
+fds, live trio tasks, key-range cache bytes, individual-commit ranges held, fetch prediction
 bytes, connections, CPU seconds), the size of ``__individual_commit_offsets`` (the sum of
 its partitions' end offsets by ListOffsets, and the bytes of its log segments in the
 broker's log directory) and the records acknowledged and handed out per role.
@@ -92,7 +92,7 @@ SETTLE_LIMIT = 90.0  # then for the commits to reach the log end
 SCRAPED = {"rss_bytes": "process_resident_memory_bytes", "open_fds": "process_open_fds",
            "trio_tasks": "kafka_proxy_trio_tasks", "cache_bytes": "kafka_proxy_keyrange_cache_bytes",
            "ic_ranges_held": "kafka_proxy_individual_commit_ranges_held",
-           "readahead_bytes": "kafka_proxy_readahead_bytes", "connections": "kafka_proxy_client_connections",
+           "readahead_bytes": "kafka_proxy_fetch_prediction_bytes", "connections": "kafka_proxy_client_connections",
            "cpu_seconds": "process_cpu_seconds_total"}
 GROWTH_FIELDS = {"rss_bytes": "RSS", "open_fds": "open fds", "trio_tasks": "trio tasks"}
 
@@ -788,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
     report = results.new_report(
         "soak", f"Soak: {args.minutes:g} minutes of mixed load through the proxy, resource use every "
                 f"{args.interval:g} s", command,
-        f"One-node Kafka, the proxy as its own process (virtual topics and read-ahead on). A librdkafka producer "
+        f"One-node Kafka, the proxy as its own process (virtual topics and fetch prediction on). A librdkafka producer "
         f"(acks=all, idempotent) writes {args.rate:g} records/s through the proxy, in turn to {RANGES_TOPIC} "
         f"(2 partitions: 4 range consumers in assign mode with individual commit, and one plain librdkafka "
         f"consumer), {GROUP_TOPIC} (3 partitions: 5 group members of proxy.client.Consumer, ranges split) and "
@@ -807,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
             create_topics(cluster.bootstrap_servers)
             proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides={
-                "metrics.port": "0", "virtual.topics.enabled": "true", "fetch.readahead.enabled": "true",
+                "metrics.port": "0", "virtual.topics.enabled": "true", "fetch.prediction.enabled": "true",
                 "individual.commit.log.segment.bytes": str(args.ic_segment_bytes)})
             try:
                 soak = Soak(proxy.bootstrap_servers, cluster.bootstrap_servers, args.rate)

@@ -36,7 +36,7 @@ from proxy.records.batch import TRANSACTIONAL_BIT, RecordBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
 from proxy.records.compression import Codec
 from proxy.records.varint import encode_varint
-from proxy.server.config import PROXY_SETTINGS, TOPIC_SETTINGS
+from proxy.server.config import every_key
 from proxy.testing.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
 from proxy.testing.golden import GoldenExchange, read_golden
 
@@ -393,12 +393,15 @@ def config_seeds() -> list[Seed]:
         "ssl.upstream.enabled=no",
         "virtual.topics.enabled=true",
         "virtual.topic.max.shares=16",
-        "topic.orders.v2.accept.range.fetch=false",
-        "topic.orders.reserve.message.value.range.fetch=yes",
+        "topic.orders.v2.key.range.fetch.enabled=false",
+        "reserve.message.value.range.fetch=yes",
+        "topic.orders.reserve.message.value.range.fetch=no",
         "log.level=DEBUG \\",
         "",
     ])
-    overrides = "bootstrap.servers=a:1,b:2\nmetrics.port=0\nfetch.readahead.enabled=on\nkey.range.fetch.compression=none"
+    # former names of renamed settings are read too
+    overrides = ("bootstrap.servers=a:1,b:2\nmetrics.port=0\nfetch.prediction.enabled=on\nkey.range.fetch.compression=none"
+                 "\naccept.individual.commit=false\ntopic.orders.accept.range.fetch=off")
     return [
         ("properties", b"\x00" + properties.encode()),
         ("file", b"\x01" + properties.encode()),
@@ -411,8 +414,7 @@ def _dictionaries() -> dict[str, list[bytes]]:
     """Tokens a mutation is unlikely to spell by chance: setting names, the metadata format
     of share watermarks, numbers at the edges of int64."""
     edges = [b"9223372036854775807", b"9223372036854775808", b"-1", b"99999999999999999999", b"0x7fffffff"]
-    settings = [setting.name.encode() for setting in PROXY_SETTINGS]
-    settings += [b"topic.orders." + setting.name.encode() for setting in TOPIC_SETTINGS]
+    settings = [key.replace("<topic>", "orders").encode() for key in every_key(former=True)]
     return {
         "config": settings + edges + [b"=", b":", b"\\\n", b"true", b"false", b"sidecar", b"port-per-broker", b"[::1]:"],
         "commit_log": [PREFIX.encode() + b"2:", PREFIX.encode() + b"1:", b"/", b"=", b"@", b","] + edges,

@@ -1,6 +1,6 @@
 """Which API keys and versions the proxy decodes, asked of the proxy itself.
 
-The answer depends on configuration (virtual topics and read-ahead add request stages),
+The answer depends on configuration (virtual topics and fetch prediction add request stages),
 so the proxy is built with every optional feature on, and the feature chain it assembles
 says which keys some feature reads. The versions are every version our schemas decode,
 not the chain's clamped ones: a feature's ``version_limits`` (virtual topics cap
@@ -30,7 +30,7 @@ def production_chain() -> FeatureChain:
         "bootstrap.servers": "127.0.0.1:9",
         "listen.port": "0",
         "virtual.topics.enabled": "true",
-        "fetch.readahead.enabled": "true",
+        "fetch.prediction.enabled": "true",
     })
     server = ProxyServer(config)
     server._main_socket.close()  # only its chain is wanted; nothing listens

@@ -43,76 +43,25 @@ from proxy.client.coordinator import Coordinator
 from proxy.client.errors import ConsumerError, KafkaError
 from proxy.client.group_assignor import Assignment, intersect, subtract, to_intervals, to_ranges
 from proxy.client.group_protocol import leave_error
+from proxy.client.handoff import HandedOut, HandOff, RebalanceListener
 from proxy.client.membership import Answer, Change, Membership, Phase, difference, union
 from proxy.client.metadata import metadata_request
-from proxy.client.records import ConsumerRecord, TopicPartition
+from proxy.client.records import TopicPartition
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import MetadataResponse
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange
-from proxy.records.keyhash import key_hash
 
 log = logging.getLogger(__name__)
 
 
-class RebalanceListener:
-    """Override what you need; each runs inside ``poll``, in the application's task, with
-    the partitions and their key ranges ([] = the whole partition)."""
-
-    async def on_assigned(self, assignment: Assignment) -> None:
-        """New ranges; they are fetched from the group's committed state."""
-
-    async def on_revoked(self, assignment: Assignment) -> None:
-        """Ranges handed on: with individual commit, every record of them this member was
-        handed is processed and committed by now; without it, commit here."""
-
-    async def on_lost(self, assignment: Assignment) -> None:
-        """Ranges lost (the member was fenced, or did not poll in time): others may be
-        processing them already; commit nothing of them."""
-
-
-class HandedOut:
-    """Records ``poll`` handed out and the application has not marked processed yet, by
-    partition, with their key hashes: a range is done when none of them falls in it."""
-
-    def __init__(self) -> None:
-        self._by_tp: dict[TopicPartition, dict[int, int]] = {}
-
-    def handed(self, records: Iterable[ConsumerRecord]) -> None:
-        for r in records:
-            self._by_tp.setdefault(TopicPartition(r.topic, r.partition), {})[r.offset] = key_hash(r.key, r.offset)
-
-    def done(self, tp: TopicPartition, offset: int) -> None:
-        out = self._by_tp.get(tp)
-        if out is not None:
-            out.pop(offset, None)
-
-    def busy(self, tp: TopicPartition, ranges: Sequence[KeyRange]) -> bool:
-        """Whether a handed-out record of ``tp`` in ``ranges`` ([] = all) is unfinished."""
-        out = self._by_tp.get(tp)
-        if not out:
-            return False
-        if not ranges:
-            return True
-        return any(any(h in r for r in ranges) for h in out.values())
-
-    def forget(self, tps: Iterable[TopicPartition]) -> None:
-        for tp in tps:
-            self._by_tp.pop(tp, None)
-
-    def count(self) -> int:
-        return sum(len(v) for v in self._by_tp.values())
-
-
 Listener = RebalanceListener
-# A commit before a hand-off that fails with one of these is tried again on the next poll.
-_COMMIT_RETRY: tuple[type[BaseException], ...] = (KafkaError, *RETRIABLE_FAILURES)
 # the new assignment of the state, the partitions of it paused, those fetched cooperatively
 RangesChanged = Callable[[Mapping[TopicPartition, Sequence[KeyRange]], Iterable[TopicPartition],
                           Iterable[TopicPartition]], None]
 
 
-class GroupMember:
+class GroupMember(HandOff):
     """A consumer's membership in its group: the background task and the poll-side step."""
 
     def __init__(self, config: ConsumerConfig, connections: Connections, state: AssignmentState,
@@ -448,86 +397,6 @@ class GroupMember:
         return [tp for tp in ranges if tp not in assigned or tp in self._parked
                 or (tp in self._growing and self.handed.busy(tp, []))]
 
-    async def _commit(self) -> bool:
-        """Commit what is marked (individual commit); False when it must wait for a later poll."""
-        if not self._state.tracking:
-            return True
-        try:
-            await self._committer.commit_processed(await self._commit_supported())
-        except _COMMIT_RETRY as exc:
-            log.info("group %s: commit before a hand-off failed (%r); retrying on the next poll",
-                     self.membership.group, exc)
-            self._metrics["retriable_errors"] += 1
-            return False
-        return True
-
-    async def _complete_revocations(self) -> None:
-        tracking = self._state.tracking
-        done = {tp: ranges for tp, ranges in self._to_revoke.items()
-                if tp not in self._delayed and not (tracking and self.handed.busy(tp, ranges))}
-        if tracking and done:
-            # the application's own commits usually carry the marks already; else the
-            # background task commits, and a later poll completes the revocation, so this
-            # poll never waits for a commit
-            acknowledged = {tp: ranges for tp, ranges in done.items() if self._acknowledged(tp)}
-            if len(acknowledged) < len(done):
-                self._commit_wanted = True
-                self.wake()
-            done = acknowledged
-        if done:
-            for tp in done:
-                self._revoke_bounds.pop(tp, None)
-            await self.listener.on_revoked(done)
-            self._to_revoke = difference(self._to_revoke, done)
-            self.membership.revoked(done)
-            self._metrics["revocations"] += 1
-            self.wake()
-        grown = await self._grow()
-        if not done and not grown and not self._growing and not self._parked:
-            return
-        current = self._state_assignment()
-        rest = difference(current, {tp: r for tp, r in done.items() if tp not in self._growing})
-        for tp in grown:
-            rest[tp] = current[tp]
-        # a placeholder whose growth was called off (a later assignment took the partition
-        # elsewhere) goes once nothing of the partition is being revoked any more
-        for tp in [tp for tp in self._parked if tp not in self._growing and tp not in self._to_revoke]:
-            self._parked.discard(tp)
-            rest.pop(tp, None)
-        self.handed.forget(tp for tp in current if tp not in rest)
-        self._set_state(rest, self._paused(rest))
-
-    def _acknowledged(self, tp: TopicPartition) -> bool:
-        """Whether every mark of ``tp`` up to the last record handed out before its
-        revocation arrived is carried by an acknowledged commit."""
-        progress = self._state.progress.get(tp)
-        if progress is None or not progress.pending:
-            return True
-        first_pending = progress.pending.first(1)[0][0]
-        return first_pending > self._revoke_bounds.get(tp, -1)
-
-    async def _grow(self) -> list[TopicPartition]:
-        """Growing partitions with no record out unmarked take on their new ranges: they
-        start over at the group's (S, R), read now (their previous owners committed before
-        handing them on), with this member's own marks held as done (even those a commit
-        has not carried yet), so no commit waits and the ranges kept never pause. Without
-        individual commit the partition is simply re-read from the group's offset."""
-        ready = [tp for tp in self._growing if not self.handed.busy(tp, [])]
-        if not ready:
-            return []
-        try:
-            committed = await self._committer.committed_ranges(ready)
-        except _COMMIT_RETRY as exc:
-            log.info("group %s: reading the committed offsets of grown ranges failed (%r); retrying on the next poll",
-                     self.membership.group, exc)
-            self._metrics["retriable_errors"] += 1
-            return []
-        for tp in ready:
-            stable, ranges = committed[tp]
-            self._state.grow(tp, self._growing.pop(tp), stable, ranges)
-            self._parked.discard(tp)
-        return ready
-
     @property
     def poll_expired(self) -> bool:
         """Whether the member left for want of a poll and no poll has rejoined yet."""
@@ -536,22 +405,6 @@ class GroupMember:
     def marked(self, tp: TopicPartition, offset: int) -> None:
         self.handed.done(tp, offset)
 
-    # -- KIP-983 -------------------------------------------------------------------------
-    def to_be_revoked(self) -> set[TopicPartition]:
-        return set(self._to_revoke)
-
-    def to_be_revoked_ranges(self) -> Assignment:
-        return {tp: list(r) for tp, r in self._to_revoke.items()}
-
-    def lost(self) -> set[TopicPartition]:
-        return set(self._lost_last)
-
-    def delay_revoke(self, partitions: Iterable[TopicPartition]) -> bool:
-        partitions = set(partitions)
-        if not partitions <= set(self._to_revoke):
-            return False
-        self._delayed |= partitions
-        return True
 
 
 def describe(assignment: Mapping[TopicPartition, Sequence[KeyRange]]) -> str:

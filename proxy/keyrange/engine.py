@@ -35,6 +35,7 @@ from proxy.keyrange.requests import (
     RequestRanges,
     topic_key,
 )
+from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
@@ -82,7 +83,7 @@ class FetchPlan:
     sessionless: bool = False
     isolation_level: int = 0  # the request's: cached shares serve only reads of the same level
     request: Any = None  # the client's request (``upstream_body`` becomes what goes upstream)
-    # the request's own entries, kept as they came: a read ahead copies them
+    # the request's own entries, kept as they came: a prefetch copies them
     requested: dict[PartitionKey, tuple[Any, Any]] = field(default_factory=dict)
     # where each partition served from the broker or the cache leaves its consumer, and
     # the end of what there is to read (high watermark, or last stable offset)
@@ -90,9 +91,9 @@ class FetchPlan:
 
 
 @dataclass(slots=True)
-class ReadAhead:
-    """A broker read the proxy makes itself, one step ahead of the consumers of shared
-    partitions: (topic, partition) -> the position it reads from."""
+class Prefetch:
+    """Key-range prefetch: a broker read the proxy makes itself, one step ahead of the
+    consumers of shared partitions: (topic, partition) -> the position it reads from."""
 
     version: int
     isolation_level: int
@@ -137,7 +138,7 @@ class KeyRangeEngine:
         self,
         *,
         cache_bytes: int,
-        topic_setting: Callable[[str, str], Any],
+        topic_settings: Callable[[str], KeyRangeTopicSettings],
         topic_name: Callable[[Any], str | None],
         recompress: bool = True,
         interest_seconds: float = 30.0,
@@ -145,7 +146,7 @@ class KeyRangeEngine:
         self.cache = ShareCache(cache_bytes)
         # a set nobody asked for in the interest time takes its cached shares with it
         self.active = ActiveRangeSets(interest_seconds, on_expire=self.cache.drop_set)
-        self.topic_setting = topic_setting
+        self.topic_settings = topic_settings
         self.topic_name = topic_name
         self.codec = None if recompress else Codec.NONE
         self.stats = FilterStats()
@@ -173,7 +174,7 @@ class KeyRangeEngine:
         for pk, chosen in list(ranges.filtered.items()):
             name = plan.names.get(pk) or self._name(pk[0])
             plan.names[pk] = name
-            if not self.topic_setting(name, "accept.range.fetch"):
+            if not self.topic_settings(name).fetch_enabled:
                 ranges.invalid[pk] = f"topic {name} does not accept range fetches"
                 del ranges.filtered[pk]
                 continue
@@ -197,7 +198,7 @@ class KeyRangeEngine:
             if pk in plan.hits or pk not in plan.fetch_offsets:
                 continue
             name = plan.names[pk]
-            if (name, pk[1]) in conn.served and self.topic_setting(name, "reserve.message.value.range.fetch"):
+            if (name, pk[1]) in conn.served and self.topic_settings(name).cache_records:
                 out.append((name, pk[1], plan.fetch_offsets[pk]))
         return out
 
@@ -209,7 +210,7 @@ class KeyRangeEngine:
             partition_id = (name, pk[1])
             if partition_id not in conn.served or pk not in plan.fetch_offsets:
                 continue
-            if not self.topic_setting(name, "reserve.message.value.range.fetch"):
+            if not self.topic_settings(name).cache_records:
                 continue  # offsets-only shares never replace a broker read
             share = self.cache.take(partition_id, chosen, plan.fetch_offsets[pk], plan.isolation_level)
             if share is not None and share.records is not None:
@@ -255,7 +256,7 @@ class KeyRangeEngine:
                         or not partition.records:
                     continue
                 name = plan.names.get(pk) or self._name(key)
-                if not self.topic_setting(name, "reserve.message.value.range.fetch"):
+                if not self.topic_settings(name).cache_records:
                     continue
                 sets = self._sets(chosen, (name, pk[1]), plan.fetch_offsets.get(pk), now)
                 jobs[pk] = self._job(partition.records, sets)
@@ -345,7 +346,7 @@ class KeyRangeEngine:
         read = self.stats.broker_bytes
         read[partition_id] = read.get(partition_id, 0) + len(blob)
         self.stats.touched.add(partition_id)
-        if self.topic_setting(name, "reserve.message.value.range.fetch"):
+        if self.topic_settings(name).cache_records:
             if job is None:
                 job = self._job(blob, self._sets(chosen, partition_id, fetch_offset, now))
             sets = job.sets
@@ -399,9 +400,9 @@ class KeyRangeEngine:
         """What there is to read of a partition at ``isolation_level``, as its read saw it."""
         return partition.last_stable_offset if isolation_level == READ_COMMITTED else partition.high_watermark
 
-    # -- reading ahead -------------------------------------------------------------------------
-    def read_ahead(self, plan: FetchPlan, in_flight: Callable[[tuple[str, int, int, int]], bool],
-                   now: float) -> ReadAhead | None:
+    # -- key-range prefetch ----------------------------------------------------------------------
+    def prefetch(self, plan: FetchPlan, in_flight: Callable[[tuple[str, int, int, int]], bool],
+                 now: float) -> Prefetch | None:
         """The broker read of the next position of every partition this request served
         that others share, before any consumer asks for it, or None.
 
@@ -423,7 +424,7 @@ class KeyRangeEngine:
             partition_id = (name, pk[1])
             if position >= end or pk not in plan.requested:
                 continue
-            if not self.topic_setting(name, "reserve.message.value.range.fetch"):
+            if not self.topic_settings(name).cache_records:
                 continue
             sets = self.active.active(partition_id, now)
             if len(sets) < 2 or in_flight((name, pk[1], position, plan.isolation_level)):
@@ -443,10 +444,11 @@ class KeyRangeEngine:
         body = dataclasses.replace(plan.request, session_id=NO_SESSION, session_epoch=FINAL_EPOCH, min_bytes=1,
                                    topics=list(topics.values()), forgotten_topics_data=[])
         strip_extensions(body)
-        return ReadAhead(plan.version, plan.isolation_level, positions, body)
+        return Prefetch(plan.version, plan.isolation_level, positions, body)
 
-    def ahead_jobs(self, ahead: ReadAhead, response: Any, now: float) -> dict[tuple[str, int], tuple[Any, SplitJob]]:
-        """The splits of a read ahead's answer, each partition (with its entry in the
+    def prefetch_jobs(self, ahead: Prefetch, response: Any, now: float
+                      ) -> dict[tuple[str, int], tuple[Any, SplitJob]]:
+        """The splits of a prefetch's answer, each partition (with its entry in the
         answer) into all its active sets."""
         jobs: dict[tuple[str, int], tuple[Any, SplitJob]] = {}
         if response.error_code != ErrorCode.NONE:
@@ -463,8 +465,8 @@ class KeyRangeEngine:
                     jobs[partition_id] = (partition, self._job(partition.records, sets))
         return jobs
 
-    def cache_ahead(self, ahead: ReadAhead, jobs: dict[tuple[str, int], tuple[Any, SplitJob]]) -> int:
-        """Cache every share of a read ahead's answer (``ahead_jobs``, run or not); how many."""
+    def cache_prefetch(self, ahead: Prefetch, jobs: dict[tuple[str, int], tuple[Any, SplitJob]]) -> int:
+        """Cache every share of a prefetch's answer (``prefetch_jobs``, run or not); how many."""
         cached = 0
         for partition_id, (partition, job) in jobs.items():
             result = job.run()

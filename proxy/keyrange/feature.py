@@ -9,9 +9,10 @@ import logging
 from collections.abc import Mapping
 
 import trio
-from prometheus_client import Counter, Gauge
 
-from proxy.keyrange.engine import ConnectionRanges, FetchPlan, KeyRangeEngine, ReadAhead
+from proxy.keyrange.engine import ConnectionRanges, FetchPlan, KeyRangeEngine, Prefetch
+from proxy.keyrange.metrics import KeyRangeMetrics
+from proxy.keyrange.settings import KeyRangeSettings
 from proxy.keyrange.workers import SplitWorkers
 from proxy.pipeline import (
     ClusterView,
@@ -58,39 +59,20 @@ class _Read:
 class KeyRangeFetchFeature(Feature):
     name = "keyrange"
 
-    def __init__(self, config, cluster: ClusterView, metrics) -> None:
+    def __init__(self, settings: KeyRangeSettings, cluster: ClusterView, metrics: KeyRangeMetrics | None = None
+                 ) -> None:
         self.cluster = cluster
         self.engine = KeyRangeEngine(
-            cache_bytes=config.get("max.bytes.key.range.results"),
-            topic_setting=config.topic_setting,
+            cache_bytes=settings.cache_bytes,
+            topic_settings=settings.topics.of,
             topic_name=cluster.name_of,
-            recompress=config.get("key.range.fetch.compression") == "source",
-            interest_seconds=config.get("key.range.interest.ms") / 1000,
+            recompress=settings.compression == "source",
+            interest_seconds=settings.interest_ms / 1000,
         )
-        registry = metrics.registry
-        self.workers = SplitWorkers(config.get("key.range.split.threads"),
-                                    config.get("key.range.split.thread.min.bytes"), registry)
-        self.read_ahead_enabled = config.get("key.range.readahead.enabled")
+        self.metrics = metrics = metrics or KeyRangeMetrics()
+        self.workers = SplitWorkers(settings.split_threads, settings.split_thread_min_bytes, metrics)
+        self.prefetch_enabled = settings.prefetch_enabled
         self._own_ids = itertools.count(1)
-        self._ahead_sent = Counter("kafka_proxy_keyrange_readahead_sent",
-                                   "Broker reads of shared partitions the proxy made ahead of their consumers.",
-                                   registry=registry)
-        self._ahead_shares = Counter("kafka_proxy_keyrange_readahead_shares",
-                                     "Shares the reads ahead cached for consumers.", registry=registry)
-        self._hits = Counter("kafka_proxy_keyrange_cache_hits", "Shares served from the cache.", registry=registry)
-        self._misses = Counter("kafka_proxy_keyrange_cache_misses", "Cache lookups that found nothing.",
-                               registry=registry)
-        self._evictions = Counter("kafka_proxy_keyrange_cache_evictions",
-                                  "Shares evicted by max.bytes.key.range.results.", registry=registry)
-        self._held = Gauge("kafka_proxy_keyrange_cache_bytes", "Bytes held by the key-range cache.",
-                           registry=registry)
-        self._kept = Counter("kafka_proxy_keyrange_records_kept", "Records that passed the key filter.",
-                             registry=registry)
-        self._dropped = Counter("kafka_proxy_keyrange_records_dropped", "Records removed by the key filter.",
-                                registry=registry)
-        self._broker_bytes = Counter("kafka_proxy_keyrange_broker_bytes",
-                                     "Record bytes read from brokers for range-filtered partitions.",
-                                     ["topic", "partition"], registry=registry)
         # (topic, partition, fetch offset, isolation level) of broker reads on their way: a
         # read fills the cache only for consumers at its own isolation level
         self._inflight: dict[tuple[str, int, int, int], _Read] = {}
@@ -135,7 +117,7 @@ class KeyRangeFetchFeature(Feature):
             self._export()
             route = Route.answer(messages.encode_response(
                 ApiKey.FETCH, version, messages.new_response_header(request.correlation_id), response))
-            own = self._read_ahead(ctx, header, plan)
+            own = self._prefetch(ctx, header, plan)
             if own is not None:
                 route.follow_up = own[0]  # its events are set when its answer is cached
             return route
@@ -149,7 +131,7 @@ class KeyRangeFetchFeature(Feature):
             response.body = engine.complete(state, plan, response.body, trio.current_time(), splits)
             response.changed = True
             self._export()
-            own = self._read_ahead(ctx, header, plan)
+            own = self._prefetch(ctx, header, plan)
             if own is not None:
                 request, settle = own
                 if not await ctx.send_own(request):  # the connection has other requests on their way
@@ -158,8 +140,8 @@ class KeyRangeFetchFeature(Feature):
         return Route(messages.encode_request(header, plan.upstream_body), on_response=on_response,
                      settle=lambda: self._settle(events))
 
-    # -- reading ahead ------------------------------------------------------------------------
-    def _read_ahead(self, ctx: ConnectionContext, header, plan: FetchPlan):
+    # -- key-range prefetch ----------------------------------------------------------------------
+    def _prefetch(self, ctx: ConnectionContext, header, plan: FetchPlan):
         """(the request that reads the next positions of this request's shared partitions
         ahead of their consumers, what to call if it is not sent), or None.
 
@@ -168,11 +150,11 @@ class KeyRangeFetchFeature(Feature):
         set and cached. Consumers reaching that position meanwhile wait for it as for any
         read under way; its events are set once it is cached, or at once if it is not sent.
         """
-        if not self.read_ahead_enabled:
+        if not self.prefetch_enabled:
             return None
         engine = self.engine
         now = trio.current_time()
-        ahead = engine.read_ahead(plan, lambda key: key in self._inflight, now)
+        ahead = engine.prefetch(plan, lambda key: key in self._inflight, now)
         if ahead is None:
             return None
         level = ahead.isolation_level
@@ -188,23 +170,23 @@ class KeyRangeFetchFeature(Feature):
 
         async def arrived(raw) -> None:
             try:
-                await self._cache_ahead(ctx, ahead, raw)
+                await self._cache_prefetch(ctx, ahead, raw)
             finally:
                 settle()
 
         correlation_id = -(next(self._own_ids) % (1 << 31)) - 1  # never one a client uses
         own_header = dataclasses.replace(header, correlation_id=correlation_id)
-        self._ahead_sent.inc()
+        self.metrics.prefetch_sent.inc()
         return OwnRequest(messages.encode_request(own_header, ahead.body), ApiKey.FETCH, ahead.version,
                           correlation_id, arrived), settle
 
-    async def _cache_ahead(self, ctx: ConnectionContext, ahead: ReadAhead, raw) -> None:
+    async def _cache_prefetch(self, ctx: ConnectionContext, ahead: Prefetch, raw) -> None:
         _, decoded = ctx.decode_own_response(ApiKey.FETCH, ahead.version, raw)
         engine = self.engine
-        jobs = engine.ahead_jobs(ahead, decoded.body, trio.current_time())
+        jobs = engine.prefetch_jobs(ahead, decoded.body, trio.current_time())
         if jobs:
             await self.workers.run(job for _, job in jobs.values())
-        self._ahead_shares.inc(engine.cache_ahead(ahead, jobs))
+        self.metrics.prefetch_shares.inc(engine.cache_prefetch(ahead, jobs))
         self._export()
 
     def _forget_lost(self, waited) -> None:
@@ -240,16 +222,17 @@ class KeyRangeFetchFeature(Feature):
         cache = self.engine.cache
         stats = self.engine.stats
         now = (cache.stats.hits, cache.stats.misses, cache.stats.evictions, stats.records_kept, stats.records_dropped)
-        for counter, new, old in zip((self._hits, self._misses, self._evictions, self._kept, self._dropped),
-                                     now, self._last):
+        metrics = self.metrics
+        for counter, new, old in zip((metrics.cache_hits, metrics.cache_misses, metrics.cache_evictions,
+                                      metrics.records_kept, metrics.records_dropped), now, self._last):
             if new > old:
                 counter.inc(new - old)
         self._last = now
-        self._held.set(cache.bytes_held)
+        metrics.cache_bytes.set(cache.bytes_held)
         for partition in stats.touched:  # not every partition ever read: this runs per fetch
             total = stats.broker_bytes[partition]
             previous = self._last_bytes.get(partition, 0)
             if total > previous:
-                self._broker_bytes.labels(partition[0], str(partition[1])).inc(total - previous)
+                metrics.broker_bytes.labels(partition[0], str(partition[1])).inc(total - previous)
                 self._last_bytes[partition] = total
         stats.touched.clear()

@@ -23,24 +23,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import trio
-from prometheus_client import Counter
 
 from proxy.keyrange.engine import SplitJob
+from proxy.keyrange.metrics import KeyRangeMetrics
 from proxy.records import kernels
 
 
 class SplitWorkers:
-    def __init__(self, threads: int, min_bytes: int, registry=None) -> None:
+    def __init__(self, threads: int, min_bytes: int, metrics: KeyRangeMetrics | None = None) -> None:
         """``threads`` 0: every split on the event loop."""
         self.threads = threads if whole_blob_in_c() else 0
         self.min_bytes = min_bytes
         self._limiter = trio.CapacityLimiter(self.threads) if self.threads else None
-        self._offloaded = Counter("kafka_proxy_keyrange_splits_offloaded",
-                                  "Broker reads split on a worker thread rather than the event loop.",
-                                  registry=registry)
-        self._offloaded_bytes = Counter("kafka_proxy_keyrange_split_offloaded_bytes",
-                                        "Record bytes of the broker reads split on a worker thread.",
-                                        registry=registry)
+        self.metrics = metrics or KeyRangeMetrics()
 
     async def run(self, jobs: Iterable[SplitJob]) -> None:
         """Run the large ``jobs`` on a worker thread; the others are left for the caller
@@ -51,8 +46,8 @@ class SplitWorkers:
         if not large:
             return
         await trio.to_thread.run_sync(_run_all, large, limiter=self._limiter)
-        self._offloaded.inc(len(large))
-        self._offloaded_bytes.inc(sum(job.size for job in large))
+        self.metrics.splits_offloaded.inc(len(large))
+        self.metrics.split_offloaded_bytes.inc(sum(job.size for job in large))
 
 
 def whole_blob_in_c() -> bool:

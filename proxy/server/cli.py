@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"keyrange-proxy: configuration error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.get("log.level"), config.get("log.format"))
+    configure_logging(config.operations.log_level, config.operations.log_format)
     from proxy.server.memory import tune_malloc
 
     tune_malloc()

@@ -6,7 +6,7 @@ a fresh mmap and unmaps it when freed, so every frame pays a page fault per 4 Ki
 first touch: measured, that quadruples the cost of moving a 1 MB frame. Serving them from
 the heap and keeping freed heap around avoids it.
 
-The price is that the heap keeps its high-water mark: a burst (read-aheads filling, a
+The price is that the heap keeps its high-water mark: a burst (early fetches filling, a
 consumer catching up) leaves its pages resident long after the buffers are gone, and each
 new peak adds a step, which a soak sees as slow growth. ``HeapTrimmer`` calls
 ``malloc_trim`` every ``memory.trim.interval.ms``: freed pages anywhere in the heap go back

@@ -159,7 +159,7 @@ def test_invalid_ranges_get_invalid_request_for_that_partition_only(kafka, proxy
 
 def test_topic_refusing_range_fetch(kafka, proxy_factory, topic_factory):
     topic = topic_factory(kafka)
-    refusing = proxy_factory(kafka, **{f"topic.{topic}.accept.range.fetch": "false"})
+    refusing = proxy_factory(kafka, **{f"topic.{topic}.key.range.fetch.enabled": "false"})
     _produce(kafka.bootstrap_servers, topic, 20)
     with RawClient.connect(refusing.bootstrap_servers) as raw:
         topic_id = raw.topic_id(topic)
@@ -232,7 +232,7 @@ def test_topic_settings_apply_to_a_topic_id_never_seen_in_metadata(kafka, proxy_
     _produce(kafka.bootstrap_servers, topic, 10)
     with RawClient.connect(kafka.bootstrap_servers) as direct:
         topic_id = direct.topic_id(topic)
-    fresh = proxy_factory(kafka, **{f"topic.{topic}.accept.range.fetch": "false"})
+    fresh = proxy_factory(kafka, **{f"topic.{topic}.key.range.fetch.enabled": "false"})
     with RawClient.connect(fresh.bootstrap_servers) as raw:
         entry = raw.range_fetch(topic_id, 0, 0, equal_shares(2)[:1])
     assert entry.error_code == 42

@@ -174,9 +174,9 @@ def test_sixteen_consumers_at_different_speeds_stay_under_the_cap(kafka, proxy_f
 def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_written(kafka, proxy_factory,
                                                                                       topic_factory, split_threads):
     """Four raw consumers of equal key ranges read one partition while a producer writes it
-    in bursts with idle gaps; the proxy reads each next position ahead of them, splitting
+    in bursts with idle gaps; the proxy prefetches each next position ahead of them, splitting
     reads on its event loop or on a worker thread. Every acknowledged record reaches the
-    one consumer whose range holds its key, once and in offset order; the reads ahead are
+    one consumer whose range holds its key, once and in offset order; the prefetches are
     used (cache hits)."""
     import threading
     import time
@@ -196,7 +196,7 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     errors: list[BaseException] = []
     deadline = time.monotonic() + 90
     # Every consumer's range set is known to the proxy before any of them reads on: the
-    # proxy reads ahead only for partitions two or more sets share, so a consumer that got
+    # proxy prefetches only for partitions two or more sets share, so a consumer that got
     # through the backlog alone (a slow start of the others) would leave nothing to test.
     all_known = threading.Barrier(4, timeout=60)
 
@@ -234,8 +234,8 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     assert live.failed == backlog.failed == 0
     verdict = check(history)
     assert verdict.ok(), verdict.summary()
-    assert _metric(cached, "kafka_proxy_keyrange_readahead_sent_total") > 0
-    assert _metric(cached, "kafka_proxy_keyrange_readahead_shares_total") > 0
+    assert _metric(cached, "kafka_proxy_keyrange_prefetch_sent_total") > 0
+    assert _metric(cached, "kafka_proxy_keyrange_prefetch_shares_total") > 0
     assert _metric(cached, "kafka_proxy_keyrange_cache_hits_total") > 0
     offloaded = _metric(cached, "kafka_proxy_keyrange_splits_offloaded_total")
     assert offloaded > 0 if split_threads else offloaded == 0

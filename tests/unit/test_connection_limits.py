@@ -74,9 +74,9 @@ def test_log_throttle_logs_at_once_then_once_per_interval_with_the_count_it_held
 
 # -- the setting -----------------------------------------------------------------------------
 def test_setup_timeout_setting_defaults_to_30_s_and_is_at_least_one_second():
-    assert build_config({"bootstrap.servers": "h:1"}).get("connections.setup.timeout.ms") == 30000
+    assert build_config({"bootstrap.servers": "h:1"}).limits.setup_timeout_ms == 30000
     assert build_config({"bootstrap.servers": "h:1",
-                         "connections.setup.timeout.ms": "1000"}).get("connections.setup.timeout.ms") == 1000
+                         "connections.setup.timeout.ms": "1000"}).limits.setup_timeout_ms == 1000
     with pytest.raises(ConfigError, match=r"connections.setup.timeout.ms: must be at least 1000 \(got '999'\)"):
         build_config({"bootstrap.servers": "h:1", "connections.setup.timeout.ms": "999"})
 

@@ -21,24 +21,25 @@ def test_both_topologies_have_an_example():
 @pytest.mark.parametrize("path", sorted(DEPLOY.glob("*.properties")), ids=lambda path: path.name)
 def test_example_loads(path: Path):
     config = load_config(str(path), [])
-    assert config.get("topology") == path.stem
+    assert config.cluster.topology == path.stem
+    assert config.renamed == (), "the examples use the current names"
 
 
 def test_port_per_broker_example():
     config = load_config(str(DEPLOY / "port-per-broker.properties"), [])
-    assert [host for host, _ in config.get("bootstrap.servers")] == [
+    assert [host for host, _ in config.cluster.bootstrap_servers] == [
         "kafka-1.example.internal", "kafka-2.example.internal", "kafka-3.example.internal"]
-    assert (config.get("listen.port"), config.get("node.port.base")) == (9192, 9200)
+    assert (config.cluster.listen_port, config.cluster.node_port_base) == (9192, 9200)
     assert config.advertised_host == "proxy.example.internal"
-    assert config.topic_setting("orders", "reserve.message.value.range.fetch") is True
-    assert config.topic_setting("audit-log", "accept.range.fetch") is False
-    assert config.get("virtual.topics.enabled") is True
+    assert config.keyrange.topics.of("orders").cache_records is True
+    assert config.keyrange.topics.of("audit-log").fetch_enabled is False
+    assert config.virtual.enabled is True
 
 
 def test_sidecar_example():
     config = load_config(str(DEPLOY / "sidecar.properties"), [])
-    assert config.get("bootstrap.servers") == [("127.0.0.1", 9092)]
-    assert config.get("sidecar.node.addresses") == {
+    assert config.cluster.bootstrap_servers == [("127.0.0.1", 9092)]
+    assert config.cluster.sidecar_node_addresses == {
         node: (f"kafka-{node}.example.internal", 9192) for node in (1, 2, 3)}
     assert config.advertised_host == "kafka-1.example.internal"
     # an override per host, as the file says

@@ -7,17 +7,20 @@ from __future__ import annotations
 import itertools
 
 from proxy.keyrange.engine import MAX_PLANS, KeyRangeEngine, SharedReads, canonical_sets
+from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.records.batch import iter_batches
 from proxy.records.keyhash import key_hash
 from proxy.testing.batches import Rec, kafka_python_batch
 from proxy.virtual.names import share_ranges
+
+RECORDS_CACHED = KeyRangeTopicSettings(cache_records=True)  # reserve.message.value.range.fetch=true
 
 PARTITION = ("orders", 0)
 SHARES = [(r,) for r in share_ranges(4)]
 
 
 def _engine() -> KeyRangeEngine:
-    return KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, key: True, topic_name=lambda key: None)
+    return KeyRangeEngine(cache_bytes=1 << 20, topic_settings=lambda name: RECORDS_CACHED, topic_name=lambda key: None)
 
 
 def _log() -> bytes:

@@ -10,11 +10,15 @@ import pytest
 import trio
 
 from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.keyrange.workers import SplitWorkers, whole_blob_in_c
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import equal_shares
 from proxy.testing.batches import Rec, kafka_python_batch
+
+RECORDS_CACHED = KeyRangeTopicSettings(cache_records=True)  # reserve.message.value.range.fetch=true
+OFFSETS_ONLY = KeyRangeTopicSettings()  # the default: only the matching offsets are kept
 
 R = messages.body_class(ApiKey.FETCH, "request")
 P = messages.body_class(ApiKey.FETCH, "response")
@@ -22,7 +26,7 @@ SHARES = equal_shares(4)
 
 
 def _engine() -> KeyRangeEngine:
-    return KeyRangeEngine(cache_bytes=1 << 30, topic_setting=lambda name, setting: True, topic_name=lambda key: key)
+    return KeyRangeEngine(cache_bytes=1 << 30, topic_settings=lambda name: RECORDS_CACHED, topic_name=lambda key: key)
 
 
 def _request(ranges, offset: int):
@@ -85,7 +89,7 @@ def test_a_split_made_apart_answers_and_caches_as_one_made_inside(run):
 
 
 def test_no_job_for_an_offsets_only_topic_or_a_failed_partition():
-    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_settings=lambda name: OFFSETS_ONLY,
                             topic_name=lambda key: key)
     plan = engine.plan(ConnectionRanges(), 12, _request([SHARES[0]], 0), now=1.0)
     engine.finish(plan)
@@ -117,7 +121,7 @@ def test_workers_take_the_large_splits_and_leave_the_small_ones():
     assert SplitWorkers(threads=0, min_bytes=0).threads == 0
 
 
-# -- reading ahead ------------------------------------------------------------------------------
+# -- key-range prefetch ---------------------------------------------------------------------------
 
 def _served(engine: KeyRangeEngine, conn: ConnectionRanges, share: int, offset: int, count: int, *,
             high_watermark: int):
@@ -130,12 +134,12 @@ def _served(engine: KeyRangeEngine, conn: ConnectionRanges, share: int, offset: 
     return plan
 
 
-def test_a_read_of_a_shared_partition_reads_the_next_position_ahead_for_every_set():
+def test_a_read_of_a_shared_partition_prefetches_the_next_position_for_every_set():
     engine = _engine()
     a, b = ConnectionRanges(), ConnectionRanges()
     _served(engine, b, 1, 0, 100, high_watermark=1000)  # B's set is active
     plan = _served(engine, a, 0, 0, 100, high_watermark=1000)
-    ahead = engine.read_ahead(plan, lambda key: False, now=1.0)
+    ahead = engine.prefetch(plan, lambda key: False, now=1.0)
     assert ahead is not None and ahead.positions == {("t", 0): 100}
     partition = ahead.body.topics[0].partitions[0]
     assert (partition.fetch_offset, partition.key_ranges) == (100, None), "a plain Fetch of the next position"
@@ -143,8 +147,8 @@ def test_a_read_of_a_shared_partition_reads_the_next_position_ahead_for_every_se
     assert plan.request.topics[0].partitions[0].fetch_offset == 0, "the consumer's request is left alone"
 
     answer = _response(100, 200)
-    jobs = engine.ahead_jobs(ahead, answer, now=1.0)
-    assert engine.cache_ahead(ahead, jobs) == 2, "both sets' shares cached"
+    jobs = engine.prefetch_jobs(ahead, answer, now=1.0)
+    assert engine.cache_prefetch(ahead, jobs) == 2, "both sets' shares cached"
     for conn, share in ((a, 0), (b, 1)):
         hit = engine.plan(conn, 12, _request([SHARES[share]], 100), now=1.0)
         assert hit.hits, "the consumers find their shares of the next position"
@@ -155,7 +159,7 @@ def test_a_read_of_a_shared_partition_reads_the_next_position_ahead_for_every_se
         assert body.responses[0].partitions[0].records
 
 
-def test_no_read_ahead_alone_at_the_end_under_way_or_cached():
+def test_no_prefetch_alone_at_the_end_under_way_or_cached():
     def shared(high_watermark: int = 1000):
         engine = _engine()
         a, b = ConnectionRanges(), ConnectionRanges()
@@ -163,20 +167,20 @@ def test_no_read_ahead_alone_at_the_end_under_way_or_cached():
         return engine, a, b, _served(engine, a, 0, 0, 100, high_watermark=high_watermark)
 
     engine, _, _, plan = shared()
-    assert engine.read_ahead(plan, lambda key: False, now=1.0) is not None, "the control: shared, more to read"
+    assert engine.prefetch(plan, lambda key: False, now=1.0) is not None, "the control: shared, more to read"
     engine = _engine()
     alone = _served(engine, ConnectionRanges(), 0, 0, 100, high_watermark=1000)
-    assert engine.read_ahead(alone, lambda key: False, now=1.0) is None, "one range set: nobody shares the read"
+    assert engine.prefetch(alone, lambda key: False, now=1.0) is None, "one range set: nobody shares the read"
     engine, _, _, at_end = shared(high_watermark=100)
-    assert engine.read_ahead(at_end, lambda key: False, now=1.0) is None, "nothing beyond what was served"
+    assert engine.prefetch(at_end, lambda key: False, now=1.0) is None, "nothing beyond what was served"
     engine, _, _, plan = shared()
-    assert engine.read_ahead(plan, lambda key: key == ("t", 0, 100, 0), now=1.0) is None, "a read is under way"
+    assert engine.prefetch(plan, lambda key: key == ("t", 0, 100, 0), now=1.0) is None, "a read is under way"
     engine, _, b, plan = shared()
     _served(engine, b, 1, 100, 100, high_watermark=1000)  # B read the next position itself: A's share is cached
-    assert engine.read_ahead(plan, lambda key: False, now=1.0) is None, "the next position is cached"
+    assert engine.prefetch(plan, lambda key: False, now=1.0) is None, "the next position is cached"
     offsets_only = KeyRangeEngine(cache_bytes=1 << 20, topic_name=lambda key: key,
-                                  topic_setting=lambda name, setting: setting == "accept.range.fetch")
+                                  topic_settings=lambda name: OFFSETS_ONLY)
     a, b = ConnectionRanges(), ConnectionRanges()
     _served(offsets_only, b, 1, 500, 100, high_watermark=1000)
     plan = _served(offsets_only, a, 0, 0, 100, high_watermark=1000)
-    assert offsets_only.read_ahead(plan, lambda key: False, now=1.0) is None, "only cached records are read ahead"
+    assert offsets_only.prefetch(plan, lambda key: False, now=1.0) is None, "only cached records are prefetched"

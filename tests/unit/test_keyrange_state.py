@@ -7,9 +7,13 @@ from hypothesis import strategies as st
 
 from proxy.keyrange.cache import SET_ENTRY_BYTES, ActiveRangeSets, CachedShare, ShareCache
 from proxy.keyrange.requests import FetchRangeSessions
+from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange, equal_shares
+
+RECORDS_CACHED = KeyRangeTopicSettings(cache_records=True)  # reserve.message.value.range.fetch=true
+OFFSETS_ONLY = KeyRangeTopicSettings()  # the default: only the matching offsets are kept
 
 R = messages.body_class(ApiKey.FETCH, "request")
 A, B = equal_shares(2)
@@ -147,7 +151,7 @@ def test_active_range_sets_expire():
 def _engine_response(records: bytes, error_code: int = 0):
     from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
 
-    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_settings=lambda name: OFFSETS_ONLY,
                             topic_name=lambda key: key)
     conn = ConnectionRanges()
     request = _request(0, -1, [(0, [A])])
@@ -200,7 +204,7 @@ def test_a_read_that_reaches_past_the_cached_match_keeps_every_record_of_its_ran
         return kafka_python_batch([Rec(i - first, f"user-{i % 13}".encode(), b"v")
                                    for i in range(first, first + count)], base_offset=first)
 
-    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_settings=lambda name: OFFSETS_ONLY,
                             topic_name=lambda key: key)
     a, b = ConnectionRanges(), ConnectionRanges()
     plan_b, response_b = _fetch_through(engine, b, B, batch(0, 10) + batch(10, 10) + batch(20, 10), now=0.0)
@@ -265,7 +269,7 @@ def test_a_read_committed_range_fetch_is_not_served_a_read_uncommitted_share():
     from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
 
     log = _transactional_log()
-    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: True, topic_name=lambda k: k)
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_settings=lambda name: RECORDS_CACHED, topic_name=lambda k: k)
     a, b = ConnectionRanges(), ConnectionRanges()
     _range_fetch(engine, b, B, 5, READ_COMMITTED)  # the broker has served b this partition
     _range_fetch(engine, a, A, 0, READ_UNCOMMITTED, log)  # caches range B's share, read_uncommitted
@@ -283,7 +287,7 @@ def test_offsets_only_shares_are_matched_only_at_the_isolation_level_of_their_re
     from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
 
     log = _transactional_log()
-    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_settings=lambda name: OFFSETS_ONLY,
                             topic_name=lambda k: k)
     _range_fetch(engine, ConnectionRanges(), B, 5, READ_COMMITTED)  # range B is asked for
     _range_fetch(engine, ConnectionRanges(), A, 0, READ_UNCOMMITTED, log)  # caches which offsets range B holds
@@ -340,7 +344,7 @@ def test_shares_of_a_consumer_that_left_do_not_outlive_its_interest():
     from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
     from proxy.testing.batches import Rec, kafka_python_batch
 
-    engine = KeyRangeEngine(cache_bytes=1 << 30, topic_setting=lambda name, setting: setting == "accept.range.fetch",
+    engine = KeyRangeEngine(cache_bytes=1 << 30, topic_settings=lambda name: OFFSETS_ONLY,
                             topic_name=lambda key: key, interest_seconds=30.0)
     a, b = ConnectionRanges(), ConnectionRanges()
     P = messages.body_class(ApiKey.FETCH, "response")

@@ -91,7 +91,7 @@ class World:
         cluster.learn_metadata(messages.new_body(ApiKey.METADATA, 9, "response", brokers=[], topics=[
             meta.MetadataResponseTopic(error_code=0, name="t", partitions=[
                 meta.MetadataResponsePartition(error_code=0, partition_index=0, leader_id=0)])]))
-        engine = KeyRangeEngine(cache_bytes=1 << 30, topic_setting=config.topic_setting, topic_name=lambda key: None)
+        engine = KeyRangeEngine(cache_bytes=1 << 30, topic_settings=config.keyrange.topics.of, topic_name=lambda key: None)
         self.feature = VirtualTopicsFeature(config, cluster, ProxyMetrics(), SharedReads(engine), None)
         self.reads: list[tuple[int, int]] = []  # (fetch offset, isolation level) of every broker read
         self._connections = 0

@@ -212,7 +212,7 @@ def _virtual_topics_feature() -> Feature:
     cluster.learn_metadata(messages.new_body(ApiKey.METADATA, 12, "response", brokers=[], topics=[
         cls.MetadataResponseTopic(error_code=0, name="t", partitions=[
             cls.MetadataResponsePartition(error_code=0, partition_index=0, leader_id=0)])]))
-    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_setting=config.topic_setting, topic_name=lambda key: None)
+    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_settings=config.keyrange.topics.of, topic_name=lambda key: None)
     return VirtualTopicsFeature(config, cluster, ProxyMetrics(), SharedReads(engine), None)
 
 

@@ -1,4 +1,4 @@
-"""Fetch read-ahead predictions: pure functions over decoded requests and responses."""
+"""Fetch prediction: pure functions over decoded requests and responses."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
+from proxy.prediction import plan
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
-from proxy.readahead import plan
 from proxy.records.builder import build_batch, encode_record
 
 REQUEST = messages.body_class(ApiKey.FETCH, "request")
@@ -99,7 +99,7 @@ def test_old_versions_have_no_sessions():
     assert plan.without_session(body, 6) is body
 
 
-def test_only_plain_consumer_fetches_are_read_ahead():
+def test_only_plain_consumer_fetches_are_predicted():
     plain = request({0: 0})
     assert plan.is_plain_consumer_fetch(plain, VERSION)
     follower = dataclasses.replace(plain, replica_state=REQUEST.ReplicaState(replica_id=2, replica_epoch=1))
@@ -182,7 +182,7 @@ def test_early_request_caps_only_max_bytes():
 # -- the edge's pure parts: matching a frame, the byte budget ---------------------------------
 
 def test_a_prediction_matches_the_clients_frame_whatever_its_correlation_id():
-    from proxy.readahead.held import Prediction
+    from proxy.prediction.held import Prediction
 
     header = messages.new_request_header(ApiKey.FETCH, VERSION, 7, "consumer-1")
     asked = request({0: 10}, session_epoch=0)
@@ -200,7 +200,7 @@ def test_a_prediction_matches_the_clients_frame_whatever_its_correlation_id():
 
 
 def test_byte_budget_refuses_beyond_its_limit():
-    from proxy.readahead.held import ByteBudget
+    from proxy.prediction.held import ByteBudget
 
     budget = ByteBudget(100)
     assert budget.take(60)

@@ -1,15 +1,15 @@
-"""Fetch read-ahead, the I/O edge: a Fetch hook, the held responses, and their metrics.
+"""Fetch prediction, the I/O edge: a Fetch hook, the held responses, and their metrics.
 
-A read-ahead is the Fetch the consumer is predicted to send next (``plan.next_request``),
+An early fetch is the Fetch the consumer is predicted to send next (``plan.next_request``),
 sent upstream on the client's own connection (so it carries the client's authentication,
 and the broker answers in order), and its response held until the client asks. A request
 equal to the oldest prediction is answered from it; any other request drops every held
 one and goes to the broker as usual.
 
-Bounded: ``DEPTH`` read-aheads per connection, each at most ``fetch.readahead.max.bytes``, all
-together at most ``fetch.readahead.buffer.bytes`` (reserved before sending, so the cap
-holds while responses are on their way). A connection whose read-aheads go unused three
-times running stops reading ahead for a minute: a consumer whose next request cannot be
+Bounded: ``DEPTH`` early fetches per connection, each at most ``fetch.prediction.max.bytes``,
+all together at most ``fetch.prediction.buffer.bytes`` (reserved before sending, so the cap
+holds while responses are on their way). A connection whose early fetches go unused three
+times running stops predicting for a minute: a consumer whose next request cannot be
 predicted costs the broker nothing extra for long.
 """
 
@@ -21,26 +21,27 @@ import logging
 from collections.abc import Mapping
 
 import trio
-from prometheus_client import Counter, Gauge
 
 from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, LocalAnswer, OwnRequest, Request, Route
 from proxy.pipeline.context import StateKey
 from proxy.pipeline.feature import RequestStage
+from proxy.prediction import plan
+from proxy.prediction.held import ByteBudget, ConnectionPredictions, HeldRead, Prediction
+from proxy.prediction.metrics import FetchPredictionMetrics
+from proxy.prediction.settings import FetchPredictionSettings
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
-from proxy.readahead import plan
-from proxy.readahead.held import ByteBudget, ConnectionReadAhead, HeldRead, Prediction
 
-log = logging.getLogger("proxy.readahead")
+log = logging.getLogger("proxy.prediction")
 
 # Fetch v4 brought isolation levels and the last stable offset; older consumers are rare
 # enough not to be worth a prediction path of their own.
 FIRST_VERSION = 4
-# Read-aheads per connection: with two, the next response is on its way from the broker
+# Early fetches per connection: with two, the next response is on its way from the broker
 # while the one after the client's current one waits, so a client that asks before the
 # broker's answer is in (the broker shares the machine) still rarely waits.
 DEPTH = 2
-WASTED_LIMIT = 3  # unused read-aheads in a row before a connection pauses
+WASTED_LIMIT = 3  # unused early fetches in a row before a connection pauses
 PAUSE_SECONDS = 60.0
 
 
@@ -51,23 +52,17 @@ def _answer_frame(held: HeldRead, correlation_id: int) -> bytearray:
     return frame
 
 
-class ReadAheadFeature(Feature):
-    name = "readahead"
+class FetchPredictionFeature(Feature):
+    name = "prediction"
 
-    def __init__(self, config, metrics) -> None:
-        self.max_bytes = config.get("fetch.readahead.max.bytes")
-        self.max_partitions = config.get("fetch.readahead.max.partitions")
-        self.budget = ByteBudget(config.get("fetch.readahead.buffer.bytes"))
+    def __init__(self, settings: FetchPredictionSettings, metrics: FetchPredictionMetrics | None = None) -> None:
+        self.max_bytes = settings.max_bytes
+        self.max_partitions = settings.max_partitions
+        self.budget = ByteBudget(settings.buffer_bytes)
         budget = self.budget
-        self.state_key = StateKey("readahead", lambda: ConnectionReadAhead(budget))
+        self.state_key = StateKey("prediction", lambda: ConnectionPredictions(budget))
         self._ids = itertools.count(1)
-        registry = metrics.registry
-        self._sent, self._hits, self._wasted = (
-            Counter(f"kafka_proxy_readahead_{name}", text, registry=registry) for name, text in (
-                ("sent", "Fetches the proxy sent ahead of its clients."),
-                ("hits", "Client fetches answered from a read-ahead."),
-                ("wasted", "Read-aheads dropped because the client asked for something else.")))
-        self._held = Gauge("kafka_proxy_readahead_bytes", "Bytes reserved or held by read-aheads.", registry=registry)
+        self.metrics = metrics or FetchPredictionMetrics()
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         return {ApiKey.FETCH: self.on_fetch}
@@ -93,18 +88,18 @@ class ReadAheadFeature(Feature):
             state = conn.state(self.state_key)
         if state.queue:
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("read-ahead unused conn=%s predicted=%r asked=%r", conn.id,
+                log.debug("early fetch unused conn=%s predicted=%r asked=%r", conn.id,
                           state.queue[0].prediction.predicted, request)
             self._drop(state)
         if request is not body:
             frame = messages.encode_request(header, request)
         if trio.current_time() < state.paused_until:
-            fetch.replace(frame, (header, request))  # sessionless, as it would be read ahead
+            fetch.replace(frame, (header, request))  # sessionless, as it would be predicted
             return None
         return Route(frame, on_response=self._learn(conn, state, header, request, body.session_epoch))
 
-    def _hit(self, conn, state: ConnectionReadAhead, correlation_id: int) -> Route:
-        self._hits.inc()
+    def _hit(self, conn, state: ConnectionPredictions, correlation_id: int) -> Route:
+        self.metrics.hits.inc()
         state.wasted = 0
         held = state.queue.popleft()
         answer = LocalAnswer()
@@ -118,24 +113,24 @@ class ReadAheadFeature(Feature):
         self._export()
         return Route(None, local=answer, follow_up=follow_up)
 
-    def _drop(self, state: ConnectionReadAhead) -> None:
-        """The client asked for something else: every read-ahead not yet asked for goes."""
+    def _drop(self, state: ConnectionPredictions) -> None:
+        """The client asked for something else: every early fetch not yet asked for goes."""
         count = len(state.queue)
         for held in state.queue:
             state.release(held)
         state.queue.clear()
         state.newest = None
-        self._wasted.inc(count)
+        self.metrics.wasted.inc(count)
         state.wasted += 1
         if state.wasted >= WASTED_LIMIT:
             state.wasted = 0
             state.paused_until = trio.current_time() + PAUSE_SECONDS
-            log.debug("read-ahead paused: the client's fetches are not the predicted ones")
+            log.debug("fetch prediction paused: the client's fetches are not the predicted ones")
         self._export()
 
     # -- responses ------------------------------------------------------------------------
-    def _learn(self, conn: ConnectionContext, state: ConnectionReadAhead, header, request, client_epoch: int):
-        """The response to a forwarded request: passed on, and read ahead from."""
+    def _learn(self, conn: ConnectionContext, state: ConnectionPredictions, header, request, client_epoch: int):
+        """The response to a forwarded request: passed on, and predicted from."""
 
         async def on_response(response: DecodedResponse) -> None:
             if not state.outstanding:
@@ -150,15 +145,15 @@ class ReadAheadFeature(Feature):
             return None
         return Prediction(predicted, header, client_epoch, plan.early_request(predicted, self.max_bytes))
 
-    def _extend(self, conn, state: ConnectionReadAhead) -> OwnRequest | None:
-        """The next read-ahead, if there is room and the newest one's response is in."""
+    def _extend(self, conn, state: ConnectionPredictions) -> OwnRequest | None:
+        """The next early fetch, if there is room and the newest one's response is in."""
         newest = state.newest
         if newest is None or newest.frame is None or state.outstanding >= DEPTH:
             return None
         return self._start(conn, state, newest.after)
 
-    def _start(self, conn, state: ConnectionReadAhead, prediction: Prediction | None) -> OwnRequest | None:
-        """The request that reads ahead for ``prediction``, now queued in ``state``;
+    def _start(self, conn, state: ConnectionPredictions, prediction: Prediction | None) -> OwnRequest | None:
+        """The early fetch for ``prediction``, now queued in ``state``;
         None when there is none to make or no room for it."""
         if prediction is None or trio.current_time() < state.paused_until:
             return None
@@ -172,13 +167,13 @@ class ReadAheadFeature(Feature):
         # Negative: never one a client uses (clients count up from 0).
         correlation_id = -(next(self._ids) % (1 << 31)) - 1
         own_header = dataclasses.replace(header, correlation_id=correlation_id)
-        self._sent.inc()
+        self.metrics.sent.inc()
         self._export()
         return OwnRequest(messages.encode_request(own_header, prediction.upstream_body), ApiKey.FETCH,
                           header.request_api_version, correlation_id, self._sink(conn, state, held))
 
-    async def _send(self, conn, state: ConnectionReadAhead, own: OwnRequest | None, before: HeldRead | None) -> None:
-        """Send a read-ahead from the response side. One that cannot go now is taken back;
+    async def _send(self, conn, state: ConnectionPredictions, own: OwnRequest | None, before: HeldRead | None) -> None:
+        """Send an early fetch from the response side. One that cannot go now is taken back;
         ``before`` (the newest until then) stays the newest, so the next hit tries again."""
         if own is None or await conn.send_own(own):
             return
@@ -187,7 +182,7 @@ class ReadAheadFeature(Feature):
         state.newest = before
         self._export()
 
-    def _sink(self, conn, state: ConnectionReadAhead, held: HeldRead):
+    def _sink(self, conn, state: ConnectionPredictions, held: HeldRead):
         async def arrived(raw) -> None:
             if held.claim is None and held not in state.queue:  # dropped while on its way
                 return
@@ -211,4 +206,4 @@ class ReadAheadFeature(Feature):
         return arrived
 
     def _export(self) -> None:
-        self._held.set(self.budget.used)
+        self.metrics.held_bytes.set(self.budget.used)

@@ -1,5 +1,5 @@
-"""What read-ahead holds, as plain values: the byte budget, the predicted request, the held
-reads of one connection. No I/O here; ``feature`` does the sending and the waiting."""
+"""What fetch prediction holds, as plain values: the byte budget, the predicted request,
+the held reads of one connection. No I/O here; ``feature`` does the sending and the waiting."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from proxy.protocol import messages
 
 
 class ByteBudget:
-    """Bytes all held read-aheads may take together."""
+    """Bytes all early fetches may reserve or hold together."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -59,7 +59,7 @@ class Prediction:
 
 
 class HeldRead:
-    """One read-ahead: the request it answers, and the broker's response once it arrives."""
+    """One early fetch: the request it answers, and the broker's response once it arrives."""
 
     __slots__ = ("prediction", "reserved", "frame", "after", "claim")
 
@@ -71,8 +71,8 @@ class HeldRead:
         self.claim: tuple[LocalAnswer, int] | None = None  # a client request waiting for it
 
 
-class ConnectionReadAhead:
-    """Read-ahead state of one client connection."""
+class ConnectionPredictions:
+    """Fetch prediction state of one client connection."""
 
     __slots__ = ("queue", "claimed", "newest", "wasted", "paused_until", "_budget")
 

@@ -1,4 +1,4 @@
-"""Fetch read-ahead, the pure part: which Fetch a consumer sends next, and when to ask early.
+"""Fetch prediction, the pure part: which Fetch a consumer sends next, and when to ask early.
 
 A consumer that is behind the log end fetches, consumes what came back, and only then
 fetches again from where that response ended. Every round trip to the broker is time the

@@ -1,0 +1,29 @@
+"""Cooperative fetch's metrics (docs/cooperative-fetch.md#metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class CooperativeFetchMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry if registry is not None else CollectorRegistry()
+        self.leased = Counter("kafka_proxy_coop_chunks_leased", "Chunks handed out by cooperative fetch.", registry=r)
+        self.leased_offsets = Counter("kafka_proxy_coop_offsets_leased", "Offsets in the chunks handed out.",
+                                      registry=r)
+        self.expired = Counter("kafka_proxy_coop_leases_expired",
+                               "Leases not committed within cooperative.fetch.lease.ms.", registry=r)
+        self.redelivered = Counter("kafka_proxy_coop_chunks_redelivered",
+                                   "Chunks of offsets handed out again (expired leases, gaps after a restart).",
+                                   registry=r)
+        self.retried = Counter("kafka_proxy_coop_chunks_retried",
+                               "Retried fetches that got their outstanding chunk again.", registry=r)
+        self.refused = Counter("kafka_proxy_coop_fetches_refused",
+                               "Cooperative partitions answered without a chunk, by reason.", ["reason"], registry=r)
+        self.marker_lag = Gauge("kafka_proxy_coop_marker_lag",
+                                "High watermark minus the marker: offsets nobody has been handed yet.",
+                                ["group", "topic", "partition"], registry=r)
+        # read when scraped: the feature sets their functions
+        self.partitions = Gauge("kafka_proxy_coop_partitions", "Partitions fetched cooperatively, by group.",
+                                registry=r)
+        self.leases = Gauge("kafka_proxy_coop_leases", "Chunks leased and not yet committed.", registry=r)

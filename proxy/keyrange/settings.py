@@ -1,0 +1,44 @@
+"""Key-range fetch settings (docs/proxy.md#key-range-fetch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.settings import PerTopic, Settings, at_least, choice, flag, integer, per_topic
+
+
+@dataclass(frozen=True)
+class KeyRangeTopicSettings(Settings):
+    """Per topic: ``topic.<topic name>.<setting>``, or ``<setting>`` for every topic."""
+
+    fetch_enabled: bool = flag("key.range.fetch.enabled", True, "Serve key-range fetches of the topic.",
+                               aliases=("accept.range.fetch",))
+    cache_records: bool = flag("reserve.message.value.range.fetch", False,
+                               "Cache filtered records themselves (true) or only the matching offsets (false).")
+
+
+@dataclass(frozen=True)
+class KeyRangeSettings(Settings):
+    cache_bytes: int = integer(
+        "max.bytes.key.range.results", 209715200,
+        "Cap on the memory the key-range result cache holds. Each share is charged what it takes: its buffer "
+        "(records, or 41 bytes an offset) plus about 1.3 KB of objects and cache entries (measured), so a full cache "
+        "holds about this many bytes.", at_least(0))
+    compression: str = choice("key.range.fetch.compression", "source", ("source", "none"),
+                              "Filtered batches keep their codec (source) or go out uncompressed (none).")
+    interest_ms: int = integer("key.range.interest.ms", 30000,
+                               "A range set not requested for this long is no longer split out of broker reads.",
+                               at_least(100))
+    prefetch_enabled: bool = flag(
+        "key.range.prefetch.enabled", True,
+        "Key-range prefetch: read the next position of a partition two or more range sets share from the broker as "
+        "soon as a consumer reaches it, and cache every set's share before they ask (topics with "
+        "reserve.message.value.range.fetch=true).", aliases=("key.range.readahead.enabled",))
+    split_threads: int = integer("key.range.split.threads", 0,
+                                 "Worker threads that split large broker reads by key range off the event loop (needs "
+                                 "the C kernels; 0: on the event loop, measured faster on 2 cores, docs/proxy.md).",
+                                 at_least(0))
+    split_thread_min_bytes: int = integer(
+        "key.range.split.thread.min.bytes", 65536,
+        "Broker reads smaller than this are split on the event loop (a trip to a thread costs more).", at_least(0))
+    topics: PerTopic[KeyRangeTopicSettings] = per_topic(KeyRangeTopicSettings)
