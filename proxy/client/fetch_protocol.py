@@ -264,6 +264,37 @@ def _reset_out_of_range(state: AssignmentState, tp: TopicPartition, auto_offset_
     state.positions[tp] = PendingReset(reset_timestamp(auto_offset_reset, tp))
 
 
+def _cooperative_error(state: AssignmentState, tp: TopicPartition, code: int, member: CooperativeMember,
+                       metrics: Counter[str], fenced: list[TopicPartition] | None, auto_offset_reset: str) -> bool:
+    """``apply_cooperative`` of a partition answered with an error.
+
+    OFFSET_OUT_OF_RANGE (the records at the proxy's marker were deleted, or the log
+    truncated) follows ``auto_offset_reset`` as for any partition: the reset position is the
+    next token, which the proxy takes as its new marker (section 3.7); no gap is amended for
+    it (the proxy's next chunk claims the skipped offsets). ILLEGAL_GENERATION: this member's
+    generation is older than one the proxy has seen; a group member's partition is appended
+    to ``fenced`` (the caller rejoins), in assign mode (generation -1, never fenced by the
+    proxy) it is raised."""
+    if code in METADATA_REFRESH_CODES:
+        metrics["retriable_errors"] += 1
+        return True
+    if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+        _reset_out_of_range(state, tp, auto_offset_reset, f"the proxy's marker for group {member.group_id!r}")
+        return False
+    if code == ErrorCode.ILLEGAL_GENERATION and member.generation_id >= 0 and fenced is not None:
+        log.info("consumer: %s-%s fetched cooperatively with generation %d of group %r: ILLEGAL_GENERATION; "
+                 "rejoining", tp.topic, tp.partition, member.generation_id, member.group_id)
+        metrics["retriable_errors"] += 1
+        fenced.append(tp)
+        return False
+    if code == ErrorCode.ILLEGAL_GENERATION:
+        raise IllegalGenerationError(f"Fetch {tp.topic}-{tp.partition} cooperatively as member "
+                                     f"{member.member_id!r} (generation {member.generation_id}) of group "
+                                     f"{member.group_id!r}")
+    raise KafkaError.for_code(code, f"Fetch {tp.topic}-{tp.partition} cooperatively as member "
+                                    f"{member.member_id!r} of group {member.group_id!r}")
+
+
 def apply_cooperative(state: AssignmentState, tp: TopicPartition, part: FetchResponse.PartitionData, token: int,
                       member: CooperativeMember,
                       *, received_time: float, received: set[TopicPartition], metrics: Counter[str],
@@ -291,34 +322,9 @@ def apply_cooperative(state: AssignmentState, tp: TopicPartition, part: FetchRes
     and counted) and the token stays. A chunk the answer holds only in part (a batch cut
     by the response size, which the proxy must not send) is handed out as far as its whole
     batches reach, and only that far marked: the rest comes back when its lease expires.
-
-    OFFSET_OUT_OF_RANGE (the records at the proxy's marker were deleted, or the log
-    truncated) follows ``auto_offset_reset`` as for any partition: the reset position is the
-    next token, which the proxy takes as its new marker (section 3.7); no gap is amended for
-    it (the proxy's next chunk claims the skipped offsets). ILLEGAL_GENERATION: this member's
-    generation is older than one the proxy has seen; a group member's partition is appended
-    to ``fenced`` (the caller rejoins), in assign mode (generation -1, never fenced by the
-    proxy) it is raised."""
-    code = part.error_code
-    if code in METADATA_REFRESH_CODES:
-        metrics["retriable_errors"] += 1
-        return True
-    if code == ErrorCode.OFFSET_OUT_OF_RANGE:
-        _reset_out_of_range(state, tp, auto_offset_reset, f"the proxy's marker for group {member.group_id!r}")
-        return False
-    if code == ErrorCode.ILLEGAL_GENERATION and member.generation_id >= 0 and fenced is not None:
-        log.info("consumer: %s-%s fetched cooperatively with generation %d of group %r: ILLEGAL_GENERATION; "
-                 "rejoining", tp.topic, tp.partition, member.generation_id, member.group_id)
-        metrics["retriable_errors"] += 1
-        fenced.append(tp)
-        return False
-    if code == ErrorCode.ILLEGAL_GENERATION:
-        raise IllegalGenerationError(f"Fetch {tp.topic}-{tp.partition} cooperatively as member "
-                                     f"{member.member_id!r} (generation {member.generation_id}) of group "
-                                     f"{member.group_id!r}")
-    if code != ErrorCode.NONE:
-        raise KafkaError.for_code(code, f"Fetch {tp.topic}-{tp.partition} cooperatively as member "
-                                        f"{member.member_id!r} of group {member.group_id!r}")
+    Errors: see ``_cooperative_error``."""
+    if part.error_code != ErrorCode.NONE:
+        return _cooperative_error(state, tp, part.error_code, member, metrics, fenced, auto_offset_reset)
     chunk = part.cooperative_chunk
     if chunk is not None and not 0 <= chunk.chunk_start <= chunk.chunk_end:
         raise CorruptRecordError(f"Fetch {tp.topic}-{tp.partition}: the proxy handed out the chunk "

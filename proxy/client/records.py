@@ -217,7 +217,8 @@ def _decode(buf: bytes, base_offset: int, base_timestamp: int, log_append_time: 
     """The records at or above ``fetch_offset`` of an uncompressed records section, for
     the application: the common cases (varints of one or two bytes) inline, framing still
     checked (every field inside its record, the section filled exactly, the declared
-    count); anything else raises ``_Irregular``."""
+    count); anything else raises ``_Irregular``. A hot loop, kept whole on purpose: it runs
+    once per record the consumer receives, and a call per field would double its cost."""
     topic, partition = tp
     out: list[ConsumerRecord] = []
     append = out.append

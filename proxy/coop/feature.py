@@ -11,6 +11,7 @@ answers a fetch with nothing new.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,13 +27,13 @@ from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feat
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import FetchRequest, FetchResponse
+from proxy.protocol.message_versions import FETCH_FIRST_FLEXIBLE, FETCH_FIRST_TOPIC_ID
 
 log = logging.getLogger("proxy.coop")
 
 FEATURE = "cooperative.fetch"
 COOPERATIVE_TAG_BYTES = b"\x91\x4e"  # tag 10001 as an unsigned varint
-_FIRST_FLEXIBLE_FETCH = 12
-_TOPIC_IDS_VERSION = 13
 _MAX_STATES = 10_000  # (group, topic, partition) states kept; the least recently used go first
 _MAX_GROUPS = 10_000  # groups whose newest generation is remembered
 _EMPTY = b""
@@ -56,8 +57,8 @@ class _Pending:
     """One cooperative partition of a request, between its decision and its answer."""
 
     key: Key
-    topic: Any  # how the request names the topic: its name (before v13) or its id
-    part: Any  # the request's FetchPartition, rewritten
+    topic: str | uuid.UUID  # how the request names the topic: its name (before v13) or its id
+    part: FetchRequest.FetchPartition  # the request's, rewritten
     state: _Partition | None = None
     span: Span | None = None
     member: str = ""
@@ -110,14 +111,14 @@ class CooperativeFetchFeature(Feature):
         return {FEATURE: (1, 1)}
 
     # -- the request ----------------------------------------------------------------------------
-    async def on_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_fetch(self, ctx: ConnectionContext, request: Request[FetchRequest]) -> Route | None:
         version = request.version
-        if version < _FIRST_FLEXIBLE_FETCH or COOPERATIVE_TAG_BYTES not in request.frame:
+        if version < FETCH_FIRST_FLEXIBLE or COOPERATIVE_TAG_BYTES not in request.frame:
             return None
         header, body = request.decoded()
         if not any(p.cooperative is not None for t in body.topics for p in t.partitions):
             return None
-        await self.cluster.look_up_ids(t.topic_id for t in body.topics if getattr(t, "topic_id", None) is not None)
+        await self.cluster.look_up_ids(t.topic_id for t in body.topics)
         pending = self._pending(version, body)
         invalid = self._invalid_request(body)
         deadline = trio.current_time() + max(body.max_wait_ms, 0) / 1000
@@ -143,7 +144,7 @@ class CooperativeFetchFeature(Feature):
                 part.cooperative = None
         body.topics = [t for t in body.topics if t.partitions]
         if not body.topics:
-            response = messages.new_body(ApiKey.FETCH, version, "response", session_id=0)
+            response = FetchResponse(session_id=0)
             self._answer_locally(version, response, local)
             self._release(pending)
             return Route.answer(messages.encode_response(
@@ -151,7 +152,7 @@ class CooperativeFetchFeature(Feature):
         remaining = max(0.0, deadline - trio.current_time())
         body.max_wait_ms = min(body.max_wait_ms, int(remaining * 1000))
 
-        async def on_response(response: DecodedResponse) -> None:
+        async def on_response(response: DecodedResponse[FetchResponse]) -> None:
             self._on_response(version, response.body, pending)
             self._answer_locally(version, response.body, local)
             response.changed = True
@@ -159,16 +160,16 @@ class CooperativeFetchFeature(Feature):
         return Route(messages.encode_request(header, body), on_response=on_response,
                      settle=lambda: self._release(pending))
 
-    def _pending(self, version: int, body: Any) -> list[_Pending]:
+    def _pending(self, version: int, body: FetchRequest) -> list[_Pending]:
         pending = []
         for topic in body.topics:
-            name = topic.topic if version < _TOPIC_IDS_VERSION else self.cluster.name_of(topic.topic_id)
+            name = topic.topic if version < FETCH_FIRST_TOPIC_ID else self.cluster.name_of(topic.topic_id)
             for part in topic.partitions:
                 coop = part.cooperative
                 if coop is None:
                     continue
                 item = _Pending((coop.group_id, name or "", part.partition),
-                                topic.topic if version < _TOPIC_IDS_VERSION else topic.topic_id, part,
+                                topic.topic if version < FETCH_FIRST_TOPIC_ID else topic.topic_id, part,
                                 member=coop.member_id, token=part.fetch_offset)
                 if name is None:
                     item.error = ErrorCode.UNKNOWN_TOPIC_ID
@@ -182,11 +183,11 @@ class CooperativeFetchFeature(Feature):
         return pending
 
     @staticmethod
-    def _invalid_request(body: Any) -> bool:
+    def _invalid_request(body: FetchRequest) -> bool:
         """Cooperative partitions need a sessionless Fetch without key ranges anywhere."""
         if body.session_id != 0 or body.session_epoch != -1:
             return True
-        if getattr(body, "key_ranges", None) is not None:
+        if body.key_ranges is not None:
             return True
         return any(p.key_ranges is not None for t in body.topics for p in t.partitions)
 
@@ -290,12 +291,12 @@ class CooperativeFetchFeature(Feature):
                 return
 
     # -- the response ---------------------------------------------------------------------------
-    def _on_response(self, version: int, response: Any, pending: list[_Pending]) -> None:
-        parts = {}
+    def _on_response(self, version: int, response: FetchResponse, pending: list[_Pending]) -> None:
+        parts: dict[tuple[str | None, int], FetchResponse.PartitionData] = {}
         for topic in response.responses:
-            name = topic.topic if version < _TOPIC_IDS_VERSION else self.cluster.name_of(topic.topic_id)
-            for part in topic.partitions:
-                parts[(name, part.partition_index)] = part
+            name = topic.topic if version < FETCH_FIRST_TOPIC_ID else self.cluster.name_of(topic.topic_id)
+            for entry in topic.partitions:
+                parts[(name, entry.partition_index)] = entry
         now = trio.current_time()
         for item in pending:
             if item.span is None or item.done:
@@ -321,31 +322,31 @@ class CooperativeFetchFeature(Feature):
             else:
                 leases.granted(span, item.member, item.token, chunk.end, now)
                 part.records = chunk.records
-                part.cooperative_chunk = messages.body_class(ApiKey.FETCH, "response").CooperativeChunk(
+                part.cooperative_chunk = FetchResponse.CooperativeChunk(
                     chunk_start=span.chunk_start if span.lease is None else span.lease.start, chunk_end=chunk.end)
             if part.high_watermark >= 0 and state.lag is not None:
                 state.lag.set(max(0, part.high_watermark - leases.marker))
             self._count(item.key, leases)
 
     @staticmethod
-    def _empty(part: Any) -> None:
+    def _empty(part: FetchResponse.PartitionData) -> None:
         part.records = _EMPTY
         part.aborted_transactions = []
 
-    def _answer_locally(self, version: int, response: Any, local: list[_Pending]) -> None:
+    def _answer_locally(self, version: int, response: FetchResponse, local: list[_Pending]) -> None:
         """The cooperative partitions that got no broker read: no chunk, or their error."""
         if not local:
             return
-        response_class = messages.body_class(ApiKey.FETCH, "response")
-        topics: dict[Any, Any] = {}
-        for topic in response.responses:
-            topics[topic.topic if version < _TOPIC_IDS_VERSION else topic.topic_id] = topic
+        response_class = FetchResponse
+        topics: dict[str | uuid.UUID, FetchResponse.FetchableTopicResponse] = {}
+        for answered in response.responses:
+            topics[answered.topic if version < FETCH_FIRST_TOPIC_ID else answered.topic_id] = answered
         for item in local:
             key = item.topic
             topic = topics.get(key)
             if topic is None:
                 topic = (response_class.FetchableTopicResponse(topic=key, partitions=[])
-                         if version < _TOPIC_IDS_VERSION else
+                         if isinstance(key, str) else  # a name before v13, an id from v13 on
                          response_class.FetchableTopicResponse(topic_id=key, partitions=[]))
                 response.responses.append(topic)
                 topics[key] = topic
@@ -353,12 +354,12 @@ class CooperativeFetchFeature(Feature):
                 partition_index=item.key[2], error_code=item.error, high_watermark=-1, last_stable_offset=-1,
                 log_start_offset=-1, records=_EMPTY))
 
-    def _refuse_all(self, version: int, body: Any) -> Any:
-        response_class = messages.body_class(ApiKey.FETCH, "response")
-        response = messages.new_body(ApiKey.FETCH, version, "response", session_id=0)
+    def _refuse_all(self, version: int, body: FetchRequest) -> FetchResponse:
+        response_class = FetchResponse
+        response = response_class(session_id=0)
         for topic in body.topics:
             entry = (response_class.FetchableTopicResponse(topic=topic.topic, partitions=[])
-                     if version < _TOPIC_IDS_VERSION else
+                     if version < FETCH_FIRST_TOPIC_ID else
                      response_class.FetchableTopicResponse(topic_id=topic.topic_id, partitions=[]))
             entry.partitions = [response_class.PartitionData(
                 partition_index=p.partition, error_code=ErrorCode.INVALID_REQUEST, high_watermark=-1,
