@@ -242,8 +242,11 @@ class LogTopic:
     (compacted, with the partition count and replication factor of ``__consumer_offsets``),
     and the leader of each of its partitions."""
 
-    def __init__(self, cluster: Cluster, *, segment_bytes: int, timeout: float) -> None:
+    def __init__(self, cluster: Cluster, *, segment_bytes: int, timeout: float, name: str = LOG_TOPIC,
+                 configs: dict[str, str] | None = None) -> None:
         self.cluster = cluster
+        self.name = name  # another compacted internal topic made the same way (cooperative grants)
+        self.configs = configs or {}
         self.segment_bytes = segment_bytes
         self.timeout = timeout
         self.partitions: int | None = None  # once the topic exists with leaders
@@ -269,9 +272,9 @@ class LogTopic:
         async with self._lock:
             deadline = trio.current_time() + self.timeout
             while self.partitions is None:
-                response = await self.cluster.metadata([LOG_TOPIC, OFFSETS_TOPIC])
+                response = await self.cluster.metadata([self.name, OFFSETS_TOPIC])
                 topics = {t.name: t for t in response.topics}
-                ours = topics.get(LOG_TOPIC)
+                ours = topics.get(self.name)
                 if ours is not None and ours.error_code == ErrorCode.NONE and ours.partitions and \
                         all(p.leader_id >= 0 for p in ours.partitions):
                     self.partitions = len(ours.partitions)
@@ -290,7 +293,7 @@ class LogTopic:
                 elif missing:
                     await self._create(len(offsets.partitions), len(offsets.partitions[0].replica_nodes))
                 if trio.current_time() > deadline:
-                    raise CommitLogError(f"{LOG_TOPIC} has no leaders yet")
+                    raise CommitLogError(f"{self.name} has no leaders yet")
                 await trio.sleep(0.1)  # the topic is being created: its leaders appear shortly
             return self.partitions
 
@@ -298,17 +301,17 @@ class LogTopic:
         cls = messages.body_class(ApiKey.CREATE_TOPICS, "request")
         body = messages.new_body(
             ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION, "request", timeout_ms=30000,
-            topics=[cls.CreatableTopic(name=LOG_TOPIC, num_partitions=partitions, replication_factor=replication,
-                                       configs=[cls.CreatableTopicConfig(name="cleanup.policy", value="compact"),
-                                                cls.CreatableTopicConfig(name="segment.bytes",
-                                                                         value=str(self.segment_bytes))])],
+            topics=[cls.CreatableTopic(name=self.name, num_partitions=partitions, replication_factor=replication,
+                                       configs=[cls.CreatableTopicConfig(name=key, value=value) for key, value in {
+                                           "cleanup.policy": "compact", "segment.bytes": str(self.segment_bytes),
+                                           **self.configs}.items()])],
         )
         response = await self.cluster.request_any(ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION, body, timeout=40)
         (result,) = response.topics
         if result.error_code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
-            raise CommitLogError(f"CreateTopics {LOG_TOPIC}: error {ErrorCode.name_of(result.error_code)} "
+            raise CommitLogError(f"CreateTopics {self.name}: error {ErrorCode.name_of(result.error_code)} "
                                  f"{result.error_message}")
-        log.info("individual-commit log topic=%s partitions=%s replication=%s result=%s", LOG_TOPIC, partitions,
+        log.info("internal log topic=%s partitions=%s replication=%s result=%s", self.name, partitions,
                  replication, ErrorCode.name_of(result.error_code))
 
     def _learn_leaders(self, topic) -> None:
@@ -320,11 +323,11 @@ class LogTopic:
         after a request to the one known failed)."""
         leader = self._leaders.get(index)
         if refresh or leader is None or leader not in self.cluster.nodes:
-            response = await self.cluster.metadata([LOG_TOPIC])
+            response = await self.cluster.metadata([self.name])
             for topic in response.topics:
-                if topic.name == LOG_TOPIC:
+                if topic.name == self.name:
                     self._learn_leaders(topic)
             leader = self._leaders.get(index)
         if leader is None or leader not in self.cluster.nodes:
-            raise CommitLogError(f"{LOG_TOPIC}-{index} has no leader")
+            raise CommitLogError(f"{self.name}-{index} has no leader")
         return self.cluster.nodes[leader]

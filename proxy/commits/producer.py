@@ -12,7 +12,7 @@ import time
 
 import trio
 
-from proxy.commits.cluster import LOG_TOPIC, CommitLogError, LogTopic
+from proxy.commits.cluster import CommitLogError, LogTopic
 from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
@@ -96,7 +96,7 @@ class IdempotentProducer:
         cls = messages.body_class(ApiKey.PRODUCE, "request")
         body = messages.new_body(
             ApiKey.PRODUCE, PRODUCE_VERSION, "request", transactional_id=None, acks=-1, timeout_ms=15000,
-            topic_data=[cls.TopicProduceData(name=LOG_TOPIC, partition_data=[
+            topic_data=[cls.TopicProduceData(name=self.topic.name, partition_data=[
                 cls.PartitionProduceData(index=index, records=blob)])],
         )
         response = await self.topic.cluster.request(address, ApiKey.PRODUCE, PRODUCE_VERSION, body, timeout=20)
@@ -108,7 +108,7 @@ class IdempotentProducer:
         name = ErrorCode.name_of(error)
         if error in _RENEW_PRODUCER:
             await self._producer_id(renew=True)
-            raise CommitLogError(f"Produce {LOG_TOPIC}-{index} error {name}; new producer id")
+            raise CommitLogError(f"Produce {self.topic.name}-{index} error {name}; new producer id")
         if error in _RETRY_SAME:
-            raise CommitLogError(f"Produce {LOG_TOPIC}-{index} error {name}")
-        raise CommitLogError(f"Produce {LOG_TOPIC}-{index} failed with error {name}")
+            raise CommitLogError(f"Produce {self.topic.name}-{index} error {name}")
+        raise CommitLogError(f"Produce {self.topic.name}-{index} failed with error {name}")
