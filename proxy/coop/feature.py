@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from prometheus_client import Counter, Gauge
 
 from proxy.commits.reads import CommittedReads
 from proxy.coop.chunks import cut_chunk
 from proxy.coop.leases import Committed, PartitionLeases, Span, generation_error
+from proxy.coop.metrics import CooperativeFetchMetrics
+from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
@@ -71,37 +72,19 @@ class _Pending:
 class CooperativeFetchFeature(Feature):
     name = "cooperative"
 
-    def __init__(self, config, cluster: ClusterView, metrics, commits: CommittedReads) -> None:
+    def __init__(self, settings: CooperativeFetchSettings, cluster: ClusterView, commits: CommittedReads,
+                 metrics: CooperativeFetchMetrics | None = None) -> None:
         self.cluster = cluster
         self.commits = commits
-        self.lease_seconds = config.get("cooperative.fetch.lease.ms") / 1000
-        self.max_leases = config.get("cooperative.fetch.max.leases.per.member")
+        self.lease_seconds = settings.lease_ms / 1000
+        self.max_leases = settings.max_leases_per_member
         self._states: OrderedDict[Key, _Partition] = OrderedDict()
         self._generations: OrderedDict[str, int] = OrderedDict()
-        registry = metrics.registry
-        self._leased = Counter("kafka_proxy_coop_chunks_leased", "Chunks handed out by cooperative fetch.",
-                               registry=registry)
-        self._leased_offsets = Counter("kafka_proxy_coop_offsets_leased", "Offsets in the chunks handed out.",
-                                       registry=registry)
-        self._expired = Counter("kafka_proxy_coop_leases_expired",
-                                "Leases not committed within cooperative.fetch.lease.ms.", registry=registry)
-        self._redelivered = Counter("kafka_proxy_coop_chunks_redelivered",
-                                    "Chunks of offsets handed out again (expired leases, gaps after a restart).",
-                                    registry=registry)
-        self._retried = Counter("kafka_proxy_coop_chunks_retried",
-                                "Retried fetches that got their outstanding chunk again.", registry=registry)
-        self._refused = Counter("kafka_proxy_coop_fetches_refused",
-                                "Cooperative partitions answered without a chunk, by reason.", ["reason"],
-                                registry=registry)
-        self._marker_lag = Gauge("kafka_proxy_coop_marker_lag",
-                                 "High watermark minus the marker: offsets nobody has been handed yet.",
-                                 ["group", "topic", "partition"], registry=registry)
-        self._states_gauge = Gauge("kafka_proxy_coop_partitions", "Partitions fetched cooperatively, by group.",
-                                   registry=registry)
-        self._states_gauge.set_function(lambda: len(self._states))
-        self._leases_gauge = Gauge("kafka_proxy_coop_leases", "Chunks leased and not yet committed.",
-                                   registry=registry)
-        self._leases_gauge.set_function(lambda: sum(p.leases.leases for p in self._states.values()))
+        self.metrics = metrics = metrics or CooperativeFetchMetrics()
+        self._refused = metrics.refused
+        self._marker_lag = metrics.marker_lag
+        metrics.partitions.set_function(lambda: len(self._states))
+        metrics.leases.set_function(lambda: sum(p.leases.leases for p in self._states.values()))
         self._last_counts: dict[Key, tuple[int, int, int, int, int]] = {}
 
     def request_stages(self) -> Mapping[int, RequestStage]:
@@ -381,8 +364,9 @@ class CooperativeFetchFeature(Feature):
         counts = leases.counts
         now = (counts.leased, counts.leased_offsets, counts.expired, counts.redelivered, counts.retried)
         before = self._last_counts.get(key, (0, 0, 0, 0, 0))
-        for counter, new, old in zip((self._leased, self._leased_offsets, self._expired, self._redelivered,
-                                      self._retried), now, before):
+        metrics = self.metrics
+        for counter, new, old in zip((metrics.leased, metrics.leased_offsets, metrics.expired, metrics.redelivered,
+                                      metrics.retried), now, before):
             if new > old:
                 counter.inc(new - old)
         self._last_counts[key] = now

@@ -37,11 +37,13 @@ from prometheus_client import Gauge
 
 from proxy.commits.service import CommitService
 from proxy.coop.feature import CooperativeFetchFeature
+from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.features.addresses import AddressRewrite
 from proxy.features.cluster_feed import ClusterFeed
 from proxy.individual.feature import IndividualCommitFeature
 from proxy.keyrange.engine import SharedReads
 from proxy.keyrange.feature import KeyRangeFetchFeature
+from proxy.keyrange.metrics import KeyRangeMetrics
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.net.budget import RequestBudget
 from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
@@ -51,9 +53,10 @@ from proxy.pipeline.background import Background
 from proxy.pipeline.chain import FeatureChain
 from proxy.pipeline.cluster import ClusterView
 from proxy.pipeline.feature import Feature
+from proxy.prediction.feature import FetchPredictionFeature
+from proxy.prediction.metrics import FetchPredictionMetrics
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
-from proxy.readahead.feature import ReadAheadFeature
 from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
@@ -79,35 +82,33 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig, metrics: ProxyMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or ProxyMetrics()
+        cluster, tls, limits = config.cluster, config.tls, config.limits
         self._upstream_ssl = (
-            upstream_ssl_context(config.get("ssl.upstream.cafile"), config.get("ssl.upstream.check.hostname"))
-            if config.get("ssl.upstream.enabled")
-            else None
+            upstream_ssl_context(tls.upstream_cafile, tls.upstream_check_hostname) if tls.upstream_enabled else None
         )
         self._listener_ssl = (
-            listener_ssl_context(config.get("ssl.listener.certfile"), config.get("ssl.listener.keyfile"))
-            if config.get("ssl.listener.enabled")
-            else None
+            listener_ssl_context(tls.listener_certfile, tls.listener_keyfile) if tls.listener_enabled else None
         )
-        self._main_socket = self._bind(config.get("listen.host"), config.get("listen.port"))
+        self._main_socket = self._bind(cluster.listen_host, cluster.listen_port)
         self.port = self._main_socket.getsockname()[1]
         self._pending_listeners: list[NodeListener] = []
         self.cluster = ClusterView()
+        self._connect_timeout = cluster.upstream_connect_timeout_ms / 1000
         self.pool = BrokerPool(
-            config.get("bootstrap.servers"),
+            cluster.bootstrap_servers,
             known_addresses=self.cluster.addresses,
             ssl_context=self._upstream_ssl,
-            timeout=config.get("upstream.connect.timeout.ms") / 1000,
+            timeout=self._connect_timeout,
         )
         self.cluster.reader = self._read_metadata
         self.book = AddressBook(
             self.cluster,
-            topology=config.get("topology"),
-            advertised_host=config.advertised_host,
-            listen_host=config.get("listen.host"),
-            node_port_base=config.get("node.port.base"),
+            topology=cluster.topology,
+            advertised_host=cluster.advertised_host,
+            listen_host=cluster.listen_host,
+            node_port_base=cluster.node_port_base,
             own_port=self.port,
-            sidecar_addresses=config.get("sidecar.node.addresses"),
+            sidecar_addresses=cluster.sidecar_node_addresses,
             on_new_listener=self._on_new_listener,
         )
         self.background = Background()  # follow-ups that outlive a client's connection
@@ -123,10 +124,9 @@ class ProxyServer:
         self._refusals = LogThrottle(_CROWD_LOG_INTERVAL)
         self._setup_timeouts = LogThrottle(_CROWD_LOG_INTERVAL)
         self._frame_refusals = LogThrottle(_CROWD_LOG_INTERVAL)
-        self.request_budget = RequestBudget(self.config.get("queued.max.request.bytes"))
+        self.request_budget = RequestBudget(limits.queued_max_request_bytes)
         self.metrics.watch_budget(self.request_budget)
-        self.native_threads = NativeRelayThreads(self.config.get("native.relay.threads"),
-                                                 slice_ms=self.config.get("native.relay.slice.ms"))
+        self.native_threads = NativeRelayThreads(config.native_relay.threads, slice_ms=config.native_relay.slice_ms)
         self.node_ports: dict[int, int] = {}
         self.metrics_port: int | None = None
         self._listener_nursery: trio.Nursery | None = None
@@ -138,24 +138,28 @@ class ProxyServer:
     def _features(self) -> list[Feature]:
         """The features, in the order their stages run (see ``proxy.pipeline.feature``)."""
         config, metrics = self.config, self.metrics
+        registry = metrics.registry
         features: list[Feature] = [ClusterFeed(self.cluster)]  # before addresses: it needs the real ones
-        keyrange = KeyRangeFetchFeature(config, self.cluster, metrics)
+        keyrange = KeyRangeFetchFeature(config.keyrange, self.cluster, KeyRangeMetrics(registry))
         commits = CommitService(config, self.cluster, metrics, pool=self.pool,  # the log both commit paths write
                                 background=self.background)
-        if config.get("virtual.topics.enabled"):  # virtual names become real before any other feature sees them
+        if config.virtual.enabled:  # virtual names become real before any other feature sees them
             features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine),
                                                  commits))
-        if config.get("cooperative.fetch.enabled"):  # Fetch partitions tagged Cooperative: before key ranges
-            features.append(CooperativeFetchFeature(config, self.cluster, metrics, commits.reads))
+        if config.coop.enabled:  # Fetch partitions tagged Cooperative: before key ranges
+            features.append(CooperativeFetchFeature(config.coop, self.cluster, commits.reads,
+                                                    CooperativeFetchMetrics(registry)))
         features.append(keyrange)  # extended Fetches
-        if config.get("fetch.readahead.enabled"):
-            features.append(ReadAheadFeature(config, metrics))  # plain Fetches the key-range one passed on
+        if config.prediction.enabled:  # plain Fetches the key-range one passed on
+            features.append(FetchPredictionFeature(config.prediction, FetchPredictionMetrics(registry)))
         features.append(IndividualCommitFeature(config, self.cluster, metrics, commits=commits))
         features.append(AddressRewrite(self.book))  # last: every other feature's responses pass it too
         return features
 
     # -- public -----------------------------------------------------------------------------
     async def run(self, *, handle_signals: bool = True) -> None:
+        for old, new in self.config.renamed:
+            log.warning("setting %s is deprecated: it is read as %s; write that instead", old, new)
         messages.precompile(list(self.chain.known_versions()))
         # Everything allocated so far lives as long as the process: keep the collector
         # from walking it on every generation-2 collection.
@@ -164,18 +168,19 @@ class ProxyServer:
             if handle_signals:
                 root.start_soon(self._watch_signals)
             await root.start(self.background.run)
-            await root.start(HeapTrimmer(self.config.get("memory.trim.interval.ms") / 1000, self.metrics).run)
-            if self.config.get("metrics.port") >= 0:
+            operations = self.config.operations
+            await root.start(HeapTrimmer(operations.memory_trim_interval_ms / 1000, self.metrics).run)
+            if operations.metrics_port >= 0:
                 self.metrics_port = await root.start(
-                    serve_metrics, self.metrics, self.config.get("listen.host"), self.config.get("metrics.port")
+                    serve_metrics, self.metrics, self.config.cluster.listen_host, operations.metrics_port
                 )
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
                 async with trio.open_nursery() as listeners:
                     self._listener_nursery = listeners
                     listeners.start_soon(self._serve_socket, self._main_socket, None)
-                    log.info("proxy listening host=%s port=%s topology=%s", self.config.get("listen.host"),
-                             self.port, self.config.get("topology"))
+                    log.info("proxy listening host=%s port=%s topology=%s", self.config.cluster.listen_host,
+                             self.port, self.config.cluster.topology)
                     first_try = trio.Event()
                     listeners.start_soon(self._learn_cluster, first_try)
                     await first_try.wait()
@@ -243,8 +248,8 @@ class ProxyServer:
         "refused" when one was reached but refused an unauthenticated request; else why not."""
         errors = []
         reachable = False
-        timeout = self.config.get("upstream.connect.timeout.ms") / 1000
-        for host, port in self.config.get("bootstrap.servers"):
+        timeout = self._connect_timeout
+        for host, port in self.config.cluster.bootstrap_servers:
             try:
                 body = await self._read_metadata([], addresses=[(host, port)], timeout=timeout)
             except NoBrokerAnswered as exc:
@@ -252,7 +257,7 @@ class ProxyServer:
                 errors.append(str(exc).removeprefix("no broker answered: "))
                 continue
             self.cluster.learn_metadata(body)
-            if self.config.get("topology") == "sidecar":
+            if self.config.cluster.sidecar:
                 self._identify_sidecar_node(host, port, body)
             else:
                 for broker in body.brokers:
@@ -266,13 +271,13 @@ class ProxyServer:
         return "; ".join(errors)
 
     def _settle_unauthenticated(self) -> None:
-        if self.config.get("topology") == "sidecar":
-            if self.config.get("sidecar.node.id") < 0:
+        if self.config.cluster.sidecar:
+            if self.config.cluster.sidecar_node_id < 0:
                 raise StartupError(
                     "the broker refused an unauthenticated Metadata request; set sidecar.node.id "
                     "to the id of the broker this sidecar fronts"
                 )
-            self.book.sidecar_node_id = self.config.get("sidecar.node.id")
+            self.book.sidecar_node_id = self.config.cluster.sidecar_node_id
         self.cluster.answered.set()  # as far as it will until clients authenticate
 
     async def _read_metadata(self, topics: list[str] | None, *, addresses=None, timeout: float | None = None) -> Any:
@@ -285,8 +290,8 @@ class ProxyServer:
                                            addresses=addresses)
 
     def _identify_sidecar_node(self, host: str, port: int, body) -> None:
-        if self.config.get("sidecar.node.id") >= 0:
-            self.book.sidecar_node_id = self.config.get("sidecar.node.id")
+        if self.config.cluster.sidecar_node_id >= 0:
+            self.book.sidecar_node_id = self.config.cluster.sidecar_node_id
             return
         matches = [b.node_id for b in body.brokers if b.port == port and (b.host == host or len(body.brokers) == 1)]
         if not matches:
@@ -334,9 +339,10 @@ class ProxyServer:
 
     async def _handle(self, stream: trio.abc.Stream, node_id: int | None) -> None:
         accepted_at = trio.current_time()
-        setup_deadline = accepted_at + self.config.get("connections.setup.timeout.ms") / 1000
+        limits = self.config.limits
+        setup_deadline = accepted_at + limits.setup_timeout_ms / 1000
         peer = _peer_name(stream)
-        if len(self.connections) + self._handshaking >= self.config.get("max.connections"):
+        if len(self.connections) + self._handshaking >= limits.max_connections:
             await self._refuse(stream, peer)
             return
         if isinstance(stream, trio.SSLStream):
@@ -351,23 +357,23 @@ class ProxyServer:
                 return
             finally:
                 self._handshaking -= 1
-        tune_socket(stream, self.config.get("socket.send.buffer.bytes"))
-        idle_ms = self.config.get("connections.max.idle.ms")
+        tune_socket(stream, limits.socket_send_buffer_bytes)
+        idle_ms = limits.idle_ms
         connection = ClientConnection(
             stream,
             peer,
             open_upstream=lambda: self._open_upstream(node_id),
             chain=self.chain,
             metrics=self.metrics,
-            max_frame_bytes=self.config.get("max.frame.bytes"),
-            max_inflight=self.config.get("max.inflight.requests.per.connection"),
+            max_frame_bytes=limits.max_frame_bytes,
+            max_inflight=limits.max_inflight_requests,
             idle_timeout=idle_ms / 1000 if idle_ms > 0 else math.inf,
             target="bootstrap" if node_id is None else f"node-{node_id}",
             setup_deadline=setup_deadline,
             setup_log=self._setup_timeouts,
             native=self.native_threads,
             budget=self.request_budget,
-            max_unauthenticated_frame_bytes=self.config.get("max.frame.bytes.unauthenticated"),
+            max_unauthenticated_frame_bytes=limits.max_frame_bytes_unauthenticated,
             refusal_log=self._frame_refusals,
         )
         self.connections.add(connection)
@@ -389,11 +395,11 @@ class ProxyServer:
         unlogged = self._refusals.allow(trio.current_time())
         if unlogged is not None:
             log.warning("refusing connection peer=%s reason=max.connections (%s) reached refused_unlogged=%s",
-                        peer, self.config.get("max.connections"), unlogged)
+                        peer, self.config.limits.max_connections, unlogged)
         await trio.aclose_forcefully(stream)
 
     async def _open_upstream(self, node_id: int | None) -> trio.abc.Stream:
-        timeout = self.config.get("upstream.connect.timeout.ms") / 1000
+        timeout = self._connect_timeout
         if not self.cluster.answered.is_set():
             # No broker has answered yet (the proxy started first): hold the client as a
             # starting broker would, then try anyway.
@@ -402,9 +408,9 @@ class ProxyServer:
         candidates: list[tuple[str, int]]
         if node_id is None:
             fronted = None
-            if self.config.get("topology") == "sidecar" and self.book.sidecar_node_id is not None:
+            if self.config.cluster.sidecar and self.book.sidecar_node_id is not None:
                 fronted = self.book.real_address(self.book.sidecar_node_id)
-            candidates = [fronted] if fronted is not None else list(self.config.get("bootstrap.servers"))
+            candidates = [fronted] if fronted is not None else list(self.config.cluster.bootstrap_servers)
         else:
             address = self.book.real_address(node_id)
             if address is None:
@@ -419,7 +425,7 @@ class ProxyServer:
                 failures.append(f"{host}:{port} ({exc})")
                 continue
             self.metrics.upstream_connects.inc()
-            tune_socket(stream, self.config.get("socket.send.buffer.bytes"))
+            tune_socket(stream, self.config.limits.socket_send_buffer_bytes)
             return stream
         raise UpstreamUnavailable("; ".join(failures) or "no broker address known")
 
@@ -432,7 +438,7 @@ class ProxyServer:
                 return
 
     async def _drain(self) -> None:
-        timeout = self.config.get("shutdown.drain.timeout.ms") / 1000
+        timeout = self.config.operations.shutdown_drain_timeout_ms / 1000
         open_connections = list(self.connections)
         for connection in open_connections:
             connection.drain()

@@ -16,13 +16,13 @@ PROXY = Path(__file__).resolve().parents[2] / "proxy"
 # Bottom to top. A package may import its own modules and anything in a lower layer;
 # packages of one layer do not import each other.
 LAYERS: list[set[str]] = [
-    {"accelerators", "ranges", "offset_sets"},
+    {"accelerators", "ranges", "offset_sets", "settings"},
     {"protocol"},
     {"records"},
     {"net"},
     {"pipeline"},
     {"commits"},  # the commit layer the features stand on
-    {"features", "keyrange", "individual", "readahead", "virtual", "coop", "client"},
+    {"features", "keyrange", "individual", "prediction", "virtual", "coop", "client"},
     {"server", "spark"},
     {"testing"},
     {"demo"},
