@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
+from proxy.protocol.message_types import FetchResponse
 from proxy.ranges import KeyRange
 
 RangeSet = tuple[KeyRange, ...]
@@ -280,7 +280,7 @@ class ActiveRangeSets:
             self.on_expire(partition, ranges)
 
 
-def copy_metadata(partition_data: Any) -> dict:
+def copy_metadata(partition_data: FetchResponse.PartitionData) -> dict:
     return {
         "high_watermark": partition_data.high_watermark,
         "last_stable_offset": partition_data.last_stable_offset,

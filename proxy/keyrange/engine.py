@@ -19,10 +19,10 @@ The flow for one FetchRequest carrying ranges:
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from proxy.keyrange.cache import ActiveRangeSets, CachedShare, RangeSet, ShareCache, copy_metadata
 from proxy.keyrange.requests import (
@@ -33,21 +33,22 @@ from proxy.keyrange.requests import (
     FetchRangeSessions,
     PartitionKey,
     RequestRanges,
+    TopicKey,
     topic_key,
 )
 from proxy.keyrange.settings import KeyRangeTopicSettings
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
-from proxy.protocol.messages import ApiKey
+from proxy.protocol.message_types import FetchRequest, FetchResponse
 from proxy.protocol.values import strip_extensions
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
-from proxy.records.split import SplitResult, filter_by_offsets, match_offsets, split_records
+from proxy.records.split import SetStats, SplitResult, filter_by_offsets, match_offsets, split_records
 from proxy.records.stripes import Stripe, split_stripes
 
 READ_COMMITTED = 1
 _SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
 _EMPTY_RECORDS = b""
+Blob = bytes | bytearray | memoryview  # a record set as a broker read returns it
 # split plans kept (about 1.4 KB each); a partition's active range sets change rarely
 MAX_PLANS = 256
 
@@ -76,15 +77,16 @@ class FetchPlan:
 
     version: int
     ranges: RequestRanges
-    upstream_body: Any | None  # None: answer entirely from the cache
+    upstream_body: FetchRequest | None  # None: answer entirely from the cache
+    request: FetchRequest  # the client's request (``upstream_body`` becomes what goes upstream)
     hits: dict[PartitionKey, CachedShare] = field(default_factory=dict)
     fetch_offsets: dict[PartitionKey, int] = field(default_factory=dict)
     names: dict[PartitionKey, str] = field(default_factory=dict)
     sessionless: bool = False
     isolation_level: int = 0  # the request's: cached shares serve only reads of the same level
-    request: Any = None  # the client's request (``upstream_body`` becomes what goes upstream)
     # the request's own entries, kept as they came: a prefetch copies them
-    requested: dict[PartitionKey, tuple[Any, Any]] = field(default_factory=dict)
+    requested: dict[PartitionKey, tuple[FetchRequest.FetchTopic, FetchRequest.FetchPartition]] = field(
+        default_factory=dict)
     # where each partition served from the broker or the cache leaves its consumer, and
     # the end of what there is to read (high watermark, or last stable offset)
     reached: dict[PartitionKey, tuple[int, int]] = field(default_factory=dict)
@@ -98,7 +100,7 @@ class Prefetch:
     version: int
     isolation_level: int
     positions: dict[tuple[str, int], int]
-    body: Any
+    body: FetchRequest
 
 
 @dataclass(slots=True)
@@ -108,7 +110,7 @@ class SplitJob:
     ``complete`` uses its result. ``sets`` are the range sets as they were when the job was
     made: a set that becomes active while it runs is served by the next read."""
 
-    blob: Any
+    blob: Blob
     plan: RangePlan
     sets: tuple[RangeSet, ...]
     codec: Codec | None
@@ -125,6 +127,10 @@ class SplitJob:
         return self.result
 
 
+# a prefetch answer's partition entry, and the split of its records
+PrefetchJob = tuple[FetchResponse.PartitionData, SplitJob]
+
+
 class ConnectionRanges:
     """Key-range state of one client connection."""
 
@@ -139,7 +145,7 @@ class KeyRangeEngine:
         *,
         cache_bytes: int,
         topic_settings: Callable[[str], KeyRangeTopicSettings],
-        topic_name: Callable[[Any], str | None],
+        topic_name: Callable[[uuid.UUID], str | None],
         recompress: bool = True,
         interest_seconds: float = 30.0,
     ) -> None:
@@ -155,7 +161,7 @@ class KeyRangeEngine:
         self._plans: OrderedDict[tuple[RangeSet, ...], RangePlan] = OrderedDict()
 
     # -- request -----------------------------------------------------------------------------
-    def plan(self, conn: ConnectionRanges, version: int, request: Any, now: float) -> FetchPlan | None:
+    def plan(self, conn: ConnectionRanges, version: int, request: FetchRequest, now: float) -> FetchPlan | None:
         """None when the request asks for no ranges at all (forward it as sent). Call
         ``finish`` before sending ``upstream_body``."""
         ranges = conn.sessions.resolve(request)
@@ -226,7 +232,9 @@ class KeyRangeEngine:
         """Build the request for the broker (``plan.upstream_body``; None: no broker read)."""
         plan.upstream_body = self._upstream_request(plan.upstream_body, plan, plan.sessionless)
 
-    def _upstream_request(self, request: Any, plan: FetchPlan, sessionless: bool) -> Any | None:
+    def _upstream_request(self, request: FetchRequest | None, plan: FetchPlan, sessionless: bool
+                          ) -> FetchRequest | None:
+        assert request is not None  # the plan's upstream body until ``finish`` decides
         strip_extensions(request)
         if not plan.hits:
             return request
@@ -239,7 +247,7 @@ class KeyRangeEngine:
         return request
 
     # -- response -----------------------------------------------------------------------------
-    def split_jobs(self, plan: FetchPlan, response: Any, now: float) -> dict[PartitionKey, SplitJob]:
+    def split_jobs(self, plan: FetchPlan, response: FetchResponse, now: float) -> dict[PartitionKey, SplitJob]:
         """The record splits ``complete`` will need for ``response``, by partition, not yet
         run. Only reads whose shares are cached as records are split this way; the
         offsets-only path keeps its two passes inside ``complete``."""
@@ -262,25 +270,24 @@ class KeyRangeEngine:
                 jobs[pk] = self._job(partition.records, sets)
         return jobs
 
-    def _job(self, blob: Any, sets: tuple[RangeSet, ...]) -> SplitJob:
+    def _job(self, blob: Blob, sets: tuple[RangeSet, ...]) -> SplitJob:
         return SplitJob(blob, self._plan_for(sets), sets, self.codec)
 
-    def complete(self, conn: ConnectionRanges, plan: FetchPlan, response: Any | None, now: float,
-                 splits: dict[PartitionKey, SplitJob] | None = None) -> Any:
+    def complete(self, conn: ConnectionRanges, plan: FetchPlan, response: FetchResponse | None, now: float,
+                 splits: dict[PartitionKey, SplitJob] | None = None) -> FetchResponse:
         """The response for the client: ``response`` from the broker (None when the plan
         needed no broker read), filtered, with cached shares and refusals merged in.
         ``splits``: from ``split_jobs`` for this response, run or not (those not run are run
         here)."""
-        version = plan.version
         if response is None:
-            response = messages.new_body(ApiKey.FETCH, version, "response", session_id=NO_SESSION)
+            response = FetchResponse(session_id=NO_SESSION)
         ranges = plan.ranges
         if response.error_code in _SESSION_ERRORS:
             conn.sessions.forget_session(ranges.session_id)
             return response
         if ranges.session_id == NO_SESSION and ranges.epoch == INITIAL_EPOCH and response.error_code == ErrorCode.NONE:
             conn.sessions.bind_new_session(response.session_id, ranges)
-        response_class = messages.body_class(ApiKey.FETCH, "response")
+        response_class = FetchResponse
         topics = {topic_key(t): t for t in response.responses}
         for key, topic in topics.items():
             for partition in topic.partitions:
@@ -313,7 +320,7 @@ class KeyRangeEngine:
                 self._refuse(entry)
         return response
 
-    def _refuse(self, partition: Any) -> None:
+    def _refuse(self, partition: FetchResponse.PartitionData) -> None:
         partition.error_code = INVALID_REQUEST
         partition.records = _EMPTY_RECORDS
         partition.aborted_transactions = []
@@ -326,7 +333,7 @@ class KeyRangeEngine:
         active ones when the read's position is known (their shares can be cached)."""
         return canonical_sets([chosen, *(self.active.active(partition_id, now) if fetch_offset is not None else ())])
 
-    def _filter(self, partition: Any, name: str, chosen: RangeSet, fetch_offset: int | None, isolation_level: int,
+    def _filter(self, partition: FetchResponse.PartitionData, name: str, chosen: RangeSet, fetch_offset: int | None, isolation_level: int,
                 now: float, job: SplitJob | None = None) -> int | None:
         """Filter one partition of a broker response to ``chosen``, caching the other active
         sets' shares; the offset after the read's last whole batch when its records were
@@ -336,8 +343,7 @@ class KeyRangeEngine:
         records itself)."""
         if partition.error_code != ErrorCode.NONE:
             return None
-        response_class = messages.body_class(ApiKey.FETCH, "response")
-        applied = [response_class.KeyRange(start=r.start, end=r.end) for r in chosen]
+        applied = [FetchResponse.KeyRange(start=r.start, end=r.end) for r in chosen]
         if not partition.records:
             partition.key_ranges_applied = applied
             return None
@@ -396,7 +402,7 @@ class KeyRangeEngine:
         return None
 
     @staticmethod
-    def _end(partition: Any, isolation_level: int) -> int:
+    def _end(partition: FetchResponse.PartitionData | CachedShare, isolation_level: int) -> int:
         """What there is to read of a partition at ``isolation_level``, as its read saw it."""
         return partition.last_stable_offset if isolation_level == READ_COMMITTED else partition.high_watermark
 
@@ -418,7 +424,7 @@ class KeyRangeEngine:
         if not plan.sessionless or not plan.reached:
             return None
         positions: dict[tuple[str, int], int] = {}
-        topics: dict[Any, Any] = {}
+        topics: dict[TopicKey, FetchRequest.FetchTopic] = {}
         for pk, (position, end) in plan.reached.items():
             name = plan.names[pk]
             partition_id = (name, pk[1])
@@ -446,11 +452,10 @@ class KeyRangeEngine:
         strip_extensions(body)
         return Prefetch(plan.version, plan.isolation_level, positions, body)
 
-    def prefetch_jobs(self, ahead: Prefetch, response: Any, now: float
-                      ) -> dict[tuple[str, int], tuple[Any, SplitJob]]:
+    def prefetch_jobs(self, ahead: Prefetch, response: FetchResponse, now: float) -> dict[tuple[str, int], PrefetchJob]:
         """The splits of a prefetch's answer, each partition (with its entry in the
         answer) into all its active sets."""
-        jobs: dict[tuple[str, int], tuple[Any, SplitJob]] = {}
+        jobs: dict[tuple[str, int], PrefetchJob] = {}
         if response.error_code != ErrorCode.NONE:
             return jobs
         for topic in response.responses:
@@ -465,7 +470,7 @@ class KeyRangeEngine:
                     jobs[partition_id] = (partition, self._job(partition.records, sets))
         return jobs
 
-    def cache_prefetch(self, ahead: Prefetch, jobs: dict[tuple[str, int], tuple[Any, SplitJob]]) -> int:
+    def cache_prefetch(self, ahead: Prefetch, jobs: dict[tuple[str, int], PrefetchJob]) -> int:
         """Cache every share of a prefetch's answer (``prefetch_jobs``, run or not); how many."""
         cached = 0
         for partition_id, (partition, job) in jobs.items():
@@ -484,11 +489,13 @@ class KeyRangeEngine:
         return cached
 
     @staticmethod
-    def _mark_applied(partition: Any, applied: list, stats: Any) -> None:
+    def _mark_applied(partition: FetchResponse.PartitionData, applied: list[FetchResponse.KeyRange],
+                      stats: SetStats) -> None:
         if not stats.unfiltered:
             partition.key_ranges_applied = applied
 
-    def _partition_entry(self, response: Any, topics: dict, pk: PartitionKey, response_class) -> Any:
+    def _partition_entry(self, response: FetchResponse, topics: dict[TopicKey, FetchResponse.FetchableTopicResponse],
+                         pk: PartitionKey, response_class: type[FetchResponse]) -> FetchResponse.PartitionData:
         key, index = pk
         topic = topics.get(key)
         if topic is None:
@@ -517,7 +524,7 @@ class KeyRangeEngine:
             plans.move_to_end(sets)
         return plan
 
-    def _name(self, key: Any) -> str:
+    def _name(self, key: TopicKey) -> str:
         if isinstance(key, str):
             return key
         return self.topic_name(key) or str(key)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import trio
 
@@ -28,16 +28,18 @@ from proxy.pipeline.context import StateKey
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import EXTENSION_TAG_BYTES
+from proxy.protocol.message_types import FetchRequest, FetchResponse, RequestHeader
+from proxy.protocol.message_versions import FETCH_FIRST_FLEXIBLE
 
 log = logging.getLogger("proxy.keyrange")
 
-_FIRST_FLEXIBLE_FETCH = 12
 FEATURE = "keyrange.fetch"
 _COALESCE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for a shared read
 _MAX_INFLIGHT_READS = 10_000
 _STALE_READ_SECONDS = 60.0
 
 RANGES = StateKey("keyrange", ConnectionRanges)  # a connection's ranges and fetch sessions
+ReadKey = tuple[str, int, int, int]  # topic, partition, fetch offset, isolation level
 
 
 class _Read:
@@ -85,15 +87,15 @@ class KeyRangeFetchFeature(Feature):
     def advertised(self) -> Mapping[str, tuple[int, int]]:
         return {FEATURE: (1, 1)}
 
-    async def on_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_fetch(self, ctx: ConnectionContext, request: Request[FetchRequest]) -> Route | None:
         version = request.version
-        if version < _FIRST_FLEXIBLE_FETCH:
+        if version < FETCH_FIRST_FLEXIBLE:
             return None
         state = ctx.state(RANGES)
         if EXTENSION_TAG_BYTES not in request.frame and not state.sessions.sessions:
             return None  # no extension anywhere: the default route, no decoding
         header, body = request.decoded()
-        await self.cluster.look_up_ids(t.topic_id for t in body.topics if t.topic_id is not None)
+        await self.cluster.look_up_ids(t.topic_id for t in body.topics)
         engine = self.engine
         plan = engine.plan(state, version, body, trio.current_time())
         if plan is None:
@@ -124,7 +126,7 @@ class KeyRangeFetchFeature(Feature):
 
         events = self._announce([(*key, level) for key in reads])
 
-        async def on_response(response: DecodedResponse) -> None:
+        async def on_response(response: DecodedResponse[FetchResponse]) -> None:
             splits = engine.split_jobs(plan, response.body, trio.current_time())
             if splits:
                 await self.workers.run(splits.values())
@@ -141,7 +143,8 @@ class KeyRangeFetchFeature(Feature):
                      settle=lambda: self._settle(events))
 
     # -- key-range prefetch ----------------------------------------------------------------------
-    def _prefetch(self, ctx: ConnectionContext, header, plan: FetchPlan):
+    def _prefetch(self, ctx: ConnectionContext, header: RequestHeader,
+                  plan: FetchPlan) -> tuple[OwnRequest, Callable[[], None]] | None:
         """(the request that reads the next positions of this request's shared partitions
         ahead of their consumers, what to call if it is not sent), or None.
 
@@ -168,7 +171,7 @@ class KeyRangeFetchFeature(Feature):
                 settled = True
                 self._settle(events)
 
-        async def arrived(raw) -> None:
+        async def arrived(raw: bytes | bytearray) -> None:
             try:
                 await self._cache_prefetch(ctx, ahead, raw)
             finally:
@@ -180,7 +183,8 @@ class KeyRangeFetchFeature(Feature):
         return OwnRequest(messages.encode_request(own_header, ahead.body), ApiKey.FETCH, ahead.version,
                           correlation_id, arrived), settle
 
-    async def _cache_prefetch(self, ctx: ConnectionContext, ahead: Prefetch, raw) -> None:
+    async def _cache_prefetch(self, ctx: ConnectionContext, ahead: Prefetch, raw: bytes | bytearray) -> None:
+        decoded: DecodedResponse[FetchResponse]
         _, decoded = ctx.decode_own_response(ApiKey.FETCH, ahead.version, raw)
         engine = self.engine
         jobs = engine.prefetch_jobs(ahead, decoded.body, trio.current_time())
@@ -189,14 +193,14 @@ class KeyRangeFetchFeature(Feature):
         self.metrics.prefetch_shares.inc(engine.cache_prefetch(ahead, jobs))
         self._export()
 
-    def _forget_lost(self, waited) -> None:
+    def _forget_lost(self, waited: list[tuple[ReadKey, _Read]]) -> None:
         """Reads waited for in vain (their connection ended before the answer, or the broker
         held them past the wait) stop making others wait: the next consumer reads itself."""
         for key, event in waited:
             if not event.done.is_set() and self._inflight.get(key) is event:
                 del self._inflight[key]
 
-    def _announce(self, reads) -> list:
+    def _announce(self, reads: Iterable[ReadKey]) -> list[tuple[ReadKey, _Read]]:
         """Register this request's broker reads so consumers at the same position wait
         for them instead of reading the broker again."""
         events = []
@@ -212,7 +216,7 @@ class KeyRangeFetchFeature(Feature):
                 events.append((key, event))
         return events
 
-    def _settle(self, events) -> None:
+    def _settle(self, events: list[tuple[ReadKey, _Read]]) -> None:
         for key, event in events:
             if self._inflight.get(key) is event:
                 del self._inflight[key]

@@ -15,9 +15,9 @@ Rules (docs/wire-contract.md#32-fetch):
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from proxy.protocol.constants import (
     FETCH_SESSION_FINAL_EPOCH,
@@ -25,6 +25,7 @@ from proxy.protocol.constants import (
     FETCH_SESSIONLESS_ID,
     ErrorCode,
 )
+from proxy.protocol.message_types import FetchRequest, FetchResponse
 from proxy.ranges import KeyRange, validate_ranges
 
 # Session ids and epochs as Kafka defines them (KIP-227).
@@ -33,11 +34,13 @@ FINAL_EPOCH = FETCH_SESSION_FINAL_EPOCH
 NO_SESSION = FETCH_SESSIONLESS_ID
 INVALID_REQUEST = ErrorCode.INVALID_REQUEST
 
-TopicKey = Hashable  # a topic name (Fetch v12) or a topic id (v13+)
+TopicKey = str | uuid.UUID  # a topic name (Fetch v12) or a topic id (v13+)
 PartitionKey = tuple[TopicKey, int]
+# the entries of a Fetch that name a topic
+NamedTopic = FetchRequest.FetchTopic | FetchRequest.ForgottenTopic | FetchResponse.FetchableTopicResponse
 
 
-def _wire_ranges(value: Any) -> tuple[KeyRange, ...] | None:
+def _wire_ranges(value: Sequence[FetchRequest.KeyRange] | None) -> tuple[KeyRange, ...] | None:
     if value is None:
         return None
     return tuple(KeyRange(r.start, r.end) for r in value)
@@ -63,12 +66,13 @@ class RequestRanges:
         return bool(self.filtered or self.invalid)
 
 
-def topic_key(topic: Any) -> TopicKey:
-    """How a FetchTopic / FetchableTopicResponse / ForgottenTopic is named in this version."""
-    topic_id = getattr(topic, "topic_id", None)
-    if topic_id is not None and int(topic_id) != 0:
+def topic_key(topic: NamedTopic) -> TopicKey:
+    """How a FetchTopic / FetchableTopicResponse / ForgottenTopic is named in this version
+    (its id is zero before v13)."""
+    topic_id = topic.topic_id
+    if topic_id.int != 0:
         return topic_id
-    return getattr(topic, "topic", None)
+    return topic.topic
 
 
 class FetchRangeSessions:
@@ -82,19 +86,19 @@ class FetchRangeSessions:
         self.sessions: dict[int, dict[PartitionKey, tuple[KeyRange, ...]]] = {}
         self.max_sessions = max_sessions
 
-    def resolve(self, request: Any) -> RequestRanges:
+    def resolve(self, request: FetchRequest) -> RequestRanges:
         session_id = request.session_id
         epoch = request.session_epoch
         out = RequestRanges(session_id=session_id, epoch=epoch)
         incremental = session_id != NO_SESSION and epoch > INITIAL_EPOCH
         previous = self.sessions.get(session_id, {}) if incremental else {}
         current: dict[PartitionKey, tuple[KeyRange, ...]] = dict(previous)
-        default = _wire_ranges(getattr(request, "key_ranges", None))
+        default = _wire_ranges(request.key_ranges)
         for topic in request.topics:
             key = topic_key(topic)
             for partition in topic.partitions:
                 pk = (key, partition.partition)
-                own = _wire_ranges(getattr(partition, "key_ranges", None))
+                own = _wire_ranges(partition.key_ranges)
                 chosen = own if own is not None else default
                 if chosen is None:
                     if pk not in previous:
@@ -110,7 +114,7 @@ class FetchRangeSessions:
                     continue
                 current[pk] = chosen
         if incremental:
-            for forgotten in getattr(request, "forgotten_topics_data", None) or ():
+            for forgotten in request.forgotten_topics_data or ():
                 key = topic_key(forgotten)
                 for index in forgotten.partitions:
                     current.pop((key, index), None)
