@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
@@ -31,12 +31,14 @@ from proxy.prediction.metrics import FetchPredictionMetrics
 from proxy.prediction.settings import FetchPredictionSettings
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.message_types import FetchRequest, FetchResponse, RequestHeader
+from proxy.protocol.message_versions import FETCH_FIRST_ISOLATION_LEVEL
 
 log = logging.getLogger("proxy.prediction")
 
 # Fetch v4 brought isolation levels and the last stable offset; older consumers are rare
 # enough not to be worth a prediction path of their own.
-FIRST_VERSION = 4
+FIRST_VERSION = FETCH_FIRST_ISOLATION_LEVEL
 # Early fetches per connection: with two, the next response is on its way from the broker
 # while the one after the client's current one waits, so a client that asks before the
 # broker's answer is in (the broker shares the machine) still rarely waits.
@@ -68,7 +70,7 @@ class FetchPredictionFeature(Feature):
         return {ApiKey.FETCH: self.on_fetch}
 
     # -- requests --------------------------------------------------------------------------
-    async def on_fetch(self, conn: ConnectionContext, fetch: Request) -> Route | None:
+    async def on_fetch(self, conn: ConnectionContext, fetch: Request[FetchRequest]) -> Route | None:
         frame = fetch.frame
         state = conn.existing(self.state_key)
         if state is not None and state.queue and state.queue[0].prediction.matches(frame):
@@ -98,7 +100,7 @@ class FetchPredictionFeature(Feature):
             return None
         return Route(frame, on_response=self._learn(conn, state, header, request, body.session_epoch))
 
-    def _hit(self, conn, state: ConnectionPredictions, correlation_id: int) -> Route:
+    def _hit(self, conn: ConnectionContext, state: ConnectionPredictions, correlation_id: int) -> Route:
         self.metrics.hits.inc()
         state.wasted = 0
         held = state.queue.popleft()
@@ -129,30 +131,33 @@ class FetchPredictionFeature(Feature):
         self._export()
 
     # -- responses ------------------------------------------------------------------------
-    def _learn(self, conn: ConnectionContext, state: ConnectionPredictions, header, request, client_epoch: int):
+    def _learn(self, conn: ConnectionContext, state: ConnectionPredictions, header: RequestHeader,
+               request: FetchRequest, client_epoch: int) -> Callable[[DecodedResponse[FetchResponse]], Awaitable[None]]:
         """The response to a forwarded request: passed on, and predicted from."""
 
-        async def on_response(response: DecodedResponse) -> None:
+        async def on_response(response: DecodedResponse[FetchResponse]) -> None:
             if not state.outstanding:
                 own = self._start(conn, state, self._predict(header, request, response.body, client_epoch))
                 await self._send(conn, state, own, None)
 
         return on_response
 
-    def _predict(self, header, request, response, client_epoch: int) -> Prediction | None:
+    def _predict(self, header: RequestHeader, request: FetchRequest, response: FetchResponse,
+                 client_epoch: int) -> Prediction | None:
         predicted = plan.next_request(request, response)
         if predicted is None:
             return None
         return Prediction(predicted, header, client_epoch, plan.early_request(predicted, self.max_bytes))
 
-    def _extend(self, conn, state: ConnectionPredictions) -> OwnRequest | None:
+    def _extend(self, conn: ConnectionContext, state: ConnectionPredictions) -> OwnRequest | None:
         """The next early fetch, if there is room and the newest one's response is in."""
         newest = state.newest
         if newest is None or newest.frame is None or state.outstanding >= DEPTH:
             return None
         return self._start(conn, state, newest.after)
 
-    def _start(self, conn, state: ConnectionPredictions, prediction: Prediction | None) -> OwnRequest | None:
+    def _start(self, conn: ConnectionContext, state: ConnectionPredictions,
+               prediction: Prediction | None) -> OwnRequest | None:
         """The early fetch for ``prediction``, now queued in ``state``;
         None when there is none to make or no room for it."""
         if prediction is None or trio.current_time() < state.paused_until:
@@ -172,7 +177,8 @@ class FetchPredictionFeature(Feature):
         return OwnRequest(messages.encode_request(own_header, prediction.upstream_body), ApiKey.FETCH,
                           header.request_api_version, correlation_id, self._sink(conn, state, held))
 
-    async def _send(self, conn, state: ConnectionPredictions, own: OwnRequest | None, before: HeldRead | None) -> None:
+    async def _send(self, conn: ConnectionContext, state: ConnectionPredictions, own: OwnRequest | None,
+                    before: HeldRead | None) -> None:
         """Send an early fetch from the response side. One that cannot go now is taken back;
         ``before`` (the newest until then) stays the newest, so the next hit tries again."""
         if own is None or await conn.send_own(own):
@@ -182,14 +188,15 @@ class FetchPredictionFeature(Feature):
         state.newest = before
         self._export()
 
-    def _sink(self, conn, state: ConnectionPredictions, held: HeldRead):
-        async def arrived(raw) -> None:
+    def _sink(self, conn: ConnectionContext, state: ConnectionPredictions,
+              held: HeldRead) -> Callable[[bytes | bytearray], Awaitable[None]]:
+        async def arrived(raw: bytes | bytearray) -> None:
             if held.claim is None and held not in state.queue:  # dropped while on its way
                 return
             prediction = held.prediction
             # Through every response stage, as a client's response: it goes to the client later.
             raw, decoded = conn.decode_own_response(ApiKey.FETCH, prediction.header.request_api_version, raw)
-            response = decoded.body
+            response: FetchResponse = decoded.body
             held.frame = raw if isinstance(raw, bytearray) else bytearray(raw)
             held.after = self._predict(prediction.header, prediction.predicted, response, prediction.client_epoch)
             self.budget.resize(held.reserved, len(held.frame))  # hold what arrived

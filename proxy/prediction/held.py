@@ -8,6 +8,7 @@ import dataclasses
 
 from proxy.pipeline.route import LocalAnswer
 from proxy.protocol import messages
+from proxy.protocol.message_types import FetchRequest, RequestHeader
 
 
 class ByteBudget:
@@ -43,7 +44,8 @@ class Prediction:
 
     __slots__ = ("predicted", "header", "client_epoch", "expected", "upstream_body")
 
-    def __init__(self, predicted, header, client_epoch: int, upstream_body) -> None:
+    def __init__(self, predicted: FetchRequest, header: RequestHeader, client_epoch: int,
+                 upstream_body: FetchRequest) -> None:
         self.predicted = predicted  # sessionless, as the proxy forwards it
         self.header = header  # the client's request header (client id), for our own requests
         self.client_epoch = client_epoch  # the session epoch the client sends (0 or -1)
@@ -52,7 +54,7 @@ class Prediction:
         self.expected = messages.encode_request(header, as_sent)
         self.upstream_body = upstream_body
 
-    def matches(self, frame) -> bool:
+    def matches(self, frame: bytes | bytearray | memoryview) -> bool:
         expected = self.expected
         view = memoryview(frame)
         return len(view) == len(expected) and view[:4] == expected[:4] and view[8:] == expected[8:]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import uuid
 
 from proxy.protocol.constants import (
     FETCH_SESSION_FINAL_EPOCH,
@@ -23,6 +24,8 @@ from proxy.protocol.constants import (
     FETCH_SESSIONLESS_ID,
     ErrorCode,
 )
+from proxy.protocol.message_types import FetchRequest, FetchResponse
+from proxy.protocol.message_versions import FETCH_FIRST_SESSION_ID
 
 # Bytes of a record batch (any magic) up to the fields read here: base offset, length,
 # partition leader epoch (v2; CRC in v0/v1), magic.
@@ -38,7 +41,7 @@ INITIAL_EPOCH = FETCH_SESSION_INITIAL_EPOCH
 READ_COMMITTED = 1
 
 
-def resume_point(records, last_epoch: int = NO_EPOCH) -> tuple[int, int] | None:
+def resume_point(records: bytes | bytearray | memoryview | None, last_epoch: int = NO_EPOCH) -> tuple[int, int] | None:
     """``(next offset, last fetched epoch)`` after the last whole batch of a Records blob.
 
     The next offset is where a consumer resumes once it has consumed the blob: one past
@@ -70,20 +73,20 @@ def resume_point(records, last_epoch: int = NO_EPOCH) -> tuple[int, int] | None:
     return None if resume is None else (resume, last_epoch)
 
 
-def is_plain_consumer_fetch(body, version: int) -> bool:
+def is_plain_consumer_fetch(body: FetchRequest, version: int) -> bool:
     """A consumer's full, sessionless Fetch (after ``without_session``): the only kind the
     proxy reads ahead for. Followers, incremental session fetches and key-range fetches
     are not."""
     if body.replica_id >= 0 or (body.replica_state is not None and body.replica_state.replica_id >= 0):
         return False
-    if version >= 7 and (body.session_id != NO_SESSION or body.session_epoch != SESSIONLESS_EPOCH):
+    if version >= FETCH_FIRST_SESSION_ID and (body.session_id != NO_SESSION or body.session_epoch != SESSIONLESS_EPOCH):
         return False
-    if body.forgotten_topics_data or getattr(body, "key_ranges", None):
+    if body.forgotten_topics_data or body.key_ranges:
         return False
     return bool(body.topics)
 
 
-def without_session(body, version: int):
+def without_session(body: FetchRequest, version: int) -> FetchRequest | None:
     """The request with a session opening (session 0, epoch 0) turned into a sessionless
     full fetch (epoch -1), or None when the request is part of a session already.
 
@@ -91,7 +94,7 @@ def without_session(body, version: int):
     is full; the client keeps sending full requests, each of which the proxy can compare
     with its prediction. Below v7 there are no sessions: the body is returned as it is.
     """
-    if version < 7:
+    if version < FETCH_FIRST_SESSION_ID:
         return body
     if body.session_id == NO_SESSION and body.session_epoch == SESSIONLESS_EPOCH:
         return body
@@ -100,7 +103,7 @@ def without_session(body, version: int):
     return None
 
 
-def next_request(request, response):
+def next_request(request: FetchRequest, response: FetchResponse) -> FetchRequest | None:
     """The Fetch the consumer sends after consuming ``response`` to ``request``, or None
     when reading ahead would not help: an error anywhere, a redirect to another replica,
     a partition missing from the response, or no partition with data beyond what came
@@ -108,12 +111,12 @@ def next_request(request, response):
     """
     if response.error_code != ErrorCode.NONE:
         return None
-    returned = {}
-    for topic in response.responses:
-        for partition in topic.partitions:
-            returned[(topic.topic, topic.topic_id, partition.partition_index)] = partition
+    returned: dict[tuple[str, uuid.UUID, int], FetchResponse.PartitionData] = {}
+    for answered in response.responses:
+        for partition in answered.partitions:
+            returned[(answered.topic, answered.topic_id, partition.partition_index)] = partition
     more_beyond = False
-    topics = []
+    topics: list[FetchRequest.FetchTopic] = []
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
@@ -142,7 +145,7 @@ def next_request(request, response):
     return dataclasses.replace(request, topics=topics)
 
 
-def early_request(predicted, max_bytes: int):
+def early_request(predicted: FetchRequest, max_bytes: int) -> FetchRequest:
     """What the proxy sends upstream for a prediction: the predicted request itself, so
     the broker's answer is one it gives that very request (its min_bytes and max_wait_ms
     included), with at most ``max_bytes`` (a broker may always return less than a client
