@@ -57,6 +57,7 @@ from proxy.prediction.feature import FetchPredictionFeature
 from proxy.prediction.metrics import FetchPredictionMetrics
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.message_types import MetadataRequest, MetadataResponse
 from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
@@ -280,16 +281,16 @@ class ProxyServer:
             self.book.sidecar_node_id = self.config.cluster.sidecar_node_id
         self.cluster.answered.set()  # as far as it will until clients authenticate
 
-    async def _read_metadata(self, topics: list[str] | None, *, addresses=None, timeout: float | None = None) -> Any:
+    async def _read_metadata(self, topics: list[str] | None, *, addresses=None,
+                             timeout: float | None = None) -> MetadataResponse:
         """A Metadata response from the cluster (``topics`` None: every topic), never creating one."""
-        cls: Any = messages.body_class(ApiKey.METADATA, "request")
-        body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request",
-                                 topics=None if topics is None else [cls.MetadataRequestTopic(name=t) for t in topics],
-                                 allow_auto_topic_creation=False)
+        cls = MetadataRequest
+        body = cls(topics=None if topics is None else [cls.MetadataRequestTopic(name=t) for t in topics],
+                   allow_auto_topic_creation=False)
         return await self.pool.request_any(ApiKey.METADATA, METADATA_VERSION, body, timeout=timeout,
                                            addresses=addresses)
 
-    def _identify_sidecar_node(self, host: str, port: int, body) -> None:
+    def _identify_sidecar_node(self, host: str, port: int, body: MetadataResponse) -> None:
         if self.config.cluster.sidecar_node_id >= 0:
             self.book.sidecar_node_id = self.config.cluster.sidecar_node_id
             return
