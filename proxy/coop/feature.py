@@ -1,16 +1,22 @@
 """The I/O edge of cooperative fetch (docs/wire-contract.md#37-cooperative-fetch): Fetch
 partitions tagged ``Cooperative`` get the next chunk of offsets nobody has had, read on
-the client's own broker connection. The decisions are ``leases``' and ``chunks``' (sans-IO).
+the client's own broker connection. The decisions are ``grants``' and ``chunks``' (sans-IO).
 
-Fetches of one (group, topic, partition) take turns: a turn lasts from the decision to the
-broker's answer, so the marker moves past one read before the next decision. A fetch that
-cannot have its turn within its ``MaxWaitMs`` is answered with no chunk, as the broker
-answers a fetch with nothing new.
+Who holds which chunk is the log's (``proxy.coop.grant_log``): the read's chunk is proposed
+as a grant, and handed out only once this instance has applied its own record and found it
+valid; a grant that lost to another instance's is proposed again from what the read holds
+beyond the winner (a few times), else the partition is answered with no chunk. So chunks
+never overlap, whichever instances the members reach.
+
+Fetches of one (group, topic, partition) through this instance take turns: a turn lasts
+from the decision to the verdict on its grant. A fetch that cannot have its turn within
+its ``MaxWaitMs`` is answered with no chunk, as the broker answers a fetch with nothing new.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -19,9 +25,12 @@ from typing import Any
 
 import trio
 
+from proxy.commits.cluster import CommitLogError
 from proxy.commits.reads import CommittedReads
-from proxy.coop.chunks import cut_chunk
-from proxy.coop.leases import Committed, PartitionLeases, Span, generation_error
+from proxy.coop.chunks import Chunk, cut_chunk
+from proxy.coop.grant_log import GrantLog
+from proxy.coop.grants import KeyGrants, Span
+from proxy.coop.leases import Committed, generation_error
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
@@ -38,19 +47,21 @@ COOPERATIVE_TAG_BYTES = b"\x91\x4e"  # tag 10001 as an unsigned varint
 _MAX_STATES = 10_000  # (group, topic, partition) states kept; the least recently used go first
 _MAX_GROUPS = 10_000  # groups whose newest generation is remembered
 _EMPTY = b""
+_PROPOSALS = 3  # grants proposed for one read before it is answered with no chunk
 
 Key = tuple[str, str, int]  # (group, topic, partition)
 
 
 class _Partition:
-    """One partition's leases and its turn."""
+    """One partition's grants (as this instance applied the log) and its turn here."""
 
-    __slots__ = ("leases", "turn", "lag")
+    __slots__ = ("grants", "turn", "lag", "expired")
 
-    def __init__(self, leases: PartitionLeases) -> None:
-        self.leases = leases
+    def __init__(self, grants: KeyGrants) -> None:
+        self.grants = grants
         self.turn = trio.Semaphore(1)
         self.lag: Any = None
+        self.expired = grants.counts.expired
 
 
 @dataclass
@@ -64,6 +75,7 @@ class _Pending:
     span: Span | None = None
     member: str = ""
     token: int = -1
+    committed: Committed = Committed()
     error: int = 0  # answered by the proxy with this code (no broker read)
     held: bool = False  # holds the partition's turn
     done: bool = False
@@ -73,10 +85,11 @@ class CooperativeFetchFeature(Feature):
     name = "cooperative"
 
     def __init__(self, settings: CooperativeFetchSettings, cluster: ClusterView, commits: CommittedReads,
-                 metrics: CooperativeFetchMetrics | None = None) -> None:
+                 metrics: CooperativeFetchMetrics | None = None, *, grants: GrantLog) -> None:
         self.cluster = cluster
         self.commits = commits
-        self.lease_seconds = settings.lease_ms / 1000
+        self.grants = grants
+        self.lease_ms = settings.lease_ms
         self.max_leases = settings.max_leases_per_member
         self._states: OrderedDict[Key, _Partition] = OrderedDict()
         self._generations: OrderedDict[str, int] = OrderedDict()
@@ -84,8 +97,7 @@ class CooperativeFetchFeature(Feature):
         self._refused = metrics.refused
         self._marker_lag = metrics.marker_lag
         metrics.partitions.set_function(lambda: len(self._states))
-        metrics.leases.set_function(lambda: sum(p.leases.leases for p in self._states.values()))
-        self._last_counts: dict[Key, tuple[int, int, int, int, int]] = {}
+        metrics.leases.set_function(lambda: sum(len(p.grants.leases) for p in self._states.values()))
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         return {ApiKey.FETCH: self.on_fetch}
@@ -136,7 +148,7 @@ class CooperativeFetchFeature(Feature):
         body.max_wait_ms = min(body.max_wait_ms, int(remaining * 1000))
 
         async def on_response(response: DecodedResponse[FetchResponse]) -> None:
-            self._on_response(version, response.body, pending)
+            await self._on_response(version, response.body, pending)
             self._answer_locally(version, response.body, local)
             response.changed = True
 
@@ -191,11 +203,11 @@ class CooperativeFetchFeature(Feature):
         if item.error:
             return
         try:
-            state = await self._state(item.key, item.token)
-        except Exception as exc:  # the commit log or coordinator could not be read
-            log.warning("cooperative fetch: committed offsets unavailable group=%s topic=%s partition=%s reason=%r",
-                        *item.key, str(exc))
-            self._refused.labels("commits_unavailable").inc()
+            state = await self._state(item.key)
+        except Exception as exc:  # the grants log, the commit log or coordinator could not be read
+            log.warning("cooperative fetch: grants or committed offsets unavailable group=%s topic=%s partition=%s "
+                        "reason=%r", *item.key, str(exc))
+            self._refused.labels("grants_unavailable").inc()
             item.error = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return
         with trio.move_on_at(deadline) as wait:
@@ -204,29 +216,27 @@ class CooperativeFetchFeature(Feature):
             self._refused.labels("turn").inc()
             return
         item.state, item.held = state, True
-        leases = state.leases
+        grants = state.grants
         group, topic, partition = item.key
-        now = trio.current_time()
-        expiry = leases.next_expiry()
-        if expiry is not None and expiry <= now:
-            try:  # what the group committed decides what is handed out again: read it whole,
-                # transactions committed and not yet folded into the log included
+        committed = self._known(item.key)
+        grants.release(committed)
+        span = grants.next_span(item.member, item.token, committed, _now_ms(), self.max_leases)
+        if span is not None and span.lease is None and grants.redelivery(span):
+            try:  # offsets handed out before: what the group committed decides what goes out again;
+                # read it whole, transactions committed and not yet folded into the log included
                 committed = self._committed(await self.commits.committed_state(group, (topic, partition),
                                                                                with_shadows=True))
             except Exception as exc:
-                log.warning("cooperative fetch: cannot expire leases group=%s topic=%s partition=%s reason=%r",
-                            group, topic, partition, str(exc))
-                committed = self._known(item.key)
-            else:
-                leases.expire(now, committed)
-        else:
-            committed = self._known(item.key)
-        leases.release_committed(committed, item.member)
-        span = leases.next_span(item.member, item.token, committed)
+                log.warning("cooperative fetch: cannot read what was committed group=%s topic=%s partition=%s "
+                            "reason=%r", group, topic, partition, str(exc))
+                self._refused.labels("commits_unavailable").inc()
+                return
+            grants.release(committed)
+            span = grants.next_span(item.member, item.token, committed, _now_ms(), self.max_leases)
         if span is None:
             self._refused.labels("lease_limit").inc()
             return
-        item.span = span
+        item.span, item.committed = span, committed
         item.part.fetch_offset = span.start
         item.part.last_fetched_epoch = -1
 
@@ -238,15 +248,15 @@ class CooperativeFetchFeature(Feature):
     def _committed(state: tuple[int, tuple] | None) -> Committed:
         return Committed() if state is None else Committed(state[0], tuple(state[1]))
 
-    async def _state(self, key: Key, token: int) -> _Partition:
+    async def _state(self, key: Key) -> _Partition:
+        group, topic, partition = key
+        grants = await self.grants.state(key)  # the log read to its end, and followed
         state = self._states.get(key)
-        if state is None:
-            group, topic, partition = key
-            committed = self._committed(await self.commits.committed_state(group, (topic, partition)))
+        if state is None or state.grants is not grants:
+            await self.commits.committed_state(group, (topic, partition))  # the commit log read to its end
             state = self._states.get(key)  # another fetch may have made it meanwhile
-            if state is None:
-                state = _Partition(PartitionLeases.starting(
-                    committed, token, lease_seconds=self.lease_seconds, max_leases_per_member=self.max_leases))
+            if state is None or state.grants is not grants:
+                state = _Partition(grants)
                 state.lag = self._marker_lag.labels(group, topic, str(partition))
                 self._states[key] = state
                 self._evict()
@@ -255,16 +265,14 @@ class CooperativeFetchFeature(Feature):
 
     def _forget(self, key: Key) -> None:
         if self._states.pop(key, None) is not None:
-            self._last_counts.pop(key, None)
             try:
                 self._marker_lag.remove(key[0], key[1], str(key[2]))
             except KeyError:
                 pass
 
     def _evict(self) -> None:
-        """Beyond ``_MAX_STATES``, forget the least recently fetched partitions nobody is
-        fetching now: a forgotten partition starts again from what the group committed,
-        which hands out its uncommitted leases again (at least once, nothing lost)."""
+        """Beyond ``_MAX_STATES``, forget the turns of the least recently fetched partitions
+        nobody is fetching now (their grants are the log's)."""
         while len(self._states) > _MAX_STATES:
             for key, state in self._states.items():
                 if state.turn.value == 1:
@@ -274,42 +282,86 @@ class CooperativeFetchFeature(Feature):
                 return
 
     # -- the response ---------------------------------------------------------------------------
-    def _on_response(self, version: int, response: FetchResponse, pending: list[_Pending]) -> None:
+    async def _on_response(self, version: int, response: FetchResponse, pending: list[_Pending]) -> None:
         parts: dict[tuple[str | None, int], FetchResponse.PartitionData] = {}
         for topic in response.responses:
             name = topic.topic if version < FETCH_FIRST_TOPIC_ID else self.cluster.name_of(topic.topic_id)
             for entry in topic.partitions:
                 parts[(name, entry.partition_index)] = entry
-        now = trio.current_time()
         for item in pending:
             if item.span is None or item.done:
                 continue
             item.done = True
             state, span = item.state, item.span
             assert state is not None
-            leases = state.leases
+            grants = state.grants
             part = parts.get(item.key[1:])
             if part is None:
-                leases.returned(span)
                 continue
             if part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
-                leases.out_of_range()  # passed on: the member resets, its next FetchOffset is the marker
+                grants.reset_pending = True  # passed on: the member resets, its next FetchOffset is where to go
                 continue
             if part.error_code != ErrorCode.NONE:
-                leases.returned(span)
                 continue
-            chunk = cut_chunk(part.records, span.start, span.end)
-            if chunk is None:
-                leases.returned(span)
-                self._empty(part)
+            if span.lease is not None:  # a retry: the member's own chunk again, no new grant
+                chunk = cut_chunk(part.records, span.start, span.end)
+                if chunk is None:
+                    self._empty(part)
+                else:
+                    self.metrics.retried.inc()
+                    self._hand_out(part, span.lease.start, chunk)
             else:
-                leases.granted(span, item.member, item.token, chunk.end, now)
-                part.records = chunk.records
-                part.cooperative_chunk = FetchResponse.CooperativeChunk(
-                    chunk_start=span.chunk_start if span.lease is None else span.lease.start, chunk_end=chunk.end)
-            if part.high_watermark >= 0 and state.lag is not None:
-                state.lag.set(max(0, part.high_watermark - leases.marker))
-            self._count(item.key, leases)
+                await self._grant(item, state, part)
+            if part.high_watermark >= 0 and state.lag is not None and grants.frontier is not None:
+                state.lag.set(max(0, part.high_watermark - grants.frontier))
+            if grants.counts.expired > state.expired:
+                self.metrics.expired.inc(grants.counts.expired - state.expired)
+                state.expired = grants.counts.expired
+
+    async def _grant(self, item: _Pending, state: _Partition, part: FetchResponse.PartitionData) -> None:
+        """Propose the read's chunk as a grant; hand it out once the log says it is valid.
+        A grant that lost to another is proposed again from what the read holds beyond the
+        winner (a few times); otherwise no chunk."""
+        grants, span = state.grants, item.span
+        assert span is not None
+        blob = part.records
+        for _attempt in range(_PROPOSALS):
+            chunk = cut_chunk(blob, span.start, span.end)
+            if chunk is None:
+                break
+            redelivery = grants.redelivery(span)
+            grant = grants.propose(span, item.member, item.token, chunk.end, item.committed, lease_ms=self.lease_ms,
+                                   instance=self.grants.instance, proposal=self.grants.next_proposal(),
+                                   now_ms=_now_ms())
+            try:
+                verdict = await self.grants.propose(item.key, grant)
+            except CommitLogError as exc:
+                log.warning("cooperative fetch: grant not written or not read back group=%s topic=%s partition=%s "
+                            "reason=%r", *item.key, str(exc))
+                self._refused.labels("grants_unavailable").inc()
+                self._empty(part)
+                return
+            if verdict is None:
+                if span.reset:
+                    grants.reset_pending = False
+                if redelivery:
+                    self.metrics.redelivered.inc()
+                self.metrics.leased.inc()
+                self.metrics.leased_offsets.inc(chunk.end - grant.start + 1)
+                self._hand_out(part, grant.start, chunk)
+                return
+            following = grants.next_span(item.member, item.token, item.committed, _now_ms(), self.max_leases)
+            if following is None or following.lease is not None or following.reset or \
+                    following.claim_from is not None or following.start < span.start:
+                break
+            span = following
+        self._refused.labels("conflict").inc()
+        self._empty(part)
+
+    @staticmethod
+    def _hand_out(part: FetchResponse.PartitionData, start: int, chunk: Chunk) -> None:
+        part.records = chunk.records
+        part.cooperative_chunk = FetchResponse.CooperativeChunk(chunk_start=start, chunk_end=chunk.end)
 
     @staticmethod
     def _empty(part: FetchResponse.PartitionData) -> None:
@@ -353,20 +405,12 @@ class CooperativeFetchFeature(Feature):
 
     def _release(self, pending: list[_Pending]) -> None:
         for item in pending:
-            if item.state is not None and item.span is not None and not item.done:
-                item.state.leases.returned(item.span)  # the exchange ended without an answer
-                item.done = True
             if item.held and item.state is not None:
                 item.held = False
                 item.state.turn.release()
 
-    def _count(self, key: Key, leases: PartitionLeases) -> None:
-        counts = leases.counts
-        now = (counts.leased, counts.leased_offsets, counts.expired, counts.redelivered, counts.retried)
-        before = self._last_counts.get(key, (0, 0, 0, 0, 0))
-        metrics = self.metrics
-        for counter, new, old in zip((metrics.leased, metrics.leased_offsets, metrics.expired, metrics.redelivered,
-                                      metrics.retried), now, before):
-            if new > old:
-                counter.inc(new - old)
-        self._last_counts[key] = now
+
+def _now_ms() -> int:
+    """This instance's idea of the log-append time (its wall clock): what it proposes from;
+    the log's own times decide."""
+    return int(time.time() * 1000)

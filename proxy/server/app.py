@@ -35,8 +35,10 @@ from typing import Any
 import trio
 from prometheus_client import Gauge
 
+from proxy.commits.cluster import Cluster
 from proxy.commits.service import CommitService
 from proxy.coop.feature import CooperativeFetchFeature
+from proxy.coop.grant_log import GrantLog
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.features.addresses import AddressRewrite
 from proxy.features.cluster_feed import ClusterFeed
@@ -148,8 +150,10 @@ class ProxyServer:
             features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine),
                                                  commits))
         if config.coop.enabled:  # Fetch partitions tagged Cooperative: before key ranges
+            # who holds which chunk is the log's: replicated across proxy instances
+            grants = GrantLog(Cluster(self.pool, self.cluster), self.background, lease_ms=config.coop.lease_ms)
             features.append(CooperativeFetchFeature(config.coop, self.cluster, commits.reads,
-                                                    CooperativeFetchMetrics(registry)))
+                                                    CooperativeFetchMetrics(registry), grants=grants))
         features.append(keyrange)  # extended Fetches
         if config.prediction.enabled:  # plain Fetches the key-range one passed on
             features.append(FetchPredictionFeature(config.prediction, FetchPredictionMetrics(registry)))

@@ -1,0 +1,283 @@
+"""The I/O edge of replicated cooperative grants (``proxy.coop.grants``): the compacted topic
+``__cooperative_fetch_grants``, a reader per log partition this instance serves keys of,
+and proposals appended with acks=all by the idempotent producer of the individual-commit
+log (``proxy.commits.producer``; the topic is found or created by ``proxy.commits.cluster``'s
+``LogTopic``, with the partition count and replication factor of ``__consumer_offsets``).
+
+A key (group, topic, partition) lives in the log partition of its group, as Kafka maps
+groups to ``__consumer_offsets``. The first time this instance serves a key of a log
+partition it reads that partition from its start to its end, then keeps following it
+(long-polling Fetch): every record of every key of the partition is applied in log order,
+so the state of the keys it serves is never older than what it has read.
+
+A proposal is appended, then the proposer waits until its reader has applied it and takes
+the verdict the state machine gave. Proposals of one log partition that meet travel in one
+batch. A log that cannot be written or read within ``timeout`` raises ``CommitLogError``:
+the caller hands out no chunk.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from proxy.commits.cluster import Cluster, CommitLogError, LogTopic
+from proxy.commits.producer import IdempotentProducer
+from proxy.coop.grants import (
+    Grant,
+    GrantFormatError,
+    Key,
+    KeyGrants,
+    decode_grant,
+    decode_key,
+    encode_grant,
+    encode_key,
+)
+from proxy.net.broker_connection import BrokerConnectionError
+from proxy.pipeline.background import Background
+from proxy.protocol import messages
+from proxy.protocol.constants import ErrorCode
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.groups import group_partition
+from proxy.protocol.messages import ApiKey
+from proxy.records.batch import RecordBatch, iter_batches
+
+log = logging.getLogger("proxy.coop.grants")
+
+GRANTS_TOPIC = "__cooperative_fetch_grants"
+FETCH_VERSION = 12
+LIST_OFFSETS_VERSION = 7
+SEGMENT_BYTES = 16 << 20
+MIN_COMPACTION_LAG_MS = 3_600_000  # compaction keeps every record younger (at least twice the lease)
+
+_FETCH_BYTES = 8 << 20
+_FOLLOW_WAIT_MS = 500  # a reader's long poll
+_RETRY_PAUSE = 0.1
+_ERRORS = (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError)
+
+
+@dataclass
+class _Waiting:
+    """A proposal, between its append and its verdict."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    verdict: str | None = None
+
+
+@dataclass
+class _Pending:
+    """Proposals waiting to travel in their log partition's next batch."""
+
+    records: list[tuple[bytes, bytes | None]]
+    done: bool = False
+    error: BaseException | None = None
+
+
+@dataclass
+class _Partition:
+    """This instance's reader of one log partition."""
+
+    position: int = 0  # every record below it is applied
+    loaded: trio.Event = field(default_factory=trio.Event)  # read to its end once
+    healthy: bool = False  # the last read succeeded
+    write_lock: trio.Lock = field(default_factory=trio.Lock)
+    pending: list[_Pending] = field(default_factory=list)
+
+
+class GrantLog:
+    def __init__(self, cluster: Cluster, background: Background, *, lease_ms: int, timeout: float = 5.0,
+                 instance: str | None = None, on_apply: Callable[[Key, str | None], None] | None = None) -> None:
+        self.cluster = cluster
+        self.background = background
+        self.timeout = timeout
+        self.instance = instance or uuid.uuid4().hex[:16]
+        lag = max(MIN_COMPACTION_LAG_MS, 2 * lease_ms)
+        self.topic = LogTopic(cluster, name=GRANTS_TOPIC, segment_bytes=SEGMENT_BYTES, timeout=timeout, configs={
+            "message.timestamp.type": "LogAppendTime", "min.compaction.lag.ms": str(lag)})
+        self.producer = IdempotentProducer(self.topic)
+        self.states: dict[Key, KeyGrants] = {}
+        self._parts: dict[int, _Partition] = {}
+        self._waiting: dict[int, _Waiting] = {}
+        self._proposals = itertools.count(1)
+        self._on_apply = on_apply or (lambda key, verdict: None)
+
+    def next_proposal(self) -> int:
+        return next(self._proposals)
+
+    # -- reading ---------------------------------------------------------------------------------
+    async def state(self, key: Key) -> KeyGrants:
+        """The key's grants, its log partition read to its end at least once and followed
+        from then on. Raises ``CommitLogError`` when the log cannot be read in time."""
+        index = await self._index(key, create=True)
+        part = self._parts.get(index)
+        if part is None:
+            part = self._parts[index] = _Partition()
+            self.background.start_soon(self._follow, index, part)
+        if not part.loaded.is_set():
+            with trio.move_on_after(self.timeout):
+                await part.loaded.wait()
+            if not part.loaded.is_set():
+                raise CommitLogError(f"{GRANTS_TOPIC}-{index} could not be read to its end")
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = KeyGrants()
+        return state
+
+    async def _index(self, key: Key, create: bool) -> int:
+        try:
+            partitions = await self.topic.partition_count(create=create)
+        except _ERRORS as exc:
+            raise CommitLogError(f"{GRANTS_TOPIC} unavailable: {exc}") from exc
+        assert partitions is not None
+        return group_partition(key[0], partitions)
+
+    async def _follow(self, index: int, part: _Partition) -> None:
+        """Read log partition ``index`` for as long as the proxy runs, applying each record."""
+        refresh = False
+        target: int | None = None  # the end to reach before the partition counts as loaded
+        while True:
+            try:
+                address = await self.topic.leader(index, refresh)
+                if target is None and not part.loaded.is_set():
+                    target = await self._end_offset(address, index)
+                wait = 0 if not part.loaded.is_set() else _FOLLOW_WAIT_MS
+                records, after, log_start = await self._fetch(address, index, part.position, wait)
+                refresh = False
+                part.healthy = True
+            except _ERRORS as exc:
+                if part.healthy:
+                    log.warning("cooperative grants: cannot read %s-%d reason=%r", GRANTS_TOPIC, index, str(exc))
+                part.healthy = False
+                refresh = True
+                await trio.sleep(_RETRY_PAUSE)
+                continue
+            if log_start is not None:
+                part.position = max(part.position, log_start)  # compaction or retention moved the start
+                continue
+            for offset, ms, key, value in records:
+                self._apply(offset, ms, key, value)
+            if after is not None:
+                part.position = max(part.position, after)
+            if target is not None and part.position >= target:
+                part.loaded.set()
+                target = None
+
+    def _apply(self, offset: int, ms: int, raw_key: bytes, value: bytes | None) -> None:
+        try:
+            key = decode_key(raw_key)
+            grant = None if value is None else decode_grant(value)
+        except GrantFormatError as exc:
+            log.warning("cooperative grants: record %d skipped reason=%r", offset, str(exc))
+            return
+        if grant is None:  # a tombstone: the key's grants are over
+            self.states.pop(key, None)
+            return
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = KeyGrants()
+        if offset <= state.offset:
+            return
+        verdict = state.apply(offset, ms, grant)
+        self._on_apply(key, verdict)
+        if grant.instance == self.instance:
+            waiting = self._waiting.pop(grant.proposal, None)
+            if waiting is not None:
+                waiting.verdict = verdict
+                waiting.done.set()
+
+    async def _fetch(self, address, index: int, offset: int, wait_ms: int):
+        """One Fetch from ``offset``: (records [(offset, log-append ms, key, value)], the
+        position after the last batch or None, the log start when ``offset`` is below it)."""
+        fetch_class = messages.body_class(ApiKey.FETCH, "request")
+        body = messages.new_body(
+            ApiKey.FETCH, FETCH_VERSION, "request", max_wait_ms=wait_ms, min_bytes=1, max_bytes=_FETCH_BYTES,
+            isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[fetch_class.FetchTopic(topic=GRANTS_TOPIC, partitions=[
+                fetch_class.FetchPartition(partition=index, fetch_offset=offset, partition_max_bytes=_FETCH_BYTES)])],
+        )
+        response = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body,
+                                              timeout=self.timeout + wait_ms / 1000)
+        data = response.responses[0].partitions[0]
+        if data.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            if data.log_start_offset <= offset:
+                raise CommitLogError(f"Fetch {GRANTS_TOPIC}-{index} at {offset}: out of range")
+            return [], None, data.log_start_offset
+        if data.error_code != ErrorCode.NONE:
+            raise CommitLogError(f"Fetch {GRANTS_TOPIC}-{index} error {ErrorCode.name_of(data.error_code)}")
+        records: list = []
+        after = None
+        for entry in iter_batches(data.records or b""):
+            if not isinstance(entry, RecordBatch) or entry.header.next_offset <= offset:
+                continue
+            if not entry.header.is_control:
+                records.extend((record.offset, record.timestamp, record.key, record.value)
+                               for record in entry.records() if record.offset >= offset and record.key is not None)
+            after = entry.header.next_offset
+        return records, after, None
+
+    async def _end_offset(self, address, index: int) -> int:
+        cls = messages.body_class(ApiKey.LIST_OFFSETS, "request")
+        body = messages.new_body(
+            ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, "request", replica_id=-1, isolation_level=0,
+            topics=[cls.ListOffsetsTopic(name=GRANTS_TOPIC, partitions=[
+                cls.ListOffsetsPartition(partition_index=index, timestamp=-1)])],
+        )
+        response = await self.cluster.request(address, ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, body,
+                                              timeout=self.timeout)
+        entry = response.topics[0].partitions[0]
+        if entry.error_code != ErrorCode.NONE:
+            raise CommitLogError(f"ListOffsets {GRANTS_TOPIC}-{index} error {ErrorCode.name_of(entry.error_code)}")
+        return entry.offset
+
+    # -- proposing -------------------------------------------------------------------------------
+    async def propose(self, key: Key, grant: Grant) -> str | None:
+        """Append ``grant`` (acks=all) and wait for this instance to apply it: its verdict
+        (None: valid, the chunk may be handed out). Raises ``CommitLogError`` when it cannot
+        be written, or not read back, within ``timeout``."""
+        index = await self._index(key, create=True)
+        part = self._parts[index]
+        waiting = self._waiting[grant.proposal] = _Waiting()
+        try:
+            with trio.move_on_after(self.timeout) as scope:
+                await self._write(index, part, [(encode_key(*key), encode_grant(grant))])
+                await waiting.done.wait()
+            if scope.cancelled_caught:
+                raise CommitLogError(f"grant {grant.proposal} not read back from {GRANTS_TOPIC}-{index} in time")
+            return waiting.verdict
+        finally:
+            self._waiting.pop(grant.proposal, None)
+
+    async def _write(self, index: int, part: _Partition, records: list[tuple[bytes, bytes | None]]) -> None:
+        pending = _Pending(records)
+        part.pending.append(pending)
+        async with part.write_lock:
+            if not pending.done:
+                batch, part.pending = part.pending, []
+                with trio.CancelScope(shield=True):  # the producer's sequence must not be left half-sent
+                    with trio.move_on_after(self.timeout):
+                        await self._send(index, batch)
+                for item in batch:
+                    if not item.done:
+                        item.done, item.error = True, CommitLogError("write timed out")
+        if pending.error is not None:
+            raise CommitLogError(f"write to {GRANTS_TOPIC}-{index} failed: {pending.error}") from pending.error
+
+    async def _send(self, index: int, batch: list[_Pending]) -> None:
+        records = [record for item in batch for record in item.records]
+        refresh = False
+        while True:
+            try:
+                await self.producer.send(index, records, refresh)
+            except _ERRORS as exc:
+                log.debug("retrying a grants write reason=%r", str(exc))
+                refresh = True
+                await trio.sleep(_RETRY_PAUSE)
+                continue
+            for item in batch:
+                item.done = True
+            return
