@@ -15,7 +15,6 @@ decode a version it does not know), and adds the features' SupportedFeatures ent
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from proxy.net import native_table
 from proxy.net.native_table import NativeClass
@@ -30,6 +29,8 @@ from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.message_types import ApiVersionsResponse
+from proxy.protocol.message_versions import API_VERSIONS_FIRST_SUPPORTED_FEATURES
 from proxy.protocol.peek import produce_acks
 
 ACKS_NONE = 0  # a Produce with acks=0 gets no response from the broker
@@ -222,9 +223,8 @@ class FeatureChain:
             if body.error_code != ErrorCode.NONE:
                 # The broker answered an older version it chose (v0 layout); pass it on.
                 return raw
-            features = self.advertised if version >= 3 else {}
-            new_feature = messages.body_class(ApiKey.API_VERSIONS, "response").SupportedFeatureKey
-            if not clamp_api_versions(body, self._known, features, new_feature):
+            features = self.advertised if version >= API_VERSIONS_FIRST_SUPPORTED_FEATURES else {}
+            if not clamp_api_versions(body, self._known, features, ApiVersionsResponse.SupportedFeatureKey):
                 return raw
             return messages.encode_response(ApiKey.API_VERSIONS, version, header, body)
 
@@ -234,9 +234,8 @@ class FeatureChain:
         """Answer as a broker does when a client asks for an ApiVersions version it lacks:
         UNSUPPORTED_VERSION in the v0 layout, listing the ApiVersions versions we do know."""
         low, high = self._known[ApiKey.API_VERSIONS]
-        response_class: Any = messages.body_class(ApiKey.API_VERSIONS, "response")
-        body = messages.new_body(
-            ApiKey.API_VERSIONS, 0, "response",
+        response_class = ApiVersionsResponse
+        body = response_class(
             error_code=int(ErrorCode.UNSUPPORTED_VERSION),
             api_keys=[response_class.ApiVersion(api_key=int(ApiKey.API_VERSIONS), min_version=low, max_version=high)],
         )

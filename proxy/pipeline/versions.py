@@ -7,15 +7,14 @@ anything, so the caller re-encodes only when it must.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from proxy.protocol.message_types import ApiVersionsResponse
 
 
 def clamp_api_versions(
-    body,
+    body: ApiVersionsResponse,
     known: dict[int, tuple[int, int]],
     features: dict[str, tuple[int, int]],
-    new_feature: Callable[..., Any] | None = None,
+    new_feature: type[ApiVersionsResponse.SupportedFeatureKey] | None = None,
 ) -> bool:
     """Clamp the advertised versions of every key we decode to what our schemas know; add
     our features.
@@ -37,7 +36,7 @@ def clamp_api_versions(
         if entry.min_version < low <= entry.max_version:
             entry.min_version = low
             changed = True
-    if features and hasattr(body, "supported_features"):
+    if features:
         present = {feature.name for feature in body.supported_features or ()}
         for name, (min_version, max_version) in features.items():
             if name in present or new_feature is None:
