@@ -25,11 +25,12 @@ import dataclasses
 import functools
 import operator
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.protocol.primitives import EMPTY_FROZENSET, ZERO_UUID
 from proxy.protocol.schema import FieldDef, MessageDef, SchemaError, View, registry
 
+V = TypeVar("V")  # a message or struct value
 UNKNOWN_TAGGED = "_unknown_tagged"
 PRESENT_TAGS = "_present_tags"
 
@@ -146,11 +147,11 @@ def message_classes(view: View, name: str) -> MessageClasses:
     return MessageClasses(message)
 
 
-def strip_extensions(value: Any) -> Any:
+def strip_extensions(value: V) -> V:
     """Reset every field our overlays add (tag 10000) to its default, in place, through
     all nested structs, so the value encodes exactly as a stock Kafka peer would send it.
     Returns ``value``."""
-    cls = type(value)
+    cls: Any = type(value)  # a generated class: its attributes are made with it
     ours = cls._kafka_ours
     if ours:
         fields = cls.__dataclass_fields__
