@@ -3,7 +3,7 @@ without I/O (docs/individual-commit.md, "Write order", explains why this order).
 
 ``RangeCommit`` takes events (what this instance holds of the log, the coordinator's
 answers, where a write landed, what another instance wrote) and answers each with the
-next action for the I/O edge (``proxy.commits.feature``) to perform:
+next action for the I/O edge (``proxy.commits.writes``) to perform:
 
     begin ──> FetchCommitted ──> Forward                 (request hook, under the key locks)
           └─────────────────────> Forward

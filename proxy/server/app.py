@@ -66,7 +66,11 @@ from proxy.server.connection import ClientConnection, UpstreamUnavailable
 from proxy.server.limits import LogThrottle
 from proxy.server.memory import HeapTrimmer
 from proxy.server.metrics import ProxyMetrics, serve_metrics
-from proxy.virtual.feature import VirtualTopicsFeature
+from proxy.virtual.commit_feature import VirtualCommitFeature
+from proxy.virtual.fetch_feature import VirtualFetchFeature
+from proxy.virtual.naming_feature import VirtualNamingFeature
+from proxy.virtual.refusal_feature import VirtualRefusalFeature
+from proxy.virtual.resolver import VirtualResolver
 
 log = logging.getLogger("proxy.server")
 
@@ -144,11 +148,14 @@ class ProxyServer:
         registry = metrics.registry
         features: list[Feature] = [ClusterFeed(self.cluster)]  # before addresses: it needs the real ones
         keyrange = KeyRangeFetchFeature(config.keyrange, self.cluster, KeyRangeMetrics(registry))
-        commits = CommitService(config, self.cluster, metrics, pool=self.pool,  # the log both commit paths write
+        commits = CommitService(config, self.cluster, metrics, pool=self.pool,  # the commit layer they stand on
                                 background=self.background)
         if config.virtual.enabled:  # virtual names become real before any other feature sees them
-            features.append(VirtualTopicsFeature(config, self.cluster, metrics, SharedReads(keyrange.engine),
-                                                 commits))
+            virtual = VirtualResolver(config, self.cluster)  # which names are virtual, for the four below
+            features.append(VirtualNamingFeature(virtual))  # Metadata and the requests naming topics
+            features.append(VirtualRefusalFeature(virtual, metrics))  # writes, KIP-848 groups
+            features.append(VirtualFetchFeature(virtual, metrics, SharedReads(keyrange.engine)))
+            features.append(VirtualCommitFeature(virtual, metrics, commits))  # share watermarks
         if config.coop.enabled:  # Fetch partitions tagged Cooperative: before key ranges
             # who holds which chunk is the log's: replicated across proxy instances
             grants = GrantLog(Cluster(self.pool, self.cluster), self.background, lease_ms=config.coop.lease_ms)

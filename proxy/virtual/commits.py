@@ -4,11 +4,11 @@ I/O (docs/wire-contract.md#9-virtual-range-topics).
 A standard OffsetCommit of offset X on virtual partition (p, share i) means "share i of p
 is processed below X": the share's watermark W(i) = X. The watermarks live in the real
 partition's record of ``__individual_commit_offsets``, next to its individual-commit state;
-the commit log service (``proxy.commits.service``, handed over by the server) plans each
-commit: the real partition's S (at least the lowest watermark once every share has one)
-and the watermarks as metadata, both sent to the coordinator in the client's own
-OffsetCommit (so the broker checks the member's generation and id), then, for partitions
-the coordinator accepted, the log record, before the client is answered.
+the commit layer (``proxy.commits.writes``) plans each commit: the real partition's S (at
+least the lowest watermark once every share has one) and the watermarks as metadata, both
+sent to the coordinator in the client's own OffsetCommit (so the broker checks the
+member's generation and id), then, for partitions the coordinator accepted, the log
+record, before the client is answered.
 
 This module turns the client's request into the real one (``commit_plan``,
 ``commit_request``) and the coordinator's answer into the client's (``commit_response``);
@@ -41,19 +41,6 @@ class CommitPlan:
     edits: dict[RealKey, dict[int, dict[int, int]]] = field(default_factory=dict)  # real -> K -> share -> W
     plain: dict[RealKey, int] = field(default_factory=dict)  # real partitions committed plainly
     refused: dict[RealKey, int] = field(default_factory=dict)  # real partitions answered without the broker
-
-
-def commit_targets(body: Any, resolver: Resolver) -> dict[tuple[str, int], int] | None:
-    """(real topic, real partition) -> K of every virtual partition the commit names; None
-    when it names none."""
-    out: dict[tuple[str, int], int] = {}
-    for topic in body.topics:
-        vt = resolver.virtual(topic.name) if topic.name else None
-        if vt is None:
-            continue
-        for part in topic.partitions:
-            out[(vt.real, vt.real_partition(part.partition_index))] = vt.mark_k
-    return out or None
 
 
 def commit_plan(body: Any, resolver: Resolver) -> CommitPlan | None:

@@ -1,5 +1,5 @@
 """Fetch of virtual partitions through the feature, without a broker: a client's Fetch goes
-into ``VirtualTopicsFeature.on_fetch``, a made-up broker answers the read it sends, and the
+into ``VirtualFetchFeature.on_fetch``, a made-up broker answers the read it sends, and the
 client's answer comes out. Covers what one connection's read means for its other shares
 (an out-of-range position), and which reads a consumer may be served from (its isolation
 level)."""
@@ -28,8 +28,9 @@ from proxy.records.transactions import TransactionFilter, Verdict
 from proxy.server.config import build_config
 from proxy.server.metrics import ProxyMetrics
 from proxy.testing.batches import Rec, control_batch, kafka_python_batch
-from proxy.virtual.feature import VirtualTopicsFeature
+from proxy.virtual.fetch_feature import VirtualFetchFeature
 from proxy.virtual.names import share_ranges
+from proxy.virtual.resolver import VirtualResolver
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 VERSION = 12
@@ -92,7 +93,7 @@ class World:
             meta.MetadataResponseTopic(error_code=0, name="t", partitions=[
                 meta.MetadataResponsePartition(error_code=0, partition_index=0, leader_id=0)])]))
         engine = KeyRangeEngine(cache_bytes=1 << 30, topic_settings=config.keyrange.topics.of, topic_name=lambda key: None)
-        self.feature = VirtualTopicsFeature(config, cluster, ProxyMetrics(), SharedReads(engine), None)
+        self.feature = VirtualFetchFeature(VirtualResolver(config, cluster), ProxyMetrics(), SharedReads(engine))
         self.reads: list[tuple[int, int]] = []  # (fetch offset, isolation level) of every broker read
         self._connections = 0
 

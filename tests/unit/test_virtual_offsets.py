@@ -11,7 +11,6 @@ import pytest
 import trio
 import trio.testing
 
-from proxy.keyrange.engine import KeyRangeEngine, SharedReads
 from proxy.net.streams import FrameStream
 from proxy.pipeline import ClusterView, DecodedResponse, Feature, FeatureChain, Route
 from proxy.protocol import messages
@@ -22,7 +21,8 @@ from proxy.server.config import build_config
 from proxy.server.connection import ClientConnection
 from proxy.server.metrics import ProxyMetrics
 from proxy.virtual import rewrite
-from proxy.virtual.feature import VirtualTopicsFeature
+from proxy.virtual.naming_feature import VirtualNamingFeature
+from proxy.virtual.resolver import VirtualResolver
 from tests.unit.test_virtual_core import _Resolver
 
 EARLIEST, LATEST = -2, -1
@@ -212,8 +212,7 @@ def _virtual_topics_feature() -> Feature:
     cluster.learn_metadata(messages.new_body(ApiKey.METADATA, 12, "response", brokers=[], topics=[
         cls.MetadataResponseTopic(error_code=0, name="t", partitions=[
             cls.MetadataResponsePartition(error_code=0, partition_index=0, leader_id=0)])]))
-    engine = KeyRangeEngine(cache_bytes=1 << 20, topic_settings=config.keyrange.topics.of, topic_name=lambda key: None)
-    return VirtualTopicsFeature(config, cluster, ProxyMetrics(), SharedReads(engine), None)
+    return VirtualNamingFeature(VirtualResolver(config, cluster))
 
 
 @pytest.mark.parametrize("feature", [_VirtualOffsets, _virtual_topics_feature], ids=["rewrite", "feature"])

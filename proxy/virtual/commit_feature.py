@@ -1,0 +1,237 @@
+"""Commits of virtual partitions: OffsetCommit and TxnOffsetCommit naming a virtual topic
+become commits of share watermarks on the real partition, kept by the commit layer
+(``proxy.commits``: the log, and shadow groups inside transactions); OffsetFetch answers
+each share's watermark. The rules are ``proxy.virtual.commits``' and ``proxy.virtual.txn``'s
+(no I/O); docs/wire-contract.md#9-virtual-range-topics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import Counter
+
+from proxy.commits import shadows
+from proxy.commits.service import CommitService
+from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, Request, RequestStage, ResponseStage, Route
+from proxy.pipeline.background import Background
+from proxy.pipeline.route import OwnRequest, own_correlation_id
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.constants import ErrorCode
+from proxy.virtual import commits, txn
+from proxy.virtual.resolver import VirtualResolver
+
+log = logging.getLogger("proxy.virtual")
+
+NEWEST_COMMIT_BY_NAME = 9  # OffsetCommit / OffsetFetch v10 name topics by id only
+
+
+class VirtualCommitFeature(Feature):
+    name = "virtual-commits"
+
+    def __init__(self, resolver: VirtualResolver, metrics, commits: CommitService) -> None:
+        self.resolver = resolver
+        self.reads, self.writes, self.transactions = commits.reads, commits.writes, commits.transactions
+        # G deleted through the proxy deletes its share shadows (and offsets of G, theirs):
+        # a group created again under the name must not read its predecessor's watermarks.
+        self.writes.on_deleted(self.transactions.delete_share_shadows)
+        registry = metrics.registry
+        self._commits = Counter("kafka_proxy_virtual_commits", "Virtual partitions committed.", ["topic"],
+                                registry=registry)
+        self._txn_commits = Counter("kafka_proxy_virtual_txn_commits", "Virtual partitions committed inside "
+                                    "transactions.", ["topic"], registry=registry)
+        self._settles = Counter("kafka_proxy_virtual_txn_settles", "Committed transactions whose share watermarks "
+                                "were folded into the log and S moved.", registry=registry)
+
+    def request_stages(self) -> Mapping[int, RequestStage]:
+        guarded = self.resolver.guarded
+        # Not OffsetFetch: asked for every topic, it lists the virtual partitions too, and
+        # its bytes name none.
+        return {ApiKey.OFFSET_COMMIT: guarded(self.on_offset_commit), ApiKey.OFFSET_FETCH: self.on_offset_fetch,
+                ApiKey.TXN_OFFSET_COMMIT: guarded(self.on_txn_offset_commit)}
+
+    def response_stages(self) -> Mapping[int, tuple[int, ResponseStage]]:
+        return {ApiKey.LIST_GROUPS: (0, self._hide_shadows)}
+
+    def version_limits(self) -> Mapping[int, int]:
+        # OffsetCommit and OffsetFetch v10 name topics by id only; the watermark commits
+        # and their answers work by name, so clients are offered v9, which every client
+        # that speaks v10 also speaks.
+        return {ApiKey.OFFSET_COMMIT: NEWEST_COMMIT_BY_NAME, ApiKey.OFFSET_FETCH: NEWEST_COMMIT_BY_NAME}
+
+    def _hide_shadows(self, ctx: ConnectionContext, response: DecodedResponse) -> None:
+        """Share shadows of transactional commits are the proxy's bookkeeping: ListGroups
+        through the proxy does not show them (DescribeGroups and OffsetFetch by name do)."""
+        partitions = self.resolver.cluster.consumer_offsets_partitions
+        listed = response.body.groups or []
+        kept = [group for group in listed if shadows.parse_share_shadow(group.group_id, partitions) is None]
+        if len(kept) != len(listed):
+            response.body.groups = kept
+            response.changed = True
+
+    # -- OffsetCommit ------------------------------------------------------------------------------
+    async def on_offset_commit(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        header, body = request.decoded()
+        plan = commits.commit_plan(body, self.resolver)
+        if plan is None:
+            return None
+        # The commit layer plans S and the watermarks under its per-partition locks (held
+        # until the log is written) and writes the log once the coordinator accepted.
+        shares = await self.writes.begin_shares(ctx, plan.group, plan.edits, plan.plain)
+        refused = {**plan.refused, **shares.refused}
+        for _name, vt, parts in plan.topics:
+            if vt is not None:
+                self._commits.labels(vt.real).inc(len(parts))
+        if not commits.commit_request(body, plan, shares.offsets, refused):
+            self.writes.abandon(shares)
+            response = messages.new_body(ApiKey.OFFSET_COMMIT, request.version, "response")
+            commits.commit_response(response, plan, {}, refused)
+            return Route.answer(messages.encode_response(ApiKey.OFFSET_COMMIT, request.version,
+                                                         messages.new_response_header(request.correlation_id),
+                                                         response))
+
+        async def on_response(response: DecodedResponse) -> None:
+            results = [((t.name, p.partition_index), p.error_code) for t in response.body.topics
+                       for p in t.partitions]
+            errors = await self.writes.finish_shares(shares, body.generation_id_or_member_epoch, body.member_id,
+                                                     body.group_instance_id, results)
+            commits.commit_response(response.body, plan, errors, refused)
+            response.changed = True
+
+        return Route(messages.encode_request(header, body), on_response=on_response)
+
+    # -- OffsetFetch -------------------------------------------------------------------------------
+    async def on_offset_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        header, body = request.decoded()
+        version = request.version
+        groups = body.groups if version >= 8 else [body]
+        names = [t.name for group in groups for t in group.topics or ()]
+        every = any(group.topics is None for group in groups)
+        if not every and not any(self.resolver.virtual(name) for name in names):
+            return None
+        plan = commits.offset_fetch_request(body, version, self.resolver)
+        for group_id in plan.group_ids():
+            try:
+                await self.reads.read(group_id)  # the log's watermarks, up to its end
+            except Exception as exc:  # noqa: BLE001 - CommitLogError: answered retriable, never stale
+                log.warning("share watermarks unreadable group=%s reason=%r", group_id, str(exc))
+                plan.unavailable.add(group_id)
+        await self._read_shadows(plan, bool(getattr(body, "require_stable", False)))
+        reads, name_of_marks = self.reads, self.resolver.names.name_of_marks
+
+        def marks_of(group: str, real: str, partition: int, committed: int,
+                     metadata: str | None) -> tuple[int, dict[int, list[int]]]:
+            return reads.watermarks(group, (real, partition), committed, metadata,
+                                    plan.shadow_marks.get((group, (real, partition)), ()))
+
+        def answer(response: DecodedResponse) -> None:
+            commits.offset_fetch_response(response.body, response.version, plan, marks_of, name_of_marks)
+            response.changed = True
+
+        request.replace(messages.encode_request(header, body), (header, body), on_response=answer)
+        return None
+
+    async def _read_shadows(self, plan: commits.FetchPlan, require_stable: bool) -> None:
+        """The committed watermark of each share shadow of the virtual partitions asked (one
+        request per group: the shadows share its coordinator), for the answer."""
+        wanted: dict[str, dict[str, set[tuple[str, int]]]] = {}  # group -> shadow -> real keys
+        slots: dict[tuple[str, str], tuple[int, int]] = {}  # (group, shadow) -> (K, share)
+        partitions = None
+        for group, vt, index in plan.virtual_partitions():
+            if group in plan.unavailable:
+                continue
+            try:
+                partitions = partitions or await self.reads.offsets_partitions()
+                shadow = shadows.share_shadow(group, vt.mark_k, vt.share(index), partitions)
+            except shadows.ShadowNameError:
+                continue  # such a group cannot have committed transactionally
+            wanted.setdefault(group, {}).setdefault(shadow, set()).add((vt.real, vt.real_partition(index)))
+            slots[(group, shadow)] = (vt.mark_k, vt.share(index))
+        for group, by_shadow in wanted.items():
+            try:
+                found = await self.reads.shadow_offsets(group, {name: sorted(keys) for name, keys in by_shadow.items()},
+                                                        require_stable=require_stable)
+            except Exception as exc:  # noqa: BLE001 - CommitLogError: answered retriable, never stale
+                log.warning("shadow watermarks unreadable group=%s reason=%r", group, str(exc))
+                plan.unavailable.add(group)
+                continue
+            for shadow, keys in found.items():
+                shares, share = slots[(group, shadow)]
+                for key, (offset, metadata, error) in keys.items():
+                    if error != ErrorCode.NONE:
+                        plan.shadows[(group, *key, shares, share)] = (error, "")
+                        continue
+                    mark = shadows.shadow_mark(shares, share, offset, metadata)
+                    decoded = shadows.decode_share_metadata(metadata)
+                    if mark is None or decoded is None:
+                        continue
+                    plan.shadows[(group, *key, shares, share)] = (int(ErrorCode.NONE), decoded.client)
+                    plan.shadow_marks.setdefault((group, key), []).append(mark)
+
+    # -- TxnOffsetCommit ---------------------------------------------------------------------------
+    async def on_txn_offset_commit(self, ctx: ConnectionContext, request: Request) -> Route | None:
+        header, body = request.decoded()
+        await self.resolver.know(t.name for t in body.topics)
+        plan = txn.commit_plan(body, self.resolver)
+        if plan is None:
+            return None
+        refused = dict(plan.refused)
+        try:
+            partitions = await self.reads.offsets_partitions()
+            for shares, share in plan.slots():
+                plan.shadows[(shares, share)] = shadows.share_shadow(plan.group, shares, share, partitions)
+        except shadows.ShadowNameError as exc:
+            log.warning("transactional commit refused group=%s reason=%r", plan.group, str(exc))
+            for key in plan.edits:
+                refused.setdefault(key, int(ErrorCode.INVALID_REQUEST))
+        edits = {key: by_k for key, by_k in plan.edits.items() if key not in refused}
+        # S_c and the watermarks, computed under the keys' locks as a plain virtual commit
+        # plans them; nothing is written to the log: the transaction may still abort.
+        planned = await self.transactions.begin_marks(ctx, plan.group, edits)
+        refused.update(planned.refused)
+        own = []
+        for slot, shadow_body in txn.shadow_requests(body, plan, planned.sequences, refused):
+            correlation_id = own_correlation_id()
+            own.append(OwnRequest(
+                messages.encode_request(dataclasses.replace(header, correlation_id=correlation_id), shadow_body),
+                ApiKey.TXN_OFFSET_COMMIT, request.version, correlation_id, self._keep_shadow(plan, slot, request.version)))
+        for _name, vt, parts in plan.topics:
+            if vt is not None:
+                self._txn_commits.labels(vt.real).inc(len(parts))
+        if not txn.carrier_request(body, plan, planned.offsets, refused):
+            # every partition refused: nothing goes to the broker
+            self.writes.abandon(planned)
+            response = messages.new_body(ApiKey.TXN_OFFSET_COMMIT, request.version, "response")
+            txn.commit_response(response, plan, refused)
+            return Route.answer(messages.encode_response(ApiKey.TXN_OFFSET_COMMIT, request.version,
+                                                         messages.new_response_header(request.correlation_id),
+                                                         response))
+        generation, member, instance = body.generation_id, body.member_id, body.group_instance_id
+
+        async def on_response(response: DecodedResponse) -> None:
+            self.writes.abandon(planned)
+            outcome = txn.commit_response(response.body, plan, refused)
+            response.changed = True
+            committed = {key: plan.edits[key] for key, code in outcome.items() if code == ErrorCode.NONE}
+            if committed:
+                background = self.transactions.background
+                background.start(self._settle, background, plan.group, committed, generation, member, instance)
+
+        return Route(messages.encode_request(header, body), before=tuple(own), on_response=on_response,
+                     settle=lambda: self.writes.abandon(planned))
+
+    @staticmethod
+    def _keep_shadow(plan: txn.TxnPlan, slot: tuple[int, int], version: int):
+        async def keep(raw: bytes | bytearray) -> None:
+            _, plan.answers[slot] = messages.decode_response(ApiKey.TXN_OFFSET_COMMIT, version, raw)
+        return keep
+
+    async def _settle(self, ctx: Background, group: str, keys: dict[Any, Any], generation: int, member: str,
+                      instance: str | None) -> None:
+        """Once the transaction has ended, fold its committed share shadows into the log."""
+        if await self.transactions.settle_marks(ctx, group, keys, generation, member, instance):
+            self._settles.inc()
