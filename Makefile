@@ -35,17 +35,17 @@ $(STAMP): pyproject.toml setup.py $(CSOURCES) proxy/net/native_table.py proxy/pr
 # Downloads Kafka from Maven Central into ${KEYRANGE_CACHE:-~/.cache/keyrange-proxy} once;
 # skips Maven entirely when the cache is complete.
 jars: $(STAMP)
-	$(PY) -m proxy.testing.kafka_cluster fetch-jars
+	$(PY) -m proxy.local_kafka fetch-jars
 
 # Builds the Toxiproxy server (network fault injection for the fault tests) with `go install`
 # into ${KEYRANGE_CACHE:-~/.cache/keyrange-proxy}/toxiproxy-<version> once; silent when there.
 toxiproxy: $(STAMP)
-	@$(PY) -m proxy.testing.toxiproxy install
+	@$(PY) -m harness.toxiproxy install
 
 # ruff (style, imports, likely bugs) and mypy (types) over the code; before the suite, so a
 # slip fails in seconds rather than after it.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check proxy tests benchmarks fuzz chaos experiments
+	$(VENV)/bin/ruff check proxy harness tests benchmarks fuzz chaos experiments
 	$(PY) -m proxy.protocol.stubs --check
 	$(VENV)/bin/mypy
 

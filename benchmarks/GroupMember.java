@@ -1,5 +1,5 @@
 // A standard Java consumer as a member of the groups benchmark's rebalance run, the
-// counterpart of benchmarks/group_member.py (the same work model and the same event lines),
+// counterpart of harness/group_member.py (the same work model and the same event lines),
 // run as a single source file against the harness's Kafka jars:
 //
 //   java -cp '<libs>/*' benchmarks/GroupMember.java BOOTSTRAP GROUP TOPIC NAME EVENTS STOP WORK_MS
@@ -12,7 +12,7 @@
 //
 //   J <time>                                  subscribed
 //   P <first finish> <last finish> <count>    one poll's records processed
-//   A|R|L <time> <partitions>                 assigned, revoked, lost (the listener's calls)
+//   A|R|L <name> <time> <partitions>          assigned, revoked, lost (the listener's calls)
 
 import java.io.FileOutputStream;
 import java.io.IOException;
@@ -62,13 +62,14 @@ public class GroupMember {
             System.exit(2);
         }
         String topic = args[2];
+        String name = args[3];
         Path stop = Path.of(args[5]);
         long work = (long) (Double.parseDouble(args[6]) * 1_000_000);
         events = new FileOutputStream(args[4], true);
         Properties props = new Properties();
         props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
         props.put(ConsumerConfig.GROUP_ID_CONFIG, args[1]);
-        props.put(ConsumerConfig.CLIENT_ID_CONFIG, args[3]);
+        props.put(ConsumerConfig.CLIENT_ID_CONFIG, name);
         props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, CooperativeStickyAssignor.class.getName());
         props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
@@ -81,18 +82,18 @@ public class GroupMember {
             consumer.subscribe(List.of(topic), new ConsumerRebalanceListener() {
                 @Override
                 public void onPartitionsAssigned(Collection<TopicPartition> partitions) {
-                    line(String.format("A %.6f %s", now(), names(consumer.assignment())));
+                    line(String.format("A %s %.6f %s", name, now(), names(consumer.assignment())));
                 }
 
                 @Override
                 public void onPartitionsRevoked(Collection<TopicPartition> partitions) {
                     consumer.commitSync();  // what was processed of them is committed before they move
-                    line(String.format("R %.6f %s", now(), names(partitions)));
+                    line(String.format("R %s %.6f %s", name, now(), names(partitions)));
                 }
 
                 @Override
                 public void onPartitionsLost(Collection<TopicPartition> partitions) {
-                    line(String.format("L %.6f %s", now(), names(partitions)));
+                    line(String.format("L %s %.6f %s", name, now(), names(partitions)));
                 }
             });
             line(String.format("J %.6f", now()));

@@ -27,6 +27,7 @@ proxy's CPU per million records handed out. Writes ``builds_delivery.json`` and 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,10 +38,9 @@ from benchmarks import results
 from benchmarks.bench_proxy import RECORD_SIZE, _consume, _cpu_seconds, _produce
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, rotation
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 DIRECT = "direct"
 
@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu: dict[str, dict[str, list[float]]] = {"consume": {n: [] for n in names}, "produce": {n: [] for n in names}}
     workdir = scratch_dir("bench-builds-")
     with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties={"num.partitions": "1"}) as cluster:
-        proxies = {n: ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / n, source=path)
+        # each build's own proxy: run from its root folder (C kernels built in place)
+        proxies = {n: ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / n, cwd=path,
+                                         env={**os.environ, "PYTHONPATH": str(path)})
                    for n, path in builds.items()}
         try:
             processes = {n: psutil.Process(p.pid) for n, p in proxies.items()}

@@ -42,12 +42,11 @@ from pathlib import Path
 import psutil
 
 from benchmarks.benchmark import Benchmark
+from harness.commit_client import CommitClient, commit_body
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, scratch_dir
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
-from proxy.testing.commit_client import CommitClient, commit_body
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 100

@@ -372,7 +372,7 @@ def _say(text: str) -> None:
 
 
 async def run(report: dict, args, cluster, workdir: Path) -> None:
-    from proxy.testing.proxy_process import ProxyProcess
+    from proxy.local_kafka import ProxyProcess
 
     broker_pid = cluster.nodes[0].pid
     top = args.steps[-1]
@@ -514,8 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     needed = args.steps[-1] + args.beyond + args.crowd + 1000
     if soft < needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, needed), hard))
-    from proxy.testing.kafka_cluster import KafkaCluster
-    from proxy.testing.scratch import scratch_dir
+    from harness.kafka_cluster import KafkaCluster
+    from proxy.local_kafka import scratch_dir
 
     command = " ".join(["flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_connections",
                         *(argv if argv is not None else sys.argv[1:])])

@@ -36,10 +36,9 @@ import psutil
 import trio
 
 from benchmarks.benchmark import Benchmark
+from harness.kafka_cluster import KafkaCluster
 from proxy.client import Consumer, TopicPartition, equal_shares
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -93,9 +93,8 @@ from benchmarks.peers import java_harness, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from benchmarks.workloads.stopping import stop_processes
-from proxy.testing.kafka_cluster import KafkaCluster, spawn
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, scratch_dir, spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = 10_000

@@ -2,7 +2,7 @@
 virtual range topic ``T.krK`` against P instances on T (docs/virtual-topics.md).
 
 The application is ``KeyCountApp`` (``benchmarks/java/streams``, launched by
-``proxy.testing.streams_app`` with its JVM options): ``groupByKey().count()`` with
+``harness.streams_app`` with its JVM options): ``groupByKey().count()`` with
 ``processing.guarantee=exactly_once_v2``, one stream thread per instance, commit interval
 100 ms (Streams' default under exactly-once), RocksDB store, Streams' record cache at its
 default, and ``--delay-us 1000 --delay-mode sleep``: 1 ms of paced work per record, parked
@@ -72,11 +72,10 @@ import psutil
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
-from proxy.testing import streams_app
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
-from proxy.testing.streams_app import StreamsAppError, StreamsFleet, StreamsInstance, read_counts
+from harness import streams_app
+from harness.kafka_cluster import KafkaCluster
+from harness.streams_app import StreamsAppError, StreamsFleet, StreamsInstance, read_counts
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 KEYS = 10_000
 VALUE_BYTES = 100

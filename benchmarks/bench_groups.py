@@ -3,7 +3,7 @@ join into a running group costs, beside standard Java consumers on cooperative-s
 
     flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_groups
 
-Every member is a process of its own (``benchmarks/group_member.py``; the Java one is
+Every member is a process of its own (``harness/group_member.py``; the Java one is
 ``benchmarks/GroupMember.java``), so M members are limited by the machine, not by one
 Python process. Each record costs 1 ms of awaited work, sequential per member (deadlines
 chained from the poll's return), and each member logs every poll's first and last finish
@@ -60,7 +60,7 @@ BIN = 0.5  # seconds per bin of the records/s timeline
 # -- the members' logs, read back (pure) ----------------------------------------------------
 @dataclass
 class MemberLog:
-    """One member's event lines: see ``benchmarks/group_member.py``."""
+    """One member's event lines: see ``harness/group_member.py``."""
 
     joined: float | None = None
     batches: list[tuple[float, float, int]] = field(default_factory=list)  # first, last finish, count
@@ -82,8 +82,8 @@ def parse(text: str) -> MemberLog:
             log.batches.append((float(cells[1]), float(cells[2]), int(cells[3])))
         elif cells[0] == "S" and len(cells) >= 6:
             log.states.append((float(cells[1]), int(cells[2]), cells[3], cells[4] == "1", " ".join(cells[5:])))
-        elif cells[0] in ("A", "R", "L") and len(cells) >= 3:
-            log.changes.append((cells[0], float(cells[1]), " ".join(cells[2:])))
+        elif cells[0] in ("A", "R", "L") and len(cells) >= 4:  # kind, member, time, assignment
+            log.changes.append((cells[0], float(cells[2]), " ".join(cells[3:])))
     return log
 
 
@@ -173,7 +173,7 @@ class Fleet:
         self.members: dict[str, subprocess.Popen[bytes]] = {}
 
     def _spawn(self, name: str, command: list[str]) -> None:
-        from proxy.testing.kafka_cluster import spawn
+        from proxy.local_kafka import spawn
 
         with open(self.workdir / f"{name}.err", "wb") as err:
             self.members[name] = spawn(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -181,9 +181,11 @@ class Fleet:
 
     def python(self, name: str, bootstrap: str, group: str, topic: str, work_ms: float,
                profile: Path | None = None) -> None:
-        self._spawn(name, [sys.executable, "-m", "benchmarks.group_member", "--bootstrap", bootstrap,
+        self._spawn(name, [sys.executable, "-m", "harness.group_member", "--bootstrap", bootstrap,
                            "--group", group, "--topic", topic, "--name", name, "--events", str(self.events(name)),
-                           "--stop", str(self.stop_file), "--work-ms", str(work_ms),
+                           "--stop", str(self.stop_file), "--work-ms", str(work_ms), "--delay-max-ms", "0",
+                           "--events-per", "poll", "--commit-in-background", "--max-poll-records", "50",
+                           "--session-timeout-ms", "10000", "--max-poll-interval-ms", "300000",
                            *(["--profile", str(profile)] if profile else [])])
 
     def java(self, classes: Path, name: str, bootstrap: str, group: str, topic: str, work_ms: float) -> None:
@@ -219,7 +221,7 @@ class Fleet:
 
 def java_command(classes: Path | None = None) -> list[str]:
     """``java`` with the harness's Kafka jars (and ``classes``) on the class path."""
-    from proxy.testing.kafka_cluster import java_base_command
+    from proxy.local_kafka import java_base_command
 
     command = java_base_command(log4j_config="tools-log4j2.properties",
                                 jvm_options=("-Xms32m", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"))
@@ -460,9 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--after must be at least 2 (seconds after the group settled)")
     if 1 not in args.members:
         parser.error("--members must include 1 (the baseline)")
-    from proxy.testing.kafka_cluster import KafkaCluster
-    from proxy.testing.proxy_process import ProxyProcess
-    from proxy.testing.scratch import scratch_dir
+    from harness.kafka_cluster import KafkaCluster
+    from proxy.local_kafka import ProxyProcess, scratch_dir
     from tests.conftest import create_topic
 
     command = " ".join(["flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_groups",

@@ -32,11 +32,10 @@ import psutil
 
 from benchmarks.bench_proxy import RECORD_SIZE, _consume, _produce, _readahead_counts
 from benchmarks.benchmark import Benchmark
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster, _free_port
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
-from proxy.testing.wait import wait_until
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from harness.wait import wait_until
+from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RELAY_LISTENER = "RELAY"
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     records = args.consume_mb * 1024 * 1024 // RECORD_SIZE
     workdir = scratch_dir("bench-hop-")
-    relay_port = _free_port()
+    relay_port = free_port()
     report: dict = {
         "command": " ".join(["python -m benchmarks.bench_hop", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count(),

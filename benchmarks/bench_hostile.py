@@ -155,7 +155,7 @@ def produce(bootstrap: str, topic: str, count: int, size: int) -> None:
 def run(report: dict, args, cluster, workdir: Path) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from proxy.testing.proxy_process import ProxyProcess
+    from proxy.local_kafka import ProxyProcess
 
     topic = f"hostile-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4 * args.attackers + 1000:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * args.attackers + 1000), hard))
-    from proxy.testing.kafka_cluster import KafkaCluster
-    from proxy.testing.scratch import scratch_dir
+    from harness.kafka_cluster import KafkaCluster
+    from proxy.local_kafka import scratch_dir
 
     command = " ".join(["flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_hostile",
                         *(argv if argv is not None else sys.argv[1:])])

@@ -1,7 +1,7 @@
 """Key-range fetch: N consumers sharing one partition through the proxy, against one
 consumer reading the whole partition straight from the broker, in the same run.
 
-The range consumers are a minimal wire client (``proxy.testing.raw_client``), one thread
+The range consumers are a minimal wire client (``harness.raw_client``), one thread
 and one connection each, counting records from batch headers. The direct baseline is one
 standard consumer (Kafka's ConsumerPerformance) reading the whole partition; the same raw
 client reading it directly is reported too. Reports, per N in ``--consumers``:
@@ -34,13 +34,12 @@ import psutil
 
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, rotation
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from harness.raw_client import RawClient
+from proxy.local_kafka import ProxyProcess, scratch_dir
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.raw_client import RawClient
-from proxy.testing.scratch import scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOPIC = "bench-keyrange"

@@ -34,10 +34,9 @@ from pathlib import Path
 import psutil
 
 from benchmarks.benchmark import Benchmark
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECORD_SIZE = 1024

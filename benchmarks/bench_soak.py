@@ -279,7 +279,7 @@ def commit_rdkafka(soak: Soak, consumer) -> None:
     is under way is counted, not fatal (the next commit, or the revoke's, carries it)."""
     from confluent_kafka import KafkaException
 
-    from proxy.testing.clients import commit_consumed
+    from harness.clients import commit_consumed
 
     try:
         commit_consumed(consumer)
@@ -781,9 +781,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.minutes * 60
     command = " ".join([".venv/bin/python -m benchmarks.bench_soak", *(sys.argv[1:] if argv is None else argv)])
 
-    from proxy.testing.kafka_cluster import KafkaCluster
-    from proxy.testing.proxy_process import ProxyProcess
-    from proxy.testing.scratch import scratch_dir
+    from harness.kafka_cluster import KafkaCluster
+    from proxy.local_kafka import ProxyProcess, scratch_dir
 
     report = results.new_report(
         "soak", f"Soak: {args.minutes:g} minutes of mixed load through the proxy, resource use every "

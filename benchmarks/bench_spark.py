@@ -173,10 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from kafka.admin import KafkaAdminClient, NewTopic
 
+    from harness.kafka_cluster import KafkaCluster
+    from proxy.local_kafka import ProxyProcess, scratch_dir
     from proxy.spark.session import local_session
-    from proxy.testing.kafka_cluster import KafkaCluster
-    from proxy.testing.proxy_process import ProxyProcess
-    from proxy.testing.scratch import scratch_dir
 
     workdir = scratch_dir("keyrange-bench-spark-")
     topic = f"bench-spark-{uuid.uuid4().hex[:6]}"

@@ -28,10 +28,9 @@ from benchmarks.benchmark import Benchmark
 from benchmarks.peers import share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 WORK_TOPIC = "virtual-work"
 READ_TOPIC = "virtual-read"

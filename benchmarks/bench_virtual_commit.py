@@ -18,10 +18,9 @@ import uuid
 
 from benchmarks.bench_commits import _percentile, _request
 from benchmarks.benchmark import Benchmark
-from proxy.testing.commit_client import CommitClient, commit_body
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness.commit_client import CommitClient, commit_body
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,11 +36,10 @@ from benchmarks.benchmark import Benchmark
 from benchmarks.lock import bench_lock
 from benchmarks.peers import bare_relay
 from benchmarks.workloads.passthrough import RECORD_SIZE, consume, produce
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster, _free_port
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
-from proxy.testing.wait import wait_until
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from harness.wait import wait_until
+from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
 
 
 def _shares(data: Path) -> dict[str, float]:
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     records = args.mb * 2**20 // RECORD_SIZE
     workdir = scratch_dir("bench-cpu-breakdown-")
     runs = []
-    relay_port = _free_port()
+    relay_port = free_port()
     with bench_lock(print), contextlib.ExitStack() as stack:
         cluster = stack.enter_context(KafkaCluster.start(1, workdir=workdir / "kafka",
                                                          **bare_relay.cluster_options(relay_port)))

@@ -25,10 +25,9 @@ from benchmarks.benchmark import Benchmark
 from benchmarks.lock import bench_lock
 from benchmarks.results import RESULTS
 from benchmarks.workloads.passthrough import RECORD_SIZE, consume, produce
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 
 def summarise(collapsed: str, top: int = 40) -> str:

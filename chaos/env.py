@@ -24,9 +24,9 @@ import signal
 import time
 from pathlib import Path
 
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
-from proxy.testing.toxiproxy import Proxy, ToxiproxyServer
+from harness.kafka_cluster import KafkaCluster
+from harness.toxiproxy import Proxy, ToxiproxyServer
+from proxy.local_kafka import ProxyProcess, ProxyStartError
 
 log = logging.getLogger("chaos")
 

@@ -13,8 +13,8 @@ from collections import Counter
 
 from chaos.verdict import Handed
 from chaos.workloads import CellContext, Outcome, Workload, register
-from proxy.testing import streams_app
-from proxy.testing.streams_app import PlainConsumerProcess, StreamsFleet, real_partition
+from harness import streams_app
+from harness.streams_app import PlainConsumerProcess, StreamsFleet, real_partition
 
 
 class JavaConsumers(Workload):

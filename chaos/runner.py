@@ -21,8 +21,8 @@ from chaos.env import ChaosEnv
 from chaos.faults import FAULTS
 from chaos.verdict import Acked, judge
 from chaos.workloads import WORKLOADS, CellContext, wait_for
-from proxy.testing.history import History
-from proxy.testing.live import LiveProducer
+from harness.history import History
+from harness.live import LiveProducer
 
 log = logging.getLogger("chaos")
 

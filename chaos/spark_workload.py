@@ -1,6 +1,6 @@
 """The ``spark-stream`` workload: the Spark ``keyrange`` source as a stream with a checkpoint.
 
-One Spark driver (``proxy.testing.spark_member``, local mode, task retries allowed) reads
+One Spark driver (``harness.spark_member``, local mode, task retries allowed) reads
 the cell's topic through the proxy as 3 key-range shares per partition, a micro-batch
 every 300 ms, and commits what its micro-batches processed for the cell's group (the
 source's ``commit.group.id``), so the runner's check of the committed offsets applies.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from chaos.verdict import Handed, pair_events
 from chaos.workloads import CellContext, Outcome, Workload, register, wait_for
-from proxy.testing.group_member import Event, read_events
+from harness.group_member import Event, read_events
 
 log = logging.getLogger("chaos")
 
@@ -91,7 +91,7 @@ class SparkStream(Workload):
         assert self.ctx is not None
         self.serial += 1
         name = f"driver-{self.serial}"
-        command = [sys.executable, "-m", "proxy.testing.spark_member", "--bootstrap", self.ctx.bootstrap,
+        command = [sys.executable, "-m", "harness.spark_member", "--bootstrap", self.ctx.bootstrap,
                    "--group", self.ctx.group, "--topic", self.ctx.topic, "--name", name,
                    "--events", str(self._path(name, "events")), "--stop", str(self._path(name, "stop")),
                    "--status", str(self._path(name, "status")), "--checkpoint", str(self.ctx.tmp / "checkpoint"),

@@ -1,7 +1,7 @@
 """The consumers a chaos cell runs while a producer writes and a fault strikes.
 
 Every workload runs its members as processes of their own, so a fault may SIGKILL one, and
-reports what it handed out as event lines (``proxy.testing.group_member``'s format: H
+reports what it handed out as event lines (``harness.group_member``'s format: H
 handed out, F finished, A/R/L assignment changes, times on the system's monotonic clock).
 
 A workload says what it promises: ``keyed_order`` (per-key order, checked) and whether its
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos.verdict import Handed, pair_events
-from proxy.testing.group_member import MemberProcesses
+from harness.group_member import MemberProcesses
 
 
 @dataclass
@@ -91,7 +91,7 @@ class MemberFleet(Workload):
     """Members that are processes of ``module`` (group_member or rdkafka_member), each with
     ``member_options(i)``; a killed member is replaced by a new one with the same options."""
 
-    module = "proxy.testing.group_member"
+    module = "harness.group_member"
     count = 2
 
     def __init__(self) -> None:
@@ -217,7 +217,7 @@ class AssignWhole(MemberFleet):
 class VirtualRdkafka(MemberFleet):
     name = "virtual-rdkafka"
     description = "3 librdkafka (confluent-kafka) members in a group on T.kr4 of 2 partitions (8 virtual)"
-    module = "proxy.testing.rdkafka_member"
+    module = "harness.rdkafka_member"
     count = 3
     shares = 4
 

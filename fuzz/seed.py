@@ -24,6 +24,8 @@ from typing import Any
 
 from fuzz import CORPUS, DICTIONARIES, ROOT
 from fuzz.surface import decoded_versions
+from harness.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
+from harness.golden import GoldenExchange, read_golden
 from proxy.commits.codec import encode_key, encode_value, encode_value_generic
 from proxy.commits.state import CommitState
 from proxy.commits.watermarks import PREFIX, encode_metadata
@@ -37,8 +39,6 @@ from proxy.records.builder import build_batch, encode_record
 from proxy.records.compression import Codec
 from proxy.records.varint import encode_varint
 from proxy.server.config import every_key
-from proxy.testing.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
-from proxy.testing.golden import GoldenExchange, read_golden
 
 GOLDEN = ROOT.parent / "tests" / "golden" / "kafka-traffic.jsonl"
 MAX_SEED_BYTES = 64 * 1024

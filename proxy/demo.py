@@ -41,10 +41,8 @@ from kafka.admin import KafkaAdminClient
 
 from proxy.client import Consumer, RetriableError, TopicPartition
 from proxy.client.group_assignor import UNIT, length, to_intervals
+from proxy.local_kafka import LocalKafka, LocalKafkaError, ProxyProcess, ProxyStartError, kafka_version, scratch_dir
 from proxy.ranges import equal_shares
-from proxy.testing.kafka_cluster import KafkaCluster, KafkaHarnessError, kafka_version
-from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
-from proxy.testing.scratch import scratch_dir
 
 TOPIC = "demo-orders"
 # Two customers in each quarter of the key-hash space, so each of the four range consumers has some.
@@ -296,7 +294,7 @@ def _standard_committed(bootstrap: str, group: str = GROUP, topic: str = TOPIC) 
 def run() -> None:
     workdir = scratch_dir("keyrange-demo-")
     step(f"Starting a one-node Apache Kafka {kafka_version()} (KRaft)")
-    with KafkaCluster.start(nodes=1, workdir=workdir / "kafka") as kafka:
+    with LocalKafka.start(workdir / "kafka") as kafka:
         print(f"broker ready in {kafka.start_seconds:.1f} s at {kafka.bootstrap_servers}")
 
         step("Starting keyrange-proxy in front of it")
@@ -433,7 +431,7 @@ def run() -> None:
 def main() -> int:
     try:
         run()
-    except (KafkaHarnessError, ProxyStartError) as exc:
+    except (LocalKafkaError, ProxyStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from proxy.testing.kafka_cluster import KafkaCluster, KafkaHarnessError
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import LocalKafkaError
 
 _start_times = pytest.StashKey[dict[str, float]]()
 KAFKA_FIXTURES = ("kafka", "kafka_cluster", "any_kafka", "new_topic")
@@ -57,7 +58,7 @@ def _start(request: pytest.FixtureRequest, label: str, nodes: int) -> KafkaClust
     workdir = request.getfixturevalue("tmp_path_factory").mktemp(label)
     try:
         cluster = KafkaCluster.start(nodes, workdir=workdir)
-    except KafkaHarnessError as exc:
+    except LocalKafkaError as exc:
         pytest.fail(str(exc), pytrace=False)
     request.config.stash[_start_times][label] = cluster.start_seconds or 0.0
     return cluster
@@ -88,7 +89,7 @@ def _ensure_all_running(cluster: KafkaCluster) -> None:
         for node in stopped:
             cluster.start_node(node.node_id, wait=False)
         cluster.wait_ready(90)
-    except KafkaHarnessError as exc:
+    except LocalKafkaError as exc:
         pytest.fail(str(exc), pytrace=False)
 
 

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import psutil
 
-from proxy.testing.kafka_cluster import KafkaCluster, spawn
-from proxy.testing.wait import wait_until
+from harness.kafka_cluster import KafkaCluster
+from harness.wait import wait_until
+from proxy.local_kafka import spawn
 
 LISTENER = "RELAY"
 

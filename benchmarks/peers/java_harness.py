@@ -15,8 +15,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy.testing import maven
-from proxy.testing.kafka_cluster import KafkaHarnessError, find_java, kafka_dist_dir, spawn
+from harness import maven
+from proxy.local_kafka import LocalKafkaError, find_java, kafka_dist_dir, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "benchmarks" / "java"
@@ -25,7 +25,7 @@ MODULES = ("bench-share", "bench-parallel", "bench-kroxylicious", "bench-streams
 JVM_OPTIONS = ("-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-Djava.awt.headless=true")
 
 
-class HarnessError(KafkaHarnessError):
+class HarnessError(LocalKafkaError):
     """A Java harness program failed; the message carries what it printed."""
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 
 from benchmarks.peers import java_harness
-from proxy.testing.kafka_cluster import _free_port, spawn
-from proxy.testing.wait import wait_until
+from harness.wait import wait_until
+from proxy.local_kafka import free_port, spawn
 
 MAIN = "io.keyrange.bench.KroxyliciousMain"
 VERSION = "0.12.0"
@@ -57,12 +57,12 @@ def config_yaml(target: str, bootstrap_port: int, node_start_port: int) -> str:
 @contextlib.contextmanager
 def running(target: str, *, timeout: float = 90.0) -> Iterator[tuple[str, psutil.Process]]:
     """Kroxylicious in front of ``target``; yields (its bootstrap address, its process)."""
-    bootstrap_port = _free_port()
-    node_start_port = _free_port()
+    bootstrap_port = free_port()
+    node_start_port = free_port()
     for _ in range(200):  # four consecutive free ports for the nodes
         if all(_port_free(node_start_port + i) for i in range(4)):
             break
-        node_start_port = _free_port()
+        node_start_port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="kroxylicious-"))
     config = workdir / "config.yaml"
     config.write_text(config_yaml(target, bootstrap_port, node_start_port))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from benchmarks.peers import java_harness
-from proxy.testing import java_tools
+from harness import java_tools
 
 BROKER_PROPERTIES = {
     "share.coordinator.state.topic.replication.factor": "1",

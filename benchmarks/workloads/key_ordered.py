@@ -40,10 +40,9 @@ from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from benchmarks.workloads.key_ordered_worker import read_log
 from benchmarks.workloads.stopping import stop_processes
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster, spawn
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, scratch_dir, spawn
 
 TOPIC = "ko-work"
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ partition straight from the broker, in the same round:
 
 - ``trio Consumer``: ``proxy.client.Consumer`` tasks of one process (assign mode, equal
   shares), against one such Consumer direct;
-- ``raw client``: the minimal wire client (``proxy.testing.raw_client``), one thread and
+- ``raw client``: the minimal wire client (``harness.raw_client``), one thread and
   connection each, counting records from batch headers, against itself direct;
 - ``share group``: ShareConsumerPerformance with N share consumers, against Kafka's
   ConsumerPerformance direct (both Java; no key ranges, the share group splits by record);
@@ -35,13 +35,12 @@ from benchmarks.peers import bare_relay, share_groups
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from benchmarks.workloads.passthrough import consume as java_consume
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from harness.raw_client import RawClient
+from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster, _free_port
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.raw_client import RawClient
-from proxy.testing.scratch import scratch_dir
 
 TOPIC = "krd-delivery"
 KINDS = ("trio Consumer", "raw client", "floor", "share group")
@@ -139,7 +138,7 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
     progress.step("starting Kafka")
     values: dict[tuple[str, str], list[float]] = {}
     amplification: dict[int, list[float]] = {n: [] for n in consumers}
-    relay_port = _free_port()
+    relay_port = free_port()
     with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties=share_groups.BROKER_PROPERTIES,
                             **bare_relay.cluster_options(relay_port)) as cluster:
         progress.step(f"writing {records:,} records ({mb} MB)")

@@ -3,7 +3,7 @@
 A throughput figure measured on a log written beforehand says nothing of the live tail,
 where two consumers of one partition read the same offset at different moments and get
 different data, and where consumers reach the log end and leave it again. This workload
-writes keyed records at a steady rate in small bursts with idle gaps (``proxy.testing.live``,
+writes keyed records at a steady rate in small bursts with idle gaps (``harness.live``,
 acks=all, idempotent, the same seeded schedule for every contender of a round) into a
 fresh one-partition topic per run, from the moment every member of the contender holds
 its partitions, while the contender reads it:
@@ -16,7 +16,7 @@ its partitions, while the contender reads it:
 - ``virtual``: 4 librdkafka consumers of one group on ``T.kr4`` through the proxy, a commit
   after every batch.
 
-Each run's recorded history (``proxy.testing.history``) gives records acknowledged and
+Each run's recorded history (``harness.history``) gives records acknowledged and
 processed, lost, re-delivered and per-key order violations; the end-to-end latency of a
 record is the time it was handed out minus its CreateTime, and the drain time is how long
 after the producer's schedule ended the last record was handed out. Every contender
@@ -35,13 +35,12 @@ import trio
 
 from benchmarks.benchmark import Benchmark, Progress
 from benchmarks.rounds import Row, goal, rotation
-from proxy.testing import java_tools
-from proxy.testing.clients import commit_consumed
-from proxy.testing.history import History, check
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.live import LiveProducer
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness import java_tools
+from harness.clients import commit_consumed
+from harness.history import History, check
+from harness.kafka_cluster import KafkaCluster
+from harness.live import LiveProducer
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 CONTENDERS = ("direct", "ranges_assign", "ranges_group", "virtual")
 MEMBERS = 4

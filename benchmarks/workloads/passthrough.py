@@ -20,10 +20,9 @@ import psutil
 from benchmarks.benchmark import Benchmark, Progress
 from benchmarks.peers import bare_relay, kroxylicious
 from benchmarks.rounds import Row, goal, rotation
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import KafkaCluster, _free_port
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.scratch import scratch_dir
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
 
 RECORD_SIZE = 1024
 PATHS = ("direct", "bare_relay", "kroxylicious", "proxy")
@@ -70,7 +69,7 @@ def run(report: dict, progress, *, consume_mb: int, produce_mb: int, rounds: int
     report["sizes"] = {"consume MB": consume_mb, "produce MB": produce_mb, "rounds": rounds,
                        "latency": f"{latency_rate_mb:g} MB/s for {latency_seconds} s", "record bytes": RECORD_SIZE}
     workdir = scratch_dir("bench-passthrough-")
-    relay_port = _free_port()
+    relay_port = free_port()
     progress.step("starting Kafka, the bare relay, Kroxylicious and the proxy")
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(KafkaCluster.start(1, workdir=workdir / "kafka",

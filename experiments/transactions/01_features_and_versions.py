@@ -11,8 +11,8 @@ transaction itself, and EndTxn v5 bumps the producer epoch on every transaction.
 
 from common import Conn, check, finalized_features, kafka, say
 
+from harness.java_tools import run_java_tool
 from proxy.protocol.messages import ApiKey
-from proxy.testing.java_tools import run_java_tool
 
 APIS = {
     "InitProducerId": ApiKey.INIT_PRODUCER_ID, "AddPartitionsToTxn": ApiKey.ADD_PARTITIONS_TO_TXN,

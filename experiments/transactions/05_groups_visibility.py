@@ -20,7 +20,7 @@ import time
 
 from common import Conn, check, err, kafka, say, shadow_group
 
-from proxy.testing.java_tools import CONSUMER_GROUP_COMMAND, run_java_tool
+from harness.java_tools import CONSUMER_GROUP_COMMAND, run_java_tool
 
 T = "orders"
 G = "billing"

@@ -34,8 +34,8 @@ import time
 
 from common import Conn, check, err, kafka, say, wait_stable
 
+from harness.java_tools import CONSUMER_GROUP_COMMAND, run_java_tool
 from proxy.protocol.messages import ApiKey
-from proxy.testing.java_tools import CONSUMER_GROUP_COMMAND, run_java_tool
 
 T = "orders"
 G = "billing"

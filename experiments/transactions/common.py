@@ -2,7 +2,7 @@
 "Transactional commits (exactly-once on shared partitions)").
 
 Every experiment starts its own one-node Kafka (the version pinned in kafka-dist/pom.xml),
-speaks the Kafka protocol with the raw test client (``proxy.testing.raw_client``) and the
+speaks the Kafka protocol with the raw test client (``harness.raw_client``) and the
 codecs built from Kafka's JSON schemas, prints what the broker answered, and stops the
 broker. Nothing here goes through the proxy: the point is what a real broker accepts.
 
@@ -21,9 +21,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+from harness.kafka_cluster import KafkaCluster  # noqa: E402
+from harness.txn_client import Conn, err  # noqa: E402,F401 - the experiments' calls
+from proxy.local_kafka import kafka_version  # noqa: E402
 from proxy.protocol.groups import group_partition  # noqa: E402
-from proxy.testing.kafka_cluster import KafkaCluster, kafka_version  # noqa: E402
-from proxy.testing.txn_client import Conn, err  # noqa: E402,F401 - the experiments' calls
 
 OFFSETS_PARTITIONS = 4  # the harness's offsets.topic.num.partitions
 

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from proxy.local_kafka import LocalKafka, LocalKafkaError, ProxyProcess, ProxyStartError, scratch_dir
+
 TOPIC = "orders"
 TOTALS_TOPIC = "customer-totals"
 GROUP = "customer-totals-pipeline"
@@ -147,9 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--customers", type=int, default=200)
     parser.add_argument("--batch-orders", type=int, default=1000, help="maxOffsetsPerTrigger")
     args = parser.parse_args(argv)
-    from proxy.testing.kafka_cluster import KafkaCluster, KafkaHarnessError
-    from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
-    from proxy.testing.scratch import scratch_dir
 
     workdir = scratch_dir("keyrange-pipeline-")
     try:
@@ -157,11 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             _create_topics(args.bootstrap)
             return run(args.bootstrap, args.orders, args.customers, args.batch_orders, workdir)
         print("starting a one-node Kafka and keyrange-proxy in front of it", flush=True)
-        with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
+        with LocalKafka.start(workdir / "kafka") as cluster:
             with ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy") as proxy:
                 _create_topics(cluster.bootstrap_servers)
                 return run(proxy.bootstrap_servers, args.orders, args.customers, args.batch_orders, workdir)
-    except (KafkaHarnessError, ProxyStartError) as exc:
+    except (LocalKafkaError, ProxyStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from proxy.testing.kafka_cluster import fetch_spark_jars
+from proxy.local_kafka import fetch_spark_jars
 
 
 def connector_jars() -> list[Path]:

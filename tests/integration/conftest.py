@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.toxiproxy import ToxiproxyError, ToxiproxyServer
+from harness.kafka_cluster import KafkaCluster
+from harness.toxiproxy import ToxiproxyError, ToxiproxyServer
+from proxy.local_kafka import ProxyProcess
 
 ProxyFactory = Callable[..., ProxyProcess]
 

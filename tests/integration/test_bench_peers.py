@@ -11,8 +11,8 @@ import pytest
 
 from benchmarks.peers import bare_relay, kroxylicious, parallel_consumer, share_groups
 from benchmarks.workloads import data, key_ordered, passthrough
-from proxy.testing.kafka_cluster import _free_port
-from proxy.testing.raw_client import RawClient, records_of
+from harness.raw_client import RawClient, records_of
+from proxy.local_kafka import free_port
 from tests.conftest import create_topic
 
 RECORDS = 300
@@ -77,7 +77,7 @@ def test_kroxylicious_passes_a_consumer_through(kafka, keyed_topic):
 
 
 def test_bare_relay_moves_a_fetch(kafka, keyed_topic):
-    port = _free_port()
+    port = free_port()
     node = kafka.nodes[0]
     with bare_relay.running(port, f"{node.host}:{node.port}"):
         # The raw client keeps its one connection, so no advertised listener is needed.

@@ -16,11 +16,11 @@ import uuid
 
 import pytest
 
+from harness.clients import confluent_roundtrip
+from harness.kafka_cluster import KafkaCluster
+from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
-from proxy.testing.clients import confluent_roundtrip
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.wait import wait_until
 
 from .test_proxy_robustness import _read_frame
 from .test_proxy_security import PASSWORD, USER, _sasl_client_config

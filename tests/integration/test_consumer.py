@@ -7,6 +7,7 @@ from collections import defaultdict
 import pytest
 import trio
 
+from harness.transactions import produce_transactions
 from proxy.client import (
     Consumer,
     IllegalStateError,
@@ -17,7 +18,6 @@ from proxy.client import (
 )
 from proxy.ranges import contains
 from proxy.records.keyhash import key_hash
-from proxy.testing.transactions import produce_transactions
 
 DEADLINE = 30  # seconds any one test may spend consuming
 

@@ -11,11 +11,11 @@ from collections import defaultdict
 import pytest
 import trio
 
+from harness.commit_client import CommitClient
+from harness.transactions import produce_transactions
 from proxy.client import Consumer, IllegalStateError, TopicPartition, equal_shares
 from proxy.ranges import contains
 from proxy.records.keyhash import key_hash
-from proxy.testing.commit_client import CommitClient
-from proxy.testing.transactions import produce_transactions
 from tests.integration.test_consumer import DEADLINE, _produce
 
 

@@ -7,9 +7,9 @@ from collections import defaultdict
 
 import trio
 
+from harness.java_tools import describe_group
 from proxy.client import Consumer, RetriableError
 from proxy.client.group import RebalanceListener
-from proxy.testing.java_tools import describe_group
 
 DEADLINE = 90  # seconds any one group test may spend consuming
 

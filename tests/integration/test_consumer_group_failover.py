@@ -8,9 +8,9 @@ import time
 
 import trio
 
+from harness.group_member import Event, order_violations
+from harness.java_tools import describe_group
 from proxy.client import Consumer
-from proxy.testing.group_member import Event, order_violations
-from proxy.testing.java_tools import describe_group
 
 from .test_consumer_group import _commit, _produce
 

@@ -1,12 +1,12 @@
 """Per-key order across hand-offs when group members are SIGKILLed (docs/wire-contract.md
-section 8): member processes (``proxy.testing.group_member``) join, leave cleanly and are
+section 8): member processes (``harness.group_member``) join, leave cleanly and are
 killed while the group consumes, each record taking a random time; their event logs, on
 one system-wide monotonic clock, are checked afterwards."""
 
 from __future__ import annotations
 
-from proxy.testing.group_member import MemberProcesses, order_violations
-from proxy.testing.wait import wait_until
+from harness.group_member import MemberProcesses, order_violations
+from harness.wait import wait_until
 
 from .test_consumer_group import _produce
 

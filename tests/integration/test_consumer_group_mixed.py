@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import trio
 
+from harness.java_tools import console_consumer
 from proxy.client import Consumer
-from proxy.testing.java_tools import console_consumer
 
 from .test_consumer_group import DEADLINE, _commit, _produce
 

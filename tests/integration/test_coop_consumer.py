@@ -10,9 +10,9 @@ import random
 import pytest
 import trio
 
+from harness.history import History, check
+from harness.live import LiveProducer
 from proxy.client import Consumer, RetriableError, TopicPartition
-from proxy.testing.history import History, check
-from proxy.testing.live import LiveProducer
 from tests.integration.test_live_tail import _at_log_end, _until
 
 pytestmark = pytest.mark.kafka

@@ -10,13 +10,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from harness.commit_client import CommitClient
+from harness.history import History, check
+from harness.live import LiveProducer, wait_delivered
+from harness.raw_client import RawClient, records_of
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange
-from proxy.testing.commit_client import CommitClient
-from proxy.testing.history import History, check
-from proxy.testing.live import LiveProducer, wait_delivered
-from proxy.testing.raw_client import RawClient, records_of
 
 ILLEGAL_GENERATION = 22
 INVALID_GROUP_ID = 24
@@ -263,8 +263,8 @@ def test_transactional_members_process_every_record_exactly_once(kafka, proxy_fa
     and commits the chunk's offsets (OffsetRanges in TxnOffsetCommit) in one transaction;
     every fourth transaction is aborted, its chunk handed out again once the lease ends.
     The committed output holds every input record exactly once."""
-    from proxy.testing.streams_app import read_to_end
-    from proxy.testing.txn_client import Conn
+    from harness.streams_app import read_to_end
+    from harness.txn_client import Conn
 
     proxy = proxy_factory(kafka, **{"cooperative.fetch.lease.ms": "1500"})
     source = topic_factory(kafka, partitions=1)

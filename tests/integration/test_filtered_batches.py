@@ -1,6 +1,6 @@
 """Real consumers accept the record batches we filter.
 
-A tap in front of a dedicated broker (proxy/testing/tap.py) rewrites every Fetch response
+A tap in front of a dedicated broker (harness/tap.py) rewrites every Fetch response
 the way the proxy does for a key-range fetch: each partition's records go through
 ``split_records`` with one fixed range set (share 1 of 4), the response is re-encoded with
 our codec and sent on. The log holds keyed and null-key records in batches of every
@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from harness import java_tools
+from harness.tap import TappedKafka
+from harness.wait import wait_until
 from proxy.protocol.messages import decode_request, decode_response, encode_response
 from proxy.ranges import contains, equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.keyhash import key_hash
 from proxy.records.plan import RangePlan
 from proxy.records.split import split_records
-from proxy.testing import java_tools
-from proxy.testing.tap import TappedKafka
-from proxy.testing.wait import wait_until
 
 from .tapped import session_tapped_kafka
 

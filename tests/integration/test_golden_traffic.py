@@ -4,7 +4,7 @@ our codec, must come back byte for byte.
 The Java clients (ProducerPerformance, ConsoleConsumer in a group, ConsumerGroupCommand
 --describe), librdkafka (idempotent producer, group consumer, admin list_topics) and
 kafka-python (producer, group consumer, admin) talk to a dedicated broker through a
-recording tap (proxy/testing/tap.py) that the broker advertises, so every connection is
+recording tap (harness/tap.py) that the broker advertises, so every connection is
 recorded. Every request and response frame is then round-tripped; an (api key, version)
 our schemas lack fails the test by name. The (api key, version) pairs covered are written
 to ``<tmp>/golden-coverage.txt`` and the test's log; the terminal summary names the file.
@@ -26,9 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.protocol.api_keys import api_name
-from proxy.testing import java_tools
-from proxy.testing.golden import (
+from harness import java_tools
+from harness.golden import (
     GoldenExchange,
     RoundTrip,
     librdkafka_all_topics_metadata,
@@ -37,9 +36,10 @@ from proxy.testing.golden import (
     select_exchanges,
     write_golden,
 )
-from proxy.testing.kafka_cluster import kafka_version
-from proxy.testing.tap import TappedKafka
-from proxy.testing.wait import wait_until
+from harness.tap import TappedKafka
+from harness.wait import wait_until
+from proxy.local_kafka import kafka_version
+from proxy.protocol.api_keys import api_name
 
 from .tapped import session_tapped_kafka
 

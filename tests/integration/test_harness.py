@@ -17,14 +17,10 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 
-from proxy.testing import java_tools
-from proxy.testing.kafka_cluster import (
-    KafkaCluster,
-    KafkaHarnessError,
-    fetch_jars,
-    metadata_brokers,
-)
-from proxy.testing.wait import wait_until
+from harness import java_tools
+from harness.kafka_cluster import KafkaCluster
+from harness.wait import wait_until
+from proxy.local_kafka import LocalKafkaError, fetch_jars, metadata_brokers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -287,7 +283,7 @@ def _pid_alive(pid: int) -> bool:
 def test_cli_run_prints_bootstrap_and_stops_on_sigterm(tmp_path: Path, kafka: KafkaCluster) -> None:
     # kafka is requested only so that the jars are known to be fetched already.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.testing.kafka_cluster", "run", "--nodes", "1",
+        [sys.executable, "-m", "harness.kafka_cluster", "run", "--nodes", "1",
          "--workdir", str(tmp_path / "cli")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -330,14 +326,14 @@ def test_missing_java_is_one_sentence(tmp_path: Path, monkeypatch: pytest.Monkey
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()
     monkeypatch.setenv("PATH", str(empty_bin))
-    with pytest.raises(KafkaHarnessError) as info:
+    with pytest.raises(LocalKafkaError) as info:
         KafkaCluster.start(1, workdir=tmp_path / "kafka")
     message = str(info.value)
     assert one_sentence(message), message
     assert "openjdk-17-jre-headless" in message
 
     cli = subprocess.run(
-        [sys.executable, "-m", "proxy.testing.kafka_cluster", "run", "--nodes", "1"],
+        [sys.executable, "-m", "harness.kafka_cluster", "run", "--nodes", "1"],
         cwd=REPO, env={**os.environ, "PATH": str(empty_bin)}, capture_output=True, text=True,
         timeout=60,
     )
@@ -352,7 +348,7 @@ def test_missing_maven_with_empty_cache_is_one_sentence(
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()
     monkeypatch.setenv("PATH", str(empty_bin))
-    with pytest.raises(KafkaHarnessError) as info:
+    with pytest.raises(LocalKafkaError) as info:
         fetch_jars(tmp_path / "empty-cache")
     message = str(info.value)
     assert one_sentence(message), message
@@ -375,7 +371,7 @@ def test_unreachable_maven_central_with_empty_cache_is_one_sentence(tmp_path: Pa
     cache = tmp_path / "empty-cache"
     env = {**os.environ, "KEYRANGE_CACHE": str(cache), "KEYRANGE_MAVEN_SETTINGS": str(settings)}
     cli = subprocess.run(
-        [sys.executable, "-m", "proxy.testing.kafka_cluster", "fetch-jars"],
+        [sys.executable, "-m", "proxy.local_kafka", "fetch-jars"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert cli.returncode == 2, cli.stderr

@@ -21,10 +21,10 @@ import concurrent.futures
 import socket
 import struct
 
+from harness.clients import confluent_roundtrip
+from harness.wait import wait_until
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import EXTENSION_TAG_BYTES
-from proxy.testing.clients import confluent_roundtrip
-from proxy.testing.wait import wait_until
 
 from .test_connection_limits import _api_versions, _ask, _connect, _metadata_answered, _metric
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 import uuid
 
+from harness.commit_client import CommitClient
+from harness.java_tools import describe_group
+from harness.raw_client import RawClient
 from proxy.commits.state import CommitState, apply_ranges
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
-from proxy.testing.commit_client import CommitClient
-from proxy.testing.java_tools import describe_group
-from proxy.testing.raw_client import RawClient
 
 INVALID_REQUEST = 42
 
@@ -241,7 +241,7 @@ def test_interleaved_range_commits_from_several_connections(kafka_cluster, clust
 def test_kill_proxy_mid_commits_keeps_every_acknowledged_range(kafka_cluster, proxy_factory, topic_factory):
     import threading
 
-    from proxy.testing.wait import wait_until
+    from harness.wait import wait_until
 
     topic = topic_factory(kafka_cluster, partitions=1, replication_factor=3)
     group = _group()
@@ -290,8 +290,8 @@ def test_kill_proxy_mid_commits_keeps_every_acknowledged_range(kafka_cluster, pr
 
 
 def test_sidecar_commits_go_on_when_the_coordinator_stops(kafka_cluster, proxy_factory, topic_factory):
-    from proxy.testing.commit_client import coordinator_address
-    from proxy.testing.wait import wait_until
+    from harness.commit_client import coordinator_address
+    from harness.wait import wait_until
 
     from .conftest import free_ports
 
@@ -333,7 +333,7 @@ def test_a_second_instance_writing_between_two_commits_is_detected_and_merged(ka
     the coordinator must hold that S, also when A's stale state would have claimed more."""
     import urllib.request
 
-    from proxy.testing.wait import wait_until
+    from harness.wait import wait_until
 
     other = proxy_factory(kafka)
     topic = topic_factory(kafka, partitions=4)
@@ -452,8 +452,8 @@ def test_a_plain_commit_through_another_instance_resets_the_state(kafka, proxy, 
     """The second instance already uses the log (for another group on another log
     partition) but has never read this group's: its plain commit still resets the state
     the first instance wrote."""
+    from harness.commit_client import commit_body, coordinator_address
     from proxy.protocol.groups import group_partition
-    from proxy.testing.commit_client import commit_body, coordinator_address
 
     topic = topic_factory(kafka)
     group = _group()
@@ -518,8 +518,8 @@ def test_a_transactional_commit_past_the_state_bound_is_refused(kafka, proxy_fac
     """TxnOffsetCommit with offset ranges: the same bound, the same error, nothing of the
     refused partition enters the transaction; a commit closing the gaps is accepted and,
     once committed, S reaches the coordinator."""
-    from proxy.testing.txn_client import Conn
-    from proxy.testing.wait import wait_until
+    from harness.txn_client import Conn
+    from harness.wait import wait_until
     from tests.integration.test_txn_virtual_wire import NONE, Member, _committed_ranges, _range_commit
 
     bounded = proxy_factory(kafka, max_individual_commit_ranges_held="3", metrics_port="0")

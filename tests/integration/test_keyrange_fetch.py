@@ -8,11 +8,11 @@ from collections import defaultdict
 
 import pytest
 
+from harness.raw_client import RawClient, records_of
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import HASH_MAX, KeyRange, contains, equal_shares
 from proxy.records.keyhash import key_hash
-from proxy.testing.raw_client import RawClient, records_of
 
 COMPRESSIONS = ["none", "gzip", "snappy", "lz4", "zstd"]
 

@@ -7,14 +7,14 @@ import urllib.request
 
 import pytest
 
+from harness.raw_client import RawClient, records_of
+from harness.transactions import produce_transactions
+from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import KeyRange, contains, equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.keyhash import key_hash
-from proxy.testing.raw_client import RawClient, records_of
-from proxy.testing.transactions import produce_transactions
-from proxy.testing.wait import wait_until
 
 from .test_keyrange_fetch import _produce
 
@@ -181,8 +181,8 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     import threading
     import time
 
-    from proxy.testing.history import History, check
-    from proxy.testing.live import LiveProducer
+    from harness.history import History, check
+    from harness.live import LiveProducer
 
     topic = topic_factory(kafka)
     cached = proxy_factory(kafka, metrics_port="0", key_range_split_threads=str(split_threads),

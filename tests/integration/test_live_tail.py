@@ -3,7 +3,7 @@
 A producer (acks=all, idempotent) writes small bursts with pauses and idle gaps longer
 than a fetch's wait, so consumers reach the log end, wait there and leave it again, and
 two consumers of one partition read the same offset at different times and get different
-amounts of data. Each test then checks, with ``proxy.testing.history``: every acknowledged
+amounts of data. Each test then checks, with ``harness.history``: every acknowledged
 record was handed out, none twice, each key's records in offset order, and the group's
 committed offset at the coordinator (what kafka-consumer-groups and lag exporters read)
 reached the log end.
@@ -18,10 +18,10 @@ import uuid
 import pytest
 import trio
 
+from harness.clients import commit_consumed
+from harness.history import History, check
+from harness.live import LiveProducer
 from proxy.client import Consumer, RetriableError, TopicPartition, equal_shares
-from proxy.testing.clients import commit_consumed
-from proxy.testing.history import History, check
-from proxy.testing.live import LiveProducer
 from tests.integration import virtual_checks as checks
 
 pytestmark = pytest.mark.kafka
@@ -342,7 +342,7 @@ def test_java_console_consumers_of_a_virtual_topic_hand_out_every_record_written
     threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(members)]
     for thread in threads:
         thread.start()
-    from proxy.testing.wait import wait_until
+    from harness.wait import wait_until
 
     wait_until(settled, timeout=120, interval=0.5, what="three console consumers sharing the virtual partitions")
     producer = LiveProducer(proxy.bootstrap_servers, topic, history, records=RECORDS, seconds=SECONDS,

@@ -15,7 +15,7 @@ The proxy runs as a sidecar whose node address (``sidecar.node.addresses``) is t
 Toxiproxy port: every broker address the proxy hands out (Metadata, FindCoordinator)
 leads back through the faulty link, so no connection made after the bootstrap bypasses it.
 
-Once the producer is done and the faults have stopped, ``proxy.testing.history`` judges the
+Once the producer is done and the faults have stopped, ``harness.history`` judges the
 run: no acknowledged record lost, none handed out that was never acknowledged, and the
 group's committed offsets at the log end. A record handed out twice is at-least-once
 re-delivery, legal only when the faults made the group rebalance or cost a member its
@@ -39,14 +39,13 @@ from typing import Any
 import pytest
 import trio
 
+from harness.history import History
+from harness.live import LiveProducer
+from harness.toxiproxy import Proxy, Toxic, ToxiproxyServer
+from harness.wait import wait_until
 from proxy.client import Consumer, RetriableError
 from proxy.client.errors import ConsumerConnectionError
-from proxy.testing.history import History
-from proxy.testing.kafka_cluster import metadata_brokers
-from proxy.testing.live import LiveProducer
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.toxiproxy import Proxy, Toxic, ToxiproxyServer
-from proxy.testing.wait import wait_until
+from proxy.local_kafka import ProxyProcess, metadata_brokers
 from tests.integration.test_live_tail import _at_log_end, _until, _verdict
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]

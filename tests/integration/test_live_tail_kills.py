@@ -8,13 +8,13 @@ are the truth the consumers are held to whatever dies on their side of it.
   where they left it. Nothing the proxy held in memory may matter: the individual-commit
   state lives in Kafka, so every offset committed before a kill is still committed when
   the new process answers, and no member hands out a record it already committed.
-- Group members run as processes of their own (``proxy.testing.group_member``) and one or
+- Group members run as processes of their own (``harness.group_member``) and one or
   two are killed mid-stream and replaced. A killed member commits nothing more, so the
   records it had been handed but not committed may be handed out again, to whoever takes
   its ranges over; nothing else may be.
 
 Every delivery lands in one ``History`` (members in other processes report theirs in their
-event files) and ``proxy.testing.history.check`` judges the run: nothing acknowledged lost,
+event files) and ``harness.history.check`` judges the run: nothing acknowledged lost,
 nothing handed out that was never acknowledged, the group's committed offsets at the log
 end; the re-delivery counts are in every assertion message.
 """
@@ -30,11 +30,11 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from proxy.testing.commit_client import CommitClient
-from proxy.testing.group_member import Event, MemberProcesses, order_violations
-from proxy.testing.history import History, Verdict
-from proxy.testing.live import LiveProducer
-from proxy.testing.proxy_process import ProxyProcess, ProxyStartError
+from harness.commit_client import CommitClient
+from harness.group_member import Event, MemberProcesses, order_violations
+from harness.history import History, Verdict
+from harness.live import LiveProducer
+from proxy.local_kafka import ProxyProcess, ProxyStartError
 from tests.integration.conftest import free_ports
 from tests.integration.test_live_tail import _at_log_end, _log_end, _until, _verdict
 from tests.integration.test_live_tail_faults import Members, _wait, member

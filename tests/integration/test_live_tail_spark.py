@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import uuid
 
-from proxy.testing.history import History, check
-from proxy.testing.live import LiveProducer
-from proxy.testing.wait import wait_until
+from harness.history import History, check
+from harness.live import LiveProducer
+from harness.wait import wait_until
 from tests.integration.spark_fixtures import spark  # noqa: F401 - the shared session fixture
 from tests.integration.test_live_tail import _committed, _log_end
 

@@ -8,13 +8,13 @@ import re
 import threading
 import urllib.request
 
+from harness import java_tools
+from harness.raw_client import RawClient
+from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.records.builder import build_batch, encode_record
-from proxy.testing import java_tools
-from proxy.testing.raw_client import RawClient
-from proxy.testing.wait import wait_until
 
 from .conftest import proxy_ports, real_ports
 from .test_proxy_failover import _leader

@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
+from harness import java_tools
+from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
-from proxy.testing import java_tools
-from proxy.testing.wait import wait_until
 
 
 @pytest.fixture(scope="module", params=["2", "0"], ids=["native-relay", "event-loop"])

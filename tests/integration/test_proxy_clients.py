@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from proxy.testing import java_tools
-from proxy.testing.wait import wait_until
+from harness import java_tools
+from harness.wait import wait_until
 
 from .conftest import proxy_ports, real_ports
 

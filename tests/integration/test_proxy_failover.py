@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from proxy.testing.wait import wait_until
+from harness.wait import wait_until
 
 from .conftest import proxy_ports, real_ports
 

@@ -7,10 +7,10 @@ import struct
 
 import pytest
 
+from harness.raw_client import RawClient
+from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
-from proxy.testing.raw_client import RawClient
-from proxy.testing.wait import wait_until
 
 from .conftest import proxy_ports, real_ports
 

@@ -11,9 +11,9 @@ import urllib.request
 import psutil
 import pytest
 
+from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
-from proxy.testing.wait import wait_until
 
 
 def _connect(proxy) -> socket.socket:
@@ -233,8 +233,8 @@ def test_the_proxy_starts_before_its_broker_and_serves_once_it_answers(kafka, ne
     import subprocess
     import sys
 
-    from proxy.testing.proxy_process import ProxyProcess
-    from proxy.testing.raw_client import RawClient
+    from harness.raw_client import RawClient
+    from proxy.local_kafka import ProxyProcess
 
     with socket.socket() as probe:  # a loopback port with nothing behind it yet
         probe.bind(("127.0.0.1", 0))
@@ -269,7 +269,7 @@ def test_the_proxy_starts_before_its_broker_and_serves_once_it_answers(kafka, ne
 def test_sigterm_answers_requests_in_flight_before_closing(kafka, proxy_factory, new_topic):
     """A long-poll Fetch is waiting at the broker when SIGTERM arrives: its response still
     reaches the client, then the connection closes and the proxy exits cleanly."""
-    from proxy.testing.raw_client import RawClient
+    from harness.raw_client import RawClient
 
     draining = proxy_factory(kafka)
     with RawClient.connect(draining.bootstrap_servers) as raw:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.testing.clients import confluent_roundtrip
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.wait import wait_until
+from harness.clients import confluent_roundtrip
+from harness.kafka_cluster import KafkaCluster
+from harness.wait import wait_until
 
 USER, PASSWORD = "alice", "alice-secret"
 

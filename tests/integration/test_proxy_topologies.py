@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.testing.clients import confluent_roundtrip
+from harness.clients import confluent_roundtrip
 
 from .conftest import free_ports, real_ports
 

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from proxy.testing import java_tools
+from harness import java_tools
 
 RECORDS = 3000
 

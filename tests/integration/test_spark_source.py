@@ -10,11 +10,11 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from harness import java_tools
+from harness.transactions import produce_transactions
+from harness.wait import wait_until
 from proxy.ranges import equal_share
 from proxy.records.keyhash import key_hash
-from proxy.testing import java_tools
-from proxy.testing.transactions import produce_transactions
-from proxy.testing.wait import wait_until
 from tests.integration.spark_fixtures import spark  # noqa: F401 - the shared session fixture
 
 COLUMNS = ("partition", "offset", "key", "value", "timestamp", "timestampType")

@@ -1,6 +1,6 @@
 """Kafka Streams exactly-once through the proxy, and plain Java clients, while records are
 written live and processes die by SIGKILL (``benchmarks/java/streams``, launched by
-``proxy.testing.streams_app``).
+``harness.streams_app``).
 
 - Two ``KeyCountApp`` instances (``exactly_once_v2``) count the records of each key of a
   2-partition topic, read through the proxy; the producer writes straight to the broker
@@ -24,9 +24,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from proxy.testing.history import History, check
-from proxy.testing.live import LiveProducer
-from proxy.testing.streams_app import (
+from harness.history import History, check
+from harness.live import LiveProducer
+from harness.streams_app import (
     FAST_FAILOVER,
     PlainConsumerProcess,
     PlainProducerProcess,
@@ -35,7 +35,7 @@ from proxy.testing.streams_app import (
     build,
     read_counts,
 )
-from proxy.testing.wait import wait_until
+from harness.wait import wait_until
 from tests.integration.test_live_tail import _committed, _log_end
 
 # the first run may build the module from an empty Maven cache before the clock of the test

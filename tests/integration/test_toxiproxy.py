@@ -1,4 +1,4 @@
-"""The fault harness itself (``proxy.testing.toxiproxy``): each fault does to a real
+"""The fault harness itself (``harness.toxiproxy``): each fault does to a real
 connection what the fault tests rely on it to do, and is gone once its block ends.
 
 An echo server stands for the proxy; no Kafka is needed."""
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.testing.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer
+from harness.toxiproxy import Proxy, ToxiproxyError, ToxiproxyServer
 
 pytestmark = pytest.mark.timeout(60)
 

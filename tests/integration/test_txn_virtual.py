@@ -6,12 +6,12 @@ with the consumer's group metadata), and the output is exactly once.
 
 Records are written live by a producer straight to the broker (acks=all, idempotent), so its
 acknowledgements are the truth. The relays (``TxnRelay`` in Java, the librdkafka member
-``proxy.testing.rdkafka_txn_member``) write one output record per input record naming it,
+``harness.rdkafka_txn_member``) write one output record per input record naming it,
 and abort every fifth transaction on purpose after producing and adding their offsets, then
 rewind and redo the work. The committed output, read with read_committed straight from the
 broker once every member stopped, must hold every acknowledged input record exactly once
 (none lost, none twice, nothing else), nothing written by an aborted transaction, and the
-records of the aborted transactions redone (``proxy.testing.txn_output``).
+records of the aborted transactions redone (``harness.txn_output``).
 
 - Java ``TxnRelay``, 4 instances on ``T.kr4`` of a 1-partition topic: on one node, and on the
   three-node cluster; with one instance killed (SIGKILL) inside a transaction and restarted.
@@ -39,20 +39,13 @@ from pathlib import Path
 
 import pytest
 
-from proxy.testing.history import History
-from proxy.testing.kafka_cluster import KafkaCluster
-from proxy.testing.live import LiveProducer
-from proxy.testing.proxy_process import ProxyProcess
-from proxy.testing.rdkafka_txn_member import RdkafkaTxnMemberProcess
-from proxy.testing.streams_app import (
-    FAST_FAILOVER,
-    StreamsAppError,
-    StreamsFleet,
-    TxnFleet,
-    build,
-    read_counts,
-)
-from proxy.testing.txn_output import TxnVerdict, check_output, read_output
+from harness.history import History
+from harness.kafka_cluster import KafkaCluster
+from harness.live import LiveProducer
+from harness.rdkafka_txn_member import RdkafkaTxnMemberProcess
+from harness.streams_app import FAST_FAILOVER, StreamsAppError, StreamsFleet, TxnFleet, build, read_counts
+from harness.txn_output import TxnVerdict, check_output, read_output
+from proxy.local_kafka import ProxyProcess
 from tests.integration.conftest import free_ports
 from tests.integration.test_live_tail_kills import _restart
 

@@ -1,7 +1,7 @@
 """Transactional commits of virtual partitions, on the wire, through the proxy to a real
 broker (docs/individual-commit.md, "Transactional commits"; DESIGN section 11).
 
-Raw Kafka requests (``proxy.testing.txn_client.Conn``) stand for two members of one group
+Raw Kafka requests (``harness.txn_client.Conn``) stand for two members of one group
 that read shares 0 and 1 of ``T.kr2``: each commits its share inside its own transaction
 without waiting for the other; RequireStable answers UNSTABLE_OFFSET_COMMIT while a
 share's transaction is open; an abort leaves nothing, a commit makes W(i) visible and,
@@ -16,11 +16,11 @@ import uuid
 
 import pytest
 
+from harness.txn_client import V_END_TXN_TV1, Conn
+from harness.wait import wait_until
 from proxy.commits.watermarks import per_share
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
-from proxy.testing.txn_client import V_END_TXN_TV1, Conn
-from proxy.testing.wait import wait_until
 from tests.integration.test_virtual_commit_log import _log_states
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]

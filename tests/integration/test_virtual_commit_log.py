@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
+from harness.wait import wait_until
 from proxy.commits.codec import decode_key, decode_value
 from proxy.commits.watermarks import per_share
-from proxy.testing.wait import wait_until
 
 pytestmark = pytest.mark.kafka
 

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from proxy.testing import java_tools
+from harness import java_tools
 from tests.integration.virtual_checks import PARTITIONS, SHARES
 
 pytestmark = pytest.mark.kafka

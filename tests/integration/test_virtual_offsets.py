@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.raw_client import RawClient
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
-from proxy.testing.raw_client import RawClient
 
 from .virtual_checks import produce
 

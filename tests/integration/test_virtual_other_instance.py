@@ -11,10 +11,10 @@ to another instance retries that forever.
 
 from __future__ import annotations
 
+from harness.raw_client import RawClient, records_of
 from proxy.protocol.constants import ErrorCode
 from proxy.ranges import equal_shares
 from proxy.records.keyhash import key_hash
-from proxy.testing.raw_client import RawClient, records_of
 
 from .virtual_checks import produce
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from harness.raw_client import RawClient
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.records.builder import build_batch, encode_record
-from proxy.testing.raw_client import RawClient
 
 pytestmark = pytest.mark.kafka
 

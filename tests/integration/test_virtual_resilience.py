@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import pytest
 
-from proxy.testing.transactions import produce_transactions
-from proxy.testing.wait import wait_until
+from harness.transactions import produce_transactions
+from harness.wait import wait_until
 from tests.integration import virtual_checks as checks
 from tests.integration.virtual_checks import PARTITIONS, SHARES
 

@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import pytest
 
-from proxy.testing import java_tools
-from proxy.testing.clients import commit_consumed
-from proxy.testing.wait import wait_until
+from harness import java_tools
+from harness.clients import commit_consumed
+from harness.wait import wait_until
 
 from .virtual_checks import check_order, produce
 

@@ -11,8 +11,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from proxy.testing import java_tools
-from proxy.testing.wait import wait_until
+from harness import java_tools
+from harness.wait import wait_until
 
 SHARES = 4
 PARTITIONS = 2

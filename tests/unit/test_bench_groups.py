@@ -8,7 +8,7 @@ from benchmarks.bench_groups import finished, java_settled, keyrange_settled, lo
 
 
 def test_parse_reads_every_kind_of_line() -> None:
-    log = parse("J 10.0\nP 10.1 10.149 50\nS 10.2 3 stable 0 t-0[0.25]\nA 10.05 t-0,t-1\nbroken line\n")
+    log = parse("J 10.0\nP 10.1 10.149 50\nS 10.2 3 stable 0 t-0[0.25]\nA m1 10.05 t-0,t-1\nbroken line\n")
     assert log.joined == 10.0
     assert log.batches == [(10.1, 10.149, 50)]
     assert log.states == [(10.2, 3, "stable", False, "t-0[0.25]")]
@@ -50,16 +50,16 @@ def test_settled_needs_every_member_stable_in_one_generation() -> None:
 
 
 def test_java_settled_needs_all_partitions_owned_and_a_quiet_second() -> None:
-    logs = [parse("A 1.0 t-0,t-1\n"), parse("A 1.0 t-2\n"), parse("A 1.0 t-3\n")]
+    logs = [parse("A m 1.0 t-0,t-1\n"), parse("A m 1.0 t-2\n"), parse("A m 1.0 t-3\n")]
     assert java_settled(logs, 3, 4, now=2.5)
     assert not java_settled(logs, 3, 4, now=1.5)
     assert not java_settled(logs[:2], 2, 4, now=2.5)
-    assert not java_settled([*logs[:2], parse("R 1.0 t-3\n")], 3, 4, now=2.5)
+    assert not java_settled([*logs[:2], parse("R m 1.0 t-3\n")], 3, 4, now=2.5)
 
 
 def test_timeline_puts_state_changes_and_stops_in_order() -> None:
     log = parse("\n".join([
-        "P 10.000 10.049 50", "S 10.050 5 stable 1 t-0[0.20]", "P 10.150 10.199 50", "R 10.200 t-0[0.05]",
+        "P 10.000 10.049 50", "S 10.050 5 stable 1 t-0[0.20]", "P 10.150 10.199 50", "R m 10.200 t-0[0.05]",
         "P 10.210 10.259 50"]))
     assert timeline(log, 9.0, 11.0, 10.0) == [
         "+49 stop 101 ms", "+50 S gen 5 stable revoking t-0[0.20]", "+200 R t-0[0.05]"]

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import trio
 
+from harness.batches import Rec, control_batch, kafka_python_batch
 from proxy.client import (
     ConfigError,
     Consumer,
@@ -39,7 +40,6 @@ from proxy.protocol.constants import EXTENSION_TAG_BYTES, FETCH_SESSION_FINAL_EP
 from proxy.protocol.messages import ApiKey
 from proxy.records.batch import iter_batches
 from proxy.records.builder import rebuild_batch
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch
 from tests.unit.test_consumer_modules import _metadata_response
 
 TP = TopicPartition("t", 0)

@@ -8,12 +8,12 @@ import random
 
 import pytest
 
+from harness.batches import Rec, kafka_python_batch
 from proxy.client import TopicPartition, equal_shares
 from proxy.client.records import ParsedPartition, _keep, parse_partition
 from proxy.protocol.errors import ProtocolError
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
-from proxy.testing.batches import Rec, kafka_python_batch
 
 TP = TopicPartition("t", 3)
 

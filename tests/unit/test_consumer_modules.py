@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import trio
 
+from harness.batches import Rec, kafka_python_batch
 from proxy.client import IllegalStateError, KafkaError, NoOffsetForPartitionError, TopicPartition, equal_shares
 from proxy.client.assignment import (
     EARLIEST_TIMESTAMP,
@@ -46,7 +47,6 @@ from proxy.net.broker_connection import BrokerConnectionError
 from proxy.protocol import messages
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, FETCH_SESSION_FINAL_EPOCH, FETCH_SESSIONLESS_ID, ErrorCode
 from proxy.protocol.messages import ApiKey
-from proxy.testing.batches import Rec, kafka_python_batch
 
 TP = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.batches import Rec, control_batch, kafka_python_batch
 from proxy.client import (
     ConfigError,
     Consumer,
@@ -24,7 +25,6 @@ from proxy.client.records import FairBuffers, lag, parse_partition
 from proxy.ranges import KeyRange, contains
 from proxy.records.builder import build_batch
 from proxy.records.keyhash import key_hash
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch
 
 TP = TopicPartition("t", 0)
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.batches import Rec, kafka_python_batch
 from proxy.client import ConfigError, Consumer, IllegalStateError, TopicPartition, equal_shares
 from proxy.client.fetch_protocol import apply_partition
 from proxy.client.progress import OffsetSet, PartitionProgress
@@ -20,7 +21,6 @@ from proxy.ranges import contains
 from proxy.records.batch import iter_batches
 from proxy.records.builder import rebuild_batch
 from proxy.records.keyhash import key_hash
-from proxy.testing.batches import Rec, kafka_python_batch
 from tests.unit.test_consumer_parts import _txn_log
 
 TP = TopicPartition("t", 0)

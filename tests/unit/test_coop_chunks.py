@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.batches import Rec, control_batch, kafka_python_batch
 from proxy.coop.chunks import cut_chunk
 from proxy.records.batch import PartialBatch, RecordBatch, iter_batches
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch
 
 
 def batch(base: int, count: int, *, codec: int = 0) -> bytes:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.golden import read_golden
 from proxy.protocol.api_keys import api_name
 from proxy.protocol.framing import peek_correlation_id, peek_request_header
 from proxy.protocol.messages import decode_request, decode_response, encode_request, encode_response
-from proxy.testing.golden import read_golden
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "kafka-traffic.jsonl"
 META, EXCHANGES = read_golden(GOLDEN)

@@ -1,6 +1,6 @@
 """The order check of the SIGKILL group test catches what it must (and only that)."""
 
-from proxy.testing.group_member import Event, order_violations
+from harness.group_member import Event, order_violations
 
 
 def ev(kind, member, offset, key, t, partition=0):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.testing.history import History, check
-from proxy.testing.live import schedule
+from harness.history import History, check
+from harness.live import schedule
 
 
 def _acked(history: History, offsets, key=b"k", partition=0) -> None:

@@ -1,5 +1,5 @@
-"""No import cycles anywhere in the tree: the product, the benchmarks, chaos, fuzz, the
-tests and the experiments.
+"""No import cycles anywhere in the tree: the product, the harness, the benchmarks, chaos,
+fuzz, the tests and the experiments.
 
 Every import counts, including those inside functions and under ``if __name__ ==
 "__main__"``, and so does a module named by a string (``importlib.import_module``, a
@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TREES = ("proxy", "benchmarks", "chaos", "fuzz", "tests", "experiments")
+TREES = ("proxy", "harness", "benchmarks", "chaos", "fuzz", "tests", "experiments")
 
 
 def _modules() -> dict[str, Path]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import itertools
 
+from harness.batches import Rec, kafka_python_batch
 from proxy.keyrange.engine import MAX_PLANS, KeyRangeEngine, SharedReads, canonical_sets
 from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.records.batch import iter_batches
 from proxy.records.keyhash import key_hash
-from proxy.testing.batches import Rec, kafka_python_batch
 from proxy.virtual.names import share_ranges
 
 RECORDS_CACHED = KeyRangeTopicSettings(cache_records=True)  # reserve.message.value.range.fetch=true

@@ -9,13 +9,13 @@ import threading
 import pytest
 import trio
 
+from harness.batches import Rec, kafka_python_batch
 from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
 from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.keyrange.workers import SplitWorkers, whole_blob_in_c
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import equal_shares
-from proxy.testing.batches import Rec, kafka_python_batch
 
 RECORDS_CACHED = KeyRangeTopicSettings(cache_records=True)  # reserve.message.value.range.fetch=true
 OFFSETS_ONLY = KeyRangeTopicSettings()  # the default: only the matching offsets are kept

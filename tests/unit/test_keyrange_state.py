@@ -166,7 +166,7 @@ def _engine_response(records: bytes, error_code: int = 0):
 
 
 def test_key_ranges_applied_is_present_exactly_when_the_partition_was_filtered():
-    from proxy.testing.batches import Rec, kafka_python_batch, legacy_batch
+    from harness.batches import Rec, kafka_python_batch, legacy_batch
 
     current = _engine_response(kafka_python_batch([Rec(i, f"k{i}".encode(), b"v") for i in range(20)]))
     assert [KeyRange(r.start, r.end) for r in current.key_ranges_applied] == [A]
@@ -196,9 +196,9 @@ def test_a_read_that_reaches_past_the_cached_match_keeps_every_record_of_its_ran
     """Two consumers read offset 0 at different times while the log grows: A's read holds
     offsets 0-9 and caches which of them B wants; B's later read holds 0-29. B must get every
     record of its range in 0-29, not only those the cached match of 0-9 listed."""
+    from harness.batches import Rec, kafka_python_batch
     from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
     from proxy.records.keyhash import key_hash
-    from proxy.testing.batches import Rec, kafka_python_batch
 
     def batch(first: int, count: int) -> bytes:
         return kafka_python_batch([Rec(i - first, f"user-{i % 13}".encode(), b"v")
@@ -219,7 +219,7 @@ def test_a_read_that_reaches_past_the_cached_match_keeps_every_record_of_its_ran
 def _transactional_log() -> bytes:
     """Offsets 0-4: a range-B record at 0, an aborted transaction of producer 7 holding
     range-B records at 1 and 2, its ABORT marker at 3, a range-A record at 4."""
-    from proxy.testing.batches import Rec, control_batch, kafka_python_batch
+    from harness.batches import Rec, control_batch, kafka_python_batch
 
     in_b = [f"user-{i}".encode() for i in range(100) if _key_hash(f"user-{i}".encode()) >= B.start][:2]
     in_a = [f"user-{i}".encode() for i in range(100) if _key_hash(f"user-{i}".encode()) < B.start][:1]
@@ -341,8 +341,8 @@ def test_shares_of_a_consumer_that_left_do_not_outlive_its_interest():
     consumers' reads cached for it, until the byte cap pushed them out, so the cache and the
     proxy's memory grew with every departed consumer up to max.bytes.key.range.results.
     Now they go with the set's interest: A reads on alone for two minutes, B left at once."""
+    from harness.batches import Rec, kafka_python_batch
     from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
-    from proxy.testing.batches import Rec, kafka_python_batch
 
     engine = KeyRangeEngine(cache_bytes=1 << 30, topic_settings=lambda name: OFFSETS_ONLY,
                             topic_name=lambda key: key, interest_seconds=30.0)

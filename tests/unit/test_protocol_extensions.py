@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.message_strategies import message_values
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.compiler import compile_message
 from proxy.protocol.primitives import INT64, uvarint_bytes
 from proxy.protocol.schema import registry
-from proxy.testing.message_strategies import message_values
 
 EXTENSION_TAG = 10000
 

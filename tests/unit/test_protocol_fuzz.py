@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.message_strategies import message_values
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.compiler import compile_message
 from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
 from proxy.protocol.primitives import uvarint_bytes
-from proxy.testing.message_strategies import message_values
 
 # (api key, version, kind): the messages the proxy decodes on its hot paths
 TARGETS = [

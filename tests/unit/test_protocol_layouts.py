@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness import message_strategies
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.compiler import compile_message
 from proxy.protocol.primitives import read_uvarint, uvarint_bytes
-from proxy.testing import message_strategies
 
 
 def i16(v: int) -> bytes:

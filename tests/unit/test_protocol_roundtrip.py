@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
+from harness.message_strategies import message_values
 from proxy.protocol.compiler import compile_message
 from proxy.protocol.schema import registry
-from proxy.testing.message_strategies import message_values
 
 
 def _all_versions() -> list[tuple[str, int, bool]]:

@@ -6,6 +6,7 @@ import struct
 
 import pytest
 
+from harness.batches import Rec, control_batch, kafka_python_batch, legacy_batch
 from proxy.protocol.errors import ProtocolError
 from proxy.records.batch import (
     HEADER_SIZE,
@@ -18,7 +19,6 @@ from proxy.records.batch import (
     parse_header,
 )
 from proxy.records.compression import Codec
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch, legacy_batch
 
 RECORDS = [
     Rec(0, b"key-0", b"value-0" * 20, 1_700_000_000_000, [("h1", b"v1"), ("h2", None)]),

@@ -6,10 +6,10 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
+from harness.batches import Rec, kafka_python_batch
 from proxy.records.batch import HEADER_SIZE, iter_batches
 from proxy.records.builder import build_batch, encode_record, rebuild_batch
 from proxy.records.compression import Codec
-from proxy.testing.batches import Rec, kafka_python_batch
 
 RECORDS = [
     Rec(i, None if i % 5 == 0 else b"key-%d" % i, b"value-%d" % i * 10, 1_700_000_000_000 + i * 3,

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
+from harness.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
 from proxy.protocol.errors import ProtocolError
 from proxy.ranges import HASH_MAX, KeyRange, contains, equal_shares
 from proxy.records import _kernels_py, kernels
@@ -23,7 +24,6 @@ from proxy.records.compression import Codec
 from proxy.records.keyhash import key_hash
 from proxy.records.plan import RangePlan
 from proxy.records.split import filter_by_offsets, match_offsets, split_records
-from proxy.testing.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
 
 # KEYRANGE_FUZZ_SCALE=20 runs twenty times the examples, for a deeper local run.
 SCALE = int(os.environ.get("KEYRANGE_FUZZ_SCALE", "1"))

@@ -3,9 +3,9 @@ data and other producers' data delivered."""
 
 from __future__ import annotations
 
+from harness.batches import Rec, control_batch, kafka_python_batch
 from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.transactions import TransactionFilter, Verdict
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch
 
 
 def _batches(*blobs: bytes) -> list[RecordBatch]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from harness.batches import Rec, control_batch, kafka_python_batch
 from proxy.ranges import FULL_RANGE, equal_share
 from proxy.records.keyhash import key_hash
 from proxy.spark import offsets
 from proxy.spark.decode import decode_partition
 from proxy.spark.options import KeyRangeSourceError, parse_options
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9192", "subscribe": "orders,payments"}
 

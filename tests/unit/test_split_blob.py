@@ -23,6 +23,7 @@ from bisect import bisect_left, bisect_right
 import crc32c
 import pytest
 
+from harness.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
 from proxy.protocol.errors import ProtocolError
 from proxy.ranges import HASH_MAX, KeyRange, equal_shares
 from proxy.records import kernels
@@ -37,7 +38,6 @@ from proxy.records.builder import build_batch, encode_record
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
 from proxy.records.split import split_records
-from proxy.testing.batches import Rec, control_batch, fix_crcs, kafka_python_batch, legacy_batch
 
 pytestmark = pytest.mark.skipif(not kernels.ACCELERATED, reason="C accelerator not built")
 

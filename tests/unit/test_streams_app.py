@@ -1,4 +1,4 @@
-"""The Python side of the streams module's line formats (proxy/testing/streams_app.py): field
+"""The Python side of the streams module's line formats (harness/streams_app.py): field
 escapes, lines cut by a kill, virtual partition names, and the parsers of each program's
 lines, fed from files as the JVMs would write them (no JVM is started)."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.testing import rdkafka_txn_member
-from proxy.testing.history import History
-from proxy.testing.rdkafka_txn_member import RdkafkaTxnMemberProcess
-from proxy.testing.streams_app import (
+from harness import rdkafka_txn_member
+from harness.history import History
+from harness.rdkafka_txn_member import RdkafkaTxnMemberProcess
+from harness.streams_app import (
     PlainConsumerProcess,
     PlainProducerProcess,
     StreamsInstance,
@@ -159,7 +159,7 @@ def test_librdkafka_member_is_launched_with_the_relays_arguments(tmp_path: Path)
     member = RdkafkaTxnMemberProcess("127.0.0.1:1", "t.kr4", "out", "g", workdir=tmp_path, name="member-0",
                                      abort_every=3, timeout_ms=7000, configs={"producer.linger.ms": 1})
     command = member.command()
-    assert command[:3] == [sys.executable, "-m", "proxy.testing.rdkafka_txn_member"]
+    assert command[:3] == [sys.executable, "-m", "harness.rdkafka_txn_member"]
     args = command[3:]
     assert args[args.index("--transactional-id") + 1] == "g-member-0"
     assert args[args.index("--abort-every") + 1] == "3"

@@ -1,4 +1,4 @@
-"""The recording tap (proxy/testing/tap.py) against a small fake broker, no JVM needed."""
+"""The recording tap (harness/tap.py) against a small fake broker, no JVM needed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
+from harness.tap import KafkaTap
+from harness.wait import wait_until
 from proxy.protocol.framing import FrameSplitter
-from proxy.testing.tap import KafkaTap
-from proxy.testing.wait import wait_until
 
 
 class FakeBroker:

@@ -1,10 +1,10 @@
-"""The exactly-once checker of transactional relays' output (proxy/testing/txn_output.py):
+"""The exactly-once checker of transactional relays' output (harness/txn_output.py):
 acknowledged input records against committed output records, without a broker."""
 
 from __future__ import annotations
 
-from proxy.testing.history import Ack
-from proxy.testing.txn_output import OutputRecord, check_output, parse
+from harness.history import Ack
+from harness.txn_output import OutputRecord, check_output, parse
 
 
 def _ack(offset: int, partition: int = 0, key: bytes | None = b"k", value: bytes | None = None) -> Ack:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import trio
 import trio.testing
 
+from harness.batches import Rec, control_batch, kafka_python_batch
 from proxy.keyrange.engine import KeyRangeEngine, SharedReads
 from proxy.pipeline.cluster import ClusterView
 from proxy.pipeline.context import ConnectionContext
@@ -27,7 +28,6 @@ from proxy.records.keyhash import key_hash
 from proxy.records.transactions import TransactionFilter, Verdict
 from proxy.server.config import build_config
 from proxy.server.metrics import ProxyMetrics
-from proxy.testing.batches import Rec, control_batch, kafka_python_batch
 from proxy.virtual.fetch_feature import VirtualFetchFeature
 from proxy.virtual.names import share_ranges
 from proxy.virtual.resolver import VirtualResolver

@@ -8,7 +8,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.List;
 
 /**
- * Tab-separated lines on stdout, for the Python launcher (proxy/testing/streams_app.py) to
+ * Tab-separated lines on stdout, for the Python launcher (harness/streams_app.py) to
  * parse.  Each call is one unbuffered write(2) of whole lines, so a line is out of the
  * process when the call returns (a later SIGKILL cannot take it back) and a kill cannot cut
  * one in the middle, and lines of different threads never interleave.

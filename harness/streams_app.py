@@ -15,11 +15,11 @@ and the exactly-once benchmark.
 - :class:`PlainProducerProcess` and :class:`PlainConsumerProcess` run ``PlainProducer`` and
   ``PlainConsumer`` and parse their lines into acknowledgements and deliveries, which
   :meth:`~PlainProducerProcess.feed` and :meth:`~PlainConsumerProcess.feed` add to a
-  :class:`proxy.testing.history.History`.
+  :class:`harness.history.History`.
 - :class:`TxnRelayProcess` runs ``TxnRelay`` (a transactional consume-transform-produce
   loop that aborts every N-th transaction on purpose) and parses its ``commit`` and
   ``abort`` lines into :class:`TxnEvent`; :class:`TxnFleet` runs several as one group.
-  ``proxy.testing.txn_output`` checks their output.
+  ``harness.txn_output`` checks their output.
 
 Every program writes tab-separated lines to stdout (the formats are in the class comment of
 each Java program and in the parsers below); stdout goes to ``<name>-<launch>.out`` and
@@ -28,10 +28,10 @@ in its own session and is SIGKILLed if this process dies.
 
 Command line::
 
-    python -m proxy.testing.streams_app build
-    python -m proxy.testing.streams_app keycount --bootstrap 127.0.0.1:9192 --input orders \\
+    python -m harness.streams_app build
+    python -m harness.streams_app keycount --bootstrap 127.0.0.1:9192 --input orders \\
         --output order-counts --instances 2
-    python -m proxy.testing.streams_app counts --bootstrap 127.0.0.1:9092 --topic order-counts
+    python -m harness.streams_app counts --bootstrap 127.0.0.1:9092 --topic order-counts
 """
 
 from __future__ import annotations
@@ -55,10 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from proxy.testing import maven
-from proxy.testing.kafka_cluster import KafkaHarnessError, find_java, spawn, terminate
+from harness import ROOT, maven
+from proxy.local_kafka import LocalKafkaError, find_java, spawn, terminate
 
-ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "benchmarks" / "java"
 MODULE_SOURCES = SOURCES / "streams"
 OUTPUT = ROOT / "build" / "bench-java"
@@ -78,7 +77,7 @@ JVM_OPTIONS = ("-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemor
 FAST_FAILOVER = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1500"}
 
 
-class StreamsAppError(KafkaHarnessError):
+class StreamsAppError(LocalKafkaError):
     """A program of the streams module failed or did not get where it was asked to in time;
     the message ends with the tail of its stderr."""
 
@@ -249,12 +248,17 @@ class JavaProcess:
         err = open(self.stderr_path, "wb")
         self._files += [out, err]
         self._readers.append(_LineFile(self.stdout_path))
-        self.process = spawn(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=self.workdir)
+        self.process = spawn(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=self.workdir,
+                             env=self.environment())
         return self
 
     def command(self) -> list[str]:
         """The command line of a launch (a subclass may run another program than a JVM)."""
         return java_command(self.main_class, self.args, jvm_options=self.jvm_options)
+
+    def environment(self) -> dict[str, str] | None:
+        """The environment of a launch (None: this process's)."""
+        return None
 
     def _launch_started(self) -> None:
         """A new launch is about to begin (for subclasses to reset per-launch state)."""
@@ -992,7 +996,7 @@ class TxnRelayProcess(JavaProcess):
 class TxnFleet:
     """Transactional relay members of one group (``TxnRelayProcess`` or any subclass that
     writes the same lines, such as the librdkafka member of
-    ``proxy.testing.rdkafka_txn_member``)."""
+    ``harness.rdkafka_txn_member``)."""
 
     def __init__(self, members: Sequence[TxnRelayProcess]) -> None:
         self.members = list(members)
@@ -1113,7 +1117,7 @@ def _cmd_counts(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m proxy.testing.streams_app")
+    parser = argparse.ArgumentParser(prog="python -m harness.streams_app")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build benchmarks/java/streams (only when it changed)").set_defaults(func=_cmd_build)
     run = sub.add_parser("keycount", help="run KeyCountApp instances until Ctrl-C or SIGTERM")
@@ -1138,7 +1142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except KafkaHarnessError as exc:
+    except LocalKafkaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

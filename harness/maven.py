@@ -8,10 +8,10 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy.testing.kafka_cluster import KafkaHarnessError, cache_root
+from proxy.local_kafka import LocalKafkaError, cache_root
 
 
-class MavenError(KafkaHarnessError):
+class MavenError(LocalKafkaError):
     """Maven is missing, timed out or failed; the message carries the tail of its output."""
 
 

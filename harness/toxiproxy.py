@@ -9,7 +9,7 @@ client's and the server's own code react as they would in production.
 
 The server binary is built once with ``go install`` into
 ``${KEYRANGE_CACHE:-~/.cache/keyrange-proxy}/toxiproxy-<version>/bin/server``
-(``python -m proxy.testing.toxiproxy install``; ``make test`` runs it). A Go older than
+(``python -m harness.toxiproxy install``; ``make test`` runs it). A Go older than
 the one Toxiproxy's module asks for gets the newer toolchain through the Go module proxy
 (Go 1.21 and later switch by themselves; older ones, as Debian 12 ships, are helped).
 
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.testing.kafka_cluster import cache_root, spawn, terminate
+from proxy.local_kafka import cache_root, spawn, terminate
 
 __all__ = [
     "VERSION",
@@ -551,7 +551,7 @@ class Proxy:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m proxy.testing.toxiproxy")
+    parser = argparse.ArgumentParser(prog="python -m harness.toxiproxy")
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("install", help=f"build Toxiproxy {VERSION} into the cache once (quiet when it is there)")
     build.add_argument("-v", "--verbose", action="store_true")

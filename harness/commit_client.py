@@ -3,11 +3,11 @@ benchmark. Speaks the tag-10000 extensions of docs/wire-contract.md#3-wire-exten
 
 from __future__ import annotations
 
+from harness.raw_client import RawClient
+from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.messages import ApiKey
-from proxy.testing.raw_client import RawClient
-from proxy.testing.wait import wait_until
 
 COMMIT_VERSION = 9
 FETCH_VERSION = 9

@@ -1,7 +1,7 @@
 """A Spark streaming driver in a process of its own: the ``keyrange`` source read as a
 stream, for the chaos runs that SIGKILL the driver or one of its Python workers.
 
-    python -m proxy.testing.spark_member --bootstrap HOST:PORT --group G --topic T \
+    python -m harness.spark_member --bootstrap HOST:PORT --group G --topic T \
         --name driver-1 --events /tmp/driver-1.events --stop /tmp/driver-1.stop \
         --status /tmp/driver-1.status --checkpoint /tmp/checkpoint
 
@@ -11,7 +11,7 @@ through the proxy as ``--splits`` key-range shares per partition, micro-batches 
 ``--trigger-ms``, with its state in ``--checkpoint`` (a driver started again on the same
 directory resumes where the checkpoint says), and commits the processed offsets for
 ``--group`` (the source's ``commit.group.id``). ``foreachBatch`` appends the micro-batch's
-rows to ``--events`` in ``proxy.testing.group_member``'s format: every row as handed out
+rows to ``--events`` in ``harness.group_member``'s format: every row as handed out
 (one line each, one time for the batch), then each row in the order ``collect`` returns
 them (offset order within a share) as finished once its work is done (a random time up to
 ``--delay-max-ms``), so a driver killed mid-batch leaves rows handed out and not finished:
@@ -39,7 +39,7 @@ import time
 import traceback
 from typing import Any
 
-from proxy.testing.group_member import _Events
+from harness.group_member import _Events
 
 READY_TIMEOUT = 600.0  # the query's first micro-batch, on a busy machine
 STOP_TIMEOUT = 60.0

@@ -1,6 +1,6 @@
 """Golden Kafka frames: byte-identical round trips through our codec, and their files.
 
-Recorded traffic (see :mod:`proxy.testing.tap`) is checked frame by frame: a request frame
+Recorded traffic (see :mod:`harness.tap`) is checked frame by frame: a request frame
 is decoded with ``decode_request`` and re-encoded with ``encode_request``; a response frame
 is decoded with ``decode_response`` under its request's api key and version and re-encoded
 with ``encode_response``. Both must give back exactly the recorded bytes.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from proxy.testing.wait import wait_until
+from harness.wait import wait_until
 
 
 def confluent_roundtrip(config: dict, topic: str, count: int = 100) -> tuple[set[int], list[bytes]]:

@@ -1,7 +1,7 @@
 """Run Apache Kafka's own Java command-line tools from the harness jars.
 
 Each call is ``java -cp '<libs>/*' <main class> <args>`` with the jars fetched by
-:mod:`proxy.testing.kafka_cluster`, warnings only on stderr (kafka-dist/tools-log4j2.properties),
+:mod:`harness.kafka_cluster`, warnings only on stderr (kafka-dist/tools-log4j2.properties),
 and a timeout.  The helpers return :class:`subprocess.CompletedProcess` with text stdout and
 stderr and raise :class:`JavaToolError` on a non-zero exit unless ``check=False``.
 
@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from proxy.testing.kafka_cluster import KafkaHarnessError, java_base_command, spawn
+from proxy.local_kafka import LocalKafkaError, java_base_command, spawn
 
 PRODUCER_PERFORMANCE = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERFORMANCE = "org.apache.kafka.tools.ConsumerPerformance"
@@ -37,7 +37,7 @@ TOOL_JVM_OPTIONS = (
 )
 
 
-class JavaToolError(KafkaHarnessError):
+class JavaToolError(LocalKafkaError):
     """A Java tool exited with a non-zero code; the message carries its stderr."""
 
     def __init__(self, message: str, result: subprocess.CompletedProcess[str]) -> None:

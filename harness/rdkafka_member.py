@@ -1,12 +1,12 @@
 """A librdkafka (confluent-kafka) group member in a process of its own, for fault runs.
 
-    python -m proxy.testing.rdkafka_member --bootstrap HOST:PORT --group G --topic T.kr4 \
+    python -m harness.rdkafka_member --bootstrap HOST:PORT --group G --topic T.kr4 \
         --shares 4 --name m1 --events /tmp/m1.events --stop /tmp/m1.stop
 
 An unmodified consumer of the kind users run against virtual range topics: it subscribes,
 processes what each ``consume`` returns (a random time per record), then commits the
 next offset of every partition it processed, synchronously, and writes the same event lines
-as ``proxy.testing.group_member`` (H handed out, F finished; A/R on assignment changes), so
+as ``harness.group_member`` (H handed out, F finished; A/R on assignment changes), so
 one reader and one checker serve both. With ``--shares K`` the partition written is the
 real one (virtual partition v is share v mod K of real partition v div K); the offsets of
 a virtual partition are the real partition's.
@@ -25,7 +25,7 @@ import random
 import sys
 import time
 
-from proxy.testing.group_member import _Events
+from harness.group_member import _Events
 
 
 def run(args: argparse.Namespace) -> None:

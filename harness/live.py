@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.testing.history import History
+from harness.history import History
 
 
 @dataclass(frozen=True, slots=True)

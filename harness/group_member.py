@@ -1,21 +1,35 @@
-"""A consumer-group member in a process of its own, for tests that SIGKILL members.
+"""A consumer-group member in a process of its own: for the tests and the chaos matrix that
+SIGKILL members, and for the groups benchmark, so that M members are not limited by one
+Python process's CPU.
 
-    python -m proxy.testing.group_member --bootstrap HOST:PORT --group G --topic T \
+    python -m harness.group_member --bootstrap HOST:PORT --group G --topic T \
         --name m1 --events /tmp/m1.events --stop /tmp/stop
 
-It subscribes (or, with ``--assign``, takes partitions itself: ``share/of`` for share
-``share`` of ``of`` equal key ranges of every partition, or ``whole`` for every partition
-whole; commits then go to ``--group`` without membership), processes each record for a random time (``--delay-max-ms``), marks it
-processed and commits after every poll, and appends one line per event to ``--events``:
+It subscribes (``keyrange`` assignor, individual commit), or with ``--assign`` takes
+partitions itself (``share/of`` for share ``share`` of ``of`` equal key ranges of every
+partition, or ``whole`` for every partition whole; commits then go to ``--group`` without
+membership). Each record of a poll takes ``--work-ms`` plus a random time up to
+``--delay-max-ms`` (seeded by ``--seed``), one after another, the deadlines chained from the
+poll's return (a slow service answering each call in that time: the event loop's timer
+granularity is not counted as work, time spent in poll is). It marks every record processed
+and commits after every poll (``--commit-in-background``: in a task of its own, so the
+commit round trip overlaps the work).
+
+Lines appended to ``--events``, with ``time.monotonic()`` times (one system-wide clock on
+Linux, so the events of several processes lie on one timeline); ``--events-per record``
+(the default) writes H and F, ``--events-per poll`` writes P instead:
 
     H <name> <partition> <offset> <key-hex> <time>   handed out by poll
     F <name> <partition> <offset> <key-hex> <time>   finished processing
+    P <first finish> <last finish> <count>           one poll's records processed
     A|R|L <name> <time> <assignment>                 assigned, revoked, lost
+    J <time>                                         subscribed
+    S <time> <generation> <phase> <revoking> <assignment>   the member's group state changed
 
-Times are ``time.monotonic()``: one system-wide clock on Linux, so the events of several
-processes lie on one timeline. Each write is a single ``os.write`` on an O_APPEND file
-descriptor, so a SIGKILL leaves whole lines only. The member stops cleanly (commits what
-it processed, then LeaveGroup) once the ``--stop`` file exists.
+The Java member of the groups benchmark (``benchmarks/GroupMember.java``) writes the same
+J, P, A, R and L lines. Each write is a single ``os.write`` on an O_APPEND file descriptor,
+so a SIGKILL leaves whole lines only. The member stops cleanly (commits what it processed,
+then LeaveGroup) once the ``--stop`` file exists.
 """
 
 from __future__ import annotations
@@ -33,10 +47,9 @@ from typing import Any, NamedTuple
 
 import trio
 
+from harness import ROOT
 from proxy.client import Consumer, RebalanceListener, RetriableError, TopicPartition, equal_shares
 from proxy.client.group import describe
-
-_REPO = Path(__file__).resolve().parents[2]
 
 
 class _Events:
@@ -70,27 +83,66 @@ class _Listener(RebalanceListener):
         self.events.change("L", assignment)
 
 
+def _state(consumer: Consumer) -> tuple[object, ...]:
+    meta = consumer.group_metadata()
+    return meta["generation"], meta["phase"], int(bool(consumer.to_be_revoked())), describe(consumer.assignment())
+
+
 async def run(args: argparse.Namespace) -> None:
     events = _Events(args.events, args.name)
     rng = random.Random(args.seed)
+    per_record = args.events_per == "record"
     settings = dict(group_id=args.group, client_id=args.name, allow_individual_commit=not args.standard_commits,
                     auto_offset_reset="earliest", max_poll_records=args.max_poll_records,
                     heartbeat_interval_ms=args.heartbeat_interval_ms, session_timeout_ms=args.session_timeout_ms,
                     max_poll_interval_ms=args.max_poll_interval_ms)
     async with Consumer(args.bootstrap, **settings) as consumer:
-        if args.assign is None:
+        subscribed = args.assign is None
+        if subscribed:
             consumer.subscribe([args.topic], _Listener(events))
+            events.write([f"J {time.monotonic():.6f}"])
         else:
             consumer.assign(_assignment(args.topic, args.partitions, args.assign))
-        while not os.path.exists(args.stop):
-            records = await consumer.poll(0.2)
-            events.records("H", records)
-            for record in records:
-                await trio.sleep(rng.random() * args.delay_max_ms / 1000)
-                events.records("F", [record])
-                if not args.standard_commits:
-                    consumer.mark_processed(record)
-            await _commit(consumer)
+        reported: tuple[object, ...] = ()
+        committing = False
+
+        async def commit() -> None:
+            nonlocal committing
+            try:
+                await consumer.commit()
+            except RetriableError:
+                pass  # a rebalance is completing; the marks stay pending for the next commit
+            finally:
+                committing = False
+
+        async with trio.open_nursery() as background:
+            while not os.path.exists(args.stop):
+                records = await consumer.poll(0.2)
+                if per_record:
+                    events.records("H", records)
+                due = trio.current_time()
+                first = last = 0.0
+                for record in records:
+                    due += (args.work_ms + rng.random() * args.delay_max_ms) / 1000
+                    await trio.sleep_until(due)  # the slow service call
+                    if per_record:
+                        events.records("F", [record])
+                    if not args.standard_commits:
+                        consumer.mark_processed(record)
+                    last = time.monotonic()
+                    first = first or last
+                lines = [] if per_record or not records else [f"P {first:.6f} {last:.6f} {len(records)}"]
+                if subscribed and (state := _state(consumer)) != reported:
+                    reported = state
+                    lines.append(f"S {time.monotonic():.6f} " + " ".join(map(str, state)))
+                events.write(lines)
+                if committing:
+                    continue
+                committing = True
+                if args.commit_in_background:
+                    background.start_soon(commit)
+                else:
+                    await commit()
         with trio.fail_after(30):
             while True:
                 try:
@@ -111,15 +163,8 @@ def _assignment(topic: str, partitions: int, spec: str) -> dict[TopicPartition, 
     return {TopicPartition(topic, p): [key_range] for p in range(partitions)}
 
 
-async def _commit(consumer: Consumer) -> None:
-    try:
-        await consumer.commit()
-    except RetriableError:
-        pass  # a rebalance is completing; the marks stay pending
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--group", required=True)
     parser.add_argument("--topic", required=True)
@@ -131,12 +176,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=1, help="with --assign: the topic's partition count")
     parser.add_argument("--standard-commits", action="store_true",
                         help="commit the standard offset only (no individual commit)")
-    parser.add_argument("--delay-max-ms", type=float, default=4.0)
+    parser.add_argument("--work-ms", type=float, default=0.0, help="the time each record takes")
+    parser.add_argument("--delay-max-ms", type=float, default=4.0,
+                        help="plus a random time up to this (0: every record takes --work-ms)")
+    parser.add_argument("--events-per", choices=("record", "poll"), default="record",
+                        help="H and F lines for every record, or one P line per poll")
+    parser.add_argument("--commit-in-background", action="store_true",
+                        help="commit in a task of its own, overlapping the next poll's work")
     parser.add_argument("--max-poll-records", type=int, default=10)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=500)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--max-poll-interval-ms", type=int, default=30000)
-    trio.run(run, parser.parse_args(argv))
+    parser.add_argument("--profile", help="write a pyinstrument profile of the member (text) to this file")
+    args = parser.parse_args(argv)
+    if not args.profile:
+        trio.run(run, args)
+        return 0
+    from pyinstrument import Profiler
+
+    with Profiler(async_mode="disabled") as profiler:
+        trio.run(run, args)
+    with open(args.profile, "w") as out:
+        out.write(profiler.output_text(unicode=False, show_all=False))
     return 0
 
 
@@ -233,10 +294,10 @@ class MemberProcesses:
     read back; whatever still runs at the end is killed by its PID (``close``)."""
 
     def __init__(self, tmp: Path, bootstrap: str, group: str, topic: str, options: Sequence[str] = (),
-                 module: str = "proxy.testing.group_member") -> None:
+                 module: str = "harness.group_member") -> None:
         self.tmp, self.bootstrap, self.group, self.topic = tmp, bootstrap, group, topic
         self.options = list(options)
-        self.module = module  # the member program: this module, or proxy.testing.rdkafka_member
+        self.module = module  # the member program: this module, or harness.rdkafka_member
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.killed: dict[str, float] = {}  # name -> time.monotonic() once it is dead
 
@@ -253,7 +314,7 @@ class MemberProcesses:
                 [sys.executable, "-m", self.module, "--bootstrap", self.bootstrap,
                  "--group", self.group, "--topic", self.topic, "--name", name, "--events", self.events_path(name),
                  "--stop", str(self.stop_path(name)), "--seed", str(seed), *self.options, *options],
-                cwd=_REPO, stdout=out, stderr=subprocess.STDOUT)
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]

@@ -2,7 +2,7 @@
 broker acknowledged: exactly once means every acknowledged input record appears once in the
 committed output, none missing, none twice, nothing else.
 
-The relays (``TxnRelay`` of ``benchmarks/java/streams``, ``proxy.testing.rdkafka_txn_member``)
+The relays (``TxnRelay`` of ``benchmarks/java/streams``, ``harness.rdkafka_txn_member``)
 write one output record per input record, with the input key and the value
 
     <input topic>:<input partition>:<input offset> TAB <writer> TAB <input value>
@@ -26,13 +26,13 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.testing.streams_app import read_to_end, real_partition, unescape
+from harness.streams_app import read_to_end, real_partition, unescape
 
 RecordId = tuple[str, int, int]  # (real topic, partition, offset)
 
 
 class Acknowledged(Protocol):
-    """What the checker needs of an acknowledgement (``proxy.testing.history.Ack``)."""
+    """What the checker needs of an acknowledgement (``harness.history.Ack``)."""
 
     @property
     def topic(self) -> str: ...

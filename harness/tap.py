@@ -401,7 +401,8 @@ class TappedKafka:
         max_recorded_bytes: int = DEFAULT_MAX_RECORDED_BYTES,
         timeout: float = 120.0,
     ) -> TappedKafka:
-        from proxy.testing.kafka_cluster import CLIENT_LISTENER, KafkaCluster
+        from harness.kafka_cluster import KafkaCluster
+        from proxy.local_kafka import CLIENT_LISTENER
 
         tap = KafkaTap(max_recorded_bytes=max_recorded_bytes)
         props = {"advertised.listeners": f"{CLIENT_LISTENER}://{tap.host}:{tap.port}"}

@@ -1,24 +1,32 @@
-"""Start real Apache Kafka (KRaft) nodes for tests, the demo and benchmarks.
+"""A local Apache Kafka with the proxy in front of it, for trying the product.
 
-The jars come from Maven Central through ``kafka-dist/pom.xml`` into a cache outside the
-repository, ``${KEYRANGE_CACHE:-~/.cache/keyrange-proxy}/kafka-<version>/libs``; once a stamp
-file there says they are complete, Maven is not run again, so later runs work offline.
+``make demo`` (``proxy/demo.py``) and the Spark pipeline example (``proxy/spark/pipeline.py``)
+start a one-node Kafka on this machine and ``keyrange-proxy`` in front of it with this
+module, and ``proxy/spark/session.py`` finds Spark's Kafka connector here. It is for trying
+the product, not for production: a deployment runs the proxy in front of its own cluster
+(``keyrange-proxy --bootstrap-server``, README.md).
 
-Each node is one JVM, ``java -cp '<libs>/*' kafka.Kafka server.properties``, in the combined
-broker+controller role, listening on free loopback ports, with its own directory under the
-cluster's work directory and its log captured in ``node-<id>/server.log``.  Three nodes form a
-static quorum (``controller.quorum.voters``).
+- **Jars.** Kafka comes from Maven Central through ``kafka-dist/pom.xml`` (Spark's Kafka
+  connector through ``kafka-dist/spark-connector.pom.xml``) into a cache outside the
+  repository, ``${KEYRANGE_CACHE:-~/.cache/keyrange-proxy}/kafka-<version>/libs``; once a
+  stamp file there says they are complete, Maven is not run again, so later runs work
+  offline. ``kafka-dist/`` belongs to a checkout, not to the installed package: run from a
+  checkout (``pip install -e``) or set ``KEYRANGE_KAFKA_DIST``.
+- **The broker** (``LocalKafka``). One JVM, ``java -cp '<libs>/*' kafka.Kafka
+  server.properties``, in the combined broker+controller (KRaft) role, listening on free
+  loopback ports, in its own directory with its log in ``node-1/server.log``.
+- **The proxy** (``ProxyProcess``). ``keyrange-proxy`` as a process of its own, as in
+  production, so clients that block and the proxy never share an event loop or a GIL.
 
-Every JVM is killed with its parent (PR_SET_PDEATHSIG) and on interpreter exit (atexit), and
-``close()`` stops everything by PID, so no broker outlives the test run that started it.
+Every child is killed with its parent (PR_SET_PDEATHSIG), the broker also on interpreter
+exit (atexit), and ``close()``/``stop()`` stop them by PID, so nothing outlives its run.
 
-    with KafkaCluster.start(nodes=1) as cluster:
-        print(cluster.bootstrap_servers)
+    with LocalKafka.start() as kafka, ProxyProcess.start(kafka.bootstrap_servers) as proxy:
+        print(proxy.bootstrap_servers)
 
-Command line: ``python -m proxy.testing.kafka_cluster fetch-jars`` and
-``python -m proxy.testing.kafka_cluster run --nodes 1``.
+Command line: ``python -m proxy.local_kafka fetch-jars`` fills the cache (``make jars``).
 
-The module uses only the standard library, so it runs before anything else is installed.
+Standard library only; nothing else of ``proxy`` is imported.
 """
 
 from __future__ import annotations
@@ -45,26 +53,34 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 __all__ = [
-    "KafkaCluster",
-    "KafkaHarnessError",
     "KafkaNode",
     "KafkaNodeError",
+    "KafkaNodes",
+    "LocalKafka",
+    "LocalKafkaError",
+    "ProxyProcess",
+    "ProxyStartError",
     "cache_root",
     "fetch_jars",
     "fetch_spark_jars",
     "find_java",
+    "free_port",
     "java_base_command",
     "kafka_dist_dir",
     "kafka_version",
     "libs_dir",
+    "metadata_brokers",
+    "scratch_dir",
     "spark_libs_dir",
     "spark_version",
+    "spawn",
+    "terminate",
 ]
 
 HOST = "127.0.0.1"
@@ -83,11 +99,11 @@ DEFAULT_JVM_OPTIONS = (
 _PORT_RANGE = (20000, 32000)
 
 
-class KafkaHarnessError(RuntimeError):
-    """The Kafka test harness cannot do what was asked; ``str()`` is one sentence to show as is."""
+class LocalKafkaError(RuntimeError):
+    """The local Kafka cannot do what was asked; ``str()`` is one sentence to show as is."""
 
 
-class KafkaNodeError(KafkaHarnessError):
+class KafkaNodeError(LocalKafkaError):
     """A Kafka node failed; the message ends with the tail of that node's log."""
 
 
@@ -98,9 +114,9 @@ class KafkaNodeError(KafkaHarnessError):
 def kafka_dist_dir() -> Path:
     """The directory holding pom.xml and the log4j2 configuration files."""
     env = os.environ.get("KEYRANGE_KAFKA_DIST")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "kafka-dist"
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / "kafka-dist"
     if not (path / "pom.xml").is_file():
-        raise KafkaHarnessError(
+        raise LocalKafkaError(
             f"The Kafka distribution description {path / 'pom.xml'} is missing; run from a "
             "checkout of keyrange-proxy (pip install -e) or set KEYRANGE_KAFKA_DIST."
         )
@@ -116,7 +132,7 @@ def kafka_version() -> str:
     text = _pom_path().read_text(encoding="utf-8")
     match = re.search(r"<kafka\.version>\s*([^<\s]+)\s*</kafka\.version>", text)
     if not match:
-        raise KafkaHarnessError(f"{_pom_path()} has no <kafka.version> property.")
+        raise LocalKafkaError(f"{_pom_path()} has no <kafka.version> property.")
     return match.group(1)
 
 
@@ -146,7 +162,7 @@ def spark_version() -> str:
     text = spark_pom_path().read_text(encoding="utf-8")
     match = re.search(r"<spark\.version>\s*([^<\s]+)\s*</spark\.version>", text)
     if not match:
-        raise KafkaHarnessError(f"{spark_pom_path()} has no <spark.version> property.")
+        raise LocalKafkaError(f"{spark_pom_path()} has no <spark.version> property.")
     return match.group(1)
 
 
@@ -220,7 +236,7 @@ def _maven_fetch(pom: Path, libs: Path, label: str, *, maven_settings: Path | No
     try:
         version_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise KafkaHarnessError(
+        raise LocalKafkaError(
             f"Cannot create the Kafka jar cache {version_dir} ({exc.strerror}); "
             "set KEYRANGE_CACHE to a writable directory."
         ) from None
@@ -230,7 +246,7 @@ def _maven_fetch(pom: Path, libs: Path, label: str, *, maven_settings: Path | No
             return libs
         mvn = shutil.which("mvn")
         if mvn is None:
-            raise KafkaHarnessError(
+            raise LocalKafkaError(
                 f"Maven (mvn) is not installed and the {label} jars are not "
                 f"cached in {libs}: install maven (apt-get install maven)."
             )
@@ -260,7 +276,7 @@ def _maven_fetch(pom: Path, libs: Path, label: str, *, maven_settings: Path | No
             )
         except subprocess.TimeoutExpired:
             shutil.rmtree(staging, ignore_errors=True)
-            raise KafkaHarnessError(
+            raise LocalKafkaError(
                 f"Maven did not finish fetching the {label} jars within {timeout:.0f} s, so "
                 f"Maven Central is probably unreachable and {libs} stays empty."
             ) from None
@@ -271,12 +287,12 @@ def _maven_fetch(pom: Path, libs: Path, label: str, *, maven_settings: Path | No
         if proc.returncode != 0 or not jars:
             shutil.rmtree(staging, ignore_errors=True)
             if _NETWORK_ERROR.search(proc.stdout):
-                raise KafkaHarnessError(
+                raise LocalKafkaError(
                     f"Cannot download the {label} jars because Maven Central "
                     f"is unreachable and the cache {libs} is empty (Maven's output is in "
                     f"{log_path})."
                 )
-            raise KafkaHarnessError(
+            raise LocalKafkaError(
                 f"Maven failed to fetch the {label} jars into {libs} "
                 f"(exit code {proc.returncode}; its output is in {log_path})."
             )
@@ -292,7 +308,7 @@ def find_java() -> str:
     """The ``java`` executable on PATH."""
     java = shutil.which("java")
     if java is None:
-        raise KafkaHarnessError(
+        raise LocalKafkaError(
             "Java is not installed (no java on PATH): install openjdk-17-jre-headless "
             "(apt-get install openjdk-17-jre-headless)."
         )
@@ -315,7 +331,7 @@ def java_base_command(
         java,
         *jvm_options,
         f"-Dlog4j2.configurationFile={kafka_dist_dir() / log4j_config}",
-        f"-Dkeyrange.harness.parent={os.getpid()}",
+        f"-Dkeyrange.local.kafka.parent={os.getpid()}",
         "-cp",
         f"{libs}/*",
     ]
@@ -360,7 +376,7 @@ class _Spawner:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
-                    target=self._run, name="kafka-harness-spawner", daemon=True
+                    target=self._run, name="local-kafka-spawner", daemon=True
                 )
                 self._thread.start()
         reply: queue.Queue[Any] = queue.Queue(maxsize=1)
@@ -406,13 +422,29 @@ def terminate(process: subprocess.Popen[Any], timeout: float) -> int:
     return process.returncode
 
 
+def scratch_dir(prefix: str) -> Path:
+    """A new directory under the system's temporary directory, removed at exit.
+
+    A run of Kafka writes its logs there (gigabytes, for a benchmark); left behind, a few
+    runs fill a disk. ``KEYRANGE_KEEP_WORKDIR=1`` keeps it for inspection (its path is
+    printed).
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.environ.get("KEYRANGE_KEEP_WORKDIR"):
+        print(f"working directory kept: {path}", file=sys.stderr, flush=True)
+    else:
+        atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 # --------------------------------------------------------------------------------------
 # Ports and the readiness probe
 
 _ports_handed_out: set[int] = set()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on, never handed out twice by this process."""
     for _ in range(200):
         port = random.randrange(*_PORT_RANGE)
         if port in _ports_handed_out:
@@ -424,7 +456,7 @@ def _free_port() -> int:
                 continue
         _ports_handed_out.add(port)
         return port
-    raise KafkaHarnessError(f"No free TCP port found on {HOST} in {_PORT_RANGE}.")
+    raise LocalKafkaError(f"No free TCP port found on {HOST} in {_PORT_RANGE}.")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -443,7 +475,7 @@ def metadata_brokers(host: str, port: int, timeout: float = 2.0) -> tuple[dict[i
     A raw request on a plain socket, so it needs no client library and sees exactly what the
     broker says.  Raises OSError (or ConnectionError) when the broker does not answer.
     """
-    client_id = b"keyrange-harness"
+    client_id = b"keyrange-local-kafka"
     correlation_id = 1
     body = (
         struct.pack(">hhih", 3, 1, correlation_id, len(client_id))
@@ -486,7 +518,7 @@ def metadata_brokers(host: str, port: int, timeout: float = 2.0) -> tuple[dict[i
 
 
 # --------------------------------------------------------------------------------------
-# Nodes and clusters
+# Nodes
 
 
 @dataclass(eq=False)
@@ -536,68 +568,49 @@ class KafkaNode:
         return "\n".join(text.splitlines()[-lines:])
 
 
-_live_clusters: set[KafkaCluster] = set()
+_live: set[KafkaNodes] = set()
 _live_lock = threading.Lock()
 
 
 def _close_all_at_exit() -> None:
     with _live_lock:
-        clusters = list(_live_clusters)
-    for cluster in clusters:
+        running = list(_live)
+    for nodes in running:
         with contextlib.suppress(Exception):
-            cluster.close(timeout=5.0)
+            nodes.close(timeout=5.0)
 
 
 atexit.register(_close_all_at_exit)
 
 
-def _normalise_listeners(extra: Mapping[str, str] | Iterable[str] | None) -> dict[str, str]:
-    if not extra:
-        return {}
-    if isinstance(extra, Mapping):
-        listeners = {str(k).upper(): str(v).upper() for k, v in extra.items()}
-    else:
-        listeners = {str(name).upper(): str(name).upper() for name in extra}
-    for name in listeners:
-        if name in (CLIENT_LISTENER, CONTROLLER_LISTENER) or not re.fullmatch(r"[A-Z0-9_]+", name):
-            raise KafkaHarnessError(f"Extra listener name {name!r} is reserved or not valid.")
-    return listeners
+class KafkaNodes:
+    """KRaft nodes started by this process: each one JVM in the combined role (``process.roles
+    = broker,controller``), together a static quorum (``controller.quorum.voters``).
 
-
-class KafkaCluster:
-    """A set of KRaft nodes started by this process; see the module docstring.
-
-    Build one with :meth:`start`.  Every node runs in combined mode (``process.roles =
-    broker,controller``) and is a voter of a static quorum.
+    ``LocalKafka`` is one of them; a subclass with more says how to start them in a
+    classmethod that calls ``_start``.
     """
+
+    jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS
+    format_args: Sequence[str] = ()
+    """Appended to ``StorageTool format`` (e.g. ``--add-scram``, ``--feature``)."""
 
     def __init__(
         self,
-        nodes: int = 1,
+        nodes: int,
         workdir: Path | None = None,
         broker_properties: Mapping[str, str] | None = None,
-        extra_listeners: Mapping[str, str] | Iterable[str] | None = None,
         *,
-        format_args: Sequence[str] = (),
-        jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
         cache_dir: Path | None = None,
-        advertised_ports: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:
         if nodes < 1:
-            raise KafkaHarnessError("A Kafka cluster needs at least one node.")
+            raise LocalKafkaError("A Kafka cluster needs at least one node.")
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(
             tempfile.mkdtemp(prefix="keyrange-kafka-")
         )
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.broker_properties = dict(broker_properties or {})
-        self.extra_listeners = _normalise_listeners(extra_listeners)
-        self.advertised_ports = {name.upper(): dict(ports) for name, ports in (advertised_ports or {}).items()}
-        unknown = set(self.advertised_ports) - set(self.extra_listeners)
-        if unknown:
-            raise KafkaHarnessError(f"advertised_ports names listeners that are not extra listeners: {sorted(unknown)}")
-        self.format_args = list(format_args)
-        self.jvm_options = list(jvm_options)
         self.cache_dir = cache_dir
         # As Kafka's Uuid.randomUuid: never an id starting with "-", which the storage
         # tool's argument parser would take for an option (1 start in 64 failed so).
@@ -605,61 +618,21 @@ class KafkaCluster:
         self.cluster_id = "A" + cluster_id[1:] if cluster_id.startswith("-") else cluster_id
         self.nodes: list[KafkaNode] = []
         for node_id in range(1, nodes + 1):
-            node_dir = self.workdir / f"node-{node_id}"
-            node = KafkaNode(
-                node_id=node_id,
-                host=HOST,
-                port=_free_port(),
-                controller_port=_free_port(),
-                workdir=node_dir,
-            )
+            node = KafkaNode(node_id=node_id, host=HOST, port=free_port(), controller_port=free_port(),
+                             workdir=self.workdir / f"node-{node_id}")
             node.listener_ports[CLIENT_LISTENER] = node.port
-            for name in self.extra_listeners:
-                node.listener_ports[name] = _free_port()
             self.nodes.append(node)
         self._closed = False
         self._java_cmd: list[str] | None = None
         self.start_seconds: float | None = None
 
-    # -- construction ------------------------------------------------------------------
-
     @classmethod
-    def start(
-        cls,
-        nodes: int = 1,
-        workdir: Path | None = None,
-        broker_properties: Mapping[str, str] | None = None,
-        extra_listeners: Mapping[str, str] | Iterable[str] | None = None,
-        *,
-        format_args: Sequence[str] = (),
-        jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
-        cache_dir: Path | None = None,
-        timeout: float = 120.0,
-        advertised_ports: Mapping[str, Mapping[int, int]] | None = None,
-    ) -> KafkaCluster:
-        """Format and start ``nodes`` KRaft nodes and wait until all are ready.
-
-        ``broker_properties`` override anything the harness writes into server.properties.
-        ``extra_listeners`` adds client listeners besides PLAINTEXT, as {name: security
-        protocol} (or names that are also their protocol, e.g. ["SASL_PLAINTEXT"]); each
-        node gets a port for each, see ``KafkaNode.listener_ports`` and
-        :meth:`bootstrap_servers_for`.  ``advertised_ports`` makes an extra listener
-        advertise another port, as {listener: {node id: port}} (something else listening
-        there, e.g. a relay, passes the traffic on).  ``format_args`` are appended to ``StorageTool
-        format`` (e.g. ``--add-scram``, ``--feature``).  On any failure, whatever was
-        started is stopped before the error propagates.
-        """
+    def _start(cls, make: Callable[[], Self], timeout: float) -> Self:
+        """``make()`` a cluster, format and start every node and wait until all are ready;
+        on a port another process took meanwhile, start over on new ports (three tries). On
+        any failure, whatever was started is stopped before the error propagates."""
         for attempt in range(1, 4):
-            cluster = cls(
-                nodes,
-                workdir,
-                broker_properties,
-                extra_listeners,
-                format_args=format_args,
-                jvm_options=jvm_options,
-                cache_dir=cache_dir,
-                advertised_ports=advertised_ports,
-            )
+            cluster = make()
             try:
                 began = time.monotonic()
                 cluster._format_all(timeout)
@@ -689,28 +662,16 @@ class KafkaCluster:
                     return True
         return False
 
-    def __enter__(self) -> KafkaCluster:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- addresses ---------------------------------------------------------------------
-
     @property
     def bootstrap_servers(self) -> str:
         """``127.0.0.1:p1,127.0.0.1:p2,...`` of the PLAINTEXT listeners of all nodes."""
-        return self.bootstrap_servers_for(CLIENT_LISTENER)
-
-    def bootstrap_servers_for(self, listener: str) -> str:
-        listener = listener.upper()
-        return ",".join(f"{n.host}:{n.listener_ports[listener]}" for n in self.nodes)
-
-    def node(self, node_id: int) -> KafkaNode:
-        for node in self.nodes:
-            if node.node_id == node_id:
-                return node
-        raise KeyError(f"no Kafka node {node_id} in this cluster")
+        return ",".join(f"{n.host}:{n.port}" for n in self.nodes)
 
     @property
     def running_nodes(self) -> list[KafkaNode]:
@@ -718,20 +679,20 @@ class KafkaCluster:
 
     # -- configuration -----------------------------------------------------------------
 
+    def _client_listeners(self, node: KafkaNode) -> list[tuple[str, str, int, int]]:
+        """(name, security protocol, port, advertised port) of every client listener."""
+        return [(CLIENT_LISTENER, "PLAINTEXT", node.port, node.port)]
+
     def _properties(self, node: KafkaNode) -> dict[str, str]:
         n = len(self.nodes)
         replication = str(min(3, n))
         min_isr = str(min(2, n))
         voters = ",".join(f"{m.node_id}@{m.host}:{m.controller_port}" for m in self.nodes)
-        listeners = [f"{CLIENT_LISTENER}://{node.host}:{node.port}"]
-        advertised = [f"{CLIENT_LISTENER}://{node.host}:{node.port}"]
-        protocols = [f"{CLIENT_LISTENER}:PLAINTEXT", f"{CONTROLLER_LISTENER}:PLAINTEXT"]
-        for name, protocol in self.extra_listeners.items():
-            listeners.append(f"{name}://{node.host}:{node.listener_ports[name]}")
-            port = self.advertised_ports.get(name, {}).get(node.node_id, node.listener_ports[name])
-            advertised.append(f"{name}://{node.host}:{port}")
-            protocols.append(f"{name}:{protocol}")
+        clients = self._client_listeners(node)
+        listeners = [f"{name}://{node.host}:{port}" for name, _, port, _ in clients]
         listeners.append(f"{CONTROLLER_LISTENER}://{node.host}:{node.controller_port}")
+        advertised = [f"{name}://{node.host}:{port}" for name, _, _, port in clients]
+        protocols = [f"{name}:{protocol}" for name, protocol, _, _ in clients] + [f"{CONTROLLER_LISTENER}:PLAINTEXT"]
         props = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
@@ -763,7 +724,7 @@ class KafkaCluster:
             "log.cleaner.threads": "1",
             "log.cleaner.dedupe.buffer.size": "16777216",
             "socket.request.max.bytes": "104857600",
-            # Fail over quickly when a test kills a node.
+            # Fail over quickly when a node is stopped or killed.
             "broker.session.timeout.ms": "6000",
             "broker.heartbeat.interval.ms": "1000",
             "controller.quorum.election.timeout.ms": "1000",
@@ -775,7 +736,7 @@ class KafkaCluster:
 
     def _write_config(self, node: KafkaNode) -> None:
         node.workdir.mkdir(parents=True, exist_ok=True)
-        lines = ["# written by proxy.testing.kafka_cluster"]
+        lines = ["# written by proxy.local_kafka"]
         lines += [f"{k}={v}" for k, v in self._properties(node).items()]
         node.config_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -783,6 +744,8 @@ class KafkaCluster:
         if self._java_cmd is None:
             self._java_cmd = java_base_command(jvm_options=self.jvm_options, cache_dir=self.cache_dir)
         return self._java_cmd
+
+    # -- starting and stopping ---------------------------------------------------------
 
     def _format_all(self, timeout: float) -> None:
         """Run ``StorageTool format`` for every node, in parallel (each is a JVM start)."""
@@ -792,17 +755,8 @@ class KafkaCluster:
             for node in self.nodes:
                 self._write_config(node)
                 out: IO[bytes] = open(node.workdir / "format.log", "wb")
-                cmd = [
-                    *java,
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "-t",
-                    self.cluster_id,
-                    "-c",
-                    str(node.config_path),
-                    "--ignore-formatted",
-                    *self.format_args,
-                ]
+                cmd = [*java, "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
+                       "-c", str(node.config_path), "--ignore-formatted", *self.format_args]
                 proc = spawn(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
                 running.append((node, proc, out))
             deadline = time.monotonic() + timeout
@@ -831,27 +785,20 @@ class KafkaCluster:
         if node.is_running:
             return
         if self._closed:
-            raise KafkaHarnessError("This Kafka cluster has been closed.")
+            raise LocalKafkaError("This Kafka cluster has been closed.")
         self._write_config(node)  # broker_properties may have been changed in between
-        cmd = [
-            *self._java(),
-            f"-Dkafka.logs.dir={node.workdir}",
-            "kafka.Kafka",
-            str(node.config_path),
-        ]
+        cmd = [*self._java(), f"-Dkafka.logs.dir={node.workdir}", "kafka.Kafka", str(node.config_path)]
         node._log_file = open(node.log_path, "ab")
         node.process = spawn(cmd, stdin=subprocess.DEVNULL, stdout=node._log_file, stderr=subprocess.STDOUT, cwd=node.workdir)
         node._expected_running = True
         with _live_lock:
-            _live_clusters.add(self)
-
-    # -- readiness ---------------------------------------------------------------------
+            _live.add(self)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until every running node answers Metadata and lists every running node.
 
         Raises KafkaNodeError if a node that should be running has exited, and
-        KafkaHarnessError when the deadline passes.
+        LocalKafkaError when the deadline passes.
         """
         deadline = time.monotonic() + timeout
         last_problem = "no node checked yet"
@@ -866,7 +813,7 @@ class KafkaCluster:
                     )
             running = self.running_nodes
             if not running:
-                raise KafkaHarnessError("No Kafka node of this cluster is running.")
+                raise LocalKafkaError("No Kafka node of this cluster is running.")
             want = {n.node_id for n in running}
             problem = None
             for node in running:
@@ -877,9 +824,7 @@ class KafkaCluster:
                     break
                 missing = want - set(brokers)
                 if missing:
-                    problem = (
-                        f"node {node.node_id} does not list node(s) {sorted(missing)} yet"
-                    )
+                    problem = f"node {node.node_id} does not list node(s) {sorted(missing)} yet"
                     break
                 if controller < 0:
                     problem = f"node {node.node_id} knows no controller yet"
@@ -888,32 +833,8 @@ class KafkaCluster:
                 return
             last_problem = problem
             if time.monotonic() >= deadline:
-                raise KafkaHarnessError(
-                    f"The Kafka cluster was not ready within {timeout:.0f} s: {last_problem}."
-                )
+                raise LocalKafkaError(f"The Kafka cluster was not ready within {timeout:.0f} s: {last_problem}.")
             time.sleep(0.2)
-
-    # -- node life cycle ---------------------------------------------------------------
-
-    def start_node(self, node_id: int, *, wait: bool = True, timeout: float = 60.0) -> KafkaNode:
-        """Start a stopped node again with the same ports and data; wait until ready."""
-        node = self.node(node_id)
-        self._launch(node)
-        if wait:
-            self.wait_ready(timeout)
-        return node
-
-    def stop_node(self, node_id: int, timeout: float = 30.0) -> None:
-        """SIGTERM the node (a controlled shutdown), SIGKILL it if still alive after ``timeout``."""
-        node = self.node(node_id)
-        node._expected_running = False
-        self._terminate([node], timeout)
-
-    def kill_node(self, node_id: int) -> None:
-        """SIGKILL the node at once, as a crash would."""
-        node = self.node(node_id)
-        node._expected_running = False
-        self._terminate([node], 0.0)
 
     @staticmethod
     def _signal(node: KafkaNode, sig: int) -> None:
@@ -922,6 +843,8 @@ class KafkaCluster:
                 os.kill(node.process.pid, sig)
 
     def _terminate(self, nodes: Sequence[KafkaNode], timeout: float) -> None:
+        """SIGTERM ``nodes`` (a controlled shutdown), SIGKILL those still alive past
+        ``timeout``; a ``timeout`` of 0 SIGKILLs at once, as a crash would."""
         nodes = [n for n in nodes if n.process is not None]
         for node in nodes:
             self._signal(node, signal.SIGTERM if timeout > 0 else signal.SIGKILL)
@@ -949,67 +872,164 @@ class KafkaCluster:
         finally:
             self._closed = True
             with _live_lock:
-                _live_clusters.discard(self)
+                _live.discard(self)
             if self._owns_workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self.running_nodes)}/{len(self.nodes)} running"
-        return f"<KafkaCluster {self.bootstrap_servers} {state}>"
+        return f"<{type(self).__name__} {self.bootstrap_servers} {state}>"
+
+
+class LocalKafka(KafkaNodes):
+    """One KRaft node on loopback, for trying the product; see the module docstring.
+
+        with LocalKafka.start() as kafka:
+            print(kafka.bootstrap_servers)
+    """
+
+    @classmethod
+    def start(
+        cls,
+        workdir: Path | None = None,
+        broker_properties: Mapping[str, str] | None = None,
+        *,
+        cache_dir: Path | None = None,
+        timeout: float = 120.0,
+    ) -> LocalKafka:
+        """Fetch the jars if they are not cached, format and start the node, and wait until
+        it answers. ``workdir``: where its data and log go (default: a temporary directory,
+        removed on close); ``broker_properties`` override what server.properties says."""
+        return cls._start(lambda: cls(1, workdir, broker_properties, cache_dir=cache_dir), timeout)
+
+
+# --------------------------------------------------------------------------------------
+# The proxy as a process of its own
+
+
+class ProxyStartError(RuntimeError):
+    """The proxy exited or did not listen in time; the message carries the tail of its log."""
+
+
+class ProxyProcess:
+    """``keyrange-proxy`` (``python -m proxy.server.cli``) as a child process, started with
+    :meth:`start`; it reports its ports in a ready file, read into ``info``."""
+
+    def __init__(self, process: subprocess.Popen[bytes], info: dict[str, Any], log_path: Path,
+                 workdir: Path) -> None:
+        self.process = process
+        self.info = info
+        self.log_path = log_path
+        self.workdir = workdir
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def port(self) -> int:
+        return self.info["port"]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.info['host']}:{self.info['port']}"
+
+    @property
+    def node_ports(self) -> dict[int, int]:
+        return {int(node): port for node, port in self.info["node_ports"].items()}
+
+    @property
+    def metrics_url(self) -> str | None:
+        port = self.info.get("metrics_port")
+        return f"http://{self.info['host']}:{port}/metrics" if port else None
+
+    @classmethod
+    def start(
+        cls,
+        bootstrap_servers: str,
+        *,
+        overrides: Mapping[str, str] | None = None,
+        workdir: Path | None = None,
+        listen_port: int = 0,
+        timeout: float = 30.0,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ProxyProcess:
+        """Start the proxy in front of ``bootstrap_servers`` on 127.0.0.1 (``listen_port``
+        0: any free port), with ``--override key=value`` for each of ``overrides``, and wait
+        until it listens. Its log and ready file go to ``workdir`` (default: a new temporary
+        directory); ``cwd`` and ``env``, the process's working directory and environment,
+        default to this process's."""
+        workdir = Path(workdir or tempfile.mkdtemp(prefix="keyrange-proxy-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        ready = workdir / f"ready-{time.monotonic_ns()}.json"
+        log_path = workdir / f"proxy-{time.monotonic_ns()}.log"
+        command = [
+            sys.executable, "-m", "proxy.server.cli",
+            "--bootstrap-server", bootstrap_servers,
+            "--listen", f"127.0.0.1:{listen_port}",
+            "--ready-file", str(ready),
+        ]
+        for key, value in (overrides or {}).items():
+            command += ["--override", f"{key}={value}"]
+        parent = os.getpid()
+        with open(log_path, "wb") as log_file:
+            process = subprocess.Popen(
+                command, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=lambda: _die_with_parent(parent),
+                cwd=cwd, env=None if env is None else dict(env),
+            )
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if process.poll() is not None:
+                raise ProxyStartError(
+                    f"proxy exited with {process.returncode} before listening:\n{log_path.read_text(errors='replace')[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                raise ProxyStartError(f"proxy not listening after {timeout}s; log: {log_path}")
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        return cls(process, info, log_path, workdir)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (the proxy drains), then SIGKILL past ``timeout``. Returns the exit code."""
+        return terminate(self.process, timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __enter__(self) -> ProxyProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 # --------------------------------------------------------------------------------------
 # Command line
 
 
-def _cmd_fetch_jars(args: argparse.Namespace) -> int:
-    print(fetch_jars(verbose=args.verbose))
-    print(fetch_spark_jars(verbose=args.verbose))
-    return 0
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    props = dict(kv.split("=", 1) for kv in args.override)
-    workdir = Path(args.workdir) if args.workdir else None
-    with KafkaCluster.start(args.nodes, workdir=workdir, broker_properties=props) as cluster:
-        print(f"Kafka {kafka_version()}: {len(cluster.nodes)} node(s) ready in {cluster.start_seconds:.1f} s")
-        for node in cluster.nodes:
-            print(f"  node {node.node_id}: {node.address} pid {node.pid} log {node.log_path}")
-        print(f"bootstrap.servers={cluster.bootstrap_servers}", flush=True)
-        while not stop.wait(0.5):
-            dead = [n for n in cluster.nodes if n._expected_running and not n.is_running]
-            if dead:
-                print(f"Kafka node {dead[0].node_id} exited; see {dead[0].log_path}", file=sys.stderr)
-                return 1
-        print("stopping", flush=True)
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m proxy.testing.kafka_cluster")
+    """``fetch-jars``: the Kafka and Spark connector jars into the cache (``make jars``)."""
+    parser = argparse.ArgumentParser(prog="python -m proxy.local_kafka",
+                                     description="A local Apache Kafka for trying keyrange-proxy.")
     sub = parser.add_subparsers(dest="command", required=True)
     fetch = sub.add_parser("fetch-jars", help="download the Kafka and Spark connector jars into the cache (once)")
     fetch.add_argument("-v", "--verbose", action="store_true")
-    fetch.set_defaults(func=_cmd_fetch_jars)
-    run = sub.add_parser("run", help="start a cluster and run it until Ctrl-C or SIGTERM")
-    run.add_argument("--nodes", type=int, default=1)
-    run.add_argument("--workdir", help="keep node data here (default: a temporary directory)")
-    run.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                     help="broker property, may be repeated")
-    run.set_defaults(func=_cmd_run)
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
-    except KafkaHarnessError as exc:
+        print(fetch_jars(verbose=args.verbose))
+        print(fetch_spark_jars(verbose=args.verbose))
+    except LocalKafkaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return 0
 
 
 if __name__ == "__main__":

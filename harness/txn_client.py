@@ -13,11 +13,11 @@ from typing import Literal
 
 import kafka.errors as kafka_errors
 
+from harness.raw_client import RawClient
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.records.batch import TRANSACTIONAL_BIT
 from proxy.records.builder import build_batch, encode_record
-from proxy.testing.raw_client import RawClient
 
 # Versions spoken (Kafka 4.3.1 supports all of them).
 V_FIND_COORDINATOR = 4

@@ -1,9 +1,9 @@
 """A librdkafka (confluent-kafka) transactional consume-transform-produce member in a process
 of its own: the Python twin of ``TxnRelay`` (``benchmarks/java/streams``), same semantics,
 same command line and same stdout lines, so one parser (``TxnRelayProcess``) and one checker
-(``proxy.testing.txn_output``) serve both.
+(``harness.txn_output``) serve both.
 
-    python -m proxy.testing.rdkafka_txn_member --bootstrap HOST:PORT --input T.kr4 \\
+    python -m harness.rdkafka_txn_member --bootstrap HOST:PORT --input T.kr4 \\
         --output O --group G --transactional-id G-m0 [--abort-every 5] [--config key=value]...
 
 A Consumer of ``--group`` subscribed to ``--input`` (``isolation.level=read_committed``, auto
@@ -40,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from proxy.testing.streams_app import TxnRelayProcess, escape
+from harness import child_env
+from harness.streams_app import TxnRelayProcess, escape
 
 _STARTED = time.monotonic()
 
@@ -303,7 +304,10 @@ class RdkafkaTxnMemberProcess(TxnRelayProcess):
         self.args += ["--timeout-ms", str(timeout_ms)]
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "proxy.testing.rdkafka_txn_member", *self.args]
+        return [sys.executable, "-m", "harness.rdkafka_txn_member", *self.args]
+
+    def environment(self) -> dict[str, str]:
+        return child_env()  # it runs in its work directory, not in the checkout
 
 
 if __name__ == "__main__":
