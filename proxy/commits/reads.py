@@ -10,15 +10,19 @@ the log holds no record of a partition.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+import trio
 
 from proxy.commits import shadows, watermarks
+from proxy.commits.cluster import CommitLogError
 from proxy.commits.log import CommitLog
 from proxy.commits.state import CommitState, Range, apply_ranges
 from proxy.pipeline import ClusterView
 from proxy.protocol.constants import ErrorCode
 
 Key = tuple[str, int]
+_LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet (plain commits)
 # shadow group -> key -> (committed offset, metadata, error), as one OffsetFetch answers
 ShadowAnswers = dict[str, dict[Key, tuple[int, str | None, int]]]
 
@@ -34,6 +38,7 @@ class CommittedReads:
     def __init__(self, log: CommitLog, cluster: ClusterView) -> None:
         self.log = log
         self.cluster = cluster
+        self._log_looked_up_at = -_LOG_LOOKUP_INTERVAL
 
     async def read(self, group: str) -> None:
         """Read the group's log partition to its end (raises ``CommitLogError``)."""
@@ -48,6 +53,28 @@ class CommittedReads:
         return count
 
     # -- a partition's (S, R) -------------------------------------------------------------------
+    async def holds_state(self, group: str, keys: Iterable[Key]) -> bool:
+        """Whether a plain commit of ``keys`` may touch state. Reads the group's log
+        partition when this instance has never read it; afterwards what it read is trusted
+        for plain commits (range commits and fetches always read to the log's end)."""
+        if self.log.current(group):
+            return self.log.table.holds_any(group, keys)
+        if self.log.partitions is None:
+            # No log seen yet: look again at most every few seconds, so standard commits
+            # do not each pay a Metadata request while nobody uses individual commit.
+            now = trio.current_time()
+            if now - self._log_looked_up_at < _LOG_LOOKUP_INTERVAL:
+                return False
+            self._log_looked_up_at = now
+        try:
+            # The log exists but this instance has not read the group's log partition yet
+            # (another instance wrote it): read it once, so the plain commit resets any
+            # state there. Later plain commits of groups on that partition trust memory.
+            await self.log.catch_up(group)
+        except CommitLogError:
+            return False
+        return self.log.table.holds_any(group, keys)
+
     def known_state(self, group: str, key: Key) -> tuple[int, tuple[Range, ...]] | None:
         """(S, R) of ``key`` as this instance last read or wrote it; None when it holds no
         record of it (then the coordinator's committed offset is S: ``committed_state``)."""

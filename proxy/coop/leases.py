@@ -156,9 +156,6 @@ class PartitionLeases:
     def members(self) -> int:
         return len(self._by_member)
 
-    def next_expiry(self) -> float | None:
-        return self._expiry[0][0] if self._expiry else None
-
     def outstanding(self, member: str) -> list[Lease]:
         return list(self._by_member.get(member, ()))
 

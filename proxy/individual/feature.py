@@ -40,10 +40,11 @@ from proxy.commits.cluster import CommitLogError
 from proxy.commits.range_commit import RangeCommit
 from proxy.commits.service import CommitService
 from proxy.commits.shadows import CARRIER_MARKER, range_shadow
-from proxy.commits.state import CommitState, apply_ranges, check, check_packed, rebase
+from proxy.commits.state import CommitState, apply_ranges, check, check_packed
 from proxy.commits.wire import CommitRequest, forward_frame, parse_request, parse_response, rewrite_response
 from proxy.commits.writes import Planned
 from proxy.individual import txn
+from proxy.individual.answers import add_refused, merge_fetched
 from proxy.pipeline import ClusterView, ConnectionContext, Feature, Request, RequestStage, Route
 from proxy.pipeline.background import Background
 from proxy.pipeline.route import DecodedResponse, OwnRequest, own_correlation_id
@@ -57,7 +58,6 @@ FEATURE = "individual.commit"
 _FIRST_RANGE_COMMIT = 8
 _FIRST_TXN_RANGE_COMMIT = 3  # the first flexible TxnOffsetCommit, where tag 10000 can ride
 _FIRST_RANGE_FETCH = 6
-_LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet (plain commits)
 # Refusals for max.individual.commit.ranges.held come once per commit while a share lags
 # (a client narrows its commit, and retries with each commit): one log line at once, then
 # at most one per this many seconds, saying how many went unlogged (the metric counts all).
@@ -76,6 +76,18 @@ class _Commit:
     planned: Planned
     refused: dict[Key, int]
     prepared: trio.Event | None
+
+
+async def _prepare(commit: RangeCommit, ready: trio.Event) -> None:
+    """R' and the log values of the commit, computed while the broker handles it."""
+    try:
+        # Let the connection's reader send the request to the broker first (not needed
+        # for correctness: the transform waits for ``ready`` whatever the order).
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+        commit.prepare()
+    finally:
+        ready.set()
 
 
 class IndividualCommitFeature(Feature):
@@ -101,7 +113,6 @@ class IndividualCommitFeature(Feature):
                            registry=registry)
         self.reads, self.writes, self.transactions = commits.reads, commits.writes, commits.transactions
         self.log = commits.log
-        self._log_looked_up_at = -_LOG_LOOKUP_INTERVAL
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         stages: dict[int, RequestStage] = {ApiKey.OFFSET_COMMIT: self.on_offset_commit}
@@ -139,7 +150,7 @@ class IndividualCommitFeature(Feature):
         names = [self._topic_name(topic) for topic in request.topics]
         refused, range_commits, plain = self._classify(request, names)
         if not range_commits and not refused:
-            if not self.resets or not await self._has_state(group, plain):
+            if not self.resets or not await self.reads.holds_state(group, plain):
                 return None
 
         # Plain commits of partitions that hold state reset it (S = O, R and watermarks cleared).
@@ -159,14 +170,14 @@ class IndividualCommitFeature(Feature):
                    for number, topic in enumerate(request.topics) for part in topic.partitions):
             planned.done.set()
             response = messages.new_body(ApiKey.OFFSET_COMMIT, version, "response")
-            self._add_refused(response, refused)
+            add_refused(response, refused)
             return Route.answer(messages.encode_response(ApiKey.OFFSET_COMMIT, version,
                                                          messages.new_response_header(incoming.correlation_id),
                                                          response))
         prepared = None
         if commit.needs_prepare:
             prepared = trio.Event()
-            ctx.start_soon(self._prepare, commit, prepared)
+            ctx.start_soon(_prepare, commit, prepared)
         pending = _Commit(version, request, commit, planned, refused, prepared)
 
         async def transform(raw: bytes) -> bytes:
@@ -237,7 +248,7 @@ class IndividualCommitFeature(Feature):
                         part.error_code = errors[key]
                     if key in answered:
                         part.stable_offset = answered[key]
-            self._add_refused(response, refused)
+            add_refused(response, refused)
             return messages.encode_response(ApiKey.OFFSET_COMMIT, version, response_header, response)
         finally:
             pending.planned.done.set()
@@ -254,54 +265,6 @@ class IndividualCommitFeature(Feature):
         log.warning("refusing %s group=%s topic=%s partition=%s reason=%r (INVALID_COMMIT_OFFSET_SIZE; the "
                     "partition's other shares must close their gaps first)%s", what, group, topic, partition, reason,
                     f"; {unlogged} more such refusals since the last line" if unlogged else "")
-
-    async def _prepare(self, commit: RangeCommit, ready: trio.Event) -> None:
-        """R' and the log values of the commit, computed while the broker handles it."""
-        try:
-            # Let the connection's reader send the request to the broker first (not needed
-            # for correctness: the transform waits for ``ready`` whatever the order).
-            await trio.lowlevel.checkpoint()
-            await trio.lowlevel.checkpoint()
-            commit.prepare()
-        finally:
-            ready.set()
-
-    async def _has_state(self, group: str, plain: dict[Key, int]) -> bool:
-        """Whether a plain commit may touch state. Reads the group's log partition when
-        this instance has never read it; afterwards what it read is trusted for plain
-        commits (range commits and fetches always read to the log's end)."""
-        if self.log.current(group):
-            return self.log.table.holds_any(group, plain)
-        if self.log.partitions is None:
-            # No log seen yet: look again at most every few seconds, so standard commits
-            # do not each pay a Metadata request while nobody uses individual commit.
-            now = trio.current_time()
-            if now - self._log_looked_up_at < _LOG_LOOKUP_INTERVAL:
-                return False
-            self._log_looked_up_at = now
-        try:
-            # The log exists but this instance has not read the group's log partition yet
-            # (another instance wrote it): read it once, so the plain commit resets any
-            # state there. Later plain commits of groups on that partition trust memory.
-            await self.log.catch_up(group)
-        except CommitLogError:
-            return False
-        return self.log.table.holds_any(group, plain)
-
-    def _add_refused(self, response, refused: dict[Key, int]) -> None:
-        if not refused:
-            return
-        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
-        by_topic: dict[str, list] = {}
-        for (name, partition), error in refused.items():
-            by_topic.setdefault(name, []).append(cls.OffsetCommitResponsePartition(partition_index=partition,
-                                                                                   error_code=error))
-        existing = {topic.name: topic for topic in response.topics}
-        for name, parts in by_topic.items():
-            if name in existing:
-                existing[name].partitions.extend(parts)
-            else:
-                response.topics.append(cls.OffsetCommitResponseTopic(name=name, partitions=parts))
 
     # -- TxnOffsetCommit with offset ranges --------------------------------------------------------
     async def on_txn_offset_commit(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
@@ -414,7 +377,7 @@ class IndividualCommitFeature(Feature):
                 groups = [(single_group, response.topics, response)]
             changed = False
             for group, topics, holder in groups:
-                if holder.error_code == ErrorCode.NONE and await self._fetched(group, topics, holder, frame, version):
+                if holder.error_code == ErrorCode.NONE and await self._fetched(group, topics, holder, frame):
                     changed = True
             if not changed:
                 return raw
@@ -423,7 +386,7 @@ class IndividualCommitFeature(Feature):
 
         return Route(frame, transform=transform)
 
-    async def _fetched(self, group: str, topics, holder, frame, version: int) -> bool:
+    async def _fetched(self, group: str, topics, holder, frame) -> bool:
         """Add the group's (S, R) to its answer; whether anything changed."""
         try:
             states = await self.log.states(group)
@@ -439,7 +402,7 @@ class IndividualCommitFeature(Feature):
             holder.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return True
         changed = await self._with_shadows(group, topics, states, frame)
-        return bool(states and self._merge_fetched(topics, states, version)) or changed
+        return bool(states and merge_fetched(topics, states, self._topic_name)) or changed
 
     async def _with_shadows(self, group: str, topics, states: dict[Key, CommitState], frame) -> bool:
         """Add to ``states`` what committed range shadows hold beyond the log, and answer
@@ -470,21 +433,6 @@ class IndividualCommitFeature(Feature):
             asked[key].committed_offset = -1
             states.pop(key, None)
         return bool(pending)
-
-    def _merge_fetched(self, topics, states: dict[Key, CommitState], version: int) -> bool:
-        cls = messages.body_class(ApiKey.OFFSET_FETCH, "response")
-        changed = False
-        for topic in topics:
-            name = self._topic_name(topic)
-            for part in topic.partitions:
-                state = states.get((name, part.partition_index))
-                if state is None or part.error_code != ErrorCode.NONE:
-                    continue
-                merged = rebase(state, part.committed_offset) if part.committed_offset >= 0 else state
-                part.committed_offset = merged.stable
-                part.committed_range_offsets = [cls.OffsetRange(start=start, end=end) for start, end in merged.ranges]
-                changed = True
-        return changed
 
     # -- deletion ---------------------------------------------------------------------------------
     async def on_delete_groups(self, ctx: ConnectionContext, incoming: Request) -> Route | None:

@@ -10,6 +10,7 @@ seen every real topic (``know``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterable
@@ -116,6 +117,7 @@ class VirtualResolver:
         may_name: Callable[[bytes | bytearray], bool] = (self.precheck.may_match_virtual if pattern
                                                          else self.precheck.may_name_virtual)
 
+        @functools.wraps(stage)
         async def guarded(ctx: ConnectionContext, request: Request) -> Route | None:
             if not may_name(request.frame):
                 return None

@@ -1,0 +1,50 @@
+"""The answers of OffsetCommit and OffsetFetch with offset ranges, without I/O: refused
+partitions added to a commit's answer, and (S, R) merged into an OffsetFetch answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from proxy.commits.state import CommitState, rebase
+from proxy.protocol import messages
+from proxy.protocol.constants import ErrorCode
+from proxy.protocol.messages import ApiKey
+
+Key = tuple[str, int]
+
+
+def add_refused(response: Any, refused: dict[Key, int]) -> None:
+    """Add the partitions answered without the broker (``refused``: key -> error) to an
+    OffsetCommit answer."""
+    if not refused:
+        return
+    cls = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
+    by_topic: dict[str, list] = {}
+    for (name, partition), error in refused.items():
+        by_topic.setdefault(name, []).append(cls.OffsetCommitResponsePartition(partition_index=partition,
+                                                                               error_code=error))
+    existing = {topic.name: topic for topic in response.topics}
+    for name, parts in by_topic.items():
+        if name in existing:
+            existing[name].partitions.extend(parts)
+        else:
+            response.topics.append(cls.OffsetCommitResponseTopic(name=name, partitions=parts))
+
+
+def merge_fetched(topics: Any, states: dict[Key, CommitState], name_of: Callable[[Any], str]) -> bool:
+    """Put each partition's (S, R) into an OffsetFetch answer's ``topics`` (S rebased on
+    the coordinator's committed offset); whether anything changed."""
+    cls = messages.body_class(ApiKey.OFFSET_FETCH, "response")
+    changed = False
+    for topic in topics:
+        name = name_of(topic)
+        for part in topic.partitions:
+            state = states.get((name, part.partition_index))
+            if state is None or part.error_code != ErrorCode.NONE:
+                continue
+            merged = rebase(state, part.committed_offset) if part.committed_offset >= 0 else state
+            part.committed_offset = merged.stable
+            part.committed_range_offsets = [cls.OffsetRange(start=start, end=end) for start, end in merged.ranges]
+            changed = True
+    return changed
