@@ -18,15 +18,33 @@ of ``__consumer_offsets``) and knows each partition's leader.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import trio
 
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.net.pool import BrokerPool, NoBrokerAnswered
 from proxy.pipeline.cluster import ClusterView
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.message_types import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
 from proxy.protocol.messages import ApiKey
 
 log = logging.getLogger("proxy.commits.cluster")
@@ -65,28 +83,28 @@ class Cluster:
     def nodes(self) -> dict[int, Address]:
         return self.view.nodes
 
-    async def request(self, address: Address, api_key: int, version: int, body, *, timeout: float | None = None):
+    async def request(self, address: Address, api_key: int, version: int, body: object, *,
+                      timeout: float | None = None) -> Any:
+        """The response to ``body`` (a request of ``api_key``): the caller, who knows which, types it."""
         return await self.pool.request(address, api_key, version, body, timeout=timeout)
 
-    async def request_any(self, api_key: int, version: int, body, *, timeout: float | None = None):
+    async def request_any(self, api_key: int, version: int, body: object, *, timeout: float | None = None) -> Any:
         try:
             return await self.pool.request_any(api_key, version, body, timeout=timeout)
         except NoBrokerAnswered as exc:
             raise CommitLogError(str(exc)) from exc
 
-    async def metadata(self, topics: list[str]):
-        cls = messages.body_class(ApiKey.METADATA, "request")
-        body = messages.new_body(ApiKey.METADATA, METADATA_VERSION, "request",
-                                 topics=[cls.MetadataRequestTopic(name=t) for t in topics],
-                                 allow_auto_topic_creation=False)
-        response = await self.request_any(ApiKey.METADATA, METADATA_VERSION, body)
+    async def metadata(self, topics: list[str]) -> MetadataResponse:
+        cls = MetadataRequest
+        body = cls(topics=[cls.MetadataRequestTopic(name=t) for t in topics], allow_auto_topic_creation=False)
+        response: MetadataResponse = await self.request_any(ApiKey.METADATA, METADATA_VERSION, body)
         self.view.learn_metadata(response)
         return response
 
     async def find_coordinator(self, group: str) -> Address:
-        body = messages.new_body(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_VERSION, "request", key_type=0,
-                                 coordinator_keys=[group])
-        response = await self.request_any(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_VERSION, body)
+        body = FindCoordinatorRequest(key_type=0, coordinator_keys=[group])
+        response: FindCoordinatorResponse = await self.request_any(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_VERSION,
+                                                                   body)
         (entry,) = response.coordinators
         if entry.error_code != ErrorCode.NONE:
             raise CommitLogError(f"FindCoordinator({group}) error {ErrorCode.name_of(entry.error_code)}")
@@ -100,12 +118,11 @@ class Cluster:
         """The real coordinator's committed offsets (-1 for none) and their metadata."""
         if not keys:
             return {}
-        cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+        cls = OffsetFetchRequest
         by_topic: dict[str, list[int]] = {}
         for topic, partition in keys:
             by_topic.setdefault(topic, []).append(partition)
-        body = messages.new_body(
-            ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, "request",
+        body = cls(
             groups=[cls.OffsetFetchRequestGroup(group_id=group, topics=[
                 cls.OffsetFetchRequestTopics(name=topic, partition_indexes=parts) for topic, parts in by_topic.items()
             ])],
@@ -114,14 +131,15 @@ class Cluster:
         while True:
             try:
                 address = await self.find_coordinator(group)
-                response = await self.request(address, ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, body)
+                response: OffsetFetchResponse = await self.request(address, ApiKey.OFFSET_FETCH,
+                                                                   OFFSET_FETCH_VERSION, body)
                 (entry,) = response.groups
                 if entry.error_code != ErrorCode.NONE:
                     raise CommitLogError(f"OffsetFetch({group}) error {ErrorCode.name_of(entry.error_code)}")
                 out: dict[Key, tuple[int, str | None]] = {}
-                for topic in entry.topics:
-                    for part in topic.partitions:
-                        out[(topic.name, part.partition_index)] = \
+                for answered in entry.topics:
+                    for part in answered.partitions:
+                        out[(answered.name, part.partition_index)] = \
                             (part.committed_offset, part.metadata) if part.error_code == ErrorCode.NONE else (-1, None)
                 return out
             except (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError) as exc:
@@ -138,7 +156,7 @@ class Cluster:
         asked = {group: keys for group, keys in groups.items() if keys}
         if not asked:
             return {}
-        cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+        cls = OffsetFetchRequest
         request_groups = []
         for group, keys in asked.items():
             by_topic: dict[str, list[int]] = {}
@@ -146,15 +164,15 @@ class Cluster:
                 by_topic.setdefault(topic, []).append(partition)
             request_groups.append(cls.OffsetFetchRequestGroup(group_id=group, topics=[
                 cls.OffsetFetchRequestTopics(name=topic, partition_indexes=parts) for topic, parts in by_topic.items()]))
-        body = messages.new_body(ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, "request", groups=request_groups,
-                                 require_stable=require_stable)
+        body = cls(groups=request_groups, require_stable=require_stable)
         deadline = trio.current_time() + 30
         while True:
             try:
                 address = await self.find_coordinator(coordinator_of)
-                response = await self.request(address, ApiKey.OFFSET_FETCH, OFFSET_FETCH_VERSION, body)
+                answer: OffsetFetchResponse = await self.request(address, ApiKey.OFFSET_FETCH,
+                                                                 OFFSET_FETCH_VERSION, body)
                 out: dict[str, dict[Key, tuple[int, str | None, int]]] = {}
-                for entry in response.groups:
+                for entry in answer.groups:
                     if entry.error_code != ErrorCode.NONE:
                         raise CommitLogError(f"OffsetFetch({entry.group_id}) error {ErrorCode.name_of(entry.error_code)}")
                     out[entry.group_id] = {(topic.name, part.partition_index): (
@@ -172,21 +190,20 @@ class Cluster:
         the generation and member of the client's commit (the broker checks them as for the
         client); the error code per key. An offset may come with its metadata. Raises
         CommitLogError when no coordinator answers."""
-        cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
-        by_topic: dict[str, list] = {}
+        cls = OffsetCommitRequest
+        by_topic: dict[str, list[OffsetCommitRequest.OffsetCommitRequestPartition]] = {}
         for (topic, partition), value in offsets.items():
             offset, metadata = value if isinstance(value, tuple) else (value, "")
             by_topic.setdefault(topic, []).append(
                 cls.OffsetCommitRequestPartition(partition_index=partition, committed_offset=offset,
                                                  committed_metadata=metadata))
-        body = messages.new_body(ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION, "request", group_id=group,
-                                 generation_id_or_member_epoch=generation, member_id=member,
-                                 group_instance_id=instance_id,
-                                 topics=[cls.OffsetCommitRequestTopic(name=topic, partitions=parts)
-                                         for topic, parts in by_topic.items()])
+        body = cls(group_id=group, generation_id_or_member_epoch=generation, member_id=member,
+                   group_instance_id=instance_id,
+                   topics=[cls.OffsetCommitRequestTopic(name=topic, partitions=parts) for topic, parts in by_topic.items()])
         try:
             address = await self.find_coordinator(group)
-            response = await self.request(address, ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION, body)
+            response: OffsetCommitResponse = await self.request(address, ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION,
+                                                                body)
         except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
             raise CommitLogError(f"OffsetCommit({group}) from the proxy failed: {exc}") from exc
         return {(topic.name, part.partition_index): part.error_code
@@ -198,8 +215,8 @@ class Cluster:
         its ``__consumer_offsets`` partition are among them."""
         try:
             address = await self.find_coordinator(group)
-            response = await self.request(address, ApiKey.LIST_GROUPS, LIST_GROUPS_VERSION,
-                                          messages.new_body(ApiKey.LIST_GROUPS, LIST_GROUPS_VERSION, "request"))
+            response: ListGroupsResponse = await self.request(address, ApiKey.LIST_GROUPS, LIST_GROUPS_VERSION,
+                                                              ListGroupsRequest())
         except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
             raise CommitLogError(f"ListGroups at the coordinator of {group} failed: {exc}") from exc
         if response.error_code != ErrorCode.NONE:
@@ -212,26 +229,26 @@ class Cluster:
             return {}
         try:
             address = await self.find_coordinator(coordinator_of)
-            response = await self.request(address, ApiKey.DELETE_GROUPS, DELETE_GROUPS_VERSION,
-                                          messages.new_body(ApiKey.DELETE_GROUPS, DELETE_GROUPS_VERSION, "request",
-                                                            groups_names=groups))
+            response: DeleteGroupsResponse = await self.request(address, ApiKey.DELETE_GROUPS, DELETE_GROUPS_VERSION,
+                                                                DeleteGroupsRequest(groups_names=groups))
         except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
             raise CommitLogError(f"DeleteGroups {groups} failed: {exc}") from exc
         return {result.group_id: result.error_code for result in response.results}
 
     async def delete_offsets(self, group: str, keys: list[Key]) -> int:
         """OffsetDelete of ``keys`` in ``group``; the request's error code."""
-        cls = messages.body_class(ApiKey.OFFSET_DELETE, "request")
+        cls = OffsetDeleteRequest
         by_topic: dict[str, list[int]] = {}
         for topic, partition in keys:
             by_topic.setdefault(topic, []).append(partition)
-        body = messages.new_body(ApiKey.OFFSET_DELETE, OFFSET_DELETE_VERSION, "request", group_id=group, topics=[
+        body = cls(group_id=group, topics=[
             cls.OffsetDeleteRequestTopic(name=topic, partitions=[
                 cls.OffsetDeleteRequestPartition(partition_index=p) for p in parts])
             for topic, parts in by_topic.items()])
         try:
             address = await self.find_coordinator(group)
-            response = await self.request(address, ApiKey.OFFSET_DELETE, OFFSET_DELETE_VERSION, body)
+            response: OffsetDeleteResponse = await self.request(address, ApiKey.OFFSET_DELETE, OFFSET_DELETE_VERSION,
+                                                                body)
         except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
             raise CommitLogError(f"OffsetDelete({group}) failed: {exc}") from exc
         return response.error_code
@@ -298,15 +315,16 @@ class LogTopic:
             return self.partitions
 
     async def _create(self, partitions: int, replication: int) -> None:
-        cls = messages.body_class(ApiKey.CREATE_TOPICS, "request")
-        body = messages.new_body(
-            ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION, "request", timeout_ms=30000,
+        cls = CreateTopicsRequest
+        body = cls(
+            timeout_ms=30000,
             topics=[cls.CreatableTopic(name=self.name, num_partitions=partitions, replication_factor=replication,
                                        configs=[cls.CreatableTopicConfig(name=key, value=value) for key, value in {
                                            "cleanup.policy": "compact", "segment.bytes": str(self.segment_bytes),
                                            **self.configs}.items()])],
         )
-        response = await self.cluster.request_any(ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION, body, timeout=40)
+        response: CreateTopicsResponse = await self.cluster.request_any(ApiKey.CREATE_TOPICS, CREATE_TOPICS_VERSION,
+                                                                        body, timeout=40)
         (result,) = response.topics
         if result.error_code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
             raise CommitLogError(f"CreateTopics {self.name}: error {ErrorCode.name_of(result.error_code)} "
@@ -314,7 +332,7 @@ class LogTopic:
         log.info("internal log topic=%s partitions=%s replication=%s result=%s", self.name, partitions,
                  replication, ErrorCode.name_of(result.error_code))
 
-    def _learn_leaders(self, topic) -> None:
+    def _learn_leaders(self, topic: MetadataResponse.MetadataResponseTopic) -> None:
         for p in topic.partitions:
             self._leaders[p.partition_index] = p.leader_id
 

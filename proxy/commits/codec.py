@@ -16,17 +16,29 @@ from proxy.commits.state import CommitState, checked_marks
 from proxy.protocol import messages
 from proxy.protocol.constants import MAX_ARRAY_ELEMENTS
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.message_types import IndividualCommitKey, IndividualCommitValue
 from proxy.protocol.primitives import read_uvarint, uvarint_bytes
+from proxy.protocol.walks import Walk
 
 __all__ = ["decode_key", "decode_value", "encode_key", "encode_key_generic", "encode_value",
            "encode_value_generic"]
 
 
+# What the hand-written encoders and decoders below read and write, after the int16 version:
+# the key (v0), the value as this proxy writes it (v1) and as earlier releases did (v0).
+KEY_V0 = Walk("IndividualCommitKey", "", 0, 0, ("Group string", "Topic string", "Partition int32"))
+VALUE_V1 = Walk("IndividualCommitValue", "", 1, 1, ("StableOffset int64", "RangeDeltas compact bytes",
+                                                     "ResetEpoch int64"))
+VALUE_V0 = Walk("IndividualCommitValue", "", 0, 0, ("StableOffset int64", "Ranges compact []OffsetRange"))
+VALUE_V0_RANGE = Walk("IndividualCommitValue", "Ranges", 0, 0, ("Start int64", "End int64"))
+WALKS = (KEY_V0, VALUE_V1, VALUE_V0, VALUE_V0_RANGE)
+assert RANGE_SIZE == VALUE_V0_RANGE.size() + 1  # a packed range is an OffsetRange with no tagged fields
+
+
 def encode_key_generic(group: str, topic: str, partition: int) -> bytes:
     """IndividualCommitKey through the schema codec (the reference for ``encode_key``)."""
-    return messages.encode_data(
-        "IndividualCommitKey", messages.new_data("IndividualCommitKey", group=group, topic=topic, partition=partition)
-    )
+    return messages.encode_data("IndividualCommitKey", IndividualCommitKey(group=group, topic=topic,
+                                                                           partition=partition))
 
 
 _KEY_STRING = struct.Struct(">h")
@@ -45,7 +57,7 @@ def encode_key(group: str, topic: str, partition: int) -> bytes:
 
 
 def decode_key(data) -> tuple[str, str, int]:
-    key = messages.decode_data("IndividualCommitKey", bytes(data))
+    key = messages.decode_data_as(IndividualCommitKey, bytes(data))
     return key.group, key.topic, key.partition
 
 
@@ -57,7 +69,7 @@ def encode_value_generic(state: CommitState, version: int | None = None) -> byte
         version = 2 if state.marks else 1
     if state.marks and version < 2:
         raise ValueError(f"IndividualCommitValue v{version} cannot hold share watermarks")
-    value_class = messages.data_class("IndividualCommitValue")
+    value_class = IndividualCommitValue
     if version == 0:
         value = value_class(stable_offset=state.stable,
                             ranges=[value_class.OffsetRange(start=start, end=end) for start, end in state.ranges])
@@ -112,7 +124,7 @@ def decode_value(data) -> CommitState:
             ranges = data[pos:-1]
             if ranges[16::RANGE_SIZE].count(0) == length - 1:
                 return CommitState.from_packed(stable, ranges)
-    value = messages.decode_data("IndividualCommitValue", data)
+    value = messages.decode_data_as(IndividualCommitValue, data)
     version = messages.data_version(data)
     if version >= 1:
         marks = checked_marks((mark.shares, mark.share, max(mark.offset, -1), mark.sequence)

@@ -25,16 +25,18 @@ from proxy.commits.producer import IdempotentProducer
 from proxy.commits.state import CommitState
 from proxy.commits.table import Key, Record, StateTable
 from proxy.net.broker_connection import BrokerConnectionError
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.groups import group_partition
+from proxy.protocol.message_types import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID
 from proxy.protocol.messages import ApiKey
 from proxy.records.batch import RecordBatch, iter_batches
 
 log = logging.getLogger("proxy.commits.log")
 
 FETCH_VERSION = 12
+assert FETCH_VERSION < FETCH_FIRST_TOPIC_ID  # it names the log topic
 LIST_OFFSETS_VERSION = 7
 
 _LATEST = -1
@@ -216,14 +218,14 @@ class CommitLog:
         """One Fetch of log partition ``index`` from ``offset``: (records [(offset, key, value)]
         at or above it, the position after the last batch read or None when none was,
         the high watermark, the log start offset when ``offset`` is below it, else None)."""
-        fetch_class = messages.body_class(ApiKey.FETCH, "request")
-        body = messages.new_body(
-            ApiKey.FETCH, FETCH_VERSION, "request", max_wait_ms=0, min_bytes=0, max_bytes=_FETCH_BYTES,
+        fetch_class = FetchRequest
+        body = fetch_class(
+            max_wait_ms=0, min_bytes=0, max_bytes=_FETCH_BYTES,
             isolation_level=0, session_id=0, session_epoch=-1,
             topics=[fetch_class.FetchTopic(topic=LOG_TOPIC, partitions=[
                 fetch_class.FetchPartition(partition=index, fetch_offset=offset, partition_max_bytes=_FETCH_BYTES)])],
         )
-        response = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body)
+        response: FetchResponse = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body)
         data = response.responses[0].partitions[0]
         if data.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             if data.log_start_offset <= offset:
@@ -243,13 +245,14 @@ class CommitLog:
         return records, after, data.high_watermark, None
 
     async def _end_offset(self, address, index: int) -> int:
-        cls = messages.body_class(ApiKey.LIST_OFFSETS, "request")
-        body = messages.new_body(
-            ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, "request", replica_id=-1, isolation_level=0,
+        cls = ListOffsetsRequest
+        body = cls(
+            replica_id=-1, isolation_level=0,
             topics=[cls.ListOffsetsTopic(name=LOG_TOPIC, partitions=[
                 cls.ListOffsetsPartition(partition_index=index, timestamp=_LATEST)])],
         )
-        response = await self.cluster.request(address, ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, body)
+        response: ListOffsetsResponse = await self.cluster.request(address, ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION,
+                                                                   body)
         entry = response.topics[0].partitions[0]
         if entry.error_code != ErrorCode.NONE:
             raise CommitLogError(f"ListOffsets {LOG_TOPIC}-{index} error {ErrorCode.name_of(entry.error_code)}")

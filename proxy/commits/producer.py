@@ -13,8 +13,8 @@ import time
 import trio
 
 from proxy.commits.cluster import CommitLogError, LogTopic
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse
 from proxy.protocol.messages import ApiKey
 from proxy.records.builder import build_batch, encode_record
 from proxy.records.varint import encode_varint
@@ -70,10 +70,9 @@ class IdempotentProducer:
     async def _producer_id(self, renew: bool = False) -> tuple[int, int]:
         async with self._lock:
             if self._producer is None or renew:
-                body = messages.new_body(ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION, "request",
-                                         transactional_id=None, transaction_timeout_ms=2147483647)
-                response = await self.topic.cluster.request_any(ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION,
-                                                                body)
+                body = InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=2147483647)
+                response: InitProducerIdResponse = await self.topic.cluster.request_any(
+                    ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION, body)
                 if response.error_code != ErrorCode.NONE:
                     raise CommitLogError(f"InitProducerId error {ErrorCode.name_of(response.error_code)}")
                 self._producer = (response.producer_id, response.producer_epoch)
@@ -93,13 +92,14 @@ class IdempotentProducer:
         blob = build_batch(base_offset=0, last_offset_delta=len(raw) - 1, records=raw, record_count=len(raw),
                            base_timestamp=now, max_timestamp=now, producer_id=producer_id, producer_epoch=epoch,
                            base_sequence=sequence)
-        cls = messages.body_class(ApiKey.PRODUCE, "request")
-        body = messages.new_body(
-            ApiKey.PRODUCE, PRODUCE_VERSION, "request", transactional_id=None, acks=-1, timeout_ms=15000,
+        cls = ProduceRequest
+        body = cls(
+            transactional_id=None, acks=-1, timeout_ms=15000,
             topic_data=[cls.TopicProduceData(name=self.topic.name, partition_data=[
                 cls.PartitionProduceData(index=index, records=blob)])],
         )
-        response = await self.topic.cluster.request(address, ApiKey.PRODUCE, PRODUCE_VERSION, body, timeout=20)
+        response: ProduceResponse = await self.topic.cluster.request(address, ApiKey.PRODUCE, PRODUCE_VERSION, body,
+                                                                     timeout=20)
         result = response.responses[0].partition_responses[0]
         error = result.error_code
         if error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):

@@ -17,8 +17,10 @@ import uuid
 from dataclasses import dataclass
 
 from proxy.commits.packed import RANGE_SIZE, pack, unpack
+from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import EXTENSION_TAG
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.message_versions import OFFSET_COMMIT_FIRST_FLEXIBLE, OFFSET_COMMIT_FIRST_TOPIC_ID
 from proxy.protocol.primitives import (
     check_array_count,
     check_tag_count,
@@ -28,12 +30,40 @@ from proxy.protocol.primitives import (
     uvarint_bytes,
 )
 from proxy.protocol.tagged import skip_tagged_fields
+from proxy.protocol.walks import Walk
+
+# What this module reads and writes, from the first flexible version (8) on; tagged fields
+# are stepped over by their lengths, except OffsetRanges and StableOffset (tag 10000).
+_FIRST, _BY_ID = OFFSET_COMMIT_FIRST_FLEXIBLE, OFFSET_COMMIT_FIRST_TOPIC_ID
+REQUEST = Walk("OffsetCommitRequest", "", _FIRST, None, (
+    "GroupId compact string", "GenerationIdOrMemberEpoch int32", "MemberId compact string",
+    "GroupInstanceId compact nullable string", "Topics compact []OffsetCommitRequestTopic"))
+REQUEST_TOPIC_BY_NAME = Walk("OffsetCommitRequest", "Topics", _FIRST, _BY_ID - 1, (
+    "Name compact string", "Partitions compact []OffsetCommitRequestPartition"))
+REQUEST_TOPIC_BY_ID = Walk("OffsetCommitRequest", "Topics", _BY_ID, None, (
+    "TopicId uuid", "Partitions compact []OffsetCommitRequestPartition"))
+REQUEST_PARTITION = Walk("OffsetCommitRequest", "Topics.Partitions", _FIRST, None, (
+    "PartitionIndex int32", "CommittedOffset int64", "CommittedLeaderEpoch int32",
+    "CommittedMetadata compact nullable string"))
+REQUEST_RANGE = Walk("OffsetCommitRequest", "Topics.Partitions.OffsetRanges", _FIRST, None, ("Start int64", "End int64"))
+RESPONSE = Walk("OffsetCommitResponse", "", _FIRST, None, (
+    "ThrottleTimeMs int32", "Topics compact []OffsetCommitResponseTopic"))
+RESPONSE_TOPIC_BY_NAME = Walk("OffsetCommitResponse", "Topics", _FIRST, _BY_ID - 1, (
+    "Name compact string", "Partitions compact []OffsetCommitResponsePartition"))
+RESPONSE_TOPIC_BY_ID = Walk("OffsetCommitResponse", "Topics", _BY_ID, None, (
+    "TopicId uuid", "Partitions compact []OffsetCommitResponsePartition"))
+RESPONSE_PARTITION = Walk("OffsetCommitResponse", "Topics.Partitions", _FIRST, None, (
+    "PartitionIndex int32", "ErrorCode int16"))
+WALKS = (REQUEST, REQUEST_TOPIC_BY_NAME, REQUEST_TOPIC_BY_ID, REQUEST_PARTITION, REQUEST_RANGE, RESPONSE,
+         RESPONSE_TOPIC_BY_NAME, RESPONSE_TOPIC_BY_ID, RESPONSE_PARTITION)
 
 _HEAD = struct.Struct(">hhi")
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 _PARTITION_FIXED = struct.Struct(">iqi")  # PartitionIndex, CommittedOffset, CommittedLeaderEpoch
+assert _PARTITION_FIXED.size == REQUEST_PARTITION.size("PartitionIndex", "CommittedOffset", "CommittedLeaderEpoch")
+assert RANGE_SIZE == REQUEST_RANGE.size() + 1  # a packed range is an OffsetRange with no tagged fields
 
 
 @dataclass(slots=True)
@@ -76,7 +106,7 @@ class CommitRequest:
 
 
 def _fail(reason: str, pos: int) -> None:
-    raise ProtocolError(f"OffsetCommit: {reason}", api_key=8, offset=pos)
+    raise ProtocolError(f"OffsetCommit: {reason}", api_key=ApiKey.OFFSET_COMMIT, offset=pos)
 
 
 def _read_ranges(buf, pos: int, end: int) -> bytes | None:
@@ -116,7 +146,7 @@ def _topic_head(buf, pos: int, end: int, version: int):
     would reach ``uuid.UUID`` as fewer than 16 bytes."""
     start = pos
     name = topic_id = None
-    if version >= 10:
+    if version >= OFFSET_COMMIT_FIRST_TOPIC_ID:
         if end - pos < 16:
             _fail("truncated TopicId", pos)
         topic_id = uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
@@ -135,7 +165,7 @@ def parse_request(frame: bytes | bytearray) -> CommitRequest:
     end = len(buf)
     try:
         api_key, version, correlation_id = _HEAD.unpack_from(buf, 0)
-        if api_key != 8 or version < 8:
+        if api_key != ApiKey.OFFSET_COMMIT or version < OFFSET_COMMIT_FIRST_FLEXIBLE:
             _fail(f"api {api_key} v{version} is not OffsetCommit v8+", 0)
         (client_len,) = _INT16.unpack_from(buf, 8)
         pos = 10 + max(client_len, 0)
@@ -188,7 +218,7 @@ def parse_request(frame: bytes | bytearray) -> CommitRequest:
         if pos != end:
             _fail(f"{end - pos} bytes after the body", pos)
     except struct.error as exc:
-        raise ProtocolError(f"OffsetCommit: truncated ({exc})", api_key=8) from None
+        raise ProtocolError(f"OffsetCommit: truncated ({exc})", api_key=ApiKey.OFFSET_COMMIT) from None
     return CommitRequest(version, correlation_id, group, generation, member, instance_id, topics, frame,
                          body_head, body_tail)
 
@@ -230,6 +260,7 @@ def forward_frame(request: CommitRequest, keep, offsets: dict[tuple[int, int], i
 
 _STABLE_TAG = b"\x01" + uvarint_bytes(EXTENSION_TAG) + b"\x08"  # one tagged field: 10000, 8 bytes
 _PARTITION_HEAD = struct.Struct(">ih")
+assert _PARTITION_HEAD.size == RESPONSE_PARTITION.size()
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from proxy.protocol.schema import registry
 from proxy.protocol.walks import Walk
 
 # The modules that read frames by hand; each exports its walks as WALKS.
-READERS = ["proxy.protocol.framing", "proxy.protocol.peek"]
+READERS = ["proxy.protocol.framing", "proxy.protocol.peek", "proxy.commits.codec", "proxy.commits.wire"]
 
 
 def _walks() -> list[tuple[str, Walk]]:
