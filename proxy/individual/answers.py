@@ -3,24 +3,24 @@ partitions added to a commit's answer, and (S, R) merged into an OffsetFetch ans
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from proxy.commits.state import CommitState, rebase
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
-from proxy.protocol.messages import ApiKey
+from proxy.protocol.message_types import OffsetCommitResponse, OffsetFetchResponse
 
 Key = tuple[str, int]
+# The topics of an OffsetFetch answer: of the response itself (v1-7) or of one of its groups (v8+).
+FetchedTopic = OffsetFetchResponse.OffsetFetchResponseTopic | OffsetFetchResponse.OffsetFetchResponseTopics
 
 
-def add_refused(response: Any, refused: dict[Key, int]) -> None:
+def add_refused(response: OffsetCommitResponse, refused: dict[Key, int]) -> None:
     """Add the partitions answered without the broker (``refused``: key -> error) to an
     OffsetCommit answer."""
     if not refused:
         return
-    cls = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
-    by_topic: dict[str, list] = {}
+    cls = OffsetCommitResponse
+    by_topic: dict[str, list[OffsetCommitResponse.OffsetCommitResponsePartition]] = {}
     for (name, partition), error in refused.items():
         by_topic.setdefault(name, []).append(cls.OffsetCommitResponsePartition(partition_index=partition,
                                                                                error_code=error))
@@ -32,10 +32,11 @@ def add_refused(response: Any, refused: dict[Key, int]) -> None:
             response.topics.append(cls.OffsetCommitResponseTopic(name=name, partitions=parts))
 
 
-def merge_fetched(topics: Any, states: dict[Key, CommitState], name_of: Callable[[Any], str]) -> bool:
+def merge_fetched(topics: Sequence[FetchedTopic], states: dict[Key, CommitState],
+                  name_of: Callable[[FetchedTopic], str]) -> bool:
     """Put each partition's (S, R) into an OffsetFetch answer's ``topics`` (S rebased on
     the coordinator's committed offset); whether anything changed."""
-    cls = messages.body_class(ApiKey.OFFSET_FETCH, "response")
+    cls = OffsetFetchResponse
     changed = False
     for topic in topics:
         name = name_of(topic)

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 from prometheus_client import Counter, Gauge
@@ -44,20 +43,39 @@ from proxy.commits.state import CommitState, apply_ranges, check, check_packed
 from proxy.commits.wire import CommitRequest, forward_frame, parse_request, parse_response, rewrite_response
 from proxy.commits.writes import Planned
 from proxy.individual import txn
-from proxy.individual.answers import add_refused, merge_fetched
+from proxy.individual.answers import FetchedTopic, add_refused, merge_fetched
 from proxy.pipeline import ClusterView, ConnectionContext, Feature, Request, RequestStage, Route
 from proxy.pipeline.background import Background
 from proxy.pipeline.route import DecodedResponse, OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, ErrorCode
+from proxy.protocol.message_types import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+)
+from proxy.protocol.message_versions import (
+    OFFSET_COMMIT_FIRST_FLEXIBLE,
+    OFFSET_FETCH_FIRST_FLEXIBLE,
+    OFFSET_FETCH_FIRST_GROUPS,
+    TXN_OFFSET_COMMIT_FIRST_FLEXIBLE,
+)
 from proxy.protocol.messages import ApiKey
 
 log = logging.getLogger("proxy.commits")
 
 FEATURE = "individual.commit"
-_FIRST_RANGE_COMMIT = 8
-_FIRST_TXN_RANGE_COMMIT = 3  # the first flexible TxnOffsetCommit, where tag 10000 can ride
-_FIRST_RANGE_FETCH = 6
+# tag 10000 fields ride from the first flexible version on
+_FIRST_RANGE_COMMIT = OFFSET_COMMIT_FIRST_FLEXIBLE
+_FIRST_TXN_RANGE_COMMIT = TXN_OFFSET_COMMIT_FIRST_FLEXIBLE
+_FIRST_RANGE_FETCH = OFFSET_FETCH_FIRST_FLEXIBLE
 # Refusals for max.individual.commit.ranges.held come once per commit while a share lags
 # (a client narrows its commit, and retries with each commit): one log line at once, then
 # at most one per this many seconds, saying how many went unlogged (the metric counts all).
@@ -127,7 +145,9 @@ class IndividualCommitFeature(Feature):
         # version 2: offset ranges inside transactions (TxnOffsetCommit)
         return {FEATURE: (1, 2)} if self.enabled else {}
 
-    def _topic_name(self, topic) -> str:
+    def _topic_name(self, topic: object) -> str:
+        """The name of a topic entry (wire or decoded, of any version): its name, else the
+        name of its id."""
         name = getattr(topic, "name", "") or ""
         if not name:
             topic_id = getattr(topic, "topic_id", None)
@@ -139,7 +159,7 @@ class IndividualCommitFeature(Feature):
         self._held.set(self.log.ranges_held())
 
     # -- OffsetCommit ---------------------------------------------------------------------------
-    async def on_offset_commit(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+    async def on_offset_commit(self, ctx: ConnectionContext, incoming: Request[OffsetCommitRequest]) -> Route | None:
         version = incoming.version
         if version < _FIRST_RANGE_COMMIT:
             return None
@@ -169,7 +189,7 @@ class IndividualCommitFeature(Feature):
         if not any((names[number], part.index) not in refused
                    for number, topic in enumerate(request.topics) for part in topic.partitions):
             planned.done.set()
-            response = messages.new_body(ApiKey.OFFSET_COMMIT, version, "response")
+            response = OffsetCommitResponse()
             add_refused(response, refused)
             return Route.answer(messages.encode_response(ApiKey.OFFSET_COMMIT, version,
                                                          messages.new_response_header(incoming.correlation_id),
@@ -228,7 +248,7 @@ class IndividualCommitFeature(Feature):
                 results = [((name, part.index), part.error_code)
                            for name, topic in zip(response_names, parsed.topics) for part in topic.partitions]
             else:
-                response_header, response = messages.decode_response(ApiKey.OFFSET_COMMIT, version, raw)
+                response_header, response = messages.decode_response_as(OffsetCommitResponse, version, raw)
                 results = [((self._topic_name(topic), part.partition_index), part.error_code)
                            for topic in response.topics for part in topic.partitions]
             outcome = await self.writes.perform(request.group, request.generation, request.member,
@@ -267,7 +287,8 @@ class IndividualCommitFeature(Feature):
                     f"; {unlogged} more such refusals since the last line" if unlogged else "")
 
     # -- TxnOffsetCommit with offset ranges --------------------------------------------------------
-    async def on_txn_offset_commit(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+    async def on_txn_offset_commit(self, ctx: ConnectionContext,
+                                   incoming: Request[TxnOffsetCommitRequest]) -> Route | None:
         """A TxnOffsetCommit naming offset ranges (individual.commit version 2): the member's
         range shadow and the client's request as the carrier (S_c, the member's
         generation), both in the client's transaction; once it is committed the shadow is
@@ -301,13 +322,13 @@ class IndividualCommitFeature(Feature):
             return Route.answer(messages.encode_response(ApiKey.TXN_OFFSET_COMMIT, version,
                                                          messages.new_response_header(incoming.correlation_id),
                                                          txn.client_answer(asked, {}, {}, refused, version)))
-        answers: dict[str, Any] = {}
+        answers: dict[str, TxnOffsetCommitResponse] = {}
         own: tuple[OwnRequest, ...] = ()
         if shadow_body.topics:
             correlation_id = own_correlation_id()
 
             async def keep(raw: bytes | bytearray) -> None:
-                _, answers["shadow"] = messages.decode_response(ApiKey.TXN_OFFSET_COMMIT, version, raw)
+                _, answers["shadow"] = messages.decode_response_as(TxnOffsetCommitResponse, version, raw)
 
             own = (OwnRequest(messages.encode_request(dataclasses.replace(header, correlation_id=correlation_id),
                                                       shadow_body), ApiKey.TXN_OFFSET_COMMIT, version,
@@ -315,7 +336,7 @@ class IndividualCommitFeature(Feature):
         generation, member, instance = body.generation_id, body.member_id, body.group_instance_id
         self._commits.inc(len(offsets))
 
-        async def on_response(response: DecodedResponse) -> None:
+        async def on_response(response: DecodedResponse[TxnOffsetCommitResponse]) -> None:
             if plan is not None:
                 plan.done.set()
             carrier = txn.errors_of(response.body)
@@ -332,7 +353,7 @@ class IndividualCommitFeature(Feature):
         return Route(messages.encode_request(header, body), before=own, on_response=on_response,
                      settle=(lambda: plan.done.set()) if plan is not None else None)
 
-    def _txn_range_commits(self, body: Any) -> tuple[dict[Key, int], dict[Key, list]]:
+    def _txn_range_commits(self, body: TxnOffsetCommitRequest) -> tuple[dict[Key, int], dict[Key, list]]:
         """The range commits of a TxnOffsetCommit, and the partitions refused (ranges that do
         not check)."""
         refused: dict[Key, int] = {}
@@ -359,19 +380,20 @@ class IndividualCommitFeature(Feature):
             self._export()
 
     # -- OffsetFetch ----------------------------------------------------------------------------
-    async def on_offset_fetch(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+    async def on_offset_fetch(self, ctx: ConnectionContext, incoming: Request[OffsetFetchRequest]) -> Route | None:
         peek, frame = incoming.peek, incoming.frame
         version = peek.api_version
         if version < _FIRST_RANGE_FETCH:
             return None
-        single_group = None
-        if version < 8:
-            _, request = messages.decode_request(frame)
+        single_group = ""  # the group of a request naming one (before v8)
+        if version < OFFSET_FETCH_FIRST_GROUPS:
+            _, request = messages.decode_request_as(OffsetFetchRequest, frame)
             single_group = request.group_id
 
         async def transform(raw: bytes) -> bytes:
-            response_header, response = messages.decode_response(ApiKey.OFFSET_FETCH, version, raw)
-            if version >= 8:
+            response_header, response = messages.decode_response_as(OffsetFetchResponse, version, raw)
+            groups: list[tuple[str, Sequence[FetchedTopic], OffsetFetchResponse | OffsetFetchResponse.OffsetFetchResponseGroup]]
+            if version >= OFFSET_FETCH_FIRST_GROUPS:
                 groups = [(entry.group_id, entry.topics, entry) for entry in response.groups]
             else:
                 groups = [(single_group, response.topics, response)]
@@ -386,7 +408,9 @@ class IndividualCommitFeature(Feature):
 
         return Route(frame, transform=transform)
 
-    async def _fetched(self, group: str, topics, holder, frame) -> bool:
+    async def _fetched(self, group: str, topics: Sequence[FetchedTopic],
+                       holder: OffsetFetchResponse | OffsetFetchResponse.OffsetFetchResponseGroup,
+                       frame: bytes | bytearray) -> bool:
         """Add the group's (S, R) to its answer; whether anything changed."""
         try:
             states = await self.log.states(group)
@@ -404,7 +428,8 @@ class IndividualCommitFeature(Feature):
         changed = await self._with_shadows(group, topics, states, frame)
         return bool(states and merge_fetched(topics, states, self._topic_name)) or changed
 
-    async def _with_shadows(self, group: str, topics, states: dict[Key, CommitState], frame) -> bool:
+    async def _with_shadows(self, group: str, topics: Sequence[FetchedTopic], states: dict[Key, CommitState],
+                            frame: bytes | bytearray) -> bool:
         """Add to ``states`` what committed range shadows hold beyond the log, and answer
         UNSTABLE_OFFSET_COMMIT (with RequireStable) where one is pending. Asked only where
         shadows may be: the group holds state in the log, or a carrier's marker shows.
@@ -417,9 +442,9 @@ class IndividualCommitFeature(Feature):
             names = await self.reads.range_shadows(group)
             if not names:
                 return False
-            _, request = messages.decode_request(frame)
+            _, request = messages.decode_request_as(OffsetFetchRequest, frame)
             extra, pending = await self.reads.shadowed_ranges(
-                group, names, sorted(asked), require_stable=bool(getattr(request, "require_stable", False)))
+                group, names, sorted(asked), require_stable=bool(request.require_stable))
         except (CommitLogError, ValueError) as exc:
             log.warning("transactional range shadows unreadable group=%s reason=%r", group, str(exc))
             return False
@@ -435,11 +460,11 @@ class IndividualCommitFeature(Feature):
         return bool(pending)
 
     # -- deletion ---------------------------------------------------------------------------------
-    async def on_delete_groups(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+    async def on_delete_groups(self, ctx: ConnectionContext, incoming: Request[DeleteGroupsRequest]) -> Route | None:
         version = incoming.version
 
         async def transform(raw: bytes) -> bytes:
-            _, response = messages.decode_response(ApiKey.DELETE_GROUPS, version, raw)
+            _, response = messages.decode_response_as(DeleteGroupsResponse, version, raw)
             for result in response.results:
                 if result.error_code == ErrorCode.NONE:
                     await self.writes.delete(result.group_id, None)
@@ -448,13 +473,13 @@ class IndividualCommitFeature(Feature):
 
         return Route(incoming.frame, transform=transform)
 
-    async def on_offset_delete(self, ctx: ConnectionContext, incoming: Request) -> Route | None:
+    async def on_offset_delete(self, ctx: ConnectionContext, incoming: Request[OffsetDeleteRequest]) -> Route | None:
         version = incoming.version
-        _, request = messages.decode_request(incoming.frame)
+        _, request = messages.decode_request_as(OffsetDeleteRequest, incoming.frame)
         group = request.group_id
 
         async def transform(raw: bytes) -> bytes:
-            _, response = messages.decode_response(ApiKey.OFFSET_DELETE, version, raw)
+            _, response = messages.decode_response_as(OffsetDeleteResponse, version, raw)
             if response.error_code == ErrorCode.NONE:
                 deleted = {(topic.name, part.partition_index) for topic in response.topics
                            for part in topic.partitions if part.error_code == ErrorCode.NONE}

@@ -6,24 +6,23 @@ client's answer from both (docs/individual-commit.md, "Offset ranges of extensio
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from proxy.commits.shadows import CARRIER_MARKER
-from proxy.protocol import messages
-from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import TxnOffsetCommitRequest, TxnOffsetCommitResponse
 
 Key = tuple[str, int]
 Asked = list[tuple[str, list[int]]]  # (topic, partitions) as the client asked
 
 
-def shadow_request(body: Any, shadow: str, offsets: dict[Key, tuple[int, str]]) -> Any:
+def shadow_request(body: TxnOffsetCommitRequest, shadow: str,
+                   offsets: dict[Key, tuple[int, str]]) -> TxnOffsetCommitRequest:
     """The range shadow's TxnOffsetCommit: the client's transaction, no member, every key
     of ``offsets`` at (S_c, the shadow's metadata)."""
-    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
+    cls = TxnOffsetCommitRequest
     out = copy.copy(body)
     out.group_id, out.generation_id, out.member_id, out.group_instance_id = shadow, -1, "", None
-    by_topic: dict[str, list] = {}
+    by_topic: dict[str, list[TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition]] = {}
     for (name, partition), (stable, text) in offsets.items():
         by_topic.setdefault(name, []).append(cls.TxnOffsetCommitRequestPartition(
             partition_index=partition, committed_offset=stable, committed_leader_epoch=-1, committed_metadata=text))
@@ -31,7 +30,7 @@ def shadow_request(body: Any, shadow: str, offsets: dict[Key, tuple[int, str]]) 
     return out
 
 
-def carrier_request(body: Any, offsets: dict[Key, tuple[int, str]], refused: dict[Key, int]) -> Asked:
+def carrier_request(body: TxnOffsetCommitRequest, offsets: dict[Key, tuple[int, str]], refused: dict[Key, int]) -> Asked:
     """Rewrite ``body`` into the carrier: a key of ``offsets`` at S_c with the carrier's
     marker and no ranges, ``refused`` keys left out, the others as sent. Returns what the
     client asked, for its answer."""
@@ -54,16 +53,16 @@ def carrier_request(body: Any, offsets: dict[Key, tuple[int, str]], refused: dic
     return asked
 
 
-def errors_of(response: Any) -> dict[Key, int]:
+def errors_of(response: TxnOffsetCommitResponse) -> dict[Key, int]:
     return {(t.name, p.partition_index): p.error_code for t in response.topics or () for p in t.partitions}
 
 
 def client_answer(asked: Asked, carrier: dict[Key, int], shadowed: dict[Key, int], refused: dict[Key, int],
-                  version: int) -> Any:
+                  version: int) -> TxnOffsetCommitResponse:
     """The client's TxnOffsetCommit answer: per partition asked, ``refused`` first, then the
     carrier's error, then (range partitions) the range shadow's."""
-    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "response")
-    body = messages.new_body(ApiKey.TXN_OFFSET_COMMIT, version, "response")
+    cls = TxnOffsetCommitResponse
+    body = cls()
 
     def error_of(key: Key) -> int:
         if key in refused:

@@ -23,10 +23,12 @@ _DECLARED = re.compile(r"\b(Request|DecodedResponse)\[([\w.]+)\]")
 
 def _stages() -> list[tuple[str, int, str, object]]:
     config = build_config({
-        "bootstrap.servers": "127.0.0.1:9", "virtual.topics.enabled": "true", "cooperative.fetch.enabled": "true",
-        "fetch.prediction.enabled": "true", "individual.commit.enabled": "true"})
+        "bootstrap.servers": "127.0.0.1:9", "listen.port": "0", "virtual.topics.enabled": "true",
+        "cooperative.fetch.enabled": "true", "fetch.prediction.enabled": "true", "individual.commit.enabled": "true"})
+    server = ProxyServer(config)  # it listens at once (on a port of the system's choosing)
+    server._main_socket.close()
     found = []
-    for feature in ProxyServer(config).chain.features:
+    for feature in server.chain.features:
         for api_key, stage in feature.request_stages().items():
             found.append((feature.name, api_key, "request", stage))
         for api_key, spec in feature.response_stages().items():
