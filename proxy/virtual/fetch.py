@@ -24,13 +24,13 @@ from __future__ import annotations
 import random
 import struct
 import uuid
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.protocol import messages
-from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import FetchRequest, FetchResponse
+from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID
 from proxy.ranges import KeyRange
 from proxy.records.batch import CONTROL_BIT, TRANSACTIONAL_BIT, LegacyBatch, PartialBatch, iter_batches
 from proxy.records.builder import build_batch, encode_record
@@ -47,7 +47,7 @@ MAX_SESSIONS = 64  # per connection; the oldest goes first
 _CONTROL_KEY = struct.Struct(">hh").pack(0, 1)  # version 0, type COMMIT
 _CONTROL_VALUE = struct.Struct(">hi").pack(0, 0)  # version 0, coordinator epoch 0
 
-TopicKey = Hashable  # the topic's name (Fetch v12 and older) or its id (v13+), as the client sent it
+TopicKey = str | uuid.UUID  # the topic's name (Fetch v12 and older) or its id (v13+), as the client sent it
 
 
 @dataclass(slots=True)
@@ -105,7 +105,7 @@ class VirtualSessions:
     def owns(self, session_id: int) -> bool:
         return session_id in self.sessions
 
-    def resolve(self, body: Any, describe: Describe) -> Resolved:
+    def resolve(self, body: FetchRequest, describe: Describe) -> Resolved:
         """The partitions of a Fetch request the proxy answers, its session updated."""
         session_id, epoch = body.session_id, body.session_epoch
         if session_id == NO_SESSION:
@@ -128,7 +128,7 @@ class VirtualSessions:
         for part in _parts(body, describe):
             session.parts[part.key] = part
         for forgotten in body.forgotten_topics_data or ():
-            key = forgotten.topic_id if getattr(forgotten, "topic_id", None) not in (None, _NO_ID) else forgotten.topic
+            key = topic_key(forgotten)
             for index in forgotten.partitions:
                 session.parts.pop((key, index), None)
                 session.sent.pop((key, index), None)
@@ -157,13 +157,13 @@ def _next_epoch(epoch: int) -> int:
     return 1 if epoch >= (1 << 31) - 1 else epoch + 1
 
 
-def topic_key(topic: Any) -> TopicKey:
-    """A requested topic's name, or its id when it has one (Fetch v13+)."""
-    topic_id = getattr(topic, "topic_id", None)
-    return topic_id if topic_id not in (None, _NO_ID) else topic.topic
+def topic_key(topic: FetchRequest.FetchTopic | FetchRequest.ForgottenTopic) -> TopicKey:
+    """A requested topic's name, or its id when it has one (Fetch v13+; zero before)."""
+    topic_id = topic.topic_id
+    return topic_id if topic_id != _NO_ID else topic.topic
 
 
-def _parts(body: Any, describe: Describe) -> list[FetchPart]:
+def _parts(body: FetchRequest, describe: Describe) -> list[FetchPart]:
     parts = []
     for topic in body.topics:
         key = topic_key(topic)
@@ -178,8 +178,8 @@ def _parts(body: Any, describe: Describe) -> list[FetchPart]:
                 real_partition=vt.real_partition(partition.partition) if vt else partition.partition,
                 share=vt.share_of(partition.partition) if vt else None,
                 fetch_offset=partition.fetch_offset, max_bytes=partition.partition_max_bytes,
-                current_leader_epoch=getattr(partition, "current_leader_epoch", -1),
-                last_fetched_epoch=getattr(partition, "last_fetched_epoch", -1), shares=vt.shares if vt else 0))
+                current_leader_epoch=partition.current_leader_epoch,
+                last_fetched_epoch=partition.last_fetched_epoch, shares=vt.shares if vt else 0))
     return parts
 
 
@@ -442,16 +442,17 @@ class RecentReads:
         self._high_watermark.pop(partition, None)
 
 
-def upstream_request(client: Any, version: int, reads: list[Read], *, max_wait_ms: int | None = None) -> Any:
+def upstream_request(client: FetchRequest, version: int, reads: list[Read], *,
+                     max_wait_ms: int | None = None) -> FetchRequest:
     """A sessionless Fetch of ``reads``, at the client's version, limits and isolation."""
-    cls = messages.body_class(ApiKey.FETCH, "request")
-    by_topic: dict[str, Any] = {}
+    cls = FetchRequest
+    by_topic: dict[str, FetchRequest.FetchTopic] = {}
     for read in reads:
         topic = by_topic.get(read.real)
         if topic is None:
             topic = by_topic[read.real] = cls.FetchTopic(topic=read.real, partitions=[])
-            if version >= 13:
-                topic.topic_id = read.real_id
+            if version >= FETCH_FIRST_TOPIC_ID:
+                topic.topic_id = read.real_id  # type: ignore[assignment]  # None if unknown: the encode refuses it
         # No last fetched epoch: with one, a broker whose log diverged answers no records
         # and a DivergingEpoch (or OFFSET_OUT_OF_RANGE for an epoch it lacks) for the whole
         # read, from the lowest share's position; neither belongs to the other shares, and
@@ -461,7 +462,7 @@ def upstream_request(client: Any, version: int, reads: list[Read], *, max_wait_m
         topic.partitions.append(cls.FetchPartition(
             partition=read.partition, current_leader_epoch=read.current_leader_epoch, fetch_offset=read.fetch_offset,
             last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=read.max_bytes))
-    body = messages.new_body(ApiKey.FETCH, version, "request")
+    body = cls()
     body.replica_id = client.replica_id
     body.max_wait_ms = client.max_wait_ms if max_wait_ms is None else max_wait_ms
     body.min_bytes = client.min_bytes
@@ -471,7 +472,7 @@ def upstream_request(client: Any, version: int, reads: list[Read], *, max_wait_m
     body.session_epoch = FINAL_EPOCH
     body.topics = list(by_topic.values())
     body.forgotten_topics_data = []
-    body.rack_id = getattr(client, "rack_id", "") or ""
+    body.rack_id = client.rack_id or ""
     return body
 
 
@@ -488,11 +489,11 @@ class PartAnswer:
 
 
 def client_response(version: int, resolved: Resolved, answers: dict[tuple[TopicKey, int], PartAnswer],
-                    throttle_ms: int = 0) -> Any:
+                    throttle_ms: int = 0) -> FetchResponse:
     """The client's Fetch response: every partition on a full request, on an incremental
     one only those with records, an error or new offsets (as a broker session does)."""
-    cls = messages.body_class(ApiKey.FETCH, "response")
-    response = messages.new_body(ApiKey.FETCH, version, "response")
+    cls = FetchResponse
+    response = cls()
     response.throttle_time_ms = throttle_ms
     response.error_code = int(resolved.error)
     session = resolved.session
@@ -500,7 +501,7 @@ def client_response(version: int, resolved: Resolved, answers: dict[tuple[TopicK
     response.responses = []
     if resolved.error != ErrorCode.NONE:
         return response
-    topics: dict[TopicKey, Any] = {}
+    topics: dict[TopicKey, FetchResponse.FetchableTopicResponse] = {}
     for part in resolved.parts:
         answer = answers.get(part.key) or PartAnswer(error_code=int(ErrorCode.UNKNOWN_SERVER_ERROR))
         offsets = (answer.high_watermark, answer.last_stable_offset, answer.log_start_offset)

@@ -20,6 +20,8 @@ from proxy.pipeline.context import StateKey
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import FetchRequest, FetchResponse, RequestHeader
+from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID
 from proxy.records.stripes import Stripe
 from proxy.virtual import fetch
 from proxy.virtual.names import VirtualTopic
@@ -100,10 +102,10 @@ class VirtualFetchFeature(Feature):
         topic's costs only the walk over the request."""
         ids = fetch_topic_ids(request.frame, request.version)
         if ids is None:
-            return request.version >= 13
+            return request.version >= FETCH_FIRST_TOPIC_ID
         return any(self.cluster.name_of(uuid.UUID(bytes=topic_id)) is None for topic_id in ids)
 
-    def _describe(self, key) -> tuple[VirtualTopic | None, str, uuid.UUID | None] | None:
+    def _describe(self, key: fetch.TopicKey) -> tuple[VirtualTopic | None, str, uuid.UUID | None] | None:
         if isinstance(key, uuid.UUID):
             vt = self.resolver.by_id(key)
             if vt is not None:
@@ -116,7 +118,7 @@ class VirtualFetchFeature(Feature):
             return vt, vt.real, self.cluster.id_of(vt.real)
         return None, key, self.cluster.id_of(key)
 
-    async def on_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_fetch(self, ctx: ConnectionContext, request: Request[FetchRequest]) -> Route | None:
         state = ctx.existing(STATE)
         if ((state is None or not state.sessions.sessions) and not self.resolver.precheck.may_name_virtual(request.frame)
                 and not self._names_unknown_id(request)):
@@ -125,7 +127,7 @@ class VirtualFetchFeature(Feature):
         state = ctx.state(STATE)
         version = request.version
         if not state.sessions.owns(body.session_id):
-            ids = [t.topic_id for t in body.topics if version >= 13]
+            ids = [t.topic_id for t in body.topics if version >= FETCH_FIRST_TOPIC_ID]
             if ids:
                 await self.cluster.look_up_ids(ids)
             described = [self._describe(fetch.topic_key(t)) for t in body.topics]
@@ -143,7 +145,7 @@ class VirtualFetchFeature(Feature):
         for part in resolved.parts:
             if not part.real:
                 answers[part.key] = fetch.PartAnswer(error_code=int(
-                    ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                    ErrorCode.UNKNOWN_TOPIC_ID if version >= FETCH_FIRST_TOPIC_ID else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
         isolation = body.isolation_level
         self._take_cached(state, resolved.parts, answers, isolation)
         waiting = [event for part in resolved.parts if part.key not in answers and part.share is not None
@@ -171,7 +173,7 @@ class VirtualFetchFeature(Feature):
             self._reads.labels(read.real).inc()
         announced = self._announce(reads, isolation)
 
-        async def on_response(response: DecodedResponse) -> None:
+        async def on_response(response: DecodedResponse[FetchResponse]) -> None:
             self._complete(state, response.body, reads, answers, version, isolation)
             response.body = fetch.client_response(version, resolved, answers, response.body.throttle_time_ms)
             response.changed = True
@@ -180,7 +182,7 @@ class VirtualFetchFeature(Feature):
                      settle=lambda: self._settle(announced))
 
     @staticmethod
-    def _unsessioned(request: Request, header: Any, body: Any, described: list) -> Route | None:
+    def _unsessioned(request: Request, header: RequestHeader, body: FetchRequest, described: list) -> Route | None:
         """A Fetch that would open a broker session naming a topic id this proxy cannot
         name goes sessionless. The id may be a virtual topic's whose real topic this proxy
         has not learnt yet (just restarted, or a sidecar of another broker): in a broker
@@ -252,14 +254,14 @@ class VirtualFetchFeature(Feature):
         return Route.answer(messages.encode_response(ApiKey.FETCH, request.version,
                                                      messages.new_response_header(request.correlation_id), response))
 
-    def _complete(self, state: _Connection, body: Any, reads: list[fetch.Read], answers: dict, version: int,
+    def _complete(self, state: _Connection, body: FetchResponse, reads: list[fetch.Read], answers: dict, version: int,
                   isolation: int) -> None:
         now, now_ms = trio.current_time(), int(time.time() * 1000)
-        data = {}
+        data: dict[tuple[str | None, int], FetchResponse.PartitionData] = {}
         for topic in body.responses:
-            name = topic.topic if version < 13 else self.cluster.name_of(topic.topic_id)
-            for partition in topic.partitions:
-                data[(name, partition.partition_index)] = partition
+            name = topic.topic if version < FETCH_FIRST_TOPIC_ID else self.cluster.name_of(topic.topic_id)
+            for entry in topic.partitions:
+                data[(name, entry.partition_index)] = entry
         out_of_range = state.sessions.out_of_range
         for read in reads:
             partition = data.get((read.real, read.partition))
@@ -304,7 +306,7 @@ class VirtualFetchFeature(Feature):
                 continue
             self._split_read(read, partition, answers, isolation, now, now_ms)
 
-    def _split_read(self, read: fetch.Read, partition: Any, answers: dict, isolation: int, now: float,
+    def _split_read(self, read: fetch.Read, partition: FetchResponse.PartitionData, answers: dict, isolation: int, now: float,
                     now_ms: int) -> None:
         """Answer the parts of a broker read that served records: each share's records split
         out of it (the other active shares' cached for the connections that come next)."""

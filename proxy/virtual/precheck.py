@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Collection
 
 from proxy.protocol.constants import MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS
+from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID, FETCH_LAST_REPLICA_ID
+from proxy.protocol.walks import Walk
 
 _FIRST_DIGITS = b"123456789"
 MAX_IDS = 4096  # virtual topic ids remembered; beyond, the oldest is forgotten
@@ -82,8 +84,22 @@ class Precheck:
 
 # -- Fetch by topic id: the ids a request names, without decoding it ----------------------------
 
-_FIRST_FETCH_BY_ID = 13  # Fetch names topics by id from v13 on
-_LAST_WITH_REPLICA_ID = 14  # ReplicaId moved into a tagged field at v15
+# What fetch_topic_ids walks (after request header v2): the body's fields up to Topics, and of
+# each topic its id and its partitions; ReplicaId moved into a tagged field after v14.
+_HEAD = ("MaxWaitMs int32", "MinBytes int32", "MaxBytes int32", "IsolationLevel int8", "SessionId int32",
+         "SessionEpoch int32", "Topics compact []FetchTopic")
+FETCH_WITH_REPLICA_ID = Walk("FetchRequest", "", FETCH_FIRST_TOPIC_ID, FETCH_LAST_REPLICA_ID,
+                             ("ReplicaId int32", *_HEAD), prefix=True)
+FETCH = Walk("FetchRequest", "", FETCH_LAST_REPLICA_ID + 1, None, _HEAD, prefix=True)
+FETCH_TOPIC = Walk("FetchRequest", "Topics", FETCH_FIRST_TOPIC_ID, None, (
+    "TopicId uuid", "Partitions compact []FetchPartition"))
+FETCH_PARTITION = Walk("FetchRequest", "Topics.Partitions", FETCH_FIRST_TOPIC_ID, None, (
+    "Partition int32", "CurrentLeaderEpoch int32", "FetchOffset int64", "LastFetchedEpoch int32",
+    "LogStartOffset int64", "PartitionMaxBytes int32"))
+WALKS = (FETCH_WITH_REPLICA_ID, FETCH, FETCH_TOPIC, FETCH_PARTITION)
+_REPLICA_ID = FETCH_WITH_REPLICA_ID.size("ReplicaId")
+_BEFORE_TOPICS = FETCH.size("MaxWaitMs", "MinBytes", "MaxBytes", "IsolationLevel", "SessionId", "SessionEpoch")
+_TOPIC_ID = FETCH_TOPIC.size("TopicId")
 
 
 def fetch_topic_ids(frame: bytes | bytearray | memoryview, version: int) -> list[bytes] | None:
@@ -96,7 +112,7 @@ def fetch_topic_ids(frame: bytes | bytearray | memoryview, version: int) -> list
     Why: a client learns a virtual topic's id from the Metadata answer of whichever proxy
     instance it asked (a sidecar of another broker, or this proxy before a restart); one
     that never handed that id out must still see that a Fetch may name it."""
-    if version < _FIRST_FETCH_BY_ID:
+    if version < FETCH_FIRST_TOPIC_ID:
         return None
     data = frame if isinstance(frame, (bytes, bytearray)) else bytes(frame)
     try:
@@ -104,15 +120,15 @@ def fetch_topic_ids(frame: bytes | bytearray | memoryview, version: int) -> list
         (client_len,) = _INT16.unpack_from(data, pos)
         pos += 2 + max(client_len, 0)
         pos = _skip_tags(data, pos)  # the header's tagged fields
-        pos += (4 if version <= _LAST_WITH_REPLICA_ID else 0) + 4 + 4 + 4 + 1 + 4 + 4
+        pos += (_REPLICA_ID if version <= FETCH_LAST_REPLICA_ID else 0) + _BEFORE_TOPICS
         topics, pos = _array_length(data, pos)
         ids = []
         for _ in range(topics - 1):
-            topic_id = data[pos:pos + 16]
-            if len(topic_id) != 16:
+            topic_id = data[pos:pos + _TOPIC_ID]
+            if len(topic_id) != _TOPIC_ID:
                 return None
             ids.append(bytes(topic_id))
-            pos += 16
+            pos += _TOPIC_ID
             partitions, pos = _array_length(data, pos)
             for _ in range(partitions - 1):
                 pos = _skip_tags(data, pos + _FETCH_PARTITION_FIXED)
@@ -124,8 +140,7 @@ def fetch_topic_ids(frame: bytes | bytearray | memoryview, version: int) -> list
         return None
 
 
-# Partition, CurrentLeaderEpoch, FetchOffset, LastFetchedEpoch, LogStartOffset, PartitionMaxBytes
-_FETCH_PARTITION_FIXED = 4 + 4 + 8 + 4 + 8 + 4
+_FETCH_PARTITION_FIXED = FETCH_PARTITION.size()
 _INT16 = struct.Struct(">h")
 _UVARINT_MAX_BYTES = 5
 

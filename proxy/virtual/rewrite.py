@@ -18,9 +18,25 @@ from typing import Any, Protocol
 
 from proxy.pipeline.route import OwnRequest, own_correlation_id
 from proxy.protocol import messages
-from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import (
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    DescribeTopicPartitionsRequest,
+    DescribeTopicPartitionsResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    RequestHeader,
+)
+from proxy.protocol.message_versions import METADATA_FIRST_ALLOW_AUTO_TOPIC_CREATION, METADATA_FIRST_TOPIC_ID
 from proxy.virtual.names import VirtualTopic
+
+# the requests whose partitions ``_partition_request`` spreads over several requests
+PartitionRequest = ListOffsetsRequest | OffsetForLeaderEpochRequest
 
 _TOPIC_RESOURCE = 2  # ConfigResource type TOPIC
 
@@ -55,27 +71,26 @@ class MetadataPlan:
     real_ids_asked: set[uuid.UUID] = field(default_factory=set)
 
 
-def metadata_request(body: Any, version: int, resolver: Resolver) -> MetadataPlan | None:
+def metadata_request(body: MetadataRequest, version: int, resolver: Resolver) -> MetadataPlan | None:
     """Virtual names become their real topics (once each); a name of the virtual form that
     is not served goes nowhere. When only virtual names are asked, auto-creation is off."""
     if not body.topics:
         return None  # every topic: virtual topics are never listed
     plan = MetadataPlan()
-    request_topic = messages.body_class(ApiKey.METADATA, "request").MetadataRequestTopic
-    kept: list[Any] = []
+    request_topic = MetadataRequest.MetadataRequestTopic
+    kept: list[MetadataRequest.MetadataRequestTopic] = []
     upstream_names: set[str] = set()
     any_virtual = any_real = False
     for topic in body.topics:
         name = topic.name
-        topic_id = getattr(topic, "topic_id", None)
+        topic_id = topic.topic_id  # the zero id before v10, or where only the name is asked
         vt = None
         if name:
             vt = resolver.virtual(name)
             refusal = None if vt is not None else resolver.refusal(name)
         else:
             refusal = None
-            if topic_id is not None:
-                vt = resolver.by_id(topic_id)
+            vt = resolver.by_id(topic_id)
         if refusal is not None:
             plan.asked.append((name, topic_id, None, refusal))
             any_virtual = True
@@ -85,7 +100,7 @@ def metadata_request(body: Any, version: int, resolver: Resolver) -> MetadataPla
             if name:
                 plan.reals_asked.add(name)
                 upstream_names.add(name)
-            elif topic_id is not None:
+            else:
                 plan.real_ids_asked.add(topic_id)
             kept.append(topic)
             any_real = True
@@ -95,32 +110,32 @@ def metadata_request(body: Any, version: int, resolver: Resolver) -> MetadataPla
         if vt.real not in upstream_names:
             upstream_names.add(vt.real)
             entry = request_topic(name=vt.real)
-            if hasattr(entry, "topic_id") and version >= 10:
+            if version >= METADATA_FIRST_TOPIC_ID:
                 entry.topic_id = uuid.UUID(int=0)
             kept.append(entry)
     if not any_virtual:
         return None
     body.topics = kept
-    if not any_real and version >= 4:
+    if not any_real and version >= METADATA_FIRST_ALLOW_AUTO_TOPIC_CREATION:
         body.allow_auto_topic_creation = False
     return plan
 
 
-def metadata_response(body: Any, version: int, plan: MetadataPlan, resolver: Resolver) -> None:
-    response_class = messages.body_class(ApiKey.METADATA, "response")
+def metadata_response(body: MetadataResponse, version: int, plan: MetadataPlan, resolver: Resolver) -> None:
+    response_class = MetadataResponse
     by_name = {t.name: t for t in body.topics or () if t.name}
-    by_id = {t.topic_id: t for t in body.topics or () if getattr(t, "topic_id", None) is not None}
-    out: list[Any] = []
-    done: set[str] = set()
+    by_id = {t.topic_id: t for t in body.topics or ()}
+    out: list[MetadataResponse.MetadataResponseTopic] = []
+    done: set[int] = set()  # ids of the entries already in ``out``
     for name, topic_id, vt, refusal in plan.asked:
         if refusal is not None:
             out.append(response_class.MetadataResponseTopic(
                 error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION), name=name, partitions=[]))
             continue
         if vt is None:
-            real = by_name.get(name) if name else by_id.get(topic_id)
+            real = by_name.get(name) if name else by_id.get(topic_id) if topic_id is not None else None
             if real is not None and id(real) not in done:
-                done.add(id(real))  # type: ignore[arg-type]
+                done.add(id(real))
                 out.append(real)
             continue
         real = by_name.get(vt.real)
@@ -128,14 +143,16 @@ def metadata_response(body: Any, version: int, plan: MetadataPlan, resolver: Res
     for topic in body.topics or ():  # anything else the broker added (none expected)
         if topic.name not in by_name or id(topic) in done:
             continue
-        if topic.name in plan.reals_asked or getattr(topic, "topic_id", None) in plan.real_ids_asked:
+        if topic.name in plan.reals_asked or topic.topic_id in plan.real_ids_asked:
             if id(topic) not in done:
-                done.add(id(topic))  # type: ignore[arg-type]
+                done.add(id(topic))
                 out.append(topic)
     body.topics = out
 
 
-def virtual_metadata_topic(real: Any, vt: VirtualTopic, response_class: Any, resolver: Resolver) -> Any:
+def virtual_metadata_topic(real: MetadataResponse.MetadataResponseTopic | None, vt: VirtualTopic,
+                           response_class: type[MetadataResponse],
+                           resolver: Resolver) -> MetadataResponse.MetadataResponseTopic:
     """The virtual topic's Metadata entry from its real topic's: K partitions per real
     partition, each led by the real partition's leader."""
     if real is None or real.error_code != ErrorCode.NONE:
@@ -145,8 +162,8 @@ def virtual_metadata_topic(real: Any, vt: VirtualTopic, response_class: Any, res
         return response_class.MetadataResponseTopic(error_code=error, name=vt.name, partitions=[])
     entry = copy.copy(real)
     entry.name = vt.name
-    real_id = getattr(real, "topic_id", None)
-    if real_id is not None and real_id != uuid.UUID(int=0):
+    real_id = real.topic_id
+    if real_id != uuid.UUID(int=0):
         entry.topic_id = vt.topic_id(real_id)
     entry.is_internal = False
     partitions = []
@@ -186,8 +203,10 @@ class PartitionPlan:
     refused: dict[str, str] = field(default_factory=dict)  # topic name -> message
     # Per ``topics`` entry, per partition asked: the request that asks its question (0: the client's).
     numbers: list[list[int]] = field(default_factory=list)
-    extra: list[Any] = field(default_factory=list)  # bodies of requests 1, 2, ...
-    answers: dict[int, Any] = field(default_factory=dict)  # request number -> its response body, once in
+    # bodies of requests 1, 2, ...: ListOffsets or OffsetsForLeaderEpoch requests
+    extra: list[PartitionRequest] = field(default_factory=list)
+    # request number -> its response body, once in
+    answers: dict[int, ListOffsetsResponse | OffsetForLeaderEpochResponse] = field(default_factory=dict)
 
 
 def _partition_request(topics: list, partition_field: str, topic_class: Callable[..., Any],
@@ -258,14 +277,14 @@ def _partition_request(topics: list, partition_field: str, topic_class: Callable
     return out, [list(request.values()) for request in further], plan
 
 
-def _with_topics(body: Any, topics: list) -> Any:
+def _with_topics(body: PartitionRequest, topics: list) -> PartitionRequest:
     extra = copy.copy(body)
     extra.topics = topics
     return extra
 
 
-def list_offsets_request(body: Any, resolver: Resolver) -> PartitionPlan | None:
-    topic_class = messages.body_class(ApiKey.LIST_OFFSETS, "request").ListOffsetsTopic
+def list_offsets_request(body: ListOffsetsRequest, resolver: Resolver) -> PartitionPlan | None:
+    topic_class = ListOffsetsRequest.ListOffsetsTopic
     done = _partition_request(body.topics, "partition_index", topic_class, resolver)
     if done is None:
         return None
@@ -274,16 +293,16 @@ def list_offsets_request(body: Any, resolver: Resolver) -> PartitionPlan | None:
     return plan
 
 
-def list_offsets_response(body: Any, plan: PartitionPlan) -> None:
-    cls = messages.body_class(ApiKey.LIST_OFFSETS, "response")
+def list_offsets_response(body: ListOffsetsResponse, plan: PartitionPlan) -> None:
+    cls = ListOffsetsResponse
     _partition_response(body, plan, "topics", "name", "partitions", "partition_index",
                         lambda name: cls.ListOffsetsTopicResponse(name=name, partitions=[]),
                         lambda index: cls.ListOffsetsPartitionResponse(
                             partition_index=index, error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION)))
 
 
-def offsets_for_leader_epoch_request(body: Any, resolver: Resolver) -> PartitionPlan | None:
-    topic_class = messages.body_class(ApiKey.OFFSET_FOR_LEADER_EPOCH, "request").OffsetForLeaderTopic
+def offsets_for_leader_epoch_request(body: OffsetForLeaderEpochRequest, resolver: Resolver) -> PartitionPlan | None:
+    topic_class = OffsetForLeaderEpochRequest.OffsetForLeaderTopic
     done = _partition_request(body.topics, "partition", topic_class, resolver, name_field="topic")
     if done is None:
         return None
@@ -292,15 +311,15 @@ def offsets_for_leader_epoch_request(body: Any, resolver: Resolver) -> Partition
     return plan
 
 
-def offsets_for_leader_epoch_response(body: Any, plan: PartitionPlan) -> None:
-    cls = messages.body_class(ApiKey.OFFSET_FOR_LEADER_EPOCH, "response")
+def offsets_for_leader_epoch_response(body: OffsetForLeaderEpochResponse, plan: PartitionPlan) -> None:
+    cls = OffsetForLeaderEpochResponse
     _partition_response(body, plan, "topics", "topic", "partitions", "partition",
                         lambda name: cls.OffsetForLeaderTopicResult(topic=name, partitions=[]),
                         lambda index: cls.EpochEndOffset(partition=index,
                                                          error_code=int(ErrorCode.INVALID_TOPIC_EXCEPTION)))
 
 
-def extra_requests(header: Any, api_key: int, plan: PartitionPlan) -> tuple[OwnRequest, ...]:
+def extra_requests(header: RequestHeader, api_key: int, plan: PartitionPlan) -> tuple[OwnRequest, ...]:
     """The plan's further requests as requests of the proxy's own, to go upstream right
     before the client's (``Route.before``) under the client's header (its version and
     client id): each one's response is kept in ``plan.answers`` for the response rewrite."""
@@ -371,7 +390,7 @@ def _partition_response(body: Any, plan: PartitionPlan, topics_field: str, name_
 # -- DescribeConfigs ---------------------------------------------------------------------------
 
 
-def describe_configs_request(body: Any, resolver: Resolver) -> dict[int, str] | None:
+def describe_configs_request(body: DescribeConfigsRequest, resolver: Resolver) -> dict[int, str] | None:
     """A virtual topic's configs are its real topic's: position in the request -> the name asked."""
     renamed: dict[int, str] = {}
     for number, resource in enumerate(body.resources or ()):
@@ -384,7 +403,7 @@ def describe_configs_request(body: Any, resolver: Resolver) -> dict[int, str] | 
     return renamed or None
 
 
-def describe_configs_response(body: Any, renamed: dict[int, str]) -> None:
+def describe_configs_response(body: DescribeConfigsResponse, renamed: dict[int, str]) -> None:
     for number, result in enumerate(body.results or ()):
         if number in renamed:
             result.resource_name = renamed[number]
@@ -402,12 +421,18 @@ def refusal_message(vt: VirtualTopic, what: str) -> str:
 # -- DescribeTopicPartitions (the admin client's describeTopics) --------------------------------
 
 
-def describe_topic_partitions_request(body: Any, resolver: Resolver) -> list | None:
+# A DescribeTopicPartitions request's topics, in order: the name asked, its virtual topic or refusal.
+Described = list[tuple[str, VirtualTopic | None, str | None]]
+
+
+def describe_topic_partitions_request(body: DescribeTopicPartitionsRequest, resolver: Resolver) -> Described | None:
     """Virtual names become their real topics; the names asked, in order, with their
     virtual topic or refusal. A cursor naming a virtual topic starts at its real one."""
-    cls = messages.body_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS, "request")
-    asked: list[tuple[str, VirtualTopic | None, str | None]] = []
-    kept, upstream, any_virtual = [], set(), False
+    cls = DescribeTopicPartitionsRequest
+    asked: Described = []
+    kept: list[DescribeTopicPartitionsRequest.TopicRequest] = []
+    upstream: set[str] = set()
+    any_virtual = False
     for topic in body.topics or ():
         vt = resolver.virtual(topic.name)
         refusal = None if vt is not None else resolver.refusal(topic.name)
@@ -431,8 +456,9 @@ def describe_topic_partitions_request(body: Any, resolver: Resolver) -> list | N
     return asked
 
 
-def describe_topic_partitions_response(body: Any, asked: list, resolver: Resolver) -> None:
-    cls = messages.body_class(ApiKey.DESCRIBE_TOPIC_PARTITIONS, "response")
+def describe_topic_partitions_response(body: DescribeTopicPartitionsResponse, asked: Described,
+                                       resolver: Resolver) -> None:
+    cls = DescribeTopicPartitionsResponse
     by_name = {t.name: t for t in body.topics or ()}
     out = []
     for name, vt, refusal in asked:
@@ -462,7 +488,8 @@ def describe_topic_partitions_response(body: Any, asked: list, resolver: Resolve
     body.next_cursor = None
 
 
-def _moved(part: Any, index: int) -> Any:
+def _moved(part: DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponsePartition,
+           index: int) -> DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponsePartition:
     moved = copy.copy(part)
     moved.partition_index = index
     return moved

@@ -12,7 +12,8 @@ from proxy.protocol.schema import registry
 from proxy.protocol.walks import Walk
 
 # The modules that read frames by hand; each exports its walks as WALKS.
-READERS = ["proxy.protocol.framing", "proxy.protocol.peek", "proxy.commits.codec", "proxy.commits.wire"]
+READERS = ["proxy.protocol.framing", "proxy.protocol.peek", "proxy.commits.codec", "proxy.commits.wire",
+           "proxy.virtual.precheck"]
 
 
 def _walks() -> list[tuple[str, Walk]]:
