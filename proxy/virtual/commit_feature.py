@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import Counter
@@ -22,6 +22,16 @@ from proxy.pipeline.route import OwnRequest, own_correlation_id
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import (
+    ListGroupsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+)
+from proxy.protocol.message_versions import OFFSET_FETCH_FIRST_GROUPS
 from proxy.virtual import commits, txn
 from proxy.virtual.resolver import VirtualResolver
 
@@ -63,7 +73,7 @@ class VirtualCommitFeature(Feature):
         # that speaks v10 also speaks.
         return {ApiKey.OFFSET_COMMIT: NEWEST_COMMIT_BY_NAME, ApiKey.OFFSET_FETCH: NEWEST_COMMIT_BY_NAME}
 
-    def _hide_shadows(self, ctx: ConnectionContext, response: DecodedResponse) -> None:
+    def _hide_shadows(self, ctx: ConnectionContext, response: DecodedResponse[ListGroupsResponse]) -> None:
         """Share shadows of transactional commits are the proxy's bookkeeping: ListGroups
         through the proxy does not show them (DescribeGroups and OffsetFetch by name do)."""
         partitions = self.resolver.cluster.consumer_offsets_partitions
@@ -74,7 +84,7 @@ class VirtualCommitFeature(Feature):
             response.changed = True
 
     # -- OffsetCommit ------------------------------------------------------------------------------
-    async def on_offset_commit(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_offset_commit(self, ctx: ConnectionContext, request: Request[OffsetCommitRequest]) -> Route | None:
         header, body = request.decoded()
         plan = commits.commit_plan(body, self.resolver)
         if plan is None:
@@ -88,13 +98,13 @@ class VirtualCommitFeature(Feature):
                 self._commits.labels(vt.real).inc(len(parts))
         if not commits.commit_request(body, plan, shares.offsets, refused):
             self.writes.abandon(shares)
-            response = messages.new_body(ApiKey.OFFSET_COMMIT, request.version, "response")
+            response = OffsetCommitResponse()
             commits.commit_response(response, plan, {}, refused)
             return Route.answer(messages.encode_response(ApiKey.OFFSET_COMMIT, request.version,
                                                          messages.new_response_header(request.correlation_id),
                                                          response))
 
-        async def on_response(response: DecodedResponse) -> None:
+        async def on_response(response: DecodedResponse[OffsetCommitResponse]) -> None:
             results = [((t.name, p.partition_index), p.error_code) for t in response.body.topics
                        for p in t.partitions]
             errors = await self.writes.finish_shares(shares, body.generation_id_or_member_epoch, body.member_id,
@@ -105,10 +115,11 @@ class VirtualCommitFeature(Feature):
         return Route(messages.encode_request(header, body), on_response=on_response)
 
     # -- OffsetFetch -------------------------------------------------------------------------------
-    async def on_offset_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_offset_fetch(self, ctx: ConnectionContext, request: Request[OffsetFetchRequest]) -> Route | None:
         header, body = request.decoded()
         version = request.version
-        groups = body.groups if version >= 8 else [body]
+        groups: Sequence[OffsetFetchRequest.OffsetFetchRequestGroup | OffsetFetchRequest] = (
+            body.groups if version >= OFFSET_FETCH_FIRST_GROUPS else [body])
         names = [t.name for group in groups for t in group.topics or ()]
         every = any(group.topics is None for group in groups)
         if not every and not any(self.resolver.virtual(name) for name in names):
@@ -120,7 +131,7 @@ class VirtualCommitFeature(Feature):
             except Exception as exc:  # noqa: BLE001 - CommitLogError: answered retriable, never stale
                 log.warning("share watermarks unreadable group=%s reason=%r", group_id, str(exc))
                 plan.unavailable.add(group_id)
-        await self._read_shadows(plan, bool(getattr(body, "require_stable", False)))
+        await self._read_shadows(plan, bool(body.require_stable))
         reads, name_of_marks = self.reads, self.resolver.names.name_of_marks
 
         def marks_of(group: str, real: str, partition: int, committed: int,
@@ -128,7 +139,7 @@ class VirtualCommitFeature(Feature):
             return reads.watermarks(group, (real, partition), committed, metadata,
                                     plan.shadow_marks.get((group, (real, partition)), ()))
 
-        def answer(response: DecodedResponse) -> None:
+        def answer(response: DecodedResponse[OffsetFetchResponse]) -> None:
             commits.offset_fetch_response(response.body, response.version, plan, marks_of, name_of_marks)
             response.changed = True
 
@@ -173,7 +184,8 @@ class VirtualCommitFeature(Feature):
                     plan.shadow_marks.setdefault((group, key), []).append(mark)
 
     # -- TxnOffsetCommit ---------------------------------------------------------------------------
-    async def on_txn_offset_commit(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_txn_offset_commit(self, ctx: ConnectionContext,
+                                   request: Request[TxnOffsetCommitRequest]) -> Route | None:
         header, body = request.decoded()
         await self.resolver.know(t.name for t in body.topics)
         plan = txn.commit_plan(body, self.resolver)
@@ -205,14 +217,14 @@ class VirtualCommitFeature(Feature):
         if not txn.carrier_request(body, plan, planned.offsets, refused):
             # every partition refused: nothing goes to the broker
             self.writes.abandon(planned)
-            response = messages.new_body(ApiKey.TXN_OFFSET_COMMIT, request.version, "response")
+            response = TxnOffsetCommitResponse()
             txn.commit_response(response, plan, refused)
             return Route.answer(messages.encode_response(ApiKey.TXN_OFFSET_COMMIT, request.version,
                                                          messages.new_response_header(request.correlation_id),
                                                          response))
         generation, member, instance = body.generation_id, body.member_id, body.group_instance_id
 
-        async def on_response(response: DecodedResponse) -> None:
+        async def on_response(response: DecodedResponse[TxnOffsetCommitResponse]) -> None:
             self.writes.abandon(planned)
             outcome = txn.commit_response(response.body, plan, refused)
             response.changed = True
@@ -227,7 +239,7 @@ class VirtualCommitFeature(Feature):
     @staticmethod
     def _keep_shadow(plan: txn.TxnPlan, slot: tuple[int, int], version: int):
         async def keep(raw: bytes | bytearray) -> None:
-            _, plan.answers[slot] = messages.decode_response(ApiKey.TXN_OFFSET_COMMIT, version, raw)
+            _, plan.answers[slot] = messages.decode_response_as(TxnOffsetCommitResponse, version, raw)
         return keep
 
     async def _settle(self, ctx: Background, group: str, keys: dict[Any, Any], generation: int, member: str,

@@ -22,9 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.protocol import messages
-from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import (
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
+from proxy.protocol.message_versions import OFFSET_FETCH_FIRST_GROUPS
 from proxy.virtual.names import VirtualTopic
 from proxy.virtual.rewrite import Resolver
 
@@ -43,7 +48,7 @@ class CommitPlan:
     refused: dict[RealKey, int] = field(default_factory=dict)  # real partitions answered without the broker
 
 
-def commit_plan(body: Any, resolver: Resolver) -> CommitPlan | None:
+def commit_plan(body: OffsetCommitRequest, resolver: Resolver) -> CommitPlan | None:
     """What the commit asks: watermarks per real partition, plain commits of real
     partitions beside them. A real partition with offset ranges in the same request is
     refused (INVALID_REQUEST): the request is the virtual topics' to complete, and range
@@ -72,12 +77,12 @@ def commit_plan(body: Any, resolver: Resolver) -> CommitPlan | None:
     return plan
 
 
-def commit_request(body: Any, plan: CommitPlan, offsets: dict[RealKey, tuple[int, str]],
+def commit_request(body: OffsetCommitRequest, plan: CommitPlan, offsets: dict[RealKey, tuple[int, str]],
                    refused: dict[RealKey, int]) -> bool:
     """Rewrite ``body`` into the real commit: every real partition with watermarks at
     ``offsets[key]`` (S and the metadata), plain ones as asked, ``refused`` ones left out.
     Returns whether anything is left to send."""
-    cls = messages.body_class(ApiKey.OFFSET_COMMIT, "request")
+    cls = OffsetCommitRequest
     virtual = {vt.name for _, vt, _ in plan.topics if vt is not None}
     body.topics = real_topics(body.topics, virtual, offsets, refused, cls.OffsetCommitRequestTopic,
                               cls.OffsetCommitRequestPartition)
@@ -107,10 +112,11 @@ def real_topics(topics: list, virtual: set[str], offsets: dict[RealKey, tuple[in
     return list(out.values())
 
 
-def commit_response(body: Any, plan: CommitPlan, errors: dict[RealKey, int], refused: dict[RealKey, int]) -> None:
+def commit_response(body: OffsetCommitResponse, plan: CommitPlan, errors: dict[RealKey, int],
+                    refused: dict[RealKey, int]) -> None:
     """Each partition asked gets its real partition's answer: ``refused`` first, then
     ``errors`` (the log's outcome), then the coordinator's."""
-    cls = messages.body_class(ApiKey.OFFSET_COMMIT, "response")
+    cls = OffsetCommitResponse
     broker = {(t.name, p.partition_index): p.error_code for t in body.topics for p in t.partitions}
 
     def error_of(key: RealKey) -> int:
@@ -191,12 +197,12 @@ def _rewrite_topics(topics: list | None, topic_class, names_field: str, resolver
     return out, any_virtual
 
 
-def offset_fetch_request(body: Any, version: int, resolver: Resolver) -> FetchPlan:
+def offset_fetch_request(body: OffsetFetchRequest, version: int, resolver: Resolver) -> FetchPlan:
     """Virtual partitions become their real partitions; always returns a plan, since a
     request for every topic gets the virtual partitions the watermarks show."""
-    cls = messages.body_class(ApiKey.OFFSET_FETCH, "request")
+    cls = OffsetFetchRequest
     plan = FetchPlan()
-    if version >= 8:
+    if version >= OFFSET_FETCH_FIRST_GROUPS:
         for group in body.groups:
             asked: list = []
             group.topics, _ = _rewrite_topics(group.topics, cls.OffsetFetchRequestTopics, "partition_indexes",
@@ -218,15 +224,16 @@ def offset_fetch_request(body: Any, version: int, resolver: Resolver) -> FetchPl
 MarksOf = Callable[[str, str, int, int, "str | None"], "tuple[int, dict[int, list[int]]]"]
 
 
-def offset_fetch_response(body: Any, version: int, plan: FetchPlan, marks_of: MarksOf, name_of_virtual) -> None:
+def offset_fetch_response(body: OffsetFetchResponse, version: int, plan: FetchPlan, marks_of: MarksOf,
+                          name_of_virtual: Callable[[str, int], str]) -> None:
     """Answer virtual partitions with W(i) (or S). ``marks_of(group, real, partition,
     committed, metadata)`` gives S and W per share per K of a real partition (the log's
     record combined with the coordinator's answer). For a request of every topic, add the
     virtual partitions of every real partition holding watermarks (``name_of_virtual(real,
     K)`` names them). A group whose log could not be read is answered
     COORDINATOR_NOT_AVAILABLE (retriable), never from state older than the log."""
-    cls = messages.body_class(ApiKey.OFFSET_FETCH, "response")
-    if version >= 8:
+    cls = OffsetFetchResponse
+    if version >= OFFSET_FETCH_FIRST_GROUPS:
         for group in body.groups or ():
             asked = plan.groups.get(group.group_id)
             if asked is None:

@@ -16,6 +16,16 @@ from typing import Any
 from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.message_types import (
+    DescribeConfigsRequest,
+    DescribeTopicPartitionsRequest,
+    DescribeTopicPartitionsResponse,
+    ListOffsetsRequest,
+    MetadataRequest,
+    MetadataResponse,
+    OffsetForLeaderEpochRequest,
+    RequestHeader,
+)
 from proxy.virtual import rewrite
 from proxy.virtual.resolver import VirtualResolver
 
@@ -38,9 +48,10 @@ class VirtualNamingFeature(Feature):
         return {api_key: self.resolver.guarded(stage) for api_key, stage in stages.items()}
 
     @staticmethod
-    def _rewritten(request: Request, body: Any, back: Callable[[Any, int], None]) -> None:
+    def _rewritten(request: Request, body: object, back: Callable[[Any, int], None]) -> None:
         """The request goes on as ``body`` (rewritten in place); ``back(response body,
-        version)`` turns its response into the answer to what the client asked."""
+        version)`` turns its response (of the request's API) into the answer to what the
+        client asked."""
         header, _ = request.decoded()
 
         def hook(response: DecodedResponse) -> None:
@@ -49,7 +60,7 @@ class VirtualNamingFeature(Feature):
 
         request.replace(messages.encode_request(header, body), (header, body), on_response=hook)
 
-    async def on_metadata(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_metadata(self, ctx: ConnectionContext, request: Request[MetadataRequest]) -> Route | None:
         _, body = request.decoded()
         if not body.topics:
             return None
@@ -57,14 +68,14 @@ class VirtualNamingFeature(Feature):
         await resolver.know(t.name for t in body.topics)
         plan = rewrite.metadata_request(body, request.version, resolver)
         if plan is not None:
-            def back(response: Any, version: int) -> None:
+            def back(response: MetadataResponse, version: int) -> None:
                 rewrite.metadata_response(response, version, plan, resolver)
                 resolver.handed_out(response.topics)
 
             self._rewritten(request, body, back)
         return None
 
-    async def on_list_offsets(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_list_offsets(self, ctx: ConnectionContext, request: Request[ListOffsetsRequest]) -> Route | None:
         header, body = request.decoded()
         await self.resolver.know(t.name for t in body.topics)
         plan = rewrite.list_offsets_request(body, self.resolver)
@@ -73,7 +84,8 @@ class VirtualNamingFeature(Feature):
         self._rewritten(request, body, lambda response, version: rewrite.list_offsets_response(response, plan))
         return self._asked_apart(request, header, plan)
 
-    async def on_leader_epoch(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_leader_epoch(self, ctx: ConnectionContext,
+                              request: Request[OffsetForLeaderEpochRequest]) -> Route | None:
         header, body = request.decoded()
         await self.resolver.know(t.topic for t in body.topics)
         plan = rewrite.offsets_for_leader_epoch_request(body, self.resolver)
@@ -84,7 +96,7 @@ class VirtualNamingFeature(Feature):
         return self._asked_apart(request, header, plan)
 
     @staticmethod
-    def _asked_apart(request: Request, header: Any, plan: rewrite.PartitionPlan) -> Route | None:
+    def _asked_apart(request: Request, header: RequestHeader, plan: rewrite.PartitionPlan) -> Route | None:
         """Shares of one real partition that asked different questions: the further ones go
         upstream, on the client's connection, just before its request, and its response is
         rewritten with every answer. None (the request goes on) when one request asks all."""
@@ -92,7 +104,7 @@ class VirtualNamingFeature(Feature):
             return None
         return Route(request.frame, before=rewrite.extra_requests(header, request.api_key, plan))
 
-    async def on_describe_configs(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_describe_configs(self, ctx: ConnectionContext, request: Request[DescribeConfigsRequest]) -> Route | None:
         _, body = request.decoded()
         renamed = rewrite.describe_configs_request(body, self.resolver)
         if renamed is not None:
@@ -100,13 +112,14 @@ class VirtualNamingFeature(Feature):
                             lambda response, version: rewrite.describe_configs_response(response, renamed))
         return None
 
-    async def on_describe_topic_partitions(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_describe_topic_partitions(self, ctx: ConnectionContext,
+                                           request: Request[DescribeTopicPartitionsRequest]) -> Route | None:
         _, body = request.decoded()
         resolver = self.resolver
         await resolver.know(t.name for t in body.topics or ())
         asked = rewrite.describe_topic_partitions_request(body, resolver)
         if asked is not None:
-            def back(response: Any, version: int) -> None:
+            def back(response: DescribeTopicPartitionsResponse, version: int) -> None:
                 rewrite.describe_topic_partitions_response(response, asked, resolver)
                 resolver.handed_out(response.topics)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import Counter
 
 from proxy.pipeline import ConnectionContext, Feature, Request, RequestStage, Route
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.message_types import ConsumerGroupHeartbeatRequest
 from proxy.virtual import refusals
 from proxy.virtual.resolver import VirtualResolver
 
@@ -27,7 +27,7 @@ class VirtualRefusalFeature(Feature):
 
     def __init__(self, resolver: VirtualResolver, metrics) -> None:
         self.resolver = resolver
-        self._regex_verdicts: dict[tuple[str, tuple[str, ...], int], str | None] = {}
+        self._regex_verdicts: dict[tuple[str | None, tuple[str, ...], int], str | None] = {}
         self._refused = Counter("kafka_proxy_virtual_refused", "Requests refused for naming a virtual topic.",
                                 ["api"], registry=metrics.registry)
 
@@ -50,7 +50,8 @@ class VirtualRefusalFeature(Feature):
         return Route.answer(messages.encode_response(request.api_key, request.version,
                                                      messages.new_response_header(request.correlation_id), response))
 
-    async def on_group_heartbeat(self, ctx: ConnectionContext, request: Request) -> Route | None:
+    async def on_group_heartbeat(self, ctx: ConnectionContext,
+                                 request: Request[ConsumerGroupHeartbeatRequest]) -> Route | None:
         _, body = request.decoded()
         resolver = self.resolver
         await resolver.know(body.subscribed_topic_names or ())
@@ -67,7 +68,7 @@ class VirtualRefusalFeature(Feature):
                                                      messages.new_response_header(request.correlation_id),
                                                      refusals.refuse_heartbeat(request.version, message)))
 
-    def _regex_verdict(self, body: Any) -> str | None:
+    def _regex_verdict(self, body: ConsumerGroupHeartbeatRequest) -> str | None:
         """``heartbeat_refusal`` of a heartbeat carrying a regular expression, remembered until
         the topics the proxy knows change: a member may repeat its expression in every heartbeat."""
         resolver = self.resolver

@@ -17,6 +17,7 @@ from typing import Any
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse
 from proxy.virtual.names import MIN_SHARES, VirtualNames, VirtualTopic
 from proxy.virtual.rewrite import refusal_message
 
@@ -108,7 +109,7 @@ def refuse(api_key: int, version: int, body: Any, lookup: Lookup, by_id: IdLooku
 REGEX_PROBES = 20_000
 
 
-def heartbeat_refusal(body: Any, lookup: Lookup, names: VirtualNames, real_topics: Iterable[str] = ()) -> str | None:
+def heartbeat_refusal(body: ConsumerGroupHeartbeatRequest, lookup: Lookup, names: VirtualNames, real_topics: Iterable[str] = ()) -> str | None:
     """Why a ConsumerGroupHeartbeat must be refused, or None.
 
     A ``group.protocol=consumer`` group is assigned by the broker, which knows no virtual
@@ -135,12 +136,12 @@ def heartbeat_refusal(body: Any, lookup: Lookup, names: VirtualNames, real_topic
     return None
 
 
-def regex_mentions_suffix(body: Any, suffixes: str | tuple[str, ...]) -> str | None:
+def regex_mentions_suffix(body: ConsumerGroupHeartbeatRequest, suffixes: str | tuple[str, ...]) -> str | None:
     """The heartbeat's subscription regular expression if it spells a virtual suffix
     (escaped or not), else None: only such an expression is read for virtual names."""
     if isinstance(suffixes, str):
         suffixes = (suffixes,)
-    regex = getattr(body, "subscribed_topic_regex", None)
+    regex = body.subscribed_topic_regex
     if not regex:
         return None
     plain = regex.replace("\\", "")
@@ -194,8 +195,7 @@ def _heartbeat_message(what: str, real: str) -> str:
             f"a group.protocol=consumer group is assigned by the broker, which does not know virtual topics")
 
 
-def refuse_heartbeat(version: int, message: str) -> Any:
+def refuse_heartbeat(version: int, message: str) -> ConsumerGroupHeartbeatResponse:
     """The ConsumerGroupHeartbeat response refusing the member (it does not join)."""
-    return messages.new_body(ApiKey.CONSUMER_GROUP_HEARTBEAT, version, "response", throttle_time_ms=0,
-                             error_code=_INVALID, error_message=message, member_id=None, member_epoch=-1,
-                             heartbeat_interval_ms=0, assignment=None)
+    return ConsumerGroupHeartbeatResponse(throttle_time_ms=0, error_code=_INVALID, error_message=message,
+                                          member_id=None, member_epoch=-1, heartbeat_interval_ms=0, assignment=None)

@@ -90,7 +90,7 @@ class VirtualResolver:
                 self.precheck.remember(getattr(topic, "topic_id", None))
 
     # -- the cluster view -------------------------------------------------------------------------
-    async def know(self, names: Iterable[str]) -> None:
+    async def know(self, names: Iterable[str | None]) -> None:
         """Make sure the view has seen every real topic a name could be, so a real topic
         named like a virtual one is never taken for one (read at most every few seconds)."""
         unknown = [name for name in names if name and name not in self.cluster.topics and self.names.split(name)]

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
 
 from proxy.commits import shadows
-from proxy.protocol import messages
-from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.protocol.message_types import TxnOffsetCommitRequest, TxnOffsetCommitResponse
 from proxy.virtual.commits import real_topics
 from proxy.virtual.names import VirtualTopic
 from proxy.virtual.rewrite import Resolver
@@ -46,17 +44,19 @@ class TxnPlan:
     group: str
     topics: list[tuple[str, VirtualTopic | None, list[int]]] = field(default_factory=list)  # as asked
     edits: dict[RealKey, dict[int, dict[int, int]]] = field(default_factory=dict)  # real -> K -> share -> X
-    sent: dict[tuple[RealKey, int, int], Any] = field(default_factory=dict)  # (real, K, share) -> partition as sent
+    # (real, K, share) -> partition as sent
+    sent: dict[tuple[RealKey, int, int], TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition] = field(
+        default_factory=dict)
     refused: dict[RealKey, int] = field(default_factory=dict)  # answered without the broker
     shadows: dict[Slot, str] = field(default_factory=dict)  # (K, share) -> shadow group
-    answers: dict[Slot, Any] = field(default_factory=dict)  # (K, share) -> the shadow commit's response
+    answers: dict[Slot, TxnOffsetCommitResponse] = field(default_factory=dict)  # (K, share) -> the shadow's answer
 
     def slots(self) -> list[Slot]:
         return sorted({(shares, share) for by_k in self.edits.values() for shares, marks in by_k.items()
                        for share in marks})
 
 
-def commit_plan(body: Any, resolver: Resolver) -> TxnPlan | None:
+def commit_plan(body: TxnOffsetCommitRequest, resolver: Resolver) -> TxnPlan | None:
     """None when the request names no virtual partition. A real partition named both plainly
     and through a virtual topic is refused (INVALID_REQUEST), as OffsetCommit does."""
     plan = TxnPlan(body.group_id)
@@ -83,15 +83,16 @@ def commit_plan(body: Any, resolver: Resolver) -> TxnPlan | None:
 Sequences = tuple[int, dict[Slot, int]]  # a key's reset epoch, and (K, share) -> its watermark's sequence
 
 
-def shadow_requests(body: Any, plan: TxnPlan, sequences: dict[RealKey, Sequences], refused: dict[RealKey, int],
-                    metadata_limit: int = shadows.DEFAULT_METADATA_MAX) -> list[tuple[Slot, Any]]:
+def shadow_requests(body: TxnOffsetCommitRequest, plan: TxnPlan, sequences: dict[RealKey, Sequences],
+                    refused: dict[RealKey, int], metadata_limit: int = shadows.DEFAULT_METADATA_MAX
+                    ) -> list[tuple[Slot, TxnOffsetCommitRequest]]:
     """One TxnOffsetCommit body per (K, share) of the plan (``plan.shadows`` names their
     groups): the client's transaction, no member, the real partitions at the client's
     offsets with the share's epoch and sequence in ``sequences`` (the key's state with the
     request's watermarks applied). A key whose metadata would be too long is added to
     ``refused`` (OFFSET_METADATA_TOO_LARGE), as the broker would have answered."""
-    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
-    by_slot: dict[Slot, dict[str, list]] = {}
+    cls = TxnOffsetCommitRequest
+    by_slot: dict[Slot, dict[str, list[TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition]]] = {}
     for key, by_k in plan.edits.items():
         if key in refused or key not in sequences:
             continue
@@ -128,27 +129,27 @@ def shadow_requests(body: Any, plan: TxnPlan, sequences: dict[RealKey, Sequences
     return out
 
 
-def carrier_request(body: Any, plan: TxnPlan, offsets: dict[RealKey, tuple[int, str]],
+def carrier_request(body: TxnOffsetCommitRequest, plan: TxnPlan, offsets: dict[RealKey, tuple[int, str]],
                     refused: dict[RealKey, int]) -> bool:
     """Rewrite ``body`` into the carrier: every real partition with watermarks at
     ``offsets[key]`` (S_c and the watermarks as metadata), the client's real partitions as
     sent, ``refused`` ones left out. Returns whether anything is left to send."""
-    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "request")
+    cls = TxnOffsetCommitRequest
     virtual = {vt.name for _, vt, _ in plan.topics if vt is not None}
     body.topics = real_topics(body.topics, virtual, {key: value for key, value in offsets.items() if key in plan.edits},
                               refused, cls.TxnOffsetCommitRequestTopic, cls.TxnOffsetCommitRequestPartition)
     return bool(body.topics)
 
 
-def _errors(response: Any) -> dict[RealKey, int]:
+def _errors(response: TxnOffsetCommitResponse) -> dict[RealKey, int]:
     return {(t.name, p.partition_index): p.error_code for t in response.topics or () for p in t.partitions}
 
 
-def commit_response(body: Any, plan: TxnPlan, refused: dict[RealKey, int]) -> dict[RealKey, int]:
+def commit_response(body: TxnOffsetCommitResponse, plan: TxnPlan, refused: dict[RealKey, int]) -> dict[RealKey, int]:
     """Answer every partition asked: ``refused`` first, then the carrier's error for the
     real partition, then (virtual partitions) the shadow's. Returns the error each real
     partition with watermarks got (NONE: its shadows and carrier are in the transaction)."""
-    cls = messages.body_class(ApiKey.TXN_OFFSET_COMMIT, "response")
+    cls = TxnOffsetCommitResponse
     carrier = _errors(body)
     shadow = {slot: _errors(answer) for slot, answer in plan.answers.items()}
 
