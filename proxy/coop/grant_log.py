@@ -40,10 +40,10 @@ from proxy.coop.grants import (
 )
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.pipeline.background import Background
-from proxy.protocol import messages
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.groups import group_partition
+from proxy.protocol.message_types import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from proxy.protocol.messages import ApiKey
 from proxy.records.batch import RecordBatch, iter_batches
 
@@ -193,15 +193,15 @@ class GrantLog:
     async def _fetch(self, address, index: int, offset: int, wait_ms: int):
         """One Fetch from ``offset``: (records [(offset, log-append ms, key, value)], the
         position after the last batch or None, the log start when ``offset`` is below it)."""
-        fetch_class = messages.body_class(ApiKey.FETCH, "request")
-        body = messages.new_body(
-            ApiKey.FETCH, FETCH_VERSION, "request", max_wait_ms=wait_ms, min_bytes=1, max_bytes=_FETCH_BYTES,
+        fetch_class = FetchRequest
+        body = fetch_class(
+            max_wait_ms=wait_ms, min_bytes=1, max_bytes=_FETCH_BYTES,
             isolation_level=0, session_id=0, session_epoch=-1,
             topics=[fetch_class.FetchTopic(topic=GRANTS_TOPIC, partitions=[
                 fetch_class.FetchPartition(partition=index, fetch_offset=offset, partition_max_bytes=_FETCH_BYTES)])],
         )
-        response = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body,
-                                              timeout=self.timeout + wait_ms / 1000)
+        response: FetchResponse = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body,
+                                                             timeout=self.timeout + wait_ms / 1000)
         data = response.responses[0].partitions[0]
         if data.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             if data.log_start_offset <= offset:
@@ -221,14 +221,14 @@ class GrantLog:
         return records, after, None
 
     async def _end_offset(self, address, index: int) -> int:
-        cls = messages.body_class(ApiKey.LIST_OFFSETS, "request")
-        body = messages.new_body(
-            ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, "request", replica_id=-1, isolation_level=0,
+        cls = ListOffsetsRequest
+        body = cls(
+            replica_id=-1, isolation_level=0,
             topics=[cls.ListOffsetsTopic(name=GRANTS_TOPIC, partitions=[
                 cls.ListOffsetsPartition(partition_index=index, timestamp=-1)])],
         )
-        response = await self.cluster.request(address, ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, body,
-                                              timeout=self.timeout)
+        response: ListOffsetsResponse = await self.cluster.request(address, ApiKey.LIST_OFFSETS,
+                                                                   LIST_OFFSETS_VERSION, body, timeout=self.timeout)
         entry = response.topics[0].partitions[0]
         if entry.error_code != ErrorCode.NONE:
             raise CommitLogError(f"ListOffsets {GRANTS_TOPIC}-{index} error {ErrorCode.name_of(entry.error_code)}")
