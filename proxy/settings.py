@@ -203,10 +203,3 @@ def make(cls: type[S], values: Mapping[str, Any], topics: Mapping[str, PerTopic[
     kwargs.update(topics or {})
     return cls(**kwargs).checked()
 
-
-def value_of(settings: Settings, name: str) -> Any:
-    """The value of the setting ``name`` (or a former name of it) held by ``settings``."""
-    for spec in settings_of(type(settings)):
-        if name == spec.name or name in spec.aliases:
-            return getattr(settings, spec.attribute)
-    raise KeyError(name)

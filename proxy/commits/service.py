@@ -18,11 +18,11 @@ partition serialise like two range commits).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
-
 from proxy.commits.cluster import Cluster
 from proxy.commits.log import CommitLog
+from proxy.commits.metrics import CommitLogMetrics
 from proxy.commits.reads import CommittedReads
+from proxy.commits.settings import CommitLogSettings
 from proxy.commits.transactions import TransactionalCommits
 from proxy.commits.writes import CommitWrites
 from proxy.net.pool import BrokerPool
@@ -31,20 +31,14 @@ from proxy.pipeline.background import Background
 
 
 class CommitService:
-    def __init__(self, config, cluster: ClusterView, metrics, *, pool: BrokerPool,
-                 background: Background | None = None) -> None:
-        registry = metrics.registry
-        write_latency = Histogram("kafka_proxy_individual_commit_log_write_seconds",
-                                  "Time to write states to __individual_commit_offsets (acks=all).",
-                                  buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
-                                  registry=registry)
-        rebuilds = Counter("kafka_proxy_individual_commit_state_rebuilds",
-                           "Log partitions read from the start to rebuild state.", registry=registry)
+    def __init__(self, settings: CommitLogSettings, cluster: ClusterView, metrics: CommitLogMetrics | None = None,
+                 *, pool: BrokerPool, background: Background | None = None) -> None:
+        metrics = metrics or CommitLogMetrics()
         self.log = CommitLog(
             Cluster(pool, cluster),
-            segment_bytes=config.get("individual.commit.log.segment.bytes"),
-            on_rebuild=rebuilds.inc,
-            on_write=write_latency.observe,
+            segment_bytes=settings.segment_bytes,
+            on_rebuild=metrics.state_rebuilds.inc,
+            on_write=metrics.write_seconds.observe,
         )
         self.reads = CommittedReads(self.log, cluster)
         self.writes = CommitWrites(self.log, metrics)

@@ -24,11 +24,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
-from prometheus_client import Counter
 
 from proxy.commits import watermarks
 from proxy.commits.cluster import CommitLogError
 from proxy.commits.log import CommitLog
+from proxy.commits.metrics import CommitLogMetrics
 from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
 from proxy.commits.state import CommitState, MarkEdit
 from proxy.pipeline import ConnectionContext
@@ -135,12 +135,10 @@ class SharePlan:
 
 
 class CommitWrites:
-    def __init__(self, log: CommitLog, metrics) -> None:
+    def __init__(self, log: CommitLog, metrics: CommitLogMetrics | None = None) -> None:
         self.log = log
         self.locks = KeyLocks()
-        self._foreign = Counter("kafka_proxy_individual_commit_foreign_writes",
-                                "Committed partitions whose state another instance wrote since this one read it.",
-                                registry=metrics.registry)
+        self._foreign = (metrics or CommitLogMetrics()).foreign_writes
         # group -> when a deletion of it (or of offsets of it) through this instance began:
         # a follow-up that started before must not write its state back afterwards
         self._deleted_at: OrderedDict[str, float] = OrderedDict()

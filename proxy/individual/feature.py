@@ -33,7 +33,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import trio
-from prometheus_client import Counter, Gauge
 
 from proxy.commits.cluster import CommitLogError
 from proxy.commits.range_commit import RangeCommit
@@ -44,6 +43,8 @@ from proxy.commits.wire import CommitRequest, forward_frame, parse_request, pars
 from proxy.commits.writes import Planned
 from proxy.individual import txn
 from proxy.individual.answers import FetchedTopic, add_refused, merge_fetched
+from proxy.individual.metrics import IndividualCommitMetrics
+from proxy.individual.settings import IndividualCommitSettings
 from proxy.pipeline import ClusterView, ConnectionContext, Feature, Request, RequestStage, Route
 from proxy.pipeline.background import Background
 from proxy.pipeline.route import DecodedResponse, OwnRequest, own_correlation_id
@@ -111,24 +112,20 @@ async def _prepare(commit: RangeCommit, ready: trio.Event) -> None:
 class IndividualCommitFeature(Feature):
     name = "individual-commit"
 
-    def __init__(self, config, cluster: ClusterView, metrics, *, commits: CommitService) -> None:
+    def __init__(self, settings: IndividualCommitSettings, cluster: ClusterView,
+                 metrics: IndividualCommitMetrics | None = None, *, commits: CommitService,
+                 virtual_topics: bool = False) -> None:
         self.cluster = cluster
-        self.enabled = config.get("accept.individual.commit")
+        self.enabled = settings.enabled
         # Plain commits reset the state of a partition (its ranges, and the share
         # watermarks virtual topics keep there) whenever either feature may have written it.
-        self.resets = self.enabled or bool(config.get("virtual.topics.enabled"))
-        self.max_ranges = config.get("max.individual.commit.ranges")
-        self.max_held = config.get("max.individual.commit.ranges.held")
+        self.resets = self.enabled or virtual_topics
+        self.max_ranges = settings.max_ranges
+        self.max_held = settings.max_ranges_held
         self._held_log_at = -_HELD_LOG_INTERVAL
         self._held_unlogged = 0
-        registry = metrics.registry
-        self._commits = Counter("kafka_proxy_individual_commit_range_commits",
-                                "Partitions committed with offset ranges and acknowledged.", registry=registry)
-        self._refused = Counter("kafka_proxy_individual_commit_refused",
-                                "Partitions of range commits refused, by reason.", ["reason"], registry=registry)
-        self._held = Gauge("kafka_proxy_individual_commit_ranges_held",
-                           "Ranges above the stable offset held in the state this instance has read.",
-                           registry=registry)
+        metrics = metrics or IndividualCommitMetrics()
+        self._commits, self._refused, self._held = metrics.range_commits, metrics.refused, metrics.ranges_held
         self.reads, self.writes, self.transactions = commits.reads, commits.writes, commits.transactions
         self.log = commits.log
 

@@ -36,6 +36,7 @@ import trio
 from prometheus_client import Gauge
 
 from proxy.commits.cluster import Cluster
+from proxy.commits.metrics import CommitLogMetrics
 from proxy.commits.service import CommitService
 from proxy.coop.feature import CooperativeFetchFeature
 from proxy.coop.grant_log import GrantLog
@@ -43,6 +44,7 @@ from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.features.addresses import AddressRewrite
 from proxy.features.cluster_feed import ClusterFeed
 from proxy.individual.feature import IndividualCommitFeature
+from proxy.individual.metrics import IndividualCommitMetrics
 from proxy.keyrange.engine import SharedReads
 from proxy.keyrange.feature import KeyRangeFetchFeature
 from proxy.keyrange.metrics import KeyRangeMetrics
@@ -68,6 +70,7 @@ from proxy.server.memory import HeapTrimmer
 from proxy.server.metrics import ProxyMetrics, serve_metrics
 from proxy.virtual.commit_feature import VirtualCommitFeature
 from proxy.virtual.fetch_feature import VirtualFetchFeature
+from proxy.virtual.metrics import VirtualTopicsMetrics
 from proxy.virtual.naming_feature import VirtualNamingFeature
 from proxy.virtual.refusal_feature import VirtualRefusalFeature
 from proxy.virtual.resolver import VirtualResolver
@@ -148,14 +151,17 @@ class ProxyServer:
         registry = metrics.registry
         features: list[Feature] = [ClusterFeed(self.cluster)]  # before addresses: it needs the real ones
         keyrange = KeyRangeFetchFeature(config.keyrange, self.cluster, KeyRangeMetrics(registry))
-        commits = CommitService(config, self.cluster, metrics, pool=self.pool,  # the commit layer they stand on
+        commits = CommitService(config.commit_log, self.cluster, CommitLogMetrics(registry), pool=self.pool,  # the commit layer they stand on
                                 background=self.background)
         if config.virtual.enabled:  # virtual names become real before any other feature sees them
-            virtual = VirtualResolver(config, self.cluster)  # which names are virtual, for the four below
+            # which names are virtual, for the four below; a topic without key-range fetches has none
+            virtual = VirtualResolver(config.virtual, self.cluster,
+                                      lambda topic: config.keyrange.topics.of(topic).fetch_enabled)
+            virtual_metrics = VirtualTopicsMetrics(registry)
             features.append(VirtualNamingFeature(virtual))  # Metadata and the requests naming topics
-            features.append(VirtualRefusalFeature(virtual, metrics))  # writes, KIP-848 groups
-            features.append(VirtualFetchFeature(virtual, metrics, SharedReads(keyrange.engine)))
-            features.append(VirtualCommitFeature(virtual, metrics, commits))  # share watermarks
+            features.append(VirtualRefusalFeature(virtual, virtual_metrics))  # writes, KIP-848 groups
+            features.append(VirtualFetchFeature(virtual, virtual_metrics, SharedReads(keyrange.engine)))
+            features.append(VirtualCommitFeature(virtual, virtual_metrics, commits))  # share watermarks
         if config.coop.enabled:  # Fetch partitions tagged Cooperative: before key ranges
             # who holds which chunk is the log's: replicated across proxy instances
             grants = GrantLog(Cluster(self.pool, self.cluster), self.background, lease_ms=config.coop.lease_ms)
@@ -164,7 +170,8 @@ class ProxyServer:
         features.append(keyrange)  # extended Fetches
         if config.prediction.enabled:  # plain Fetches the key-range one passed on
             features.append(FetchPredictionFeature(config.prediction, FetchPredictionMetrics(registry)))
-        features.append(IndividualCommitFeature(config, self.cluster, metrics, commits=commits))
+        features.append(IndividualCommitFeature(config.individual, self.cluster, IndividualCommitMetrics(registry),
+                                                commits=commits, virtual_topics=config.virtual.enabled))
         features.append(AddressRewrite(self.book))  # last: every other feature's responses pass it too
         return features
 

@@ -18,33 +18,25 @@ both names, the later one wins, as an override wins over the file.
 from __future__ import annotations
 
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from proxy.commits.settings import CommitLogSettings
 from proxy.coop.settings import CooperativeFetchSettings
+from proxy.individual.settings import IndividualCommitSettings
 from proxy.keyrange.settings import KeyRangeSettings
 from proxy.prediction.settings import FetchPredictionSettings
 from proxy.server.settings import (
     ClusterSettings,
     ConnectionLimits,
-    IndividualCommitSettings,
     NativeRelaySettings,
     OperationsSettings,
     TlsSettings,
-    VirtualTopicsSettings,
 )
-from proxy.settings import (
-    ConfigError,
-    PerTopic,
-    Setting,
-    Settings,
-    make,
-    settings_of,
-    topic_groups_of,
-    value_of,
-)
+from proxy.settings import ConfigError, PerTopic, Setting, Settings, make, settings_of, topic_groups_of
+from proxy.virtual.settings import VirtualTopicsSettings
 
 _TITLE = "keyrange.section"
 
@@ -63,7 +55,8 @@ class ProxyConfig:
     native_relay: NativeRelaySettings = _section("Native relay (docs/proxy.md#the-native-relay)")
     operations: OperationsSettings = _section("Metrics, logs, memory and shutdown")
     keyrange: KeyRangeSettings = _section("Key-range fetch (docs/proxy.md#key-range-fetch)")
-    commits: IndividualCommitSettings = _section("Individual commit (docs/individual-commit.md)")
+    individual: IndividualCommitSettings = _section("Individual commit (docs/individual-commit.md)")
+    commit_log: CommitLogSettings = _section("The commit log, __individual_commit_offsets (docs/individual-commit.md)")
     coop: CooperativeFetchSettings = _section("Cooperative fetch (docs/cooperative-fetch.md)")
     prediction: FetchPredictionSettings = _section("Fetch prediction (docs/fetch-prediction.md)")
     virtual: VirtualTopicsSettings = _section("Virtual topics (docs/virtual-topics.md)")
@@ -73,27 +66,6 @@ class ProxyConfig:
     @property
     def advertised_host(self) -> str:
         return self.cluster.advertised_host
-
-    # -- a thin adapter for the features that still read settings by name -------------------
-    def get(self, key: str) -> Any:
-        """The value of the setting ``key`` (or a former name of it)."""
-        for _, _, settings in _sections_of(self):
-            try:
-                return value_of(settings, key)
-            except KeyError:
-                continue
-        raise KeyError(key)
-
-    def topic_setting(self, topic: str, key: str) -> Any:
-        """The value of the per-topic setting ``key`` (or a former name of it) for ``topic``."""
-        for _, _, settings in _sections_of(self):
-            for attribute, _ in topic_groups_of(type(settings)):
-                table: PerTopic[Any] = getattr(settings, attribute)
-                try:
-                    return value_of(table.of(topic), key)
-                except KeyError:
-                    continue
-        raise KeyError(key)
 
 
 @dataclass(frozen=True)
@@ -109,11 +81,6 @@ def _declared_sections() -> tuple[_Section, ...]:
 
 
 SECTIONS = _declared_sections()
-
-
-def _sections_of(config: ProxyConfig) -> Iterator[tuple[str, str, Settings]]:
-    for section in SECTIONS:
-        yield section.attribute, section.title, getattr(config, section.attribute)
 
 
 # -- every key the proxy reads ---------------------------------------------------------------------

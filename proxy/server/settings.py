@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from proxy.commits.state import MAX_SHARES
 from proxy.settings import (
     ConfigError,
     Settings,
@@ -17,11 +16,9 @@ from proxy.settings import (
     choice,
     flag,
     integer,
-    not_empty,
     port,
     setting,
     text,
-    within,
 )
 
 
@@ -182,55 +179,4 @@ class OperationsSettings(Settings):
                                              at_least(0))
 
 
-# Individual commit and virtual topics: declared here until their packages take them.
-@dataclass(frozen=True)
-class IndividualCommitSettings(Settings):
-    enabled: bool = flag("individual.commit.enabled", True, "Accept OffsetCommit requests carrying offset ranges.",
-                         aliases=("accept.individual.commit",))
-    log_segment_bytes: int = integer("individual.commit.log.segment.bytes", 10485760,
-                                     "segment.bytes of __individual_commit_offsets.", at_least(14))
-    # 1000: a consumer commits what one poll processed, at most max.poll.records (500 by
-    # default) records, i.e. at most 500 disjoint ranges; 1000 leaves twice that while
-    # capping one partition's ranges at 16 KB and its merge at O(1000) per request.
-    max_ranges: int = integer("max.individual.commit.ranges", 1000,
-                              "Most offset ranges one partition of one OffsetCommit may carry.", at_least(1))
-    # 10000: the state of one (group, topic, partition) holds a range per gap a lagging
-    # share leaves above S; real groups hold tens to hundreds (the soak's most: 166), and
-    # 10000 means one share some 20 polls of max.poll.records (500) behind the others. One
-    # range costs 17 bytes in memory (the packed form), 2 to 18 in the log value (varint
-    # deltas: about 2 when offsets are near each other), which every commit of the
-    # partition rewrites whole: at most 170 KB in memory and 180 KB in the record, well
-    # within the broker's message.max.bytes (1 MB) even with several keys in one batch.
-    max_ranges_held: int = integer(
-        "max.individual.commit.ranges.held", 10000,
-        "Most disjoint offset ranges above the stable offset the state of one (group, topic, partition) may hold "
-        "after a commit. A range commit (OffsetCommit or TxnOffsetCommit) that would leave more, and more than the "
-        "state holds now, is refused for that partition with INVALID_COMMIT_OFFSET_SIZE (28) and changes nothing; "
-        "commits that close gaps always pass. One range costs 17 bytes of memory and 2-18 bytes of the log record "
-        "every commit rewrites: 10000 is at most 170 KB and 180 KB.", at_least(1))
-
-
-@dataclass(frozen=True)
-class VirtualTopicsSettings(Settings):
-    enabled: bool = flag("virtual.topics.enabled", False,
-                         "Serve virtual range topics <topic><suffix><K> to standard clients (off by default: it reads "
-                         "every Metadata, Fetch and OffsetCommit on its way, which costs the other features).")
-    suffix: str = text("virtual.topic.suffix", ".kr", "What separates a topic from its share count K.", not_empty)
-    coop_suffix: str = text("virtual.coop.suffix", ".coop",
-                            "What separates a topic from its stripe count K in a striped virtual topic "
-                            "(<topic>.coop<K>: stripes of whole batches, no per-key order; docs/cooperative-fetch.md).",
-                            not_empty)
-    # Why the ceiling is fixed, and 64: proxy.commits.state.MAX_SHARES.
-    max_shares: int = integer("virtual.topic.max.shares", 64,
-                              f"Largest K of a virtual range topic, at most {MAX_SHARES} (the watermarks of every "
-                              "share of a partition must fit the coordinator's offset metadata).",
-                              within(2, MAX_SHARES))
-
-    def checked(self) -> Self:
-        if self.coop_suffix == self.suffix:
-            raise ConfigError(f"virtual.coop.suffix: must differ from virtual.topic.suffix (both {self.suffix!r})")
-        return self
-
-
-__all__ = ["ClusterSettings", "ConnectionLimits", "IndividualCommitSettings", "NativeRelaySettings",
-           "OperationsSettings", "TlsSettings", "VirtualTopicsSettings"]
+__all__ = ["ClusterSettings", "ConnectionLimits", "NativeRelaySettings", "OperationsSettings", "TlsSettings"]

@@ -12,8 +12,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prometheus_client import Counter
-
 from proxy.commits import shadows
 from proxy.commits.service import CommitService
 from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, Request, RequestStage, ResponseStage, Route
@@ -33,6 +31,7 @@ from proxy.protocol.message_types import (
 )
 from proxy.protocol.message_versions import OFFSET_FETCH_FIRST_GROUPS
 from proxy.virtual import commits, txn
+from proxy.virtual.metrics import VirtualTopicsMetrics
 from proxy.virtual.resolver import VirtualResolver
 
 log = logging.getLogger("proxy.virtual")
@@ -43,19 +42,14 @@ NEWEST_COMMIT_BY_NAME = 9  # OffsetCommit / OffsetFetch v10 name topics by id on
 class VirtualCommitFeature(Feature):
     name = "virtual-commits"
 
-    def __init__(self, resolver: VirtualResolver, metrics, commits: CommitService) -> None:
+    def __init__(self, resolver: VirtualResolver, metrics: VirtualTopicsMetrics | None, commits: CommitService) -> None:
         self.resolver = resolver
         self.reads, self.writes, self.transactions = commits.reads, commits.writes, commits.transactions
         # G deleted through the proxy deletes its share shadows (and offsets of G, theirs):
         # a group created again under the name must not read its predecessor's watermarks.
         self.writes.on_deleted(self.transactions.delete_share_shadows)
-        registry = metrics.registry
-        self._commits = Counter("kafka_proxy_virtual_commits", "Virtual partitions committed.", ["topic"],
-                                registry=registry)
-        self._txn_commits = Counter("kafka_proxy_virtual_txn_commits", "Virtual partitions committed inside "
-                                    "transactions.", ["topic"], registry=registry)
-        self._settles = Counter("kafka_proxy_virtual_txn_settles", "Committed transactions whose share watermarks "
-                                "were folded into the log and S moved.", registry=registry)
+        metrics = metrics or VirtualTopicsMetrics()
+        self._commits, self._txn_commits, self._settles = metrics.commits, metrics.txn_commits, metrics.txn_settles
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         guarded = self.resolver.guarded

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import trio
-from prometheus_client import Counter
 
 from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
 from proxy.pipeline.context import StateKey
@@ -24,6 +23,7 @@ from proxy.protocol.message_types import FetchRequest, FetchResponse, RequestHea
 from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID
 from proxy.records.stripes import Stripe
 from proxy.virtual import fetch
+from proxy.virtual.metrics import VirtualTopicsMetrics
 from proxy.virtual.names import VirtualTopic
 from proxy.virtual.precheck import fetch_topic_ids
 from proxy.virtual.resolver import VirtualResolver
@@ -66,7 +66,7 @@ STATE = StateKey("virtual-fetch", _Connection)
 class VirtualFetchFeature(Feature):
     name = "virtual-fetch"
 
-    def __init__(self, resolver: VirtualResolver, metrics, shared: SharedReads) -> None:
+    def __init__(self, resolver: VirtualResolver, metrics: VirtualTopicsMetrics | None, shared: SharedReads) -> None:
         self.resolver = resolver
         self.cluster = resolver.cluster
         self.shared = shared
@@ -76,17 +76,9 @@ class VirtualFetchFeature(Feature):
         # serves a share only at the level of its read).
         self._inflight: dict[tuple[str, int, int, int], trio.Event] = {}
         self._recent = fetch.RecentReads()
-        registry = metrics.registry
-        self._records = Counter("kafka_proxy_virtual_records", "Records served to virtual partitions.",
-                                ["topic"], registry=registry)
-        self._reads = Counter("kafka_proxy_virtual_broker_reads", "Real partitions read from brokers for virtual "
-                              "partitions.", ["topic"], registry=registry)
-        self._bytes = Counter("kafka_proxy_virtual_broker_bytes", "Record bytes read from brokers for virtual "
-                              "partitions.", ["topic"], registry=registry)
-        self._hits = Counter("kafka_proxy_virtual_cache_hits", "Virtual partitions answered from the result cache.",
-                             ["topic"], registry=registry)
-        self._skips = Counter("kafka_proxy_virtual_control_batches", "Control batches that moved a virtual "
-                              "partition's position past records of other shares.", ["topic"], registry=registry)
+        metrics = metrics or VirtualTopicsMetrics()
+        self._records, self._reads, self._bytes = metrics.records, metrics.broker_reads, metrics.broker_bytes
+        self._hits, self._skips = metrics.cache_hits, metrics.control_batches
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         # Unguarded: a connection's own sessions decide (see on_fetch).

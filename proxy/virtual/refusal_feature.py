@@ -8,13 +8,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from prometheus_client import Counter
-
 from proxy.pipeline import ConnectionContext, Feature, Request, RequestStage, Route
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.message_types import ConsumerGroupHeartbeatRequest
 from proxy.virtual import refusals
+from proxy.virtual.metrics import VirtualTopicsMetrics
 from proxy.virtual.resolver import VirtualResolver
 
 log = logging.getLogger("proxy.virtual")
@@ -25,11 +24,10 @@ _REGEX_VERDICTS = 256  # heartbeat regular expressions whose verdict is remember
 class VirtualRefusalFeature(Feature):
     name = "virtual-refusals"
 
-    def __init__(self, resolver: VirtualResolver, metrics) -> None:
+    def __init__(self, resolver: VirtualResolver, metrics: VirtualTopicsMetrics | None = None) -> None:
         self.resolver = resolver
         self._regex_verdicts: dict[tuple[str | None, tuple[str, ...], int], str | None] = {}
-        self._refused = Counter("kafka_proxy_virtual_refused", "Requests refused for naming a virtual topic.",
-                                ["api"], registry=metrics.registry)
+        self._refused = (metrics or VirtualTopicsMetrics()).refused
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         # A request whose bytes cannot name a virtual topic goes on undecoded; a heartbeat's

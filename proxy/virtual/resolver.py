@@ -20,6 +20,7 @@ import trio
 from proxy.pipeline import ClusterView, ConnectionContext, Request, RequestStage, Route
 from proxy.virtual.names import VirtualNames, VirtualTopic
 from proxy.virtual.precheck import Precheck
+from proxy.virtual.settings import VirtualTopicsSettings
 
 log = logging.getLogger("proxy.virtual")
 
@@ -28,11 +29,13 @@ _LOAD_TIMEOUT = 10.0
 
 
 class VirtualResolver:
-    def __init__(self, config, cluster: ClusterView) -> None:
+    def __init__(self, settings: VirtualTopicsSettings, cluster: ClusterView,
+                 range_fetch_enabled: Callable[[str], bool] = lambda topic: True) -> None:
+        """``range_fetch_enabled``: whether a real topic serves key-range fetches
+        (``key.range.fetch.enabled``); one that does not has no virtual topics."""
         self.cluster = cluster
-        self.config = config
-        self.names = VirtualNames(config.get("virtual.topic.suffix"), config.get("virtual.topic.max.shares"),
-                                  config.get("virtual.coop.suffix"))
+        self.range_fetch_enabled = range_fetch_enabled
+        self.names = VirtualNames(settings.suffix, settings.max_shares, settings.coop_suffix)
         self.precheck = Precheck(self.names.suffixes)  # which requests are decoded at all
         self._ids: dict[uuid.UUID, VirtualTopic] = {}
         self._ids_for: set[uuid.UUID] = set()
@@ -44,7 +47,7 @@ class VirtualResolver:
         if not name or name in self.cluster.topics:
             return None  # a real topic of that name always wins
         vt = self.names.parse(name)
-        if vt is None or not self.config.topic_setting(vt.real, "accept.range.fetch"):
+        if vt is None or not self.range_fetch_enabled(vt.real):
             return None
         return vt
 
@@ -56,8 +59,9 @@ class VirtualResolver:
         if reason is not None:
             return reason
         vt = self.names.parse(name)
-        if vt is not None and not self.config.topic_setting(vt.real, "accept.range.fetch"):
-            return f"virtual topic {name}: topic {vt.real} does not accept range fetches (accept.range.fetch=false)"
+        if vt is not None and not self.range_fetch_enabled(vt.real):
+            return (f"virtual topic {name}: topic {vt.real} does not accept range fetches "
+                    "(key.range.fetch.enabled=false)")
         return None
 
     def by_id(self, topic_id: uuid.UUID) -> VirtualTopic | None:

@@ -3,13 +3,11 @@ for the commits under way (CommitWrites.deleting)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import trio
 import trio.testing
-from prometheus_client import CollectorRegistry
 
 from proxy.commits.service import CommitService
+from proxy.commits.settings import CommitLogSettings
 from proxy.commits.writes import KeyLocks as _KeyLocks
 
 
@@ -97,8 +95,7 @@ async def test_a_deletion_waits_for_a_follow_up_that_checked_before_it_began():
     writes the key's first log record (slow: the log topic may be being created). A
     deletion of the group beginning meanwhile must not read the log for what to tombstone
     before that write is done; a follow-up beginning after it writes nothing."""
-    writes = CommitService({"individual.commit.log.segment.bytes": 1 << 20}, None,
-                           SimpleNamespace(registry=CollectorRegistry()), pool=None).writes
+    writes = CommitService(CommitLogSettings(segment_bytes=1 << 20), None, pool=None).writes
     since = trio.current_time()
     key = ("g", "t", 0)
     await writes.locks.acquire([key])  # the settle's plan

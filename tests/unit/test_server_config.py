@@ -8,9 +8,9 @@ from proxy.server.config import ConfigError, build_config, load_config, parse_pr
 def test_defaults_follow_the_design_contract():
     config = build_config({"bootstrap.servers": "127.0.0.1:9092"})
     assert config.keyrange.cache_bytes == 209715200
-    assert config.commits.enabled is True
-    assert config.commits.log_segment_bytes == 10485760
-    assert config.commits.max_ranges_held == 10000
+    assert config.individual.enabled is True
+    assert config.commit_log.segment_bytes == 10485760
+    assert config.individual.max_ranges_held == 10000
     assert config.limits.max_frame_bytes == 100 * 1024 * 1024
     assert config.keyrange.topics.of("orders").fetch_enabled is True
     assert config.keyrange.topics.of("orders").cache_records is False
@@ -136,7 +136,7 @@ def test_sidecar_addresses_parse():
 
 # -- renamed settings --------------------------------------------------------------------------
 RENAMED = {
-    "accept.individual.commit": ("individual.commit.enabled", lambda c: c.commits.enabled),
+    "accept.individual.commit": ("individual.commit.enabled", lambda c: c.individual.enabled),
     "key.range.readahead.enabled": ("key.range.prefetch.enabled", lambda c: c.keyrange.prefetch_enabled),
     "fetch.readahead.enabled": ("fetch.prediction.enabled", lambda c: c.prediction.enabled),
     "accept.range.fetch": ("key.range.fetch.enabled", lambda c: c.keyrange.topics.default.fetch_enabled),
@@ -167,12 +167,12 @@ def test_renamed_limits_and_per_topic_settings_keep_working():
 
 def test_with_both_names_the_later_entry_wins_and_an_override_comes_last(tmp_path):
     assert build_config({"bootstrap.servers": "h:1", "accept.individual.commit": "false",
-                         "individual.commit.enabled": "true"}).commits.enabled is True
+                         "individual.commit.enabled": "true"}).individual.enabled is True
     assert build_config({"bootstrap.servers": "h:1", "individual.commit.enabled": "true",
-                         "accept.individual.commit": "false"}).commits.enabled is False
+                         "accept.individual.commit": "false"}).individual.enabled is False
     path = tmp_path / "proxy.properties"
     path.write_text("bootstrap.servers=h:1\nindividual.commit.enabled=false\naccept.individual.commit=false\n")
-    assert load_config(str(path), ["individual.commit.enabled=true"]).commits.enabled is True
+    assert load_config(str(path), ["individual.commit.enabled=true"]).individual.enabled is True
 
 
 def test_the_server_warns_once_at_start_naming_the_new_key(caplog):

@@ -27,7 +27,6 @@ from proxy.records.batch import RecordBatch, iter_batches
 from proxy.records.keyhash import key_hash
 from proxy.records.transactions import TransactionFilter, Verdict
 from proxy.server.config import build_config
-from proxy.server.metrics import ProxyMetrics
 from proxy.virtual.fetch_feature import VirtualFetchFeature
 from proxy.virtual.names import share_ranges
 from proxy.virtual.resolver import VirtualResolver
@@ -93,7 +92,7 @@ class World:
             meta.MetadataResponseTopic(error_code=0, name="t", partitions=[
                 meta.MetadataResponsePartition(error_code=0, partition_index=0, leader_id=0)])]))
         engine = KeyRangeEngine(cache_bytes=1 << 30, topic_settings=config.keyrange.topics.of, topic_name=lambda key: None)
-        self.feature = VirtualFetchFeature(VirtualResolver(config, cluster), ProxyMetrics(), SharedReads(engine))
+        self.feature = VirtualFetchFeature(VirtualResolver(config.virtual, cluster), None, SharedReads(engine))
         self.reads: list[tuple[int, int]] = []  # (fetch offset, isolation level) of every broker read
         self._connections = 0
 

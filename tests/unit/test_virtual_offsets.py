@@ -212,7 +212,7 @@ def _virtual_topics_feature() -> Feature:
     cluster.learn_metadata(messages.new_body(ApiKey.METADATA, 12, "response", brokers=[], topics=[
         cls.MetadataResponseTopic(error_code=0, name="t", partitions=[
             cls.MetadataResponsePartition(error_code=0, partition_index=0, leader_id=0)])]))
-    return VirtualNamingFeature(VirtualResolver(config, cluster))
+    return VirtualNamingFeature(VirtualResolver(config.virtual, cluster))
 
 
 @pytest.mark.parametrize("feature", [_VirtualOffsets, _virtual_topics_feature], ids=["rewrite", "feature"])

@@ -141,7 +141,7 @@ def test_precheck_sees_either_suffix():
 def test_config_refuses_one_suffix_for_both_kinds():
     with pytest.raises(ConfigError, match="virtual.coop.suffix"):
         build_config({"bootstrap.servers": "127.0.0.1:9092", "virtual.coop.suffix": ".kr"})
-    assert build_config({"bootstrap.servers": "127.0.0.1:9092"}).get("virtual.coop.suffix") == ".coop"
+    assert build_config({"bootstrap.servers": "127.0.0.1:9092"}).virtual.coop_suffix == ".coop"
 
 
 def test_offset_fetch_of_every_topic_numbers_stripes_by_their_k():
