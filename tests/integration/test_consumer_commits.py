@@ -154,7 +154,7 @@ async def test_without_the_feature_whole_partitions_commit_the_contiguous_prefix
     _produce(kafka.bootstrap_servers, topic, {0: 30})
     tp = TopicPartition(topic, 0)
     group = f"{topic}-group"
-    refusing = proxy_factory(kafka, accept_individual_commit="false")
+    refusing = proxy_factory(kafka, individual_commit_enabled="false")
     async with Consumer(refusing.bootstrap_servers, group_id=group, allow_individual_commit=True,
                         auto_offset_reset="earliest", max_poll_records=30) as consumer:
         assert not consumer.individual_commit_supported

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
+
 from harness.commit_client import CommitClient
 from harness.java_tools import describe_group
 from harness.raw_client import RawClient
@@ -105,8 +107,10 @@ def test_plain_commit_resets_state_and_invalid_range_commits_change_nothing(kafk
         assert client.fetch(topic, [0, 1]) == {0: (-1, []), 1: (-1, [])}
 
 
-def test_disabled_refuses_range_commits_and_does_not_advertise(kafka, proxy_factory, topic_factory):
-    disabled = proxy_factory(kafka, accept_individual_commit="false")
+# the setting, and its former name (still read)
+@pytest.mark.parametrize("setting", ["individual_commit_enabled", "accept_individual_commit"])
+def test_disabled_refuses_range_commits_and_does_not_advertise(kafka, proxy_factory, topic_factory, setting):
+    disabled = proxy_factory(kafka, **{setting: "false"})
     topic = topic_factory(kafka, partitions=2)
     group = _group()
     with RawClient.connect(disabled.bootstrap_servers) as raw:
