@@ -65,6 +65,7 @@ from proxy.protocol.message_types import MetadataRequest, MetadataResponse
 from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
+from proxy.server.health import Health, watch_brokers
 from proxy.server.limits import LogThrottle
 from proxy.server.memory import HeapTrimmer
 from proxy.server.metrics import ProxyMetrics, serve_metrics
@@ -142,6 +143,7 @@ class ProxyServer:
         self._listener_nursery: trio.Nursery | None = None
         self._connection_nursery: trio.Nursery | None = None
         self._shutdown = trio.Event()
+        self.health = Health()
         self.started = trio.Event()  # listening, and the first try to reach the cluster is over
         self._startup_error: StartupError | None = None
 
@@ -191,8 +193,9 @@ class ProxyServer:
             await root.start(HeapTrimmer(operations.memory_trim_interval_ms / 1000, self.metrics).run)
             if operations.metrics_port >= 0:
                 self.metrics_port = await root.start(
-                    serve_metrics, self.metrics, self.config.cluster.listen_host, operations.metrics_port
+                    serve_metrics, self.metrics, self.config.cluster.listen_host, operations.metrics_port, self.health
                 )
+                await root.start(watch_brokers, self.health, self._fronted_brokers, self.cluster.answered.is_set)
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
                 async with trio.open_nursery() as listeners:
@@ -456,7 +459,17 @@ class ProxyServer:
                 self.shutdown()
                 return
 
+    def _fronted_brokers(self) -> dict[int, tuple[str, int]]:
+        """The brokers this instance fronts (readiness): a sidecar's own, else every broker."""
+        if self.config.cluster.sidecar:
+            node = self.book.sidecar_node_id
+            address = None if node is None else self.book.real_address(node)
+            return {} if node is None or address is None else {node: address}
+        return dict(self.cluster.nodes)
+
     async def _drain(self) -> None:
+        self.health.draining = True  # not ready: a load balancer stops sending clients
+        self.health.note()
         timeout = self.config.operations.shutdown_drain_timeout_ms / 1000
         open_connections = list(self.connections)
         for connection in open_connections:

@@ -69,11 +69,14 @@ class Health:
 
 
 async def watch_brokers(health: Health, fronted: Callable[[], Mapping[int, tuple[str, int]]],
-                        interval: float = CHECK_INTERVAL, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                        known: Callable[[], bool] = lambda: True, interval: float = CHECK_INTERVAL,
+                        task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Check every ``interval`` seconds that each broker ``fronted()`` names accepts a TCP
-    connection, and keep ``health.unreachable`` current."""
+    connection, and keep ``health`` current (``known()``: whether the cluster's metadata
+    is known)."""
     task_status.started()
     while True:
+        health.cluster_known = known()
         unreachable: dict[int, str] = {}
         for node, (host, port) in sorted(fronted().items()):
             with trio.move_on_after(CHECK_TIMEOUT) as scope:

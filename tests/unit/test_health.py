@@ -39,7 +39,7 @@ async def test_probes_follow_a_broker_going_away_and_coming_back():
     broker_port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_metrics, ProxyMetrics(), "127.0.0.1", 0, health)
-        await nursery.start(watch_brokers, health, lambda: {1: ("127.0.0.1", broker_port)}, 0.05)
+        await nursery.start(watch_brokers, health, lambda: {1: ("127.0.0.1", broker_port)}, lambda: True, 0.05)
         with trio.fail_after(10):
             while not health.ready:
                 await trio.sleep(0.01)
