@@ -20,6 +20,7 @@ import trio
 
 from proxy.net.streams import Relay
 from proxy.pipeline.route import LocalAnswer, OwnRequest, ResponseSink, ResponseTransform, Route
+from proxy.server.metrics import ProxyMetrics
 
 
 @dataclass(slots=True)
@@ -109,7 +110,7 @@ class InflightLedger:
 
     __slots__ = ("client_requests", "arriving", "from_broker", "unanswered", "_all_answered", "_metrics")
 
-    def __init__(self, metrics) -> None:
+    def __init__(self, metrics: ProxyMetrics) -> None:
         self.client_requests = 0
         self.arriving = 0
         self.from_broker = 0

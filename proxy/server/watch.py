@@ -15,6 +15,7 @@ from collections.abc import Callable
 import trio
 
 from proxy.server.limits import ConnectionSetup, LogThrottle
+from proxy.server.metrics import ProxyMetrics
 
 log = logging.getLogger("proxy.connection")
 
@@ -25,7 +26,8 @@ class ConnectionWatch:
     __slots__ = ("setup", "setup_deadline", "idle_timeout", "last_activity", "_setup_closed", "_setup_log",
                  "_metrics", "_names")
 
-    def __init__(self, *, setup_deadline: float, idle_timeout: float, setup_log: LogThrottle | None, metrics,
+    def __init__(self, *, setup_deadline: float, idle_timeout: float, setup_log: LogThrottle | None,
+                 metrics: ProxyMetrics,
                  names: tuple[int, str, str]) -> None:
         self.setup = ConnectionSetup()
         self.setup_deadline = setup_deadline  # on trio's clock
