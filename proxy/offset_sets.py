@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 
-Range = tuple[int, int]
+OffsetRange = tuple[int, int]
 
 
 class OffsetSet:
@@ -19,7 +19,7 @@ class OffsetSet:
 
     __slots__ = ("_starts", "_ends")
 
-    def __init__(self, ranges: Iterable[Range] = ()) -> None:
+    def __init__(self, ranges: Iterable[OffsetRange] = ()) -> None:
         self._starts: list[int] = []
         self._ends: list[int] = []
         for start, end in ranges:
@@ -32,7 +32,7 @@ class OffsetSet:
     def __bool__(self) -> bool:
         return bool(self._starts)
 
-    def __iter__(self) -> Iterator[Range]:
+    def __iter__(self) -> Iterator[OffsetRange]:
         return zip(self._starts, self._ends)
 
     def __repr__(self) -> str:
@@ -80,7 +80,7 @@ class OffsetSet:
         starts[first:last] = new_starts
         ends[first:last] = new_ends
 
-    def remove_all(self, ranges: list[Range]) -> None:
+    def remove_all(self, ranges: list[OffsetRange]) -> None:
         """Remove every range of ``ranges`` (sorted, disjoint). When they are this set's
         lowest ranges exactly (what a commit of ``first`` sends back acknowledged), they go
         in one cut instead of a list shift per range."""
@@ -102,10 +102,10 @@ class OffsetSet:
         """The highest offset in the set (the set must not be empty)."""
         return self._ends[-1]
 
-    def first(self, count: int) -> list[Range]:
+    def first(self, count: int) -> list[OffsetRange]:
         """The lowest ``count`` ranges."""
         return list(zip(self._starts[:count], self._ends[:count]))
 
-    def pop_first(self) -> Range:
+    def pop_first(self) -> OffsetRange:
         """Remove and return the lowest range (the set must not be empty)."""
         return self._starts.pop(0), self._ends.pop(0)

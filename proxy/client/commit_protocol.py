@@ -21,14 +21,14 @@ from proxy.protocol.message_types import (
     OffsetFetchResponse,
 )
 
-Range = tuple[int, int]
-CommitEntry = int | Sequence[Range]
+OffsetRange = tuple[int, int]
+CommitEntry = int | Sequence[OffsetRange]
 NO_OFFSET = -1
 NO_EPOCH = -1
 
 
 @dataclass(frozen=True)
-class GroupMember:
+class MemberIdentity:
     """Who commits: a simple group by default."""
 
     generation: int = -1
@@ -36,12 +36,12 @@ class GroupMember:
     instance_id: str | None = None
 
 
-SIMPLE_GROUP = GroupMember()
+SIMPLE_GROUP = MemberIdentity()
 
 
 def offset_commit_request(version: int, group: str, entries: Mapping[TopicPartition, CommitEntry],
                           leader_epochs: Mapping[TopicPartition, int],
-                          member: GroupMember = SIMPLE_GROUP) -> OffsetCommitRequest:
+                          member: MemberIdentity = SIMPLE_GROUP) -> OffsetCommitRequest:
     """One OffsetCommit: an int entry commits that offset (with the partition's leader
     epoch where known), a range list commits its ranges as OffsetRanges."""
     cls = OffsetCommitRequest
@@ -103,11 +103,11 @@ def offset_fetch_request(version: int, group: str, partitions: Iterable[TopicPar
 
 
 def committed_state(response: OffsetFetchResponse, partitions: Sequence[TopicPartition], group: str
-                    ) -> dict[TopicPartition, tuple[int | None, list[Range]]]:
+                    ) -> dict[TopicPartition, tuple[int | None, list[OffsetRange]]]:
     """Each partition's (S, R) from an OffsetFetch response: S None where nothing is
     committed, R the CommittedRangeOffsets (empty unless the proxy holds individual
     commits). Raises the first group or partition error."""
-    out: dict[TopicPartition, tuple[int | None, list[Range]]] = {tp: (None, []) for tp in partitions}
+    out: dict[TopicPartition, tuple[int | None, list[OffsetRange]]] = {tp: (None, []) for tp in partitions}
     for entry in response.groups:
         if entry.error_code != ErrorCode.NONE:
             raise KafkaError.for_code(entry.error_code, f"OffsetFetch for group {group!r}")

@@ -35,8 +35,8 @@ from proxy.client.assignment import AssignmentState
 from proxy.client.commit_protocol import (
     SIMPLE_GROUP,
     CommitEntry,
-    GroupMember,
-    Range,
+    MemberIdentity,
+    OffsetRange,
     accepted_partitions,
     commit_errors,
     committed_state,
@@ -71,7 +71,7 @@ class Committer:
         # partitions whose last range commit the state's bound deferred (logged once a spell)
         self._deferred: set[TopicPartition] = set()
         # who commits: a simple group until group membership sets its generation and id
-        self.member: GroupMember = SIMPLE_GROUP
+        self.member: MemberIdentity = SIMPLE_GROUP
 
     @property
     def group(self) -> str:
@@ -107,7 +107,7 @@ class Committer:
         narrowed: dict[TopicPartition, int] = {}
         done: set[TopicPartition] = set()  # nothing more of these in this commit
         for _ in range(rounds):
-            sent: dict[TopicPartition, list[Range]] = {
+            sent: dict[TopicPartition, list[OffsetRange]] = {
                 tp: progress.to_commit(narrowed.get(tp, limit)) for tp, progress in state.progress.items()
                 if tp in state and progress.pending and tp not in done}
             if not sent:
@@ -192,7 +192,7 @@ class Committer:
             ApiKey.OFFSET_COMMIT, lambda version: offset_commit_request(version, self.group, entries, epochs, member))
 
     async def committed_ranges(self, partitions: Sequence[TopicPartition]
-                               ) -> dict[TopicPartition, tuple[int | None, list[Range]]]:
+                               ) -> dict[TopicPartition, tuple[int | None, list[OffsetRange]]]:
         """The group's (S, R) of each partition, read with OffsetFetch."""
         if not partitions:
             return {}

@@ -22,15 +22,18 @@ import trio
 from proxy.client.errors import ConsumerConnectionError, KafkaError, RetriableError, UnsupportedVersionError
 from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
 from proxy.protocol import messages
-from proxy.protocol.constants import ErrorCode
+from proxy.protocol.constants import (
+    COOPERATIVE_FETCH_FEATURE,
+    INDIVIDUAL_COMMIT_FEATURE,
+    KEY_RANGE_FETCH_FEATURE,
+    ErrorCode,
+)
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.message_types import ApiVersionsRequest, ApiVersionsResponse
 from proxy.protocol.message_versions import API_VERSIONS_FIRST_SUPPORTED_FEATURES, FETCH_FIRST_FLEXIBLE
 from proxy.protocol.messages import ApiKey
 
-RANGE_FETCH_FEATURE = "keyrange.fetch"
-INDIVIDUAL_COMMIT_FEATURE = "individual.commit"
-COOPERATIVE_FETCH_FEATURE = "cooperative.fetch"
+RANGE_FETCH_FEATURE = KEY_RANGE_FETCH_FEATURE
 RANGE_FETCH_MIN_VERSION = FETCH_FIRST_FLEXIBLE  # tag 10000 fields need tagged fields
 API_VERSIONS_VERSION = API_VERSIONS_FIRST_SUPPORTED_FEATURES
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from proxy.client.commit_protocol import Range
+from proxy.client.commit_protocol import OffsetRange
 from proxy.client.errors import (
     CommitFailedError,
     IllegalGenerationError,
@@ -102,7 +102,7 @@ class ConsumerCommits:
             if group is not None:
                 group.marked(tp, record.offset)
 
-    def pending_commit(self, tp: TopicPartition) -> list[Range]:
+    def pending_commit(self, tp: TopicPartition) -> list[OffsetRange]:
         """Offset ranges of ``tp`` marked processed (or amended gaps) that no acknowledged
         commit has carried yet."""
         self._require_assigned(tp)
@@ -147,7 +147,7 @@ class ConsumerCommits:
         return {tp: stable for tp, (stable, _) in (await self.committed_ranges(partitions)).items()}
 
     async def committed_ranges(self, partitions: Sequence[TopicPartition]
-                               ) -> dict[TopicPartition, tuple[int | None, list[Range]]]:
+                               ) -> dict[TopicPartition, tuple[int | None, list[OffsetRange]]]:
         """The group's state of each partition: (S, R), the committed (stable) offset (None
         where nothing is committed) and the ranges processed above it (empty unless the
         proxy holds individual commits), read with OffsetFetch v8+."""

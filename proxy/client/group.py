@@ -34,8 +34,7 @@ from typing import Any
 import trio
 
 from proxy.client.assignment import AssignmentState
-from proxy.client.commit_protocol import SIMPLE_GROUP
-from proxy.client.commit_protocol import GroupMember as CommitIdentity
+from proxy.client.commit_protocol import SIMPLE_GROUP, MemberIdentity
 from proxy.client.committer import Committer
 from proxy.client.config import ConsumerConfig
 from proxy.client.connection import RETRIABLE_FAILURES, Connections
@@ -200,7 +199,7 @@ class GroupMember(HandOff):
         answer, change = m.on_sync(response)
         if change is not None:
             # commits carry the generation whose assignment this member holds
-            self._committer.member = CommitIdentity(m.generation, m.member_id, m.instance_id)
+            self._committer.member = MemberIdentity(m.generation, m.member_id, m.instance_id)
             self.rebalances += 1
             self._changes.append(change)
             self._next_heartbeat = trio.current_time() + config.heartbeat_interval_ms / 1000

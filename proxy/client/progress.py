@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from proxy.offset_sets import OffsetSet
 
-Range = tuple[int, int]
+OffsetRange = tuple[int, int]
 
 
 class PartitionProgress:
@@ -28,7 +28,7 @@ class PartitionProgress:
 
     __slots__ = ("stable", "committed", "pending")
 
-    def __init__(self, stable: int | None = None, committed: Iterable[Range] = ()) -> None:
+    def __init__(self, stable: int | None = None, committed: Iterable[OffsetRange] = ()) -> None:
         self.stable = stable
         self.committed = OffsetSet(committed)
         self.pending = OffsetSet()
@@ -57,11 +57,11 @@ class PartitionProgress:
             start = max(start, self.stable)
         self.pending.add(start, end)
 
-    def to_commit(self, limit: int) -> list[Range]:
+    def to_commit(self, limit: int) -> list[OffsetRange]:
         """The ranges a range commit carries now: the lowest ``limit`` pending ones."""
         return self.pending.first(limit)
 
-    def acknowledged(self, sent: Iterable[Range], stable: int) -> None:
+    def acknowledged(self, sent: Iterable[OffsetRange], stable: int) -> None:
         """A range commit of ``sent`` was acknowledged; the group's S is now ``stable``."""
         self.pending.remove_all(list(sent))
         # What this consumer committed lies below its position, where it fetches no more;

@@ -14,7 +14,7 @@ from itertools import chain
 RANGE_SIZE = 17  # int64 Start, int64 End (big-endian), an empty tagged-field section
 MAX_OFFSET = (1 << 63) - 1
 
-Range = tuple[int, int]
+OffsetRange = tuple[int, int]
 
 
 @lru_cache(maxsize=256)
@@ -22,7 +22,7 @@ def _layout(count: int) -> struct.Struct:
     return struct.Struct(">" + "qqx" * count)
 
 
-def unpack(packed) -> list[Range]:
+def unpack(packed) -> list[OffsetRange]:
     if len(packed) % RANGE_SIZE:
         raise ValueError(f"packed ranges of {len(packed)} bytes: not a multiple of {RANGE_SIZE}")
     values = iter(_layout(len(packed) // RANGE_SIZE).unpack(packed))
@@ -34,7 +34,7 @@ def pack(ranges) -> bytes:
     return _layout(len(ranges)).pack(*chain.from_iterable(ranges))
 
 
-def invalid(ordered: list[Range]) -> str | None:
+def invalid(ordered: list[OffsetRange]) -> str | None:
     """Why sorted ranges are not a valid commit (negative, inverted, overlapping, or past
     the largest offset), or None. Starts ascend, so one pass checks every end too."""
     if ordered[0][0] < 0:
@@ -85,7 +85,7 @@ def merge(stable: int, held, commit) -> tuple[int, bytes]:
     if index == count:
         return stable, b""
     # ... and the rest, all above S, coalesces in one pass.
-    kept: list[Range] = []
+    kept: list[OffsetRange] = []
     cur_start, cur_end = merged[index]
     for start, end in merged[index + 1:]:
         if start > cur_end + 1:

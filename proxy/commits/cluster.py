@@ -1,7 +1,7 @@
 """The brokers as individual commit needs them: requests from the proxy's own connections,
 the group coordinator, and where ``__individual_commit_offsets`` lives.
 
-``Cluster`` is a thin adapter over the proxy's ``BrokerPool`` and ``ClusterView``. What the
+``ClusterClient`` is a thin adapter over the proxy's ``BrokerPool`` and ``ClusterView``. What the
 rest of ``proxy.commits`` asks of it:
 
 * ``nodes``: node id -> (host, port), from the shared view;
@@ -64,14 +64,14 @@ OFFSET_DELETE_VERSION = 0
 _UNREACHABLE_BACKOFF = 30.0
 
 Address = tuple[str, int]
-Key = tuple[str, int]
+TopicPartitionKey = tuple[str, int]
 
 
 class CommitLogError(Exception):
     """The log (or the coordinator) could not be read or written before the deadline."""
 
 
-class Cluster:
+class ClusterClient:
     """The cluster as individual commit asks it: through the proxy's shared connection
     pool and cluster view (the metadata it reads feeds the view every feature uses)."""
 
@@ -110,11 +110,11 @@ class Cluster:
             raise CommitLogError(f"FindCoordinator({group}) error {ErrorCode.name_of(entry.error_code)}")
         return entry.host, entry.port
 
-    async def committed_offsets(self, group: str, keys: list[Key]) -> dict[Key, int]:
+    async def committed_offsets(self, group: str, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         """The real coordinator's committed offsets (-1 for none)."""
         return {key: offset for key, (offset, _) in (await self.committed(group, keys)).items()}
 
-    async def committed(self, group: str, keys: list[Key]) -> dict[Key, tuple[int, str | None]]:
+    async def committed(self, group: str, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, tuple[int, str | None]]:
         """The real coordinator's committed offsets (-1 for none) and their metadata."""
         if not keys:
             return {}
@@ -136,7 +136,7 @@ class Cluster:
                 (entry,) = response.groups
                 if entry.error_code != ErrorCode.NONE:
                     raise CommitLogError(f"OffsetFetch({group}) error {ErrorCode.name_of(entry.error_code)}")
-                out: dict[Key, tuple[int, str | None]] = {}
+                out: dict[TopicPartitionKey, tuple[int, str | None]] = {}
                 for answered in entry.topics:
                     for part in answered.partitions:
                         out[(answered.name, part.partition_index)] = \
@@ -147,8 +147,8 @@ class Cluster:
                     raise CommitLogError(f"cannot read the committed offsets of {group}: {exc}") from exc
                 await trio.sleep(0.1)  # the coordinator is loading or moving: ask again shortly
 
-    async def committed_groups(self, coordinator_of: str, groups: dict[str, list[Key]], *,
-                               require_stable: bool) -> dict[str, dict[Key, tuple[int, str | None, int]]]:
+    async def committed_groups(self, coordinator_of: str, groups: dict[str, list[TopicPartitionKey]], *,
+                               require_stable: bool) -> dict[str, dict[TopicPartitionKey, tuple[int, str | None, int]]]:
         """The committed offsets, metadata and error code of several groups that share
         ``coordinator_of``'s coordinator (shadow groups of a transactional commit), in one
         OffsetFetch; with ``require_stable`` a key a transaction holds pending answers
@@ -171,7 +171,7 @@ class Cluster:
                 address = await self.find_coordinator(coordinator_of)
                 answer: OffsetFetchResponse = await self.request(address, ApiKey.OFFSET_FETCH,
                                                                  OFFSET_FETCH_VERSION, body)
-                out: dict[str, dict[Key, tuple[int, str | None, int]]] = {}
+                out: dict[str, dict[TopicPartitionKey, tuple[int, str | None, int]]] = {}
                 for entry in answer.groups:
                     if entry.error_code != ErrorCode.NONE:
                         raise CommitLogError(f"OffsetFetch({entry.group_id}) error {ErrorCode.name_of(entry.error_code)}")
@@ -185,7 +185,7 @@ class Cluster:
                 await trio.sleep(0.1)  # the coordinator is loading or moving: ask again shortly
 
     async def commit_offsets(self, group: str, generation: int, member: str, instance_id: str | None,
-                             offsets: dict[Key, int] | dict[Key, tuple[int, str]]) -> dict[Key, int]:
+                             offsets: dict[TopicPartitionKey, int] | dict[TopicPartitionKey, tuple[int, str]]) -> dict[TopicPartitionKey, int]:
         """A standard OffsetCommit from the proxy's own connection to the coordinator, with
         the generation and member of the client's commit (the broker checks them as for the
         client); the error code per key. An offset may come with its metadata. Raises
@@ -235,7 +235,7 @@ class Cluster:
             raise CommitLogError(f"DeleteGroups {groups} failed: {exc}") from exc
         return {result.group_id: result.error_code for result in response.results}
 
-    async def delete_offsets(self, group: str, keys: list[Key]) -> int:
+    async def delete_offsets(self, group: str, keys: list[TopicPartitionKey]) -> int:
         """OffsetDelete of ``keys`` in ``group``; the request's error code."""
         cls = OffsetDeleteRequest
         by_topic: dict[str, list[int]] = {}
@@ -259,7 +259,7 @@ class LogTopic:
     (compacted, with the partition count and replication factor of ``__consumer_offsets``),
     and the leader of each of its partitions."""
 
-    def __init__(self, cluster: Cluster, *, segment_bytes: int, timeout: float, name: str = LOG_TOPIC,
+    def __init__(self, cluster: ClusterClient, *, segment_bytes: int, timeout: float, name: str = LOG_TOPIC,
                  configs: dict[str, str] | None = None) -> None:
         self.cluster = cluster
         self.name = name  # another compacted internal topic made the same way (cooperative grants)

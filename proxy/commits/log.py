@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import trio
 
-from proxy.commits.cluster import LOG_TOPIC, Cluster, CommitLogError, LogTopic
+from proxy.commits.cluster import LOG_TOPIC, ClusterClient, CommitLogError, LogTopic
 from proxy.commits.codec import encode_key, encode_value
 from proxy.commits.producer import IdempotentProducer
 from proxy.commits.state import CommitState
-from proxy.commits.table import Key, Record, StateTable
+from proxy.commits.table import AppliedState, StateTable, TopicPartitionKey
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
@@ -49,7 +49,7 @@ class _Pending:
     """One caller's states, waiting to travel in the partition's next batch."""
 
     records: list[tuple[bytes, bytes | None]]
-    updates: list[tuple[str, Key, CommitState | None]]
+    updates: list[tuple[str, TopicPartitionKey, CommitState | None]]
     done: bool = False
     error: BaseException | None = None
     offset: int = -1
@@ -69,7 +69,7 @@ class _Partition:
 class CommitLog:
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: ClusterClient,
         *,
         segment_bytes: int,
         timeout: float = 30.0,
@@ -100,7 +100,7 @@ class CommitLog:
         return self.table.held
 
     # -- reading ---------------------------------------------------------------------------------
-    async def states(self, group: str) -> dict[Key, CommitState]:
+    async def states(self, group: str) -> dict[TopicPartitionKey, CommitState]:
         """The group's current state, read up to the log's end first."""
         await self.catch_up(group)
         return self.table.states(group)
@@ -120,7 +120,7 @@ class CommitLog:
             return 0
         return self._part(group_partition(group, self.partitions)).position
 
-    def records(self, group: str) -> dict[Key, Record]:
+    def records(self, group: str) -> dict[TopicPartitionKey, AppliedState]:
         """What this instance holds of the group: key -> (log offset of the record, state)."""
         return self.table.records(group)
 
@@ -173,7 +173,7 @@ class CommitLog:
         part.loaded = True
 
     async def window(self, group: str, start: int, stop: int | None,
-                     keys) -> tuple[dict[Key, tuple[int, CommitState | None]], int]:
+                     keys) -> tuple[dict[TopicPartitionKey, tuple[int, CommitState | None]], int]:
         """The newest record of each of ``keys`` (of ``group``) at an offset in [start, stop)
         (``stop`` None: up to the log's end), read from the log itself: memory keeps only the
         newest record of a key, so one shadowed by a later write is seen only there. Returns
@@ -184,7 +184,7 @@ class CommitLog:
             raise CommitLogError(f"{LOG_TOPIC} has not been read yet")
         index = group_partition(group, partitions)
         part = self._part(index)
-        found: dict[Key, tuple[int, CommitState | None]] = {}
+        found: dict[TopicPartitionKey, tuple[int, CommitState | None]] = {}
 
         async def attempt(refresh: bool) -> int:
             found.clear()
@@ -259,8 +259,8 @@ class CommitLog:
         return entry.offset
 
     # -- writing ---------------------------------------------------------------------------------
-    async def write(self, group: str, updates: Mapping[Key, CommitState | None],
-                    encoded: dict[Key, tuple[CommitState, bytes]] | None = None) -> int:
+    async def write(self, group: str, updates: Mapping[TopicPartitionKey, CommitState | None],
+                    encoded: dict[TopicPartitionKey, tuple[CommitState, bytes]] | None = None) -> int:
         """Write the new states (None: a tombstone) with acks=all; returns once they are in the
         log, with the log offset of the first of them (-1: unknown, the broker had them from an
         earlier attempt). ``encoded``: values already encoded, used for a key whose state is

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from proxy.accelerators import choose
 from proxy.commits import _packed_py
-from proxy.commits._packed_py import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
+from proxy.commits._packed_py import MAX_OFFSET, RANGE_SIZE, OffsetRange, invalid, pack, unpack
 
 _impl, ACCELERATED = choose("proxy.commits._cpacked", _packed_py)
 
@@ -27,5 +27,5 @@ stable_after = _impl.stable_after
 to_deltas = _impl.to_deltas
 from_deltas = _impl.from_deltas
 
-__all__ = ["ACCELERATED", "MAX_OFFSET", "RANGE_SIZE", "Range", "from_deltas", "invalid", "merge", "pack",
+__all__ = ["ACCELERATED", "MAX_OFFSET", "RANGE_SIZE", "OffsetRange", "from_deltas", "invalid", "merge", "pack",
            "sort_checked", "stable_after", "to_deltas", "unpack"]

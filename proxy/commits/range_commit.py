@@ -48,8 +48,8 @@ from proxy.commits.state import (
 )
 from proxy.protocol.constants import ErrorCode
 
-Key = tuple[str, int]
-Record = tuple[int, CommitState]  # (log offset of the newest record of a key, its state)
+TopicPartitionKey = tuple[str, int]
+AppliedState = tuple[int, CommitState]  # (log offset of the newest record of a key, its state)
 
 RECONCILE_ROUNDS = 8  # windows read after a write that did not land where the read ended
 
@@ -63,7 +63,7 @@ class FetchCommitted:
     """Ask the coordinator for the committed offsets of ``keys`` (no state yet: S starts
     there); answer with ``on_committed``."""
 
-    keys: tuple[Key, ...]
+    keys: tuple[TopicPartitionKey, ...]
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,8 @@ class Forward:
     each range-committed key, and without the keys of ``refused`` (answered with that
     error by the proxy); answer with ``on_response`` once the broker has answered."""
 
-    offsets: dict[Key, int]
-    refused: dict[Key, int] = field(default_factory=dict)
+    offsets: dict[TopicPartitionKey, int]
+    refused: dict[TopicPartitionKey, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Correct:
     client's generation, member and instance id; answer with ``on_corrected`` or
     ``on_correction_failed``."""
 
-    offsets: dict[Key, int]
+    offsets: dict[TopicPartitionKey, int]
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ class Write:
     key whose state is that very object); answer with ``on_written`` or
     ``on_write_failed``."""
 
-    states: dict[Key, CommitState]
-    encoded: dict[Key, tuple[CommitState, bytes]] = field(default_factory=dict)
+    states: dict[TopicPartitionKey, CommitState]
+    encoded: dict[TopicPartitionKey, tuple[CommitState, bytes]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class ReadWindow:
 
     start: int
     stop: int | None
-    keys: frozenset[Key]
+    keys: frozenset[TopicPartitionKey]
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ class Answer:
     """Answer the client: ``errors`` replace the broker's error of those keys, ``stable``
     is the StableOffset of each acknowledged range commit. The end."""
 
-    errors: dict[Key, int]
-    stable: dict[Key, int]
+    errors: dict[TopicPartitionKey, int]
+    stable: dict[TopicPartitionKey, int]
 
 
 class _Phase(enum.Enum):
@@ -150,41 +150,41 @@ class RangeCommit:
     since this one read them), ``over_bound`` (key -> why its commit was refused for the
     bound), ``phase``."""
 
-    def __init__(self, commits: dict[Key, list[Edit]], plain: dict[Key, int] | None = None, *,
+    def __init__(self, commits: dict[TopicPartitionKey, list[Edit]], plain: dict[TopicPartitionKey, int] | None = None, *,
                  rounds: int = RECONCILE_ROUNDS, max_held: int | None = None) -> None:
         self.commits = commits
         self.plain = plain or {}
         self.rounds = rounds
         self.max_held = max_held
         self.foreign_writes = 0
-        self.over_bound: dict[Key, str] = {}
+        self.over_bound: dict[TopicPartitionKey, str] = {}
         self.phase = _Phase.PLANNING
-        self._new: dict[Key, CommitState] = {}  # the state each key is to have
-        self._stable: dict[Key, int] = {}  # S the coordinator holds for each range commit
-        self._pending: dict[Key, tuple[CommitState, bytes]] = {}  # R' still to compute (``prepare``)
-        self._encoded: dict[Key, tuple[CommitState, bytes]] = {}
-        self._basis: dict[Key, int] = {}  # log offset of the record each state was computed from (-1: none)
-        self._accepted: dict[Key, CommitState] = {}
-        self._errors: dict[Key, int] = {}
+        self._new: dict[TopicPartitionKey, CommitState] = {}  # the state each key is to have
+        self._stable: dict[TopicPartitionKey, int] = {}  # S the coordinator holds for each range commit
+        self._pending: dict[TopicPartitionKey, tuple[CommitState, bytes]] = {}  # R' still to compute (``prepare``)
+        self._encoded: dict[TopicPartitionKey, tuple[CommitState, bytes]] = {}
+        self._basis: dict[TopicPartitionKey, int] = {}  # log offset of the record each state was computed from (-1: none)
+        self._accepted: dict[TopicPartitionKey, CommitState] = {}
+        self._errors: dict[TopicPartitionKey, int] = {}
         self._end_read = False
         self._read = 0  # every record below it is held in the states
         # One correction or reconcile round in flight:
-        self._redo: dict[Key, CommitState] = {}
-        self._corrections: dict[Key, int] = {}
+        self._redo: dict[TopicPartitionKey, CommitState] = {}
+        self._corrections: dict[TopicPartitionKey, int] = {}
         self._written = False  # whether the states went to the log already
         self._rounds_done = 0
         self._start = 0  # where the next window starts
         self._at = -1  # where the last write landed (-1: unknown)
         self._count = 0  # records of that write
         self._read_to = 0
-        self._merged: dict[Key, int] = {}
+        self._merged: dict[TopicPartitionKey, int] = {}
 
     def _expect(self, *phases: _Phase) -> None:
         if self.phase not in phases:
             raise ProtocolViolation(f"range commit is {self.phase.value}, not {' or '.join(p.value for p in phases)}")
 
     # -- request hook ---------------------------------------------------------------------------
-    def begin(self, position: int, records: dict[Key, Record], *, end_read: bool) -> FetchCommitted | Forward:
+    def begin(self, position: int, records: dict[TopicPartitionKey, AppliedState], *, end_read: bool) -> FetchCommitted | Forward:
         """This instance holds ``records`` of the group, every record below log offset
         ``position`` among them; ``end_read``: a read of the log's end runs alongside (else
         the log was just read to its end)."""
@@ -196,7 +196,7 @@ class RangeCommit:
             return FetchCommitted(missing)
         return self.on_committed({}, records)
 
-    def on_committed(self, coordinator: dict[Key, int | CommitState], records: dict[Key, Record]) -> Forward:
+    def on_committed(self, coordinator: dict[TopicPartitionKey, int | CommitState], records: dict[TopicPartitionKey, AppliedState]) -> Forward:
         """The coordinator's committed offsets (-1: none) of keys without state, or the
         state its committed offset carries (share watermarks in its metadata), and what
         this instance holds now. Computes S' (and R' where a key has several commits; one
@@ -239,7 +239,7 @@ class RangeCommit:
         self.phase = _Phase.FORWARDED
         return Forward(dict(self._stable), {key: _OVER_BOUND for key in self.over_bound})
 
-    def unavailable(self) -> dict[Key, int]:
+    def unavailable(self) -> dict[TopicPartitionKey, int]:
         """The state could not be read: every range commit is refused (retriable), and
         nothing is written for this request. Returns the refusals."""
         self._expect(_Phase.PLANNING)
@@ -247,7 +247,7 @@ class RangeCommit:
         self.phase = _Phase.FORWARDED
         return {key: _UNAVAILABLE for key in self.commits}
 
-    def planned(self, key: Key) -> CommitState | None:
+    def planned(self, key: TopicPartitionKey) -> CommitState | None:
         """The state ``key`` is to have (after ``on_committed``; a single range commit's
         only after ``prepare``)."""
         return self._new.get(key)
@@ -277,14 +277,14 @@ class RangeCommit:
             return ReadLogEnd()
         return self._write()
 
-    def on_log_end(self, position: int, records: dict[Key, Record]) -> Correct | Write | ReadWindow | Answer:
+    def on_log_end(self, position: int, records: dict[TopicPartitionKey, AppliedState]) -> Correct | Write | ReadWindow | Answer:
         """The end read finished at ``position``; ``records``: what this instance holds now.
         A key whose newest record is no longer the one its state came from was written by
         another instance: the state is brought up to that record before anything is
         written."""
         self._expect(_Phase.END_READ)
         self._read = max(self._read, position)
-        found: dict[Key, CommitState | None] = {}
+        found: dict[TopicPartitionKey, CommitState | None] = {}
         for key in self._accepted:
             record = records.get(key)
             offset = record[0] if record is not None else -1
@@ -304,7 +304,7 @@ class RangeCommit:
         self._accepted = {}
         return self._answer()
 
-    def on_corrected(self, errors: dict[Key, int]) -> Write | ReadWindow | Answer:
+    def on_corrected(self, errors: dict[TopicPartitionKey, int]) -> Write | ReadWindow | Answer:
         """The coordinator's error code per corrected key (a key it did not mention counts
         as COORDINATOR_NOT_AVAILABLE)."""
         self._expect(_Phase.CORRECTING)
@@ -330,7 +330,7 @@ class RangeCommit:
             return self._answer()
         return self._window()
 
-    def on_window(self, window: dict[Key, tuple[int, CommitState | None]],
+    def on_window(self, window: dict[TopicPartitionKey, tuple[int, CommitState | None]],
                   read_to: int) -> Correct | Write | ReadWindow | Answer:
         """The newest record of each key in the window (offset, state; None a tombstone),
         and the offset the read reached."""
@@ -363,11 +363,11 @@ class RangeCommit:
         self.phase = _Phase.WINDOW
         return ReadWindow(self._start, self._at if self._at >= 0 else None, frozenset(self._accepted))
 
-    def _merge(self, found: dict[Key, CommitState | None], *, written: bool) -> Correct | Write | ReadWindow | Answer:
+    def _merge(self, found: dict[TopicPartitionKey, CommitState | None], *, written: bool) -> Correct | Write | ReadWindow | Answer:
         """Bring each range commit's state up to the newer record ``found`` of its key (in
         one epoch the union; after a reset or a deletion the commit applied again). When S
         changes, the coordinator (holding S computed from the older state) is corrected."""
-        redo: dict[Key, CommitState] = {}
+        redo: dict[TopicPartitionKey, CommitState] = {}
         for key, state in found.items():
             self.foreign_writes += 1
             if key not in self.commits:
@@ -383,7 +383,7 @@ class RangeCommit:
             return Correct(dict(self._corrections))
         return self._corrected({})
 
-    def _corrected(self, errors: dict[Key, int]) -> Write | ReadWindow | Answer:
+    def _corrected(self, errors: dict[TopicPartitionKey, int]) -> Write | ReadWindow | Answer:
         for key, state in self._redo.items():
             error = errors.get(key, _UNAVAILABLE) if key in self._corrections else ErrorCode.NONE
             if error != ErrorCode.NONE:

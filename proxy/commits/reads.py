@@ -17,14 +17,14 @@ import trio
 from proxy.commits import shadows, watermarks
 from proxy.commits.cluster import CommitLogError
 from proxy.commits.log import CommitLog
-from proxy.commits.state import CommitState, Range, apply_ranges
+from proxy.commits.state import CommitState, OffsetRange, apply_ranges
 from proxy.pipeline import ClusterView
 from proxy.protocol.constants import ErrorCode
 
-Key = tuple[str, int]
+TopicPartitionKey = tuple[str, int]
 _LOG_LOOKUP_INTERVAL = 5.0  # seconds between looks for a log topic not seen yet (plain commits)
 # shadow group -> key -> (committed offset, metadata, error), as one OffsetFetch answers
-ShadowAnswers = dict[str, dict[Key, tuple[int, str | None, int]]]
+ShadowAnswers = dict[str, dict[TopicPartitionKey, tuple[int, str | None, int]]]
 
 
 def pending(found: ShadowAnswers) -> bool:
@@ -53,7 +53,7 @@ class CommittedReads:
         return count
 
     # -- a partition's (S, R) -------------------------------------------------------------------
-    async def holds_state(self, group: str, keys: Iterable[Key]) -> bool:
+    async def holds_state(self, group: str, keys: Iterable[TopicPartitionKey]) -> bool:
         """Whether a plain commit of ``keys`` may touch state. Reads the group's log
         partition when this instance has never read it; afterwards what it read is trusted
         for plain commits (range commits and fetches always read to the log's end)."""
@@ -75,14 +75,14 @@ class CommittedReads:
             return False
         return self.log.table.holds_any(group, keys)
 
-    def known_state(self, group: str, key: Key) -> tuple[int, tuple[Range, ...]] | None:
+    def known_state(self, group: str, key: TopicPartitionKey) -> tuple[int, tuple[OffsetRange, ...]] | None:
         """(S, R) of ``key`` as this instance last read or wrote it; None when it holds no
         record of it (then the coordinator's committed offset is S: ``committed_state``)."""
         record = self.log.records(group).get(key)
         return None if record is None else (record[1].stable, record[1].ranges)
 
-    async def committed_state(self, group: str, key: Key, *, with_shadows: bool = False
-                              ) -> tuple[int, tuple[Range, ...]]:
+    async def committed_state(self, group: str, key: TopicPartitionKey, *, with_shadows: bool = False
+                              ) -> tuple[int, tuple[OffsetRange, ...]]:
         """(S, R) of ``key``, the log read to its end first; S from the coordinator where
         the log holds nothing (-1: nothing committed). ``with_shadows``: plus what committed
         transactions hold that is not folded into the log yet. Raises ``CommitLogError``."""
@@ -96,7 +96,7 @@ class CommittedReads:
                     state = apply_ranges(state, extra[key])
         return state.stable, state.ranges
 
-    async def states(self, group: str, keys: list[Key]) -> dict[Key, CommitState]:
+    async def states(self, group: str, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, CommitState]:
         """Each key's state from the log (``read`` first), or from the coordinator's
         committed offset where the log holds none."""
         records = self.log.records(group)
@@ -110,7 +110,7 @@ class CommittedReads:
         return states
 
     # -- share watermarks -----------------------------------------------------------------------
-    def watermarks(self, group: str, key: Key, committed: int, metadata: str | None,
+    def watermarks(self, group: str, key: TopicPartitionKey, committed: int, metadata: str | None,
                    marks: Sequence[shadows.ShadowMark] = ()) -> tuple[int, dict[int, list[int]]]:
         """S and W per share per K (-1: none) of ``key``, from what this instance read of
         the log (``read`` first), the coordinator's committed offset and metadata, and the
@@ -122,7 +122,7 @@ class CommittedReads:
         return state.stable, watermarks.per_share(state.marks)
 
     # -- shadow groups --------------------------------------------------------------------------
-    async def shadow_offsets(self, group: str, asked: dict[str, list[Key]], *, require_stable: bool) -> ShadowAnswers:
+    async def shadow_offsets(self, group: str, asked: dict[str, list[TopicPartitionKey]], *, require_stable: bool) -> ShadowAnswers:
         """Committed offset, metadata and error of ``asked`` (shadow groups on ``group``'s
         coordinator -> keys), in one request (raises ``CommitLogError``)."""
         return await self.log.cluster.committed_groups(group, asked, require_stable=require_stable)
@@ -134,8 +134,8 @@ class CommittedReads:
         return [name for name in await self.log.cluster.groups_beside(group)
                 if shadows.is_range_shadow(name, group, partitions)]
 
-    async def shadowed_ranges(self, group: str, names: list[str], keys: list[Key], *, require_stable: bool
-                              ) -> tuple[dict[Key, list[Range]], set[Key]]:
+    async def shadowed_ranges(self, group: str, names: list[str], keys: list[TopicPartitionKey], *, require_stable: bool
+                              ) -> tuple[dict[TopicPartitionKey, list[OffsetRange]], set[TopicPartitionKey]]:
         """What the committed range shadows ``names`` hold for ``keys`` beyond the log
         (``read`` first), and the keys one of them holds pending in an open transaction
         (asked with ``require_stable``)."""
@@ -144,12 +144,12 @@ class CommittedReads:
         found = await self.shadow_offsets(group, {name: keys for name in names}, require_stable=require_stable)
         return self.beyond_log(group, found)
 
-    def beyond_log(self, group: str, found: ShadowAnswers) -> tuple[dict[Key, list[Range]], set[Key]]:
+    def beyond_log(self, group: str, found: ShadowAnswers) -> tuple[dict[TopicPartitionKey, list[OffsetRange]], set[TopicPartitionKey]]:
         """The ranges the range shadows' answers ``found`` hold beyond the log (a shadow of
         another reset epoch counts for nothing), and the keys pending in an open transaction."""
         records = self.log.records(group)
-        extra: dict[Key, list[Range]] = {}
-        unstable: set[Key] = set()
+        extra: dict[TopicPartitionKey, list[OffsetRange]] = {}
+        unstable: set[TopicPartitionKey] = set()
         for answers in found.values():
             for key, (_offset, metadata, error) in answers.items():
                 if error == ErrorCode.UNSTABLE_OFFSET_COMMIT:

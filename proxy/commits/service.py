@@ -18,7 +18,7 @@ partition serialise like two range commits).
 
 from __future__ import annotations
 
-from proxy.commits.cluster import Cluster
+from proxy.commits.cluster import ClusterClient
 from proxy.commits.log import CommitLog
 from proxy.commits.metrics import CommitLogMetrics
 from proxy.commits.reads import CommittedReads
@@ -35,7 +35,7 @@ class CommitService:
                  *, pool: BrokerPool, background: Background | None = None) -> None:
         metrics = metrics or CommitLogMetrics()
         self.log = CommitLog(
-            Cluster(pool, cluster),
+            ClusterClient(pool, cluster),
             segment_bytes=settings.segment_bytes,
             on_rebuild=metrics.state_rebuilds.inc,
             on_write=metrics.write_seconds.observe,

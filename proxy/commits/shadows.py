@@ -79,7 +79,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from proxy.commits.state import MIN_SHARES, CommitState, Range, apply_ranges, normalise
+from proxy.commits.state import MIN_SHARES, CommitState, OffsetRange, apply_ranges, normalise
 from proxy.protocol.groups import (
     MAX_SALT_LENGTH,
     SALT_ALPHABET,
@@ -371,7 +371,7 @@ def _number(text: str) -> int:
     return value
 
 
-def encode_ranges(epoch: int, ranges: Sequence[Range], limit: int = DEFAULT_METADATA_MAX) -> str:
+def encode_ranges(epoch: int, ranges: Sequence[OffsetRange], limit: int = DEFAULT_METADATA_MAX) -> str:
     """The metadata of a range shadow holding ``ranges`` (any order, overlaps allowed)."""
     ordered = normalise(ranges)
     parts = []
@@ -389,7 +389,7 @@ def encode_ranges(epoch: int, ranges: Sequence[Range], limit: int = DEFAULT_META
     return text
 
 
-def decode_ranges(metadata: str | None) -> tuple[int, list[Range]] | None:
+def decode_ranges(metadata: str | None) -> tuple[int, list[OffsetRange]] | None:
     """(epoch, ranges) of a range shadow's metadata; None when it is not one a proxy wrote
     (anyone may commit to any group by name: a malformed one reads as none)."""
     if not metadata or not metadata.startswith(_RANGES_V1):
@@ -397,7 +397,7 @@ def decode_ranges(metadata: str | None) -> tuple[int, list[Range]] | None:
     epoch_text, colon, body = metadata[len(_RANGES_V1):].partition(":")
     if not colon or not epoch_text.isdigit():
         return None
-    ranges: list[Range] = []
+    ranges: list[OffsetRange] = []
     try:
         previous_end = None
         for item in filter(None, body.split(",")):
@@ -415,10 +415,10 @@ def decode_ranges(metadata: str | None) -> tuple[int, list[Range]] | None:
     return int(epoch_text), ranges
 
 
-def uncovered(state: CommitState, ranges: Iterable[Range]) -> list[Range]:
+def uncovered(state: CommitState, ranges: Iterable[OffsetRange]) -> list[OffsetRange]:
     """The parts of ``ranges`` that ``state`` does not hold processed (below S or in R)."""
     held = [(-1, state.stable - 1), *state.ranges] if state.stable > 0 else list(state.ranges)
-    out: list[Range] = []
+    out: list[OffsetRange] = []
     for start, end in normalise(ranges):
         cursor = start
         for low, high in held:
@@ -434,8 +434,8 @@ def uncovered(state: CommitState, ranges: Iterable[Range]) -> list[Range]:
     return out
 
 
-def next_ranges(state: CommitState, committed: tuple[int, list[Range]] | None, commit: Sequence[Range]
-                ) -> list[Range]:
+def next_ranges(state: CommitState, committed: tuple[int, list[OffsetRange]] | None, commit: Sequence[OffsetRange]
+                ) -> list[OffsetRange]:
     """The ranges a range shadow's next write holds: its committed ranges (of the state's
     epoch; ranges of an older one were reset since) joined with this commit's, less what
     the log already covers."""
@@ -445,7 +445,7 @@ def next_ranges(state: CommitState, committed: tuple[int, list[Range]] | None, c
     return uncovered(state, held)
 
 
-def carrier_offset(state: CommitState, ranges: Sequence[Range]) -> int:
+def carrier_offset(state: CommitState, ranges: Sequence[OffsetRange]) -> int:
     """S once the shadow's ranges are processed: what the carrier commits for the real
     partition (a lower bound: other members' ranges not folded yet may move S further)."""
     return apply_ranges(state, ranges).stable if ranges else state.stable

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from proxy.commits import packed as kernels
-from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, Range, invalid, pack, unpack
+from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, OffsetRange, invalid, pack, unpack
 from proxy.records.stripes import STRIPED_MARKS
 from proxy.records.stripes import share_count as striped_share_count
 
@@ -73,7 +73,7 @@ class CommitState:
     epoch: int
     marks: Marks
 
-    def __init__(self, stable: int, ranges: Iterable[Range] = (), epoch: int = 0, marks: Marks = ()) -> None:
+    def __init__(self, stable: int, ranges: Iterable[OffsetRange] = (), epoch: int = 0, marks: Marks = ()) -> None:
         object.__setattr__(self, "stable", stable)
         object.__setattr__(self, "packed", pack(ranges))
         object.__setattr__(self, "epoch", epoch)
@@ -92,7 +92,7 @@ class CommitState:
         raise AttributeError("CommitState is immutable")
 
     @property
-    def ranges(self) -> tuple[Range, ...]:
+    def ranges(self) -> tuple[OffsetRange, ...]:
         return tuple(unpack(self.packed))
 
     def held(self) -> int:
@@ -117,7 +117,7 @@ class CommitState:
         return f"CommitState(stable={self.stable}, ranges={self.ranges}, epoch={self.epoch}{marks})"
 
 
-def normalise(ranges: Iterable[Range]) -> list[Range]:
+def normalise(ranges: Iterable[OffsetRange]) -> list[OffsetRange]:
     """Sorted, disjoint, non-adjacent union of inclusive ranges."""
     out: list[list[int]] = []
     for start, end in sorted(ranges):
@@ -229,7 +229,7 @@ def join(a: CommitState, b: CommitState) -> CommitState:
     return settle(joined)
 
 
-def apply_ranges(state: CommitState, commit: Iterable[Range]) -> CommitState:
+def apply_ranges(state: CommitState, commit: Iterable[OffsetRange]) -> CommitState:
     """``apply_packed`` with the commit as tuples (in any order, overlaps allowed)."""
     return apply_packed(state, pack(commit))
 
@@ -317,7 +317,7 @@ def rebase(state: CommitState, stable: int) -> CommitState:
     return _state(kernels.merge(stable, b"", state.packed), state.epoch, state.marks)
 
 
-def validate(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> str | None:
+def validate(committed_offset: int, ranges: Sequence[OffsetRange], max_ranges: int) -> str | None:
     """Why a partition's range commit is invalid (INVALID_REQUEST), or None if it is valid."""
     return check(committed_offset, ranges, max_ranges)[0]
 
@@ -332,7 +332,7 @@ def _refused(committed_offset: int, count: int, max_ranges: int) -> str | None:
     return None
 
 
-def check(committed_offset: int, ranges: Sequence[Range], max_ranges: int) -> tuple[str | None, list[Range]]:
+def check(committed_offset: int, ranges: Sequence[OffsetRange], max_ranges: int) -> tuple[str | None, list[OffsetRange]]:
     """``validate``, and the ranges sorted (valid ones are then disjoint and ascending).
     Ranges as tuples: the reference for ``check_packed``, and for offsets beyond int64."""
     reason = _refused(committed_offset, len(ranges), max_ranges)

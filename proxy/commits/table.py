@@ -18,21 +18,21 @@ from proxy.protocol.errors import ProtocolError
 
 log = logging.getLogger("proxy.commits.table")
 
-Key = tuple[str, int]
-Record = tuple[int, CommitState]  # (log offset of the newest record applied, the state)
+TopicPartitionKey = tuple[str, int]
+AppliedState = tuple[int, CommitState]  # (log offset of the newest record applied, the state)
 
 
 class StateTable:
     def __init__(self) -> None:
-        self.groups: dict[str, dict[Key, Record]] = {}
+        self.groups: dict[str, dict[TopicPartitionKey, AppliedState]] = {}
         self.held = 0  # ranges above S over every state held (a gauge)
 
-    def records(self, group: str) -> dict[Key, Record]:
+    def records(self, group: str) -> dict[TopicPartitionKey, AppliedState]:
         """What is held of the group: key -> (log offset of the record, state). The live
         mapping (later reads update it); empty when nothing is held."""
         return self.groups.get(group, {})
 
-    def states(self, group: str) -> dict[Key, CommitState]:
+    def states(self, group: str) -> dict[TopicPartitionKey, CommitState]:
         """A snapshot of the group's states."""
         return {key: state for key, (_, state) in self.groups.get(group, {}).items()}
 
@@ -40,7 +40,7 @@ class StateTable:
         entries = self.groups.get(group)
         return entries is not None and any(key in entries for key in keys)
 
-    def apply(self, offset: int, key, value) -> tuple[str, Key, CommitState | None] | None:
+    def apply(self, offset: int, key, value) -> tuple[str, TopicPartitionKey, CommitState | None] | None:
         """A record read from the log: (group, key, state), or None if unreadable (skipped
         with a warning: one bad record must not stop the partition being read)."""
         try:
@@ -52,7 +52,7 @@ class StateTable:
         self.set(group, (topic, partition), offset, state)
         return group, (topic, partition), state
 
-    def set(self, group: str, key: Key, offset: int, state: CommitState | None) -> None:
+    def set(self, group: str, key: TopicPartitionKey, offset: int, state: CommitState | None) -> None:
         """Apply the record of ``key`` at log ``offset`` (``state`` None: a tombstone)."""
         entries = self.groups.get(group)
         current = entries.get(key) if entries else None

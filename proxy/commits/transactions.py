@@ -32,7 +32,7 @@ from proxy.commits.cluster import CommitLogError
 from proxy.commits.packed import pack
 from proxy.commits.range_commit import RangeCommit
 from proxy.commits.reads import CommittedReads, ShadowAnswers, pending
-from proxy.commits.state import CommitState, Range, apply_ranges, check_held, normalise
+from proxy.commits.state import CommitState, OffsetRange, apply_ranges, check_held, normalise
 from proxy.commits.writes import CommitWrites, ShareEdits, SharePlan, Starter
 from proxy.pipeline import ConnectionContext
 from proxy.pipeline.background import Background
@@ -40,7 +40,7 @@ from proxy.protocol.constants import ErrorCode
 
 log = logging.getLogger("proxy.commits")
 
-Key = tuple[str, int]
+TopicPartitionKey = tuple[str, int]
 _TXN_SEQUENCES = 100_000  # shares whose transactional sequences an instance remembers
 
 
@@ -87,9 +87,9 @@ class RangesPlan:
     refused for ``max.individual.commit.ranges.held``; ``done`` releases the key locks."""
 
     done: trio.Event
-    offsets: dict[Key, tuple[int, str]] = field(default_factory=dict)
-    refused: dict[Key, int] = field(default_factory=dict)
-    over_bound: dict[Key, str] = field(default_factory=dict)
+    offsets: dict[TopicPartitionKey, tuple[int, str]] = field(default_factory=dict)
+    refused: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    over_bound: dict[TopicPartitionKey, str] = field(default_factory=dict)
 
 
 class TransactionalCommits:
@@ -104,7 +104,7 @@ class TransactionalCommits:
         self._sequences: OrderedDict[tuple, int] = OrderedDict()
 
     # -- offset ranges ----------------------------------------------------------------------------
-    async def begin_ranges(self, ctx: ConnectionContext, group: str, shadow: str, commits: dict[Key, list[Range]], *,
+    async def begin_ranges(self, ctx: ConnectionContext, group: str, shadow: str, commits: dict[TopicPartitionKey, list[OffsetRange]], *,
                            metadata_limit: int = shadows.DEFAULT_METADATA_MAX, max_held: int | None = None
                            ) -> RangesPlan:
         """Plan a transactional range commit of ``commits`` by the member whose range
@@ -145,7 +145,7 @@ class TransactionalCommits:
         return plan
 
     @staticmethod
-    def _plan_ranges(plan: RangesPlan, group: str, key: Key, state: CommitState, ranges: list[Range],
+    def _plan_ranges(plan: RangesPlan, group: str, key: TopicPartitionKey, state: CommitState, ranges: list[OffsetRange],
                      metadata_limit: int, max_held: int | None) -> None:
         # The log's state once the shadow is folded; its S is the carrier's (``carrier_offset``).
         after = apply_ranges(state, ranges) if ranges else state
@@ -162,7 +162,7 @@ class TransactionalCommits:
             return
         plan.offsets[key] = (after.stable, text)
 
-    async def settle_ranges(self, ctx: Starter, group: str, shadow: str, keys: list[Key],
+    async def settle_ranges(self, ctx: Starter, group: str, shadow: str, keys: list[TopicPartitionKey],
                             generation: int, member: str, instance_id: str | None) -> bool:
         """Once the transaction of a range commit has ended, fold what the committed range
         shadow holds beyond the log; an aborted shadow never shows, and nothing is written.
@@ -173,7 +173,7 @@ class TransactionalCommits:
             log.warning("transactional range commit not folded group=%s reason=%r", group, str(exc))
             return False
 
-    async def _settle_ranges(self, ctx: Starter, group: str, shadow: str, keys: list[Key],
+    async def _settle_ranges(self, ctx: Starter, group: str, shadow: str, keys: list[TopicPartitionKey],
                              generation: int, member: str, instance_id: str | None) -> bool:
         began = trio.current_time()
         found, ended = await until_ended(
@@ -188,9 +188,9 @@ class TransactionalCommits:
                                since=began)
         return True
 
-    async def fold_ranges(self, ctx: Starter, group: str, ranges: dict[Key, list[Range]], *,
+    async def fold_ranges(self, ctx: Starter, group: str, ranges: dict[TopicPartitionKey, list[OffsetRange]], *,
                           generation: int = -1, member: str = "", instance_id: str | None = None,
-                          since: float | None = None) -> dict[Key, int]:
+                          since: float | None = None) -> dict[TopicPartitionKey, int]:
         """Write committed range shadows' ranges into the log, as range commits that are
         already committed (their transaction is); with a member's ``generation``, S' also
         reaches the coordinator in an OffsetCommit of the proxy's own. Returns the error per
@@ -237,7 +237,7 @@ class TransactionalCommits:
         while len(floor) > _TXN_SEQUENCES:
             floor.popitem(last=False)
 
-    async def settle_marks(self, ctx: Starter, group: str, keys: dict[Key, dict],
+    async def settle_marks(self, ctx: Starter, group: str, keys: dict[TopicPartitionKey, dict],
                            generation: int, member: str, instance_id: str | None) -> bool:
         """Once the transaction has ended, fold the committed share shadows of ``keys`` (real
         -> K -> shares) into the log and move S at the coordinator; an aborted transaction
@@ -248,10 +248,10 @@ class TransactionalCommits:
             log.warning("transactional watermarks not settled group=%s reason=%r", group, str(exc))
             return False
 
-    async def _settle_marks(self, ctx: Starter, group: str, keys: dict[Key, dict],
+    async def _settle_marks(self, ctx: Starter, group: str, keys: dict[TopicPartitionKey, dict],
                             generation: int, member: str, instance_id: str | None) -> bool:
         partitions = await self.reads.offsets_partitions()
-        asked: dict[str, list[Key]] = {}
+        asked: dict[str, list[TopicPartitionKey]] = {}
         slots: dict[str, tuple[int, int]] = {}
         for key, by_k in keys.items():
             for shares in by_k:
@@ -264,7 +264,7 @@ class TransactionalCommits:
                                          AFTER_COMMIT)
         if not ended:
             return False
-        marks: dict[Key, list[shadows.ShadowMark]] = {}
+        marks: dict[TopicPartitionKey, list[shadows.ShadowMark]] = {}
         for name, answers in found.items():
             shares, share = slots[name]
             for key, (offset, metadata, error) in answers.items():
@@ -282,8 +282,8 @@ class TransactionalCommits:
                      {f"{t}-{p}": ErrorCode.name_of(c) for (t, p), c in failed.items()})
         return True
 
-    def fold_edits(self, group: str, marks: dict[Key, list[shadows.ShadowMark]]
-                   ) -> dict[Key, dict[int, dict[int, tuple[int, int]]]]:
+    def fold_edits(self, group: str, marks: dict[TopicPartitionKey, list[shadows.ShadowMark]]
+                   ) -> dict[TopicPartitionKey, dict[int, dict[int, tuple[int, int]]]]:
         """The watermark edits that bring each key's log record (``read`` first) up to its
         committed share shadow watermarks; keys with nothing newer are left out."""
         records = self.log.records(group)
@@ -296,9 +296,9 @@ class TransactionalCommits:
         return edits
 
     async def fold_marks(self, ctx: Starter, group: str,
-                         folds: dict[Key, dict[int, dict[int, tuple[int, int]]]],
+                         folds: dict[TopicPartitionKey, dict[int, dict[int, tuple[int, int]]]],
                          generation: int, member: str, instance_id: str | None, *,
-                         since: float | None = None) -> dict[Key, int]:
+                         since: float | None = None) -> dict[TopicPartitionKey, int]:
         """A commit of share watermarks that are already committed (``folds``: key -> K ->
         share -> (W, the shadow's sequence), as ``fold_edits`` gives them), made by the
         proxy itself: the log (the transaction committed them: no coordinator check is
@@ -324,7 +324,7 @@ class TransactionalCommits:
 
     # -- S at the coordinator -----------------------------------------------------------------------
     async def commit_settled(self, group: str, generation: int, member: str, instance_id: str | None,
-                             offsets: dict[Key, int] | dict[Key, tuple[int, str]]) -> dict[Key, int]:
+                             offsets: dict[TopicPartitionKey, int] | dict[TopicPartitionKey, tuple[int, str]]) -> dict[TopicPartitionKey, int]:
         """S of keys whose processed offsets a committed transaction holds, to the
         coordinator: as the member that committed them, or, when the member has left or the
         generation moved on, as nobody (accepted while the group is empty, as an admin tool's
@@ -347,7 +347,7 @@ class TransactionalCommits:
         return answered
 
     # -- deletion -----------------------------------------------------------------------------------
-    async def delete_share_shadows(self, group: str, keys: set[Key] | None) -> None:
+    async def delete_share_shadows(self, group: str, keys: set[TopicPartitionKey] | None) -> None:
         """G deleted (``keys`` None) deletes G's share shadows; offsets of G deleted delete
         them in G's share shadows too. Otherwise a group created again under the name would
         read its predecessor's transactional watermarks."""

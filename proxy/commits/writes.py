@@ -39,9 +39,9 @@ log = logging.getLogger("proxy.commits")
 _DELETION_DRAIN_S = 30.0  # longest a deletion waits for the group's commits under way
 _DELETIONS_REMEMBERED = 10_000  # groups whose last deletion time an instance remembers
 
-Key = tuple[str, int]
+TopicPartitionKey = tuple[str, int]
 # real partition -> K -> share -> a watermark (or what goes with it, as the caller says)
-ShareEdits = dict[Key, dict[int, dict[int, int]]]
+ShareEdits = dict[TopicPartitionKey, dict[int, dict[int, int]]]
 # Where a commit's lock holder runs: the client's connection, or the proxy's background
 # (a follow-up of a transaction, which outlives the connection).
 Starter = ConnectionContext | Background
@@ -88,7 +88,7 @@ class KeyLocks:
             else:
                 del self._held[key]
 
-    async def drain(self, group: str, keys: set[Key] | None = None) -> None:
+    async def drain(self, group: str, keys: set[TopicPartitionKey] | None = None) -> None:
         """Return once the holders of ``group``'s keys at the call (``keys``: only those
         (topic, partition)) have released them; holders that come later are not waited for."""
         busy = [key for key in self._held if key[0] == group and (keys is None or key[1:] in keys)]
@@ -116,8 +116,8 @@ class Planned:
     commit: RangeCommit
     done: trio.Event
     check: EndCheck | None = None
-    stable: dict[Key, int] = field(default_factory=dict)
-    refused: dict[Key, int] = field(default_factory=dict)
+    stable: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    refused: dict[TopicPartitionKey, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -128,10 +128,10 @@ class SharePlan:
 
     group: str
     planned: Planned
-    offsets: dict[Key, tuple[int, str]] = field(default_factory=dict)
-    refused: dict[Key, int] = field(default_factory=dict)
+    offsets: dict[TopicPartitionKey, tuple[int, str]] = field(default_factory=dict)
+    refused: dict[TopicPartitionKey, int] = field(default_factory=dict)
     # key -> (reset epoch, (K, share) -> sequence) of its watermarks with the edits applied
-    sequences: dict[Key, tuple[int, dict[tuple[int, int], int]]] = field(default_factory=dict)
+    sequences: dict[TopicPartitionKey, tuple[int, dict[tuple[int, int], int]]] = field(default_factory=dict)
 
 
 class CommitWrites:
@@ -143,10 +143,10 @@ class CommitWrites:
         # a follow-up that started before must not write its state back afterwards
         self._deleted_at: OrderedDict[str, float] = OrderedDict()
         # told of every group (keys None) or committed offsets deleted through this proxy
-        self._deletion_hooks: list[Callable[[str, set[Key] | None], Awaitable[None]]] = []
+        self._deletion_hooks: list[Callable[[str, set[TopicPartitionKey] | None], Awaitable[None]]] = []
 
     # -- one commit's protocol --------------------------------------------------------------------
-    async def plan(self, ctx: Starter, group: str, commit: RangeCommit, locked: list[Key], *,
+    async def plan(self, ctx: Starter, group: str, commit: RangeCommit, locked: list[TopicPartitionKey], *,
                    with_marks: bool = False) -> Planned:
         """Take the key locks of ``locked`` (held until ``done`` is set or the connection
         ends), then ``commit.begin``: from what this instance holds, with the log's end
@@ -173,7 +173,7 @@ class CommitWrites:
                 if isinstance(step, FetchCommitted):
                     if with_marks:
                         found = await self.log.cluster.committed(group, list(step.keys))
-                        known: dict[Key, int | CommitState] = {
+                        known: dict[TopicPartitionKey, int | CommitState] = {
                             key: watermarks.combine(None, offset, metadata) for key, (offset, metadata) in found.items()}
                     else:
                         known = dict(await self.log.cluster.committed_offsets(group, list(step.keys)))
@@ -247,7 +247,7 @@ class CommitWrites:
         return commit.on_corrected(errors)
 
     # -- share watermarks (virtual range topics) --------------------------------------------------
-    async def begin_shares(self, ctx: Starter, group: str, edits: ShareEdits, plain: dict[Key, int], *,
+    async def begin_shares(self, ctx: Starter, group: str, edits: ShareEdits, plain: dict[TopicPartitionKey, int], *,
                            exact: ShareEdits | None = None, at_least: ShareEdits | None = None) -> SharePlan:
         """Plan a commit of share watermarks: ``edits`` real partition -> K -> share -> W;
         ``plain``: real partitions the same request commits plainly (a key with state is
@@ -271,7 +271,7 @@ class CommitWrites:
         return plan
 
     async def finish_shares(self, plan: SharePlan, generation: int, member: str, instance_id: str | None,
-                            results: list[tuple[Key, int]]) -> dict[Key, int]:
+                            results: list[tuple[TopicPartitionKey, int]]) -> dict[TopicPartitionKey, int]:
         """The coordinator's answer (error per real partition): the log is written for the
         partitions it accepted; returns the error each partition is to be answered with
         (a partition not in it keeps the coordinator's)."""
@@ -288,7 +288,7 @@ class CommitWrites:
         plan.planned.done.set()
 
     # -- deletion -------------------------------------------------------------------------------
-    async def delete(self, group: str, keys: set[Key] | None) -> None:
+    async def delete(self, group: str, keys: set[TopicPartitionKey] | None) -> None:
         """The broker deleted ``group`` (``keys`` None) or those committed offsets of it:
         wait for the commits of those keys under way (``deleting``), tombstone their state
         in the log, then tell the deletion hooks (``on_deleted``)."""
@@ -297,7 +297,7 @@ class CommitWrites:
         if keys is None or keys:
             await self.deleted(group, keys)
 
-    async def deleting(self, group: str, keys: set[Key] | None = None) -> None:
+    async def deleting(self, group: str, keys: set[TopicPartitionKey] | None = None) -> None:
         """A deletion of ``group`` (``keys`` None) or of those offsets of it is about to be
         written: a follow-up that begins from now on writes nothing (``deleted_since``).
         Returns once the commits of those keys under way have ended: one that checked
@@ -319,19 +319,19 @@ class CommitWrites:
     def deleted_since(self, group: str, since: float) -> bool:
         return self._deleted_at.get(group, -float("inf")) >= since
 
-    def on_deleted(self, hook: Callable[[str, set[Key] | None], Awaitable[None]]) -> None:
+    def on_deleted(self, hook: Callable[[str, set[TopicPartitionKey] | None], Awaitable[None]]) -> None:
         """Call ``hook(group, keys)`` once a deletion the broker accepted is in the log:
         the group (``keys`` None) or those committed offsets of it."""
         self._deletion_hooks.append(hook)
 
-    async def deleted(self, group: str, keys: set[Key] | None) -> None:
+    async def deleted(self, group: str, keys: set[TopicPartitionKey] | None) -> None:
         for hook in self._deletion_hooks:
             try:
                 await hook(group, keys)
             except Exception as exc:  # noqa: BLE001 - one hook's failure must not stop the others
                 log.error("deletion follow-up failed group=%s reason=%r", group, str(exc))
 
-    async def _tombstone(self, group: str, keys: set[Key] | None) -> None:
+    async def _tombstone(self, group: str, keys: set[TopicPartitionKey] | None) -> None:
         try:
             states = await self.log.states(group)
             doomed = [key for key in states if keys is None or key in keys]

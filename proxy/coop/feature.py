@@ -36,20 +36,20 @@ from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
-from proxy.protocol.constants import ErrorCode
+from proxy.protocol.constants import COOPERATIVE_FETCH_FEATURE, ErrorCode
 from proxy.protocol.message_types import FetchRequest, FetchResponse
 from proxy.protocol.message_versions import FETCH_FIRST_FLEXIBLE, FETCH_FIRST_TOPIC_ID
 
 log = logging.getLogger("proxy.coop")
 
-FEATURE = "cooperative.fetch"
+FEATURE = COOPERATIVE_FETCH_FEATURE
 COOPERATIVE_TAG_BYTES = b"\x91\x4e"  # tag 10001 as an unsigned varint
 _MAX_STATES = 10_000  # (group, topic, partition) states kept; the least recently used go first
 _MAX_GROUPS = 10_000  # groups whose newest generation is remembered
 _EMPTY = b""
 _PROPOSALS = 3  # grants proposed for one read before it is answered with no chunk
 
-Key = tuple[str, str, int]  # (group, topic, partition)
+GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 
 
 class _Partition:
@@ -68,7 +68,7 @@ class _Partition:
 class _Pending:
     """One cooperative partition of a request, between its decision and its answer."""
 
-    key: Key
+    key: GroupPartitionKey
     topic: str | uuid.UUID  # how the request names the topic: its name (before v13) or its id
     part: FetchRequest.FetchPartition  # the request's, rewritten
     state: _Partition | None = None
@@ -91,7 +91,7 @@ class CooperativeFetchFeature(Feature):
         self.grants = grants
         self.lease_ms = settings.lease_ms
         self.max_leases = settings.max_leases_per_member
-        self._states: OrderedDict[Key, _Partition] = OrderedDict()
+        self._states: OrderedDict[GroupPartitionKey, _Partition] = OrderedDict()
         self._generations: OrderedDict[str, int] = OrderedDict()
         self.metrics = metrics = metrics or CooperativeFetchMetrics()
         self._refused = metrics.refused
@@ -240,7 +240,7 @@ class CooperativeFetchFeature(Feature):
         item.part.fetch_offset = span.start
         item.part.last_fetched_epoch = -1
 
-    def _known(self, key: Key) -> Committed:
+    def _known(self, key: GroupPartitionKey) -> Committed:
         group, topic, partition = key
         return self._committed(self.commits.known_state(group, (topic, partition)))
 
@@ -248,7 +248,7 @@ class CooperativeFetchFeature(Feature):
     def _committed(state: tuple[int, tuple] | None) -> Committed:
         return Committed() if state is None else Committed(state[0], tuple(state[1]))
 
-    async def _state(self, key: Key) -> _Partition:
+    async def _state(self, key: GroupPartitionKey) -> _Partition:
         group, topic, partition = key
         grants = await self.grants.state(key)  # the log read to its end, and followed
         state = self._states.get(key)
@@ -263,7 +263,7 @@ class CooperativeFetchFeature(Feature):
         self._states.move_to_end(key)
         return state
 
-    def _forget(self, key: Key) -> None:
+    def _forget(self, key: GroupPartitionKey) -> None:
         if self._states.pop(key, None) is not None:
             try:
                 self._marker_lag.remove(key[0], key[1], str(key[2]))

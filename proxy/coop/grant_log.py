@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import trio
 
-from proxy.commits.cluster import Cluster, CommitLogError, LogTopic
+from proxy.commits.cluster import ClusterClient, CommitLogError, LogTopic
 from proxy.commits.producer import IdempotentProducer
 from proxy.coop.grants import (
     Grant,
     GrantFormatError,
-    Key,
+    GroupPartitionKey,
     KeyGrants,
     decode_grant,
     decode_key,
@@ -90,8 +90,8 @@ class _Partition:
 
 
 class GrantLog:
-    def __init__(self, cluster: Cluster, background: Background, *, lease_ms: int, timeout: float = 5.0,
-                 instance: str | None = None, on_apply: Callable[[Key, str | None], None] | None = None) -> None:
+    def __init__(self, cluster: ClusterClient, background: Background, *, lease_ms: int, timeout: float = 5.0,
+                 instance: str | None = None, on_apply: Callable[[GroupPartitionKey, str | None], None] | None = None) -> None:
         self.cluster = cluster
         self.background = background
         self.timeout = timeout
@@ -100,7 +100,7 @@ class GrantLog:
         self.topic = LogTopic(cluster, name=GRANTS_TOPIC, segment_bytes=SEGMENT_BYTES, timeout=timeout, configs={
             "message.timestamp.type": "LogAppendTime", "min.compaction.lag.ms": str(lag)})
         self.producer = IdempotentProducer(self.topic)
-        self.states: dict[Key, KeyGrants] = {}
+        self.states: dict[GroupPartitionKey, KeyGrants] = {}
         self._parts: dict[int, _Partition] = {}
         self._waiting: dict[int, _Waiting] = {}
         self._proposals = itertools.count(1)
@@ -110,7 +110,7 @@ class GrantLog:
         return next(self._proposals)
 
     # -- reading ---------------------------------------------------------------------------------
-    async def state(self, key: Key) -> KeyGrants:
+    async def state(self, key: GroupPartitionKey) -> KeyGrants:
         """The key's grants, its log partition read to its end at least once and followed
         from then on. Raises ``CommitLogError`` when the log cannot be read in time."""
         index = await self._index(key, create=True)
@@ -128,7 +128,7 @@ class GrantLog:
             state = self.states[key] = KeyGrants()
         return state
 
-    async def _index(self, key: Key, create: bool) -> int:
+    async def _index(self, key: GroupPartitionKey, create: bool) -> int:
         try:
             partitions = await self.topic.partition_count(create=create)
         except _ERRORS as exc:
@@ -235,7 +235,7 @@ class GrantLog:
         return entry.offset
 
     # -- proposing -------------------------------------------------------------------------------
-    async def propose(self, key: Key, grant: Grant) -> str | None:
+    async def propose(self, key: GroupPartitionKey, grant: Grant) -> str | None:
         """Append ``grant`` (acks=all) and wait for this instance to apply it: its verdict
         (None: valid, the chunk may be handed out). Raises ``CommitLogError`` when it cannot
         be written, or not read back, within ``timeout``."""

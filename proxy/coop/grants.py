@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 
 from proxy.coop.leases import Committed
 
-Key = tuple[str, str, int]  # (group, topic, partition)
-Range = tuple[int, int]  # inclusive
+GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
+OffsetRange = tuple[int, int]  # inclusive
 
 KEY_VERSION = 0
 VALUE_VERSION = 0
@@ -144,7 +144,7 @@ def encode_key(group: str, topic: str, partition: int) -> bytes:
     return b"".join(out)
 
 
-def decode_key(data: bytes) -> Key:
+def decode_key(data: bytes) -> GroupPartitionKey:
     try:
         (version,) = _I16.unpack_from(data, 0)
         if version != KEY_VERSION:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from proxy.offset_sets import OffsetSet
 
-Range = tuple[int, int]  # inclusive
+OffsetRange = tuple[int, int]  # inclusive
 
 ILLEGAL_GENERATION = 22
 
@@ -38,17 +38,17 @@ class Committed:
     every offset in ``ranges`` (sorted, disjoint, inclusive) is processed."""
 
     stable: int = -1
-    ranges: tuple[Range, ...] = ()
+    ranges: tuple[OffsetRange, ...] = ()
 
     def covers(self, start: int, end: int) -> bool:
         return not self.uncommitted(start, end)
 
-    def uncommitted(self, start: int, end: int) -> list[Range]:
+    def uncommitted(self, start: int, end: int) -> list[OffsetRange]:
         """The parts of [start, end] not committed, in order."""
         start = max(start, self.stable)
         if start > end:
             return []
-        out: list[Range] = []
+        out: list[OffsetRange] = []
         at = start
         ranges = self.ranges
         i = bisect_right(ranges, (at, float("inf"))) - 1

@@ -9,12 +9,12 @@ from proxy.commits.state import CommitState, rebase
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import OffsetCommitResponse, OffsetFetchResponse
 
-Key = tuple[str, int]
+TopicPartitionKey = tuple[str, int]
 # The topics of an OffsetFetch answer: of the response itself (v1-7) or of one of its groups (v8+).
 FetchedTopic = OffsetFetchResponse.OffsetFetchResponseTopic | OffsetFetchResponse.OffsetFetchResponseTopics
 
 
-def add_refused(response: OffsetCommitResponse, refused: dict[Key, int]) -> None:
+def add_refused(response: OffsetCommitResponse, refused: dict[TopicPartitionKey, int]) -> None:
     """Add the partitions answered without the broker (``refused``: key -> error) to an
     OffsetCommit answer."""
     if not refused:
@@ -32,7 +32,7 @@ def add_refused(response: OffsetCommitResponse, refused: dict[Key, int]) -> None
             response.topics.append(cls.OffsetCommitResponseTopic(name=name, partitions=parts))
 
 
-def merge_fetched(topics: Sequence[FetchedTopic], states: dict[Key, CommitState],
+def merge_fetched(topics: Sequence[FetchedTopic], states: dict[TopicPartitionKey, CommitState],
                   name_of: Callable[[FetchedTopic], str]) -> bool:
     """Put each partition's (S, R) into an OffsetFetch answer's ``topics`` (S rebased on
     the coordinator's committed offset); whether anything changed."""

@@ -49,7 +49,7 @@ from proxy.pipeline import ClusterView, ConnectionContext, Feature, Request, Req
 from proxy.pipeline.background import Background
 from proxy.pipeline.route import DecodedResponse, OwnRequest, own_correlation_id
 from proxy.protocol import messages
-from proxy.protocol.constants import EXTENSION_TAG_BYTES, ErrorCode
+from proxy.protocol.constants import EXTENSION_TAG_BYTES, INDIVIDUAL_COMMIT_FEATURE, ErrorCode
 from proxy.protocol.message_types import (
     DeleteGroupsRequest,
     DeleteGroupsResponse,
@@ -72,7 +72,7 @@ from proxy.protocol.messages import ApiKey
 
 log = logging.getLogger("proxy.commits")
 
-FEATURE = "individual.commit"
+FEATURE = INDIVIDUAL_COMMIT_FEATURE
 # tag 10000 fields ride from the first flexible version on
 _FIRST_RANGE_COMMIT = OFFSET_COMMIT_FIRST_FLEXIBLE
 _FIRST_TXN_RANGE_COMMIT = TXN_OFFSET_COMMIT_FIRST_FLEXIBLE
@@ -82,7 +82,7 @@ _FIRST_RANGE_FETCH = OFFSET_FETCH_FIRST_FLEXIBLE
 # at most one per this many seconds, saying how many went unlogged (the metric counts all).
 _HELD_LOG_INTERVAL = 10.0
 
-Key = tuple[str, int]
+TopicPartitionKey = tuple[str, int]
 
 
 @dataclass
@@ -93,7 +93,7 @@ class _Commit:
     request: CommitRequest
     commit: RangeCommit
     planned: Planned
-    refused: dict[Key, int]
+    refused: dict[TopicPartitionKey, int]
     prepared: trio.Event | None
 
 
@@ -203,12 +203,12 @@ class IndividualCommitFeature(Feature):
         return Route(upstream, transform=transform)
 
     def _classify(self, request: CommitRequest, names: list[str]
-                  ) -> tuple[dict[Key, int], dict[Key, list], dict[Key, int]]:
+                  ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, list], dict[TopicPartitionKey, int]]:
         """The partitions of a commit: refused (ranges while disabled, or ranges that do not
         check), committed with ranges, committed plainly."""
-        refused: dict[Key, int] = {}
-        range_commits: dict[Key, list] = {}
-        plain: dict[Key, int] = {}
+        refused: dict[TopicPartitionKey, int] = {}
+        range_commits: dict[TopicPartitionKey, list] = {}
+        plain: dict[TopicPartitionKey, int] = {}
         for name, topic in zip(names, request.topics):
             for part in topic.partitions:
                 key = (name, part.index)
@@ -350,11 +350,11 @@ class IndividualCommitFeature(Feature):
         return Route(messages.encode_request(header, body), before=own, on_response=on_response,
                      settle=(lambda: plan.done.set()) if plan is not None else None)
 
-    def _txn_range_commits(self, body: TxnOffsetCommitRequest) -> tuple[dict[Key, int], dict[Key, list]]:
+    def _txn_range_commits(self, body: TxnOffsetCommitRequest) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, list]]:
         """The range commits of a TxnOffsetCommit, and the partitions refused (ranges that do
         not check)."""
-        refused: dict[Key, int] = {}
-        commits: dict[Key, list] = {}
+        refused: dict[TopicPartitionKey, int] = {}
+        commits: dict[TopicPartitionKey, list] = {}
         for topic in body.topics:
             for part in topic.partitions:
                 if not part.offset_ranges:
@@ -371,7 +371,7 @@ class IndividualCommitFeature(Feature):
                 commits[key] = ordered
         return refused, commits
 
-    async def _settle(self, ctx: Background, group: str, shadow: str, keys: list[Key], generation: int,
+    async def _settle(self, ctx: Background, group: str, shadow: str, keys: list[TopicPartitionKey], generation: int,
                       member: str, instance: str | None) -> None:
         if await self.transactions.settle_ranges(ctx, group, shadow, keys, generation, member, instance):
             self._export()
@@ -425,7 +425,7 @@ class IndividualCommitFeature(Feature):
         changed = await self._with_shadows(group, topics, states, frame)
         return bool(states and merge_fetched(topics, states, self._topic_name)) or changed
 
-    async def _with_shadows(self, group: str, topics: Sequence[FetchedTopic], states: dict[Key, CommitState],
+    async def _with_shadows(self, group: str, topics: Sequence[FetchedTopic], states: dict[TopicPartitionKey, CommitState],
                             frame: bytes | bytearray) -> bool:
         """Add to ``states`` what committed range shadows hold beyond the log, and answer
         UNSTABLE_OFFSET_COMMIT (with RequireStable) where one is pending. Asked only where

@@ -11,12 +11,12 @@ from proxy.commits.shadows import CARRIER_MARKER
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import TxnOffsetCommitRequest, TxnOffsetCommitResponse
 
-Key = tuple[str, int]
+TopicPartitionKey = tuple[str, int]
 Asked = list[tuple[str, list[int]]]  # (topic, partitions) as the client asked
 
 
 def shadow_request(body: TxnOffsetCommitRequest, shadow: str,
-                   offsets: dict[Key, tuple[int, str]]) -> TxnOffsetCommitRequest:
+                   offsets: dict[TopicPartitionKey, tuple[int, str]]) -> TxnOffsetCommitRequest:
     """The range shadow's TxnOffsetCommit: the client's transaction, no member, every key
     of ``offsets`` at (S_c, the shadow's metadata)."""
     cls = TxnOffsetCommitRequest
@@ -30,7 +30,7 @@ def shadow_request(body: TxnOffsetCommitRequest, shadow: str,
     return out
 
 
-def carrier_request(body: TxnOffsetCommitRequest, offsets: dict[Key, tuple[int, str]], refused: dict[Key, int]) -> Asked:
+def carrier_request(body: TxnOffsetCommitRequest, offsets: dict[TopicPartitionKey, tuple[int, str]], refused: dict[TopicPartitionKey, int]) -> Asked:
     """Rewrite ``body`` into the carrier: a key of ``offsets`` at S_c with the carrier's
     marker and no ranges, ``refused`` keys left out, the others as sent. Returns what the
     client asked, for its answer."""
@@ -53,18 +53,18 @@ def carrier_request(body: TxnOffsetCommitRequest, offsets: dict[Key, tuple[int, 
     return asked
 
 
-def errors_of(response: TxnOffsetCommitResponse) -> dict[Key, int]:
+def errors_of(response: TxnOffsetCommitResponse) -> dict[TopicPartitionKey, int]:
     return {(t.name, p.partition_index): p.error_code for t in response.topics or () for p in t.partitions}
 
 
-def client_answer(asked: Asked, carrier: dict[Key, int], shadowed: dict[Key, int], refused: dict[Key, int],
+def client_answer(asked: Asked, carrier: dict[TopicPartitionKey, int], shadowed: dict[TopicPartitionKey, int], refused: dict[TopicPartitionKey, int],
                   version: int) -> TxnOffsetCommitResponse:
     """The client's TxnOffsetCommit answer: per partition asked, ``refused`` first, then the
     carrier's error, then (range partitions) the range shadow's."""
     cls = TxnOffsetCommitResponse
     body = cls()
 
-    def error_of(key: Key) -> int:
+    def error_of(key: TopicPartitionKey) -> int:
         if key in refused:
             return refused[key]
         code = carrier.get(key, int(ErrorCode.UNKNOWN_SERVER_ERROR))

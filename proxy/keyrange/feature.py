@@ -27,13 +27,13 @@ from proxy.pipeline import (
 from proxy.pipeline.context import StateKey
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
-from proxy.protocol.constants import EXTENSION_TAG_BYTES
+from proxy.protocol.constants import EXTENSION_TAG_BYTES, KEY_RANGE_FETCH_FEATURE
 from proxy.protocol.message_types import FetchRequest, FetchResponse, RequestHeader
 from proxy.protocol.message_versions import FETCH_FIRST_FLEXIBLE
 
 log = logging.getLogger("proxy.keyrange")
 
-FEATURE = "keyrange.fetch"
+FEATURE = KEY_RANGE_FETCH_FEATURE
 _COALESCE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for a shared read
 _MAX_INFLIGHT_READS = 10_000
 _STALE_READ_SECONDS = 60.0

@@ -102,3 +102,9 @@ FETCH_SESSIONLESS_ID = 0
 # where it sizes anything, and large batches legitimately hold more records than this.
 MAX_ARRAY_ELEMENTS = 1_000_000  # elements of one array (compact or not), record headers too
 MAX_TAGGED_FIELDS = 10_000  # fields of one tagged-field section, request header included
+
+# The extensions' names in ApiVersions' SupportedFeatures (v3+), which the proxy advertises
+# and clients look for (docs/wire-contract.md section 2).
+KEY_RANGE_FETCH_FEATURE = "keyrange.fetch"
+INDIVIDUAL_COMMIT_FEATURE = "individual.commit"
+COOPERATIVE_FETCH_FEATURE = "cooperative.fetch"

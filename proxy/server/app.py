@@ -35,7 +35,7 @@ from typing import Any
 import trio
 from prometheus_client import Gauge
 
-from proxy.commits.cluster import Cluster
+from proxy.commits.cluster import ClusterClient
 from proxy.commits.metrics import CommitLogMetrics
 from proxy.commits.service import CommitService
 from proxy.coop.feature import CooperativeFetchFeature
@@ -166,7 +166,7 @@ class ProxyServer:
             features.append(VirtualCommitFeature(virtual, virtual_metrics, commits))  # share watermarks
         if config.coop.enabled:  # Fetch partitions tagged Cooperative: before key ranges
             # who holds which chunk is the log's: replicated across proxy instances
-            grants = GrantLog(Cluster(self.pool, self.cluster), self.background, lease_ms=config.coop.lease_ms)
+            grants = GrantLog(ClusterClient(self.pool, self.cluster), self.background, lease_ms=config.coop.lease_ms)
             features.append(CooperativeFetchFeature(config.coop, self.cluster, commits.reads,
                                                     CooperativeFetchMetrics(registry), grants=grants))
         features.append(keyrange)  # extended Fetches

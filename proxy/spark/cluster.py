@@ -18,7 +18,7 @@ import trio
 
 from proxy.net.broker_connection import BrokerConnection, BrokerConnectionError
 from proxy.protocol import messages
-from proxy.protocol.constants import ErrorCode
+from proxy.protocol.constants import INDIVIDUAL_COMMIT_FEATURE, KEY_RANGE_FETCH_FEATURE, ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.message_types import (
     ApiVersionsRequest,
@@ -44,8 +44,7 @@ from proxy.ranges import KeyRange
 from proxy.spark.options import KeyRangeSourceError, parse_bootstrap
 
 R = TypeVar("R")
-RANGE_FETCH_FEATURE = "keyrange.fetch"
-INDIVIDUAL_COMMIT_FEATURE = "individual.commit"
+RANGE_FETCH_FEATURE = KEY_RANGE_FETCH_FEATURE
 FETCH_VERSION = FETCH_FIRST_FLEXIBLE  # the first with tagged fields (tag 10000 key ranges); it still names topics
 assert FETCH_VERSION < FETCH_FIRST_TOPIC_ID
 EARLIEST_TIMESTAMP = -2
@@ -92,8 +91,8 @@ class Node:
 
 
 @dataclass
-class Cluster:
-    """Connections to the proxy's nodes. Use ``async with await Cluster.connect(...)``."""
+class ProxyNodes:
+    """Connections to the proxy's nodes. Use ``async with await ProxyNodes.connect(...)``."""
 
     bootstrap: str
     timeout: float
@@ -105,7 +104,7 @@ class Cluster:
     _open: dict[int | tuple[str, str], Node] = field(default_factory=dict)  # node id, or ('coordinator', group)
 
     @classmethod
-    async def connect(cls, bootstrap: str, *, timeout: float = 30.0, client_id: str = "keyrange-spark") -> Cluster:
+    async def connect(cls, bootstrap: str, *, timeout: float = 30.0, client_id: str = "keyrange-spark") -> ProxyNodes:
         """The first bootstrap server that answers. Every server is tried in turn, again and
         again with a growing pause between rounds, until ``timeout``: a proxy restarting or
         a link refusing for a moment must not fail a task or end a stream, as it does not
@@ -142,7 +141,7 @@ class Cluster:
                 await node.conn.aclose()
         self._open.clear()
 
-    async def __aenter__(self) -> Cluster:
+    async def __aenter__(self) -> ProxyNodes:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -260,7 +259,7 @@ class Cluster:
 
     async def _reconnect_seed(self) -> None:
         try:
-            fresh = await Cluster.connect(self.bootstrap, timeout=self.timeout, client_id=self.client_id)
+            fresh = await ProxyNodes.connect(self.bootstrap, timeout=self.timeout, client_id=self.client_id)
         except KeyRangeSourceError:
             return
         with trio.CancelScope(shield=True):

@@ -17,7 +17,7 @@ from proxy.spark.cluster import (
     LATEST_TIMESTAMP,
     RANGE_FETCH_FEATURE,
     RETRIABLE,
-    Cluster,
+    ProxyNodes,
     Retry,
 )
 from proxy.spark.offsets import TopicPartitionKey, Unit, partition_minimums
@@ -27,10 +27,10 @@ from proxy.spark.reader import ShareRead
 _TIMESTAMPS = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP}
 
 
-async def _describe(options: SourceOptions) -> Cluster:
+async def _describe(options: SourceOptions) -> ProxyNodes:
     """Connect and check what the options name: the topics exist, and the bootstrap is a
     keyrange-proxy when shares are asked for. The caller closes the returned cluster."""
-    cluster = await Cluster.connect(options.bootstrap_servers, timeout=min(options.request_timeout_ms / 1000, 30.0))
+    cluster = await ProxyNodes.connect(options.bootstrap_servers, timeout=min(options.request_timeout_ms / 1000, 30.0))
     try:
         if options.splits > 1 and RANGE_FETCH_FEATURE not in cluster.features:
             raise KeyRangeSourceError(
@@ -57,7 +57,7 @@ async def _describe(options: SourceOptions) -> Cluster:
     return cluster
 
 
-def _partitions(cluster: Cluster, options: SourceOptions) -> list[TopicPartitionKey]:
+def _partitions(cluster: ProxyNodes, options: SourceOptions) -> list[TopicPartitionKey]:
     return [(topic, p) for topic in options.topics for p in cluster.partitions.get(topic, [])]
 
 
@@ -122,7 +122,7 @@ def commit(options: SourceOptions, end: Mapping[Unit, int]) -> dict[TopicPartiti
     minimums = partition_minimums(end)
 
     async def run():
-        async with await Cluster.connect(options.bootstrap_servers,
+        async with await ProxyNodes.connect(options.bootstrap_servers,
                                          timeout=options.request_timeout_ms / 1000) as cluster:
             return await cluster.commit(options.commit_group_id, minimums)
 

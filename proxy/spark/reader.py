@@ -23,7 +23,7 @@ from proxy.spark.cluster import (
     EARLIEST_TIMESTAMP,
     RANGE_FETCH_FEATURE,
     RETRIABLE,
-    Cluster,
+    ProxyNodes,
     Retry,
     SourceReadError,
 )
@@ -109,7 +109,7 @@ async def fetch_share(options: SourceOptions, task: ShareRead, emit) -> None:
     """Fetch the share through the proxy until ``end``; ``emit(columns)`` each non-empty chunk."""
     tp = (task.topic, task.partition)
     share = task.key_range
-    async with await Cluster.connect(options.bootstrap_servers, timeout=options.request_timeout_ms / 1000,
+    async with await ProxyNodes.connect(options.bootstrap_servers, timeout=options.request_timeout_ms / 1000,
                                      client_id=f"keyrange-spark-{task.topic}-{task.partition}-{task.share}") as cluster:
         if task.splits > 1 and RANGE_FETCH_FEATURE not in cluster.features:
             raise SourceReadError(f"{options.bootstrap_servers} does not advertise {RANGE_FETCH_FEATURE}: "
@@ -156,7 +156,7 @@ async def fetch_share(options: SourceOptions, task: ShareRead, emit) -> None:
                                       f"now {end}) although this task reads to {task.end}")
 
 
-async def _refresh(cluster: Cluster, topic: str) -> None:
+async def _refresh(cluster: ProxyNodes, topic: str) -> None:
     errors = await cluster.refresh([topic])
     if topic in errors:
         if errors[topic] in RETRIABLE:

@@ -140,7 +140,7 @@ class VirtualCommitFeature(Feature):
         request.replace(messages.encode_request(header, body), (header, body), on_response=answer)
         return None
 
-    async def _read_shadows(self, plan: commits.FetchPlan, require_stable: bool) -> None:
+    async def _read_shadows(self, plan: commits.OffsetFetchPlan, require_stable: bool) -> None:
         """The committed watermark of each share shadow of the virtual partitions asked (one
         request per group: the shadows share its coordinator), for the answer."""
         wanted: dict[str, dict[str, set[tuple[str, int]]]] = {}  # group -> shadow -> real keys

@@ -144,7 +144,7 @@ def commit_response(body: OffsetCommitResponse, plan: CommitPlan, errors: dict[R
 
 
 @dataclass(slots=True)
-class FetchPlan:
+class OffsetFetchPlan:
     """Per group (None: the single-group form v0-7), the topics asked, in order."""
 
     groups: dict[str | None, list[tuple[str, VirtualTopic | None, list[int] | None]]] = field(default_factory=dict)
@@ -197,11 +197,11 @@ def _rewrite_topics(topics: list | None, topic_class, names_field: str, resolver
     return out, any_virtual
 
 
-def offset_fetch_request(body: OffsetFetchRequest, version: int, resolver: Resolver) -> FetchPlan:
+def offset_fetch_request(body: OffsetFetchRequest, version: int, resolver: Resolver) -> OffsetFetchPlan:
     """Virtual partitions become their real partitions; always returns a plan, since a
     request for every topic gets the virtual partitions the watermarks show."""
     cls = OffsetFetchRequest
-    plan = FetchPlan()
+    plan = OffsetFetchPlan()
     if version >= OFFSET_FETCH_FIRST_GROUPS:
         for group in body.groups:
             asked: list = []
@@ -224,7 +224,7 @@ def offset_fetch_request(body: OffsetFetchRequest, version: int, resolver: Resol
 MarksOf = Callable[[str, str, int, int, "str | None"], "tuple[int, dict[int, list[int]]]"]
 
 
-def offset_fetch_response(body: OffsetFetchResponse, version: int, plan: FetchPlan, marks_of: MarksOf,
+def offset_fetch_response(body: OffsetFetchResponse, version: int, plan: OffsetFetchPlan, marks_of: MarksOf,
                           name_of_virtual: Callable[[str, int], str]) -> None:
     """Answer virtual partitions with W(i) (or S). ``marks_of(group, real, partition,
     committed, metadata)`` gives S and W per share per K of a real partition (the log's

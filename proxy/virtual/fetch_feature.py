@@ -1,6 +1,6 @@
 """Fetch of virtual partitions: a Fetch naming a virtual topic is answered by the proxy,
 in fetch sessions of its own, from one broker read of each real partition split into its
-shares through the key-range engine's result cache (``SharedReads``); another
+shares through the key-range engine's result cache (``ResultCache``); another
 connection's read of the same position is waited for rather than repeated. The rules are
 ``proxy.virtual.fetch``'s (no I/O).
 """
@@ -32,7 +32,7 @@ _MERGE_GRACE = 1.0  # seconds beyond the request's max_wait_ms to wait for anoth
 _MAX_INFLIGHT_READS = 10_000
 
 
-class SharedReads(Protocol):
+class ResultCache(Protocol):
     """The key-range engine's result cache, as the server hands it over."""
 
     def split(self, partition_id: tuple[str, int], wanted: list, fetch_offset: int, blob, metadata: dict,
@@ -66,7 +66,7 @@ STATE = StateKey("virtual-fetch", _Connection)
 class VirtualFetchFeature(Feature):
     name = "virtual-fetch"
 
-    def __init__(self, resolver: VirtualResolver, metrics: VirtualTopicsMetrics | None, shared: SharedReads) -> None:
+    def __init__(self, resolver: VirtualResolver, metrics: VirtualTopicsMetrics | None, shared: ResultCache) -> None:
         self.resolver = resolver
         self.cluster = resolver.cluster
         self.shared = shared

@@ -24,7 +24,7 @@ from proxy.client.assignment import (
     reset_timestamp,
 )
 from proxy.client.commit_protocol import (
-    GroupMember,
+    MemberIdentity,
     accepted_partitions,
     committed_state,
     first_commit_error,
@@ -404,7 +404,7 @@ def test_offset_commit_request_plain_and_ranges():
     assert (ranged.committed_offset, ranged.committed_leader_epoch) == (-1, -1)
     assert [(r.start, r.end) for r in ranged.offset_ranges] == [(3, 5), (9, 9)]
     assert EXTENSION_TAG_BYTES in messages.encode_body(ApiKey.OFFSET_COMMIT, 9, "request", body)
-    member = offset_commit_request(9, "g", {TP: 1}, {}, GroupMember(generation=4, member_id="m-1"))
+    member = offset_commit_request(9, "g", {TP: 1}, {}, MemberIdentity(generation=4, member_id="m-1"))
     assert (member.generation_id_or_member_epoch, member.member_id) == (4, "m-1")
     assert member.topics[0].partitions[0].committed_leader_epoch == -1
 

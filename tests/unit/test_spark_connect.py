@@ -20,7 +20,7 @@ async def test_a_server_that_answers_after_refusing_for_a_while_is_connected(mon
         return object()
 
     monkeypatch.setattr(cluster, "_open_node", open_node)
-    connected = await cluster.Cluster.connect("127.0.0.1:1,127.0.0.1:2", timeout=30)
+    connected = await cluster.ProxyNodes.connect("127.0.0.1:1,127.0.0.1:2", timeout=30)
     assert connected.seed is not None
     assert trio.current_time() >= 2.0
     assert {(h, p) for h, p, _ in tries} == {("127.0.0.1", 1), ("127.0.0.1", 2)}
@@ -34,5 +34,5 @@ async def test_no_server_within_the_timeout_is_a_clear_error(monkeypatch, autoju
 
     monkeypatch.setattr(cluster, "_open_node", open_node)
     with pytest.raises(KeyRangeSourceError, match=r"no server answered within 5 s .*127.0.0.1:9"):
-        await cluster.Cluster.connect("127.0.0.1:9", timeout=5)
+        await cluster.ProxyNodes.connect("127.0.0.1:9", timeout=5)
     assert 4.0 <= trio.current_time() <= 5.0
