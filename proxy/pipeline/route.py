@@ -143,6 +143,17 @@ class Route:
     before: tuple[OwnRequest, ...] = ()
     settle: Callable[[], None] | None = None
 
+    def __post_init__(self) -> None:
+        """A route has one source for its response: the broker's relayed (``relay``),
+        decoded (``on_response``) or rewritten raw (``transform``), or as the broker sent
+        it (none of them), or the proxy's own (``local``); and none when nothing answers
+        (``expect_response`` False). Two at once is a feature's bug, refused here."""
+        sources = [name for name in ("local", "relay", "transform", "on_response") if getattr(self, name) is not None]
+        if len(sources) > 1:
+            raise ValueError(f"a route's response comes from one source, not {' and '.join(sources)}")
+        if sources and not self.expect_response:
+            raise ValueError(f"a route that expects no response has no {sources[0]}")
+
     @classmethod
     def answer(cls, frame: bytes | bytearray) -> Route:
         """The proxy answers with ``frame``; nothing goes to the broker."""

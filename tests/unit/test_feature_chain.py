@@ -445,3 +445,21 @@ async def test_a_padded_request_is_read_as_the_broker_reads_it():
         messages.decode_request(padded)
     route = await _route(FeatureChain([Reader()]), padded)
     assert seen == [None] and route.upstream_frame == padded
+
+
+def test_a_route_has_one_source_for_its_response():
+    from proxy.net.streams import OPAQUE
+    from proxy.pipeline.route import LocalAnswer, Route
+
+    async def transform(raw: bytes) -> bytes:
+        return raw
+
+    Route(b"x", relay=OPAQUE)
+    Route(b"x", transform=transform)
+    Route(None, local=LocalAnswer.ready(b"y"))
+    with pytest.raises(ValueError, match="relay and transform"):
+        Route(b"x", relay=OPAQUE, transform=transform)
+    with pytest.raises(ValueError, match="local and relay"):
+        Route(None, local=LocalAnswer.ready(b"y"), relay=OPAQUE)
+    with pytest.raises(ValueError, match="expects no response"):
+        Route(b"x", expect_response=False, relay=OPAQUE)
