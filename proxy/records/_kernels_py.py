@@ -97,136 +97,24 @@ def split(buf, start: int, end: int, base_offset: int, bounds, members, nsets: i
     return [b"".join(o) for o in outs], [len(o) for o in outs], total
 
 
-def _split_disjoint(buf, pos, end, base_offset, bounds, table) -> int:
-    """Hot loop when every hash belongs to at most one set (``table`` holds appenders)."""
+def _hashed_records(buf, pos: int, end: int, base_offset: int, with_offsets: bool = False):
+    """Each record of ``buf[pos:end]``: (start, end, key hash, absolute offset or None).
+
+    The common case inline (a non-null key shorter than 64 bytes), anything else through
+    the general readers: this is the reference the C kernels are tested against, so it is
+    written to be read, not to be fast. Framing is checked (every record inside the
+    section, every key inside its record); a fault raises ``ProtocolError`` at the record."""
     xxh3 = _xxh3
-    bisect = bisect_right
-    total = 0
     rec_start = pos
     try:
         while pos < end:
             rec_start = pos
-            u = buf[pos]
-            if u < 0x80:
-                pos += 1
-                length = (u >> 1) ^ -(u & 1)
-            elif buf[pos + 1] < 0x80:  # records of 64..8191 bytes: two-byte length
-                u = (u & 0x7F) | (buf[pos + 1] << 7)
-                pos += 2
-                length = (u >> 1) ^ -(u & 1)
-            else:
-                length, pos = _varint(buf, pos, end)
-            rec_end = pos + length
-            if length < 1 or rec_end > end:
-                raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
-            # attributes (1 byte), then timestamp delta, offset delta, key length: the
-            # common case has all three as one-byte varints and a short key.
-            # attributes (1 byte), then skip the timestamp and offset delta varints and
-            # read the key length; the common key is non-null and shorter than 64 bytes.
-            p = pos + 1
-            while buf[p] > 0x7F:
-                p += 1
-            p += 1
-            while buf[p] > 0x7F:
-                p += 1
-            p += 1
-            kl = buf[p]
-            if 1 < kl < 0x80 and not kl & 1:
-                p += 1
-                key_end = p + (kl >> 1)
-                if key_end > rec_end:
-                    raise ProtocolError("key does not fit its record", offset=p)
-                h = xxh3(buf[p:key_end]) >> 1
-            else:
-                h = _route(buf, pos, rec_end, base_offset)
-            append = table[bisect(bounds, h)]
-            if append is not None:
-                append(buf[rec_start:rec_end])
-            total += 1
-            pos = rec_end
-    except (IndexError, ProtocolError) as exc:
-        raise _walk_error(exc, rec_start) from None
-    return total
-
-
-def _split_overlapping(buf, pos, end, base_offset, bounds, table) -> int:
-    """Hot loop when sets overlap (``table`` holds tuples of appenders)."""
-    xxh3 = _xxh3
-    bisect = bisect_right
-    total = 0
-    rec_start = pos
-    try:
-        while pos < end:
-            rec_start = pos
-            u = buf[pos]
-            if u < 0x80:
-                pos += 1
-                length = (u >> 1) ^ -(u & 1)
-            elif buf[pos + 1] < 0x80:  # records of 64..8191 bytes: two-byte length
-                u = (u & 0x7F) | (buf[pos + 1] << 7)
-                pos += 2
-                length = (u >> 1) ^ -(u & 1)
-            else:
-                length, pos = _varint(buf, pos, end)
+            length, pos = _varint(buf, pos, end)
             rec_end = pos + length
             if length < 1 or rec_end > end:
                 raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
             # attributes (1 byte), then skip the timestamp and offset delta varints and
             # read the key length; the common key is non-null and shorter than 64 bytes.
-            p = pos + 1
-            while buf[p] > 0x7F:
-                p += 1
-            p += 1
-            while buf[p] > 0x7F:
-                p += 1
-            p += 1
-            kl = buf[p]
-            if 1 < kl < 0x80 and not kl & 1:
-                p += 1
-                key_end = p + (kl >> 1)
-                if key_end > rec_end:
-                    raise ProtocolError("key does not fit its record", offset=p)
-                h = xxh3(buf[p:key_end]) >> 1
-            else:
-                h = _route(buf, pos, rec_end, base_offset)
-            appenders = table[bisect(bounds, h)]
-            if appenders:
-                raw = buf[rec_start:rec_end]
-                for append in appenders:
-                    append(raw)
-            total += 1
-            pos = rec_end
-    except (IndexError, ProtocolError) as exc:
-        raise _walk_error(exc, rec_start) from None
-    return total
-
-
-def match(buf, start: int, end: int, base_offset: int, bounds, members, nsets: int):
-    """Like ``split`` but collect absolute offsets instead of bytes."""
-    _check_base(base_offset, start)
-    outs: list[list[int]] = [[] for _ in range(nsets)]
-    table = [tuple(outs[k].append for k in m) for m in members]
-    xxh3 = _xxh3
-    bisect = bisect_right
-    pos = start
-    total = 0
-    rec_start = pos
-    try:
-        while pos < end:
-            rec_start = pos
-            u = buf[pos]
-            if u < 0x80:
-                pos += 1
-                length = (u >> 1) ^ -(u & 1)
-            elif buf[pos + 1] < 0x80:
-                u = (u & 0x7F) | (buf[pos + 1] << 7)
-                pos += 2
-                length = (u >> 1) ^ -(u & 1)
-            else:
-                length, pos = _varint(buf, pos, end)
-            rec_end = pos + length
-            if length < 1 or rec_end > end:
-                raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
             p = pos + 1
             while buf[p] > 0x7F:
                 p += 1
@@ -236,27 +124,66 @@ def match(buf, start: int, end: int, base_offset: int, bounds, members, nsets: i
                 p += 1
             p += 1
             kl = buf[p]
+            offset = None
             if 1 < kl < 0x80 and not kl & 1:
                 p += 1
                 key_end = p + (kl >> 1)
                 if key_end > rec_end:
                     raise ProtocolError("key does not fit its record", offset=p)
                 h = xxh3(buf[p:key_end]) >> 1
-                if p - od_pos == 2:  # one-byte offset delta
-                    od = buf[od_pos]
-                    delta = (od >> 1) ^ -(od & 1)
-                else:
-                    delta, _ = _varint(buf, od_pos, rec_end)
+                if with_offsets:
+                    if p - od_pos == 2:  # one-byte offset delta
+                        od = buf[od_pos]
+                        offset = base_offset + ((od >> 1) ^ -(od & 1))
+                    else:
+                        offset = base_offset + _varint(buf, od_pos, rec_end)[0]
             else:
                 h = _route(buf, pos, rec_end, base_offset)
-                delta = _offset_delta(buf, pos, rec_end)
-            offset = base_offset + delta
-            for append in table[bisect(bounds, h)]:
-                append(offset)
-            total += 1
+                if with_offsets:
+                    offset = base_offset + _offset_delta(buf, pos, rec_end)
+            yield rec_start, rec_end, h, offset
             pos = rec_end
     except (IndexError, ProtocolError) as exc:
         raise _walk_error(exc, rec_start) from None
+
+
+def _split_disjoint(buf, pos, end, base_offset, bounds, table) -> int:
+    """When every hash belongs to at most one set (``table`` holds appenders)."""
+    bisect = bisect_right
+    total = 0
+    for rec_start, rec_end, h, _ in _hashed_records(buf, pos, end, base_offset):
+        append = table[bisect(bounds, h)]
+        if append is not None:
+            append(buf[rec_start:rec_end])
+        total += 1
+    return total
+
+
+def _split_overlapping(buf, pos, end, base_offset, bounds, table) -> int:
+    """When sets overlap (``table`` holds tuples of appenders)."""
+    bisect = bisect_right
+    total = 0
+    for rec_start, rec_end, h, _ in _hashed_records(buf, pos, end, base_offset):
+        appenders = table[bisect(bounds, h)]
+        if appenders:
+            raw = buf[rec_start:rec_end]
+            for append in appenders:
+                append(raw)
+        total += 1
+    return total
+
+
+def match(buf, start: int, end: int, base_offset: int, bounds, members, nsets: int):
+    """Like ``split`` but collect absolute offsets instead of bytes."""
+    _check_base(base_offset, start)
+    outs: list[list[int]] = [[] for _ in range(nsets)]
+    table = [tuple(outs[k].append for k in m) for m in members]
+    bisect = bisect_right
+    total = 0
+    for _, _, h, offset in _hashed_records(buf, start, end, base_offset, with_offsets=True):
+        for append in table[bisect(bounds, h)]:
+            append(offset)
+        total += 1
     return outs, total
 
 
@@ -270,16 +197,7 @@ def keep(buf, start: int, end: int, base_offset: int, offsets):
     try:
         while pos < end:
             rec_start = pos
-            u = buf[pos]
-            if u < 0x80:
-                pos += 1
-                length = (u >> 1) ^ -(u & 1)
-            elif buf[pos + 1] < 0x80:
-                u = (u & 0x7F) | (buf[pos + 1] << 7)
-                pos += 2
-                length = (u >> 1) ^ -(u & 1)
-            else:
-                length, pos = _varint(buf, pos, end)
+            length, pos = _varint(buf, pos, end)
             rec_end = pos + length
             if length < 1 or rec_end > end:
                 raise ProtocolError(f"record length {length} does not fit", offset=rec_start)
