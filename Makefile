@@ -32,10 +32,11 @@ $(STAMP): pyproject.toml setup.py $(CSOURCES) proxy/net/native_table.py proxy/pr
 	$(PY) -m pip install --quiet -e '.[test,bench,spark]'
 	touch $(STAMP)
 
-# Downloads Kafka from Maven Central into ${KEYRANGE_CACHE:-~/.cache/keyrange-proxy} once;
-# skips Maven entirely when the cache is complete.
+# Downloads every jar the suite needs (the Kafka broker, Spark's Kafka connector, Kafka's Java
+# tools) from Maven Central into ${KEYRANGE_CACHE:-~/.cache/keyrange-proxy} once; skips Maven
+# entirely when the cache is complete.
 jars: $(STAMP)
-	$(PY) -m proxy.local_kafka fetch-jars
+	$(PY) -m harness.kafka_cluster fetch-jars
 
 # Builds the Toxiproxy server (network fault injection for the fault tests) with `go install`
 # into ${KEYRANGE_CACHE:-~/.cache/keyrange-proxy}/toxiproxy-<version> once; silent when there.
@@ -62,7 +63,10 @@ test: venv jars toxiproxy lint
 unit: venv
 	$(PY) -m pytest $(PYTEST_FLAGS) tests/unit
 
-demo: venv jars
+# Fetches only the product's jars (the Kafka broker, Spark's Kafka connector for the pipeline
+# example), not the tests' Java tools.
+demo: venv
+	$(PY) -m proxy.local_kafka fetch-jars
 	$(PY) -m proxy.demo
 
 # The comparison benchmarks against share groups, Parallel Consumer, Kroxylicious and a bare

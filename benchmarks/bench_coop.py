@@ -94,7 +94,8 @@ from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from benchmarks.workloads.stopping import stop_processes
 from harness.kafka_cluster import KafkaCluster
-from proxy.local_kafka import ProxyProcess, scratch_dir, spawn
+from harness.processes import spawn
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = 10_000

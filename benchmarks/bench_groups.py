@@ -173,7 +173,7 @@ class Fleet:
         self.members: dict[str, subprocess.Popen[bytes]] = {}
 
     def _spawn(self, name: str, command: list[str]) -> None:
-        from proxy.local_kafka import spawn
+        from harness.processes import spawn
 
         with open(self.workdir / f"{name}.err", "wb") as err:
             self.members[name] = spawn(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -221,10 +221,9 @@ class Fleet:
 
 def java_command(classes: Path | None = None) -> list[str]:
     """``java`` with the harness's Kafka jars (and ``classes``) on the class path."""
-    from proxy.local_kafka import java_base_command
+    from harness.java_tools import java_command as tools_command
 
-    command = java_base_command(log4j_config="tools-log4j2.properties",
-                                jvm_options=("-Xms32m", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"))
+    command = tools_command(("-Xms32m", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"))
     if classes is not None:
         command[-1] += os.pathsep + str(classes)
     return command

@@ -1,7 +1,7 @@
 """Run Apache Kafka's own Java command-line tools from the harness jars.
 
 Each call is ``java -cp '<libs>/*' <main class> <args>`` with the jars fetched by
-:mod:`harness.kafka_cluster`, warnings only on stderr (kafka-dist/tools-log4j2.properties),
+:func:`harness.kafka_cluster.fetch_tools_jars`, warnings only on stderr (kafka-dist/tools-log4j2.properties),
 and a timeout.  The helpers return :class:`subprocess.CompletedProcess` with text stdout and
 stderr and raise :class:`JavaToolError` on a non-zero exit unless ``check=False``.
 
@@ -20,7 +20,9 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from proxy.local_kafka import LocalKafkaError, java_base_command, spawn
+from harness.kafka_cluster import fetch_tools_jars
+from harness.processes import spawn
+from proxy.local_kafka import LocalKafkaError, java_base_command
 
 PRODUCER_PERFORMANCE = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERFORMANCE = "org.apache.kafka.tools.ConsumerPerformance"
@@ -35,6 +37,12 @@ TOOL_JVM_OPTIONS = (
     "-XX:+UseSerialGC",
     "-Djava.awt.headless=true",
 )
+
+
+def java_command(jvm_options: Sequence[str] = TOOL_JVM_OPTIONS) -> list[str]:
+    """``java <options> -cp '<libs>/*'`` with Kafka's tools and broker on the class path, ready
+    for a main class and its arguments; the jars fetched first if they are not cached."""
+    return java_base_command(log4j_config="tools-log4j2.properties", jvm_options=jvm_options, libs=fetch_tools_jars())
 
 
 class JavaToolError(LocalKafkaError):
@@ -59,11 +67,7 @@ def run_java_tool(
     The JVM dies with this process, and is killed when ``timeout`` passes (raising
     subprocess.TimeoutExpired with whatever it printed so far).
     """
-    cmd = [
-        *java_base_command(log4j_config="tools-log4j2.properties", jvm_options=jvm_options),
-        main_class,
-        *map(str, args),
-    ]
+    cmd = [*java_command(jvm_options), main_class, *map(str, args)]
     proc = spawn(
         cmd,
         stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,

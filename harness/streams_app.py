@@ -56,7 +56,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness import ROOT, maven
-from proxy.local_kafka import LocalKafkaError, find_java, spawn, terminate
+from harness.processes import spawn
+from proxy.local_kafka import LocalKafkaError, find_java, terminate
 
 SOURCES = ROOT / "benchmarks" / "java"
 MODULE_SOURCES = SOURCES / "streams"

@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.local_kafka import cache_root, spawn, terminate
+from harness.processes import spawn
+from proxy.local_kafka import cache_root, terminate
 
 __all__ = [
     "VERSION",

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import psutil
 
 from harness.kafka_cluster import KafkaCluster
+from harness.processes import spawn
 from harness.wait import wait_until
-from proxy.local_kafka import spawn
 
 LISTENER = "RELAY"
 

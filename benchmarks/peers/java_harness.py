@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness import maven
-from proxy.local_kafka import LocalKafkaError, find_java, kafka_dist_dir, spawn
+from harness.processes import spawn
+from proxy.local_kafka import LocalKafkaError, find_java, kafka_dist_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "benchmarks" / "java"

@@ -19,8 +19,9 @@ from pathlib import Path
 import psutil
 
 from benchmarks.peers import java_harness
+from harness.processes import spawn
 from harness.wait import wait_until
-from proxy.local_kafka import free_port, spawn
+from proxy.local_kafka import free_port
 
 MAIN = "io.keyrange.bench.KroxyliciousMain"
 VERSION = "0.12.0"

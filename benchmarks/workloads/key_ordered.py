@@ -42,7 +42,8 @@ from benchmarks.workloads.key_ordered_worker import read_log
 from benchmarks.workloads.stopping import stop_processes
 from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
-from proxy.local_kafka import ProxyProcess, scratch_dir, spawn
+from harness.processes import spawn
+from proxy.local_kafka import ProxyProcess, scratch_dir
 
 TOPIC = "ko-work"
 ROOT = Path(__file__).resolve().parents[2]
