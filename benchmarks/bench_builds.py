@@ -177,7 +177,8 @@ def _delivery(builds: dict[str, Path], args: argparse.Namespace, argv: list[str]
                 else:
                     name, _, n = contender.partition(" N=")
                     proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides=overrides,
-                                               workdir=workdir / f"{name}-{n}-{round_number}", source=builds[name])
+                                               workdir=workdir / f"{name}-{n}-{round_number}", cwd=builds[name],
+                                               env={**os.environ, "PYTHONPATH": str(builds[name])})
                     try:
                         process = psutil.Process(proxy.pid)
                         before = _cpu_seconds(process)

@@ -197,7 +197,6 @@ def _exactly_once(bootstrap: str) -> tuple[list[dict], Counter]:
     many committed receipts each order got (read_committed)."""
     from confluent_kafka import Consumer as RdConsumer
     from confluent_kafka import Producer as RdProducer
-    from confluent_kafka import TopicPartition as RdTopicPartition
 
     members: list[dict[str, Any]] = []
     for i in range(2):
@@ -214,57 +213,79 @@ def _exactly_once(bootstrap: str) -> tuple[list[dict], Counter]:
     try:
         while sum(done.values()) < RECORDS and time.monotonic() < deadline:
             for i, member in enumerate(members):
-                consumer, producer = member["consumer"], member["producer"]
-                batch = [m for m in consumer.consume(20, 0.3) if m.error() is None]
-                if not batch:
-                    continue
-                producer.begin_transaction()
-                for message in batch:
-                    producer.produce(RECEIPTS, key=message.key(), value=b"receipt for " + (message.value() or b""))
-                positions = {}
-                for message in batch:
-                    positions[message.partition()] = message.offset() + 1
-                producer.send_offsets_to_transaction(
-                    [RdTopicPartition(f"{TOPIC}.kr2", p, o) for p, o in positions.items()],
-                    consumer.consumer_group_metadata(), 30)
-                if i == 0 and member["committed"] + member["aborted"] == 0:
-                    producer.abort_transaction(30)  # on purpose: the orders are read again
-                    member["aborted"] += 1
-                    for p in positions:
-                        first = min(m.offset() for m in batch if m.partition() == p)
-                        consumer.seek(RdTopicPartition(f"{TOPIC}.kr2", p, first))
-                    continue
-                producer.commit_transaction(30)
-                member["committed"] += 1
-                member["orders"] += len(batch)
-                member["position"].update(positions)
-                for message in batch:
-                    done[(message.value() or b"").decode()] += 1
-        # The members keep polling at the end of the partition: their positions move past
-        # the other member's last orders, and a transaction of offsets alone commits that.
-        catch_up = time.monotonic() + 15
-        while time.monotonic() < catch_up and any(m["position"] != {0: RECORDS, 1: RECORDS} for m in members):
-            for member in members:
-                consumer, producer = member["consumer"], member["producer"]
-                consumer.consume(20, 0.3)
-                positions = {tp.partition: tp.offset for tp in consumer.position(consumer.assignment())
-                             if tp.offset >= 0}
-                moved = {p: o for p, o in positions.items() if member["position"].get(p) != o}
-                if moved:
-                    producer.begin_transaction()
-                    producer.send_offsets_to_transaction(
-                        [RdTopicPartition(f"{TOPIC}.kr2", p, o) for p, o in moved.items()],
-                        consumer.consumer_group_metadata(), 30)
-                    producer.commit_transaction(30)
-                    member["position"].update(moved)
-                    member["committed"] += 1
-                for p in (0, 1):
-                    if p not in positions:  # not this member's: the other one commits it
-                        member["position"][p] = RECORDS
+                _eos_turn(member, abort_first=i == 0, done=done)
+        _eos_catch_up(members)
     finally:
         for member in members:
             member["consumer"].close()
             member["producer"].flush(10)
+    return [{k: v for k, v in m.items() if k in ("committed", "aborted", "orders")} for m in members], \
+        _committed_receipts(bootstrap)
+
+
+def _eos_turn(member: dict[str, Any], *, abort_first: bool, done: Counter) -> None:
+    """One member's batch in one transaction: a receipt per order and the offsets; the
+    first transaction of ``abort_first`` is aborted on purpose and its orders sought back."""
+    from confluent_kafka import TopicPartition as RdTopicPartition
+
+    consumer, producer = member["consumer"], member["producer"]
+    batch = [m for m in consumer.consume(20, 0.3) if m.error() is None]
+    if not batch:
+        return
+    producer.begin_transaction()
+    for message in batch:
+        producer.produce(RECEIPTS, key=message.key(), value=b"receipt for " + (message.value() or b""))
+    positions = {}
+    for message in batch:
+        positions[message.partition()] = message.offset() + 1
+    producer.send_offsets_to_transaction(
+        [RdTopicPartition(f"{TOPIC}.kr2", p, o) for p, o in positions.items()],
+        consumer.consumer_group_metadata(), 30)
+    if abort_first and member["committed"] + member["aborted"] == 0:
+        producer.abort_transaction(30)  # on purpose: the orders are read again
+        member["aborted"] += 1
+        for p in positions:
+            first = min(m.offset() for m in batch if m.partition() == p)
+            consumer.seek(RdTopicPartition(f"{TOPIC}.kr2", p, first))
+        return
+    producer.commit_transaction(30)
+    member["committed"] += 1
+    member["orders"] += len(batch)
+    member["position"].update(positions)
+    for message in batch:
+        done[(message.value() or b"").decode()] += 1
+
+
+def _eos_catch_up(members: list[dict[str, Any]]) -> None:
+    """The members keep polling at the end of the partition: their positions move past the
+    other member's last orders, and a transaction of offsets alone commits that."""
+    from confluent_kafka import TopicPartition as RdTopicPartition
+
+    catch_up = time.monotonic() + 15
+    while time.monotonic() < catch_up and any(m["position"] != {0: RECORDS, 1: RECORDS} for m in members):
+        for member in members:
+            consumer, producer = member["consumer"], member["producer"]
+            consumer.consume(20, 0.3)
+            positions = {tp.partition: tp.offset for tp in consumer.position(consumer.assignment())
+                         if tp.offset >= 0}
+            moved = {p: o for p, o in positions.items() if member["position"].get(p) != o}
+            if moved:
+                producer.begin_transaction()
+                producer.send_offsets_to_transaction(
+                    [RdTopicPartition(f"{TOPIC}.kr2", p, o) for p, o in moved.items()],
+                    consumer.consumer_group_metadata(), 30)
+                producer.commit_transaction(30)
+                member["position"].update(moved)
+                member["committed"] += 1
+            for p in (0, 1):
+                if p not in positions:  # not this member's: the other one commits it
+                    member["position"][p] = RECORDS
+
+
+def _committed_receipts(bootstrap: str) -> Counter:
+    """How many committed receipts each order got (read_committed)."""
+    from confluent_kafka import Consumer as RdConsumer
+
     reader = RdConsumer({"bootstrap.servers": bootstrap, "group.id": f"{EOS_GROUP}-reader",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
                          "isolation.level": "read_committed"})
@@ -278,7 +299,7 @@ def _exactly_once(bootstrap: str) -> tuple[list[dict], Counter]:
                     receipts[(message.value() or b"").decode().removeprefix("receipt for ")] += 1
     finally:
         reader.close()
-    return [{k: v for k, v in m.items() if k in ("committed", "aborted", "orders")} for m in members], receipts
+    return receipts
 
 
 def _standard_committed(bootstrap: str, group: str = GROUP, topic: str = TOPIC) -> int | None:
@@ -289,6 +310,129 @@ def _standard_committed(bootstrap: str, group: str = GROUP, topic: str = TOPIC) 
         return reader.committed(KafkaTopicPartition(topic, 0))
     finally:
         reader.close()
+
+
+def _create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics({name: {"num_partitions": partitions, "replication_factor": 1}}, wait_for_metadata=True)
+    finally:
+        admin.close()
+
+
+def _write_orders(proxy: ProxyProcess, kafka: LocalKafka) -> None:
+    step(f"A standard producer writes {RECORDS} orders keyed by customer, through the proxy")
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap_servers, acks="all", linger_ms=5)
+    try:
+        for i in range(RECORDS):
+            customer = CUSTOMERS[i % len(CUSTOMERS)]
+            producer.send(TOPIC, key=customer.encode(), value=f"order-{i:02d}".encode())
+            if i % 4 == 3:
+                producer.flush(30)  # several small batches, so the cache has work to do
+        brokers = sorted(f"{b.host}:{b.port}" for b in producer._metadata.brokers())
+    finally:
+        producer.close()
+    print(f"the producer only ever saw proxy addresses: {brokers} (the broker is {kafka.bootstrap_servers})")
+
+
+def _read_standard(proxy: ProxyProcess) -> list[tuple[str, str]]:
+    step("A standard consumer group reads everything back through the proxy")
+    consumer = KafkaConsumer(TOPIC, bootstrap_servers=proxy.bootstrap_servers, group_id="demo",
+                             auto_offset_reset="earliest", consumer_timeout_ms=10000)
+    try:
+        standard = [(m.key.decode(), m.value.decode()) for m in consumer]
+    finally:
+        consumer.close()
+    print(f"consumed {len(standard)} orders, unfiltered, as from the broker itself")
+    return standard
+
+
+def _share_by_ranges(proxy: ProxyProcess, kafka: LocalKafka, standard: list[tuple[str, str]]) -> None:
+    step(f"{SHARES} key-range consumers share that one partition, a quarter of the key space each, "
+         f"and commit individually")
+    per_consumer = trio.run(_range_members, proxy.bootstrap_servers)
+    owners: dict[str, set[int]] = defaultdict(set)
+    for i, got in enumerate(per_consumer):
+        for key, _ in got:
+            owners[key].add(i)
+        customers = sorted({key for key, _ in got})
+        print(f"  consumer {i}: {len(got):2d} orders, customers {', '.join(customers) or '-'}")
+    total = sum(len(got) for got in per_consumer)
+    print(f"together: {total} of {RECORDS} orders; every customer handled by exactly one consumer: "
+          f"{all(len(o) == 1 for o in owners.values())}")
+    for customer in CUSTOMERS[:3]:
+        mine = [value for got in per_consumer for key, value in got if key == customer]
+        print(f"  {customer:>5}'s orders, in produce order: {' '.join(mine)}")
+    committed = _standard_committed(kafka.bootstrap_servers)
+    print(f"group {GROUP!r} as standard tools see it at the broker: committed offset {committed} "
+          f"of {RECORDS} (every order processed, though out of order across consumers)")
+    hits = _metric(proxy.metrics_url, "kafka_proxy_keyrange_cache_hits_total")
+    read = _metric(proxy.metrics_url, "kafka_proxy_keyrange_broker_bytes_total")
+    print(f"proxy result cache: {hits:.0f} shares served without reading the broker; "
+          f"{read / 1024:.1f} KiB read from the broker for the range consumers")
+    if total != RECORDS or sorted(standard) != sorted(v for got in per_consumer for v in got):
+        raise SystemExit("demo failed: the range consumers did not receive exactly the topic's records")
+    if committed != RECORDS:
+        raise SystemExit(f"demo failed: the group's committed offset is {committed}, not {RECORDS}")
+
+
+def _committed_within(bootstrap: str, group: str, topic: str, expected: int, seconds: float = 15) -> int | None:
+    """The group's committed offset, read until it is ``expected`` or ``seconds`` passed."""
+    committed = None
+    deadline = time.monotonic() + seconds
+    while committed != expected and time.monotonic() < deadline:
+        committed = _standard_committed(bootstrap, group, topic)
+    return committed
+
+
+def _share_by_chunks(proxy: ProxyProcess, kafka: LocalKafka) -> None:
+    step(f"{COOP_MEMBERS} consumers that need no per-key order share ONE partition by chunks of offsets "
+         f"(cooperative fetch); half of the records have one key")
+    _create_topic(proxy.bootstrap_servers, COOP_TOPIC, 1)
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap_servers, acks="all", linger_ms=5)
+    try:
+        for i in range(COOP_RECORDS):
+            click_key = b"hot-customer" if i % 2 else f"customer-{i % 50}".encode()
+            producer.send(COOP_TOPIC, key=click_key, value=f"click-{i}".encode())
+            if i % 10 == 9:
+                producer.flush(30)  # batches of 10: a chunk is whole batches, at least one
+        producer.flush(30)
+    finally:
+        producer.close()
+    per_member = trio.run(_cooperative_members, proxy.bootstrap_servers)
+    for i, offsets in enumerate(per_member):
+        print(f"  consumer {i}: {len(offsets):3d} records")
+    handed = [offset for offsets in per_member for offset in offsets]
+    exact = sorted(handed) == list(range(COOP_RECORDS))
+    chunks = _metric(proxy.metrics_url, "kafka_proxy_coop_chunks_leased_total")
+    committed = _committed_within(kafka.bootstrap_servers, COOP_GROUP, COOP_TOPIC, COOP_RECORDS)
+    print(f"together: {len(handed)} of {COOP_RECORDS} records in {chunks:.0f} chunks, every record exactly "
+          f"once: {exact}; group {COOP_GROUP!r} committed offset at the broker: {committed}")
+    if not exact or committed != COOP_RECORDS:
+        raise SystemExit("demo failed: the cooperative consumers did not process every record exactly once")
+
+
+def _group_on_two_partitions(proxy: ProxyProcess) -> None:
+    step("A consumer group on TWO partitions: six members, then a seventh joins, then one leaves")
+    _create_topic(proxy.bootstrap_servers, GROUP_TOPIC, 2)
+    settled = trio.run(_group_members, proxy.bootstrap_servers)
+    print(f"every rebalance settled with the whole of both partitions shared out: {len(settled) == 3}")
+
+
+def _exactly_once_step(proxy: ProxyProcess, kafka: LocalKafka) -> None:
+    step(f"An exactly-once application shares the ONE partition of {TOPIC!r}: two transactional members "
+         f"of {TOPIC + '.kr2'!r} write a receipt per order")
+    members, receipts = _exactly_once(proxy.bootstrap_servers)
+    for i, member in enumerate(members):
+        print(f"  member {i}: {member['committed']} transactions committed, {member['aborted']} aborted on "
+              f"purpose and redone, {member['orders']} orders")
+    exact = len(receipts) == RECORDS and set(receipts.values()) == {1}
+    print(f"committed receipts: {sum(receipts.values())} for {len(receipts)} of {RECORDS} orders; "
+          f"every order exactly once: {exact}")
+    committed = _committed_within(kafka.bootstrap_servers, EOS_GROUP, TOPIC, RECORDS)
+    print(f"group {EOS_GROUP!r} at the broker: committed offset {committed} of {RECORDS}")
+    if not exact or committed != RECORDS:
+        raise SystemExit("demo failed: the exactly-once members did not process every order exactly once")
 
 
 def run() -> None:
@@ -306,121 +450,14 @@ def run() -> None:
         try:
             print(f"proxy listening at {proxy.bootstrap_servers} (node ports {proxy.node_ports}), "
                   f"metrics at {proxy.metrics_url}")
-            admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap_servers)
-            try:
-                admin.create_topics({TOPIC: {"num_partitions": 1, "replication_factor": 1}}, wait_for_metadata=True)
-            finally:
-                admin.close()
+            _create_topic(proxy.bootstrap_servers, TOPIC, 1)
             print(f"created topic {TOPIC!r} with ONE partition, through the proxy")
-
-            step(f"A standard producer writes {RECORDS} orders keyed by customer, through the proxy")
-            producer = KafkaProducer(bootstrap_servers=proxy.bootstrap_servers, acks="all", linger_ms=5)
-            try:
-                for i in range(RECORDS):
-                    customer = CUSTOMERS[i % len(CUSTOMERS)]
-                    producer.send(TOPIC, key=customer.encode(), value=f"order-{i:02d}".encode())
-                    if i % 4 == 3:
-                        producer.flush(30)  # several small batches, so the cache has work to do
-                brokers = sorted(f"{b.host}:{b.port}" for b in producer._metadata.brokers())
-            finally:
-                producer.close()
-            print(f"the producer only ever saw proxy addresses: {brokers} (the broker is {kafka.bootstrap_servers})")
-
-            step("A standard consumer group reads everything back through the proxy")
-            consumer = KafkaConsumer(TOPIC, bootstrap_servers=proxy.bootstrap_servers, group_id="demo",
-                                     auto_offset_reset="earliest", consumer_timeout_ms=10000)
-            try:
-                standard = [(m.key.decode(), m.value.decode()) for m in consumer]
-            finally:
-                consumer.close()
-            print(f"consumed {len(standard)} orders, unfiltered, as from the broker itself")
-
-            step(f"{SHARES} key-range consumers share that one partition, a quarter of the key space each, "
-                 f"and commit individually")
-            per_consumer = trio.run(_range_members, proxy.bootstrap_servers)
-            owners: dict[str, set[int]] = defaultdict(set)
-            for i, got in enumerate(per_consumer):
-                for key, _ in got:
-                    owners[key].add(i)
-                customers = sorted({key for key, _ in got})
-                print(f"  consumer {i}: {len(got):2d} orders, customers {', '.join(customers) or '-'}")
-            total = sum(len(got) for got in per_consumer)
-            print(f"together: {total} of {RECORDS} orders; every customer handled by exactly one consumer: "
-                  f"{all(len(o) == 1 for o in owners.values())}")
-            for customer in CUSTOMERS[:3]:
-                mine = [value for got in per_consumer for key, value in got if key == customer]
-                print(f"  {customer:>5}'s orders, in produce order: {' '.join(mine)}")
-            committed = _standard_committed(kafka.bootstrap_servers)
-            print(f"group {GROUP!r} as standard tools see it at the broker: committed offset {committed} "
-                  f"of {RECORDS} (every order processed, though out of order across consumers)")
-            hits = _metric(proxy.metrics_url, "kafka_proxy_keyrange_cache_hits_total")
-            read = _metric(proxy.metrics_url, "kafka_proxy_keyrange_broker_bytes_total")
-            print(f"proxy result cache: {hits:.0f} shares served without reading the broker; "
-                  f"{read / 1024:.1f} KiB read from the broker for the range consumers")
-            if total != RECORDS or sorted(standard) != sorted(v for got in per_consumer for v in got):
-                raise SystemExit("demo failed: the range consumers did not receive exactly the topic's records")
-            if committed != RECORDS:
-                raise SystemExit(f"demo failed: the group's committed offset is {committed}, not {RECORDS}")
-
-            step(f"{COOP_MEMBERS} consumers that need no per-key order share ONE partition by chunks of offsets "
-                 f"(cooperative fetch); half of the records have one key")
-            admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap_servers)
-            try:
-                admin.create_topics({COOP_TOPIC: {"num_partitions": 1, "replication_factor": 1}},
-                                    wait_for_metadata=True)
-            finally:
-                admin.close()
-            producer = KafkaProducer(bootstrap_servers=proxy.bootstrap_servers, acks="all", linger_ms=5)
-            try:
-                for i in range(COOP_RECORDS):
-                    click_key = b"hot-customer" if i % 2 else f"customer-{i % 50}".encode()
-                    producer.send(COOP_TOPIC, key=click_key, value=f"click-{i}".encode())
-                    if i % 10 == 9:
-                        producer.flush(30)  # batches of 10: a chunk is whole batches, at least one
-                producer.flush(30)
-            finally:
-                producer.close()
-            per_member = trio.run(_cooperative_members, proxy.bootstrap_servers)
-            for i, offsets in enumerate(per_member):
-                print(f"  consumer {i}: {len(offsets):3d} records")
-            handed = [offset for offsets in per_member for offset in offsets]
-            exact = sorted(handed) == list(range(COOP_RECORDS))
-            chunks = _metric(proxy.metrics_url, "kafka_proxy_coop_chunks_leased_total")
-            committed = None
-            deadline = time.monotonic() + 15
-            while committed != COOP_RECORDS and time.monotonic() < deadline:
-                committed = _standard_committed(kafka.bootstrap_servers, COOP_GROUP, COOP_TOPIC)
-            print(f"together: {len(handed)} of {COOP_RECORDS} records in {chunks:.0f} chunks, every record exactly "
-                  f"once: {exact}; group {COOP_GROUP!r} committed offset at the broker: {committed}")
-            if not exact or committed != COOP_RECORDS:
-                raise SystemExit("demo failed: the cooperative consumers did not process every record exactly once")
-
-            step("A consumer group on TWO partitions: six members, then a seventh joins, then one leaves")
-            admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap_servers)
-            try:
-                admin.create_topics({GROUP_TOPIC: {"num_partitions": 2, "replication_factor": 1}},
-                                    wait_for_metadata=True)
-            finally:
-                admin.close()
-            settled = trio.run(_group_members, proxy.bootstrap_servers)
-            print(f"every rebalance settled with the whole of both partitions shared out: {len(settled) == 3}")
-
-            step(f"An exactly-once application shares the ONE partition of {TOPIC!r}: two transactional members "
-                 f"of {TOPIC + '.kr2'!r} write a receipt per order")
-            members, receipts = _exactly_once(proxy.bootstrap_servers)
-            for i, member in enumerate(members):
-                print(f"  member {i}: {member['committed']} transactions committed, {member['aborted']} aborted on "
-                      f"purpose and redone, {member['orders']} orders")
-            exact = len(receipts) == RECORDS and set(receipts.values()) == {1}
-            print(f"committed receipts: {sum(receipts.values())} for {len(receipts)} of {RECORDS} orders; "
-                  f"every order exactly once: {exact}")
-            committed = None
-            deadline = time.monotonic() + 15
-            while committed != RECORDS and time.monotonic() < deadline:
-                committed = _standard_committed(kafka.bootstrap_servers, EOS_GROUP)
-            print(f"group {EOS_GROUP!r} at the broker: committed offset {committed} of {RECORDS}")
-            if not exact or committed != RECORDS:
-                raise SystemExit("demo failed: the exactly-once members did not process every order exactly once")
+            _write_orders(proxy, kafka)
+            standard = _read_standard(proxy)
+            _share_by_ranges(proxy, kafka, standard)
+            _share_by_chunks(proxy, kafka)
+            _group_on_two_partitions(proxy)
+            _exactly_once_step(proxy, kafka)
         finally:
             step("Stopping the proxy and the broker")
             proxy.stop()
