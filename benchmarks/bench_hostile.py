@@ -34,40 +34,16 @@ import uuid
 from pathlib import Path
 
 from benchmarks import results
+from benchmarks.bench_connections import rss_bytes
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
-from proxy.protocol import messages
+from benchmarks.workloads import data
+from harness.raw_client import RawClient
 from proxy.protocol.api_keys import ApiKey
 
 MIB = 1024 * 1024
 DECLARED = 100 * MIB
 QUIET, ATTACKED = "quiet", "attacked"
-
-
-def _frame(api_key: int, version: int, correlation_id: int, **fields) -> bytes:
-    header = messages.new_request_header(api_key, version, correlation_id, "bench-hostile")
-    body = messages.encode_request(header, messages.new_body(api_key, version, "request", **fields))
-    return struct.pack(">i", len(body)) + body
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    def exact(count: int) -> bytes:
-        data = b""
-        while len(data) < count:
-            chunk = sock.recv(count - len(data))
-            if not chunk:
-                raise ConnectionError("closed")
-            data += chunk
-        return data
-
-    return exact(struct.unpack(">i", exact(4))[0])
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 class RssSampler:
@@ -99,17 +75,15 @@ def attack(port: int, count: int) -> list[socket.socket]:
     sockets, to be closed by the caller (those closed by the proxy included)."""
     sockets = []
     for index in range(count):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        sockets.append(sock)
+        client = RawClient("127.0.0.1", port, client_id="bench-hostile")
+        sockets.append(client.sock)
         api_key = ApiKey.API_VERSIONS if index % 3 == 0 else ApiKey.PRODUCE
         declaration = struct.pack(">ihhi", DECLARED, api_key, 3 if api_key == ApiKey.API_VERSIONS else 9, 1)
-        if index % 3 == 2:
-            sock.sendall(_frame(ApiKey.API_VERSIONS, 3, 1, client_software_name="bench", client_software_version="1"))
-            _read_frame(sock)
-            sock.sendall(_frame(ApiKey.METADATA, 12, 2, topics=[], allow_auto_topic_creation=False))
-            _read_frame(sock)
+        if index % 3 == 2:  # past authentication first
+            client.call(ApiKey.API_VERSIONS, 3, client_software_name="bench", client_software_version="1")
+            client.call(ApiKey.METADATA, 12, topics=[], allow_auto_topic_creation=False)
         try:
-            sock.sendall(declaration)
+            client.sock.sendall(declaration)
         except OSError:
             pass  # closed at the size prefix already
     return sockets
@@ -137,21 +111,6 @@ def consume(bootstrap: str, topic: str, count: int) -> float:
         consumer.close()
 
 
-def produce(bootstrap: str, topic: str, count: int, size: int) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "none"})
-    value = bytes(size)
-    for index in range(count):
-        while True:
-            try:
-                producer.produce(topic, key=f"k{index % 1000}".encode(), value=value)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    assert producer.flush(120) == 0
-
-
 def run(report: dict, args, cluster, workdir: Path) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -161,7 +120,7 @@ def run(report: dict, args, cluster, workdir: Path) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     for future in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)]).values():
         future.result(timeout=60)
-    produce(cluster.bootstrap_servers, topic, args.records, args.record_bytes)
+    data.produce_keyed(cluster.bootstrap_servers, topic, args.records, keys=1000, value_size=args.record_bytes)
     megabytes = args.records * args.record_bytes / 1e6
     proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides={"metrics.port": "0"}, workdir=workdir / "proxy")
     try:

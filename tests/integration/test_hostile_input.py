@@ -25,6 +25,7 @@ from harness.clients import confluent_roundtrip
 from harness.wait import wait_until
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import EXTENSION_TAG_BYTES
+from proxy.protocol.primitives import uvarint_bytes
 
 from .test_connection_limits import _api_versions, _ask, _connect, _metadata_answered, _metric
 
@@ -38,15 +39,6 @@ def _rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _closed_without_answer(sock: socket.socket, timeout: float = 15.0) -> bool:
@@ -72,9 +64,9 @@ def _header_tag_bomb(correlation_id: int, fields: int) -> bytes:
     """An ApiVersions v3 request whose (flexible) header declares ``fields`` empty tagged
     fields, and has them all."""
     head = struct.pack(">hhih", ApiKey.API_VERSIONS, 3, correlation_id, 5) + b"bombs"
-    tags = bytearray(_uvarint(fields))
+    tags = bytearray(uvarint_bytes(fields))
     for tag in range(fields):
-        tags += _uvarint(tag)
+        tags += uvarint_bytes(tag)
         tags += b"\x00"
     body = head + bytes(tags) + b"\x00\x00\x00"  # an empty body (two empty compact strings, no tags)
     return struct.pack(">i", len(body)) + body
@@ -85,7 +77,7 @@ def _array_bomb(api_key: int, version: int, correlation_id: int, prefix: bytes, 
     """A flexible request whose first array (after ``prefix`` of its body) declares
     ``elements`` elements, and holds a few bytes of them (and ``trailer``)."""
     head = struct.pack(">hhih", api_key, version, correlation_id, 5) + b"array" + b"\x00"
-    body = head + prefix + _uvarint(elements + 1) + bytes(64) + trailer
+    body = head + prefix + uvarint_bytes(elements + 1) + bytes(64) + trailer
     return struct.pack(">i", len(body)) + body
 
 
