@@ -175,6 +175,11 @@ async def wait_for_metric(url: str, name: str, target: float, timeout: float) ->
 CONNECTIONS = "kafka_proxy_client_connections"
 REFUSED = 'kafka_proxy_client_connections_refused_total{reason="max_connections"}'
 SETUP_CLOSED = 'kafka_proxy_client_connections_closed_total{reason="setup_timeout"}'
+GC_FULL_SECONDS = 'kafka_proxy_gc_pause_seconds_total{generation="2"}'
+GC_FULL_RUNS = 'kafka_proxy_gc_collections_total{generation="2"}'
+FROZEN = "kafka_proxy_gc_frozen_objects"
+FROZEN_WALKS = "kafka_proxy_gc_frozen_walks_total"
+STOCK = {"memory.gc.freeze.interval.ms": "0"}  # the collector as CPython sets it (frozen once at start)
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -244,9 +249,13 @@ async def active_window(port: int, url: str, pid: int, count: int, *, warmup: fl
         await trio.sleep_until(measure_from)
         times = process.cpu_times()
         cpu["from"] = times.user + times.system
+        before = await trio.to_thread.run_sync(scrape, url)
         await trio.sleep_until(end)
         times = process.cpu_times()
         cpu["to"] = times.user + times.system
+        after = await trio.to_thread.run_sync(scrape, url)
+        for key, metric_name in (("gc_full_seconds", GC_FULL_SECONDS), ("gc_full_collections", GC_FULL_RUNS)):
+            cpu[key] = after.get(metric_name, 0.0) - before.get(metric_name, 0.0)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(cpu_marks)
@@ -257,7 +266,9 @@ async def active_window(port: int, url: str, pid: int, count: int, *, warmup: fl
     requests = len(latencies)
     return {"requests_per_second": requests / window, "p50_ms": percentile(latencies, 0.5) * 1000,
             "p99_ms": percentile(latencies, 0.99) * 1000, "p999_ms": percentile(latencies, 0.999) * 1000,
-            "max_ms": max(latencies) * 1000, "proxy_cpu_us_per_request": (cpu["to"] - cpu["from"]) / requests * 1e6, "requests": requests}
+            "max_ms": max(latencies) * 1000, "proxy_cpu_us_per_request": (cpu["to"] - cpu["from"]) / requests * 1e6,
+            "requests": requests, "gc_full_seconds": cpu["gc_full_seconds"],
+            "gc_full_collections": cpu["gc_full_collections"]}
 
 
 async def active_pair(port: int, url: str, pid: int, args, say, label: str) -> dict:
@@ -268,8 +279,53 @@ async def active_pair(port: int, url: str, pid: int, args, say, label: str) -> d
     say(f"active {label}: closed loop {closed['requests_per_second']:,.0f}/s p50 {closed['p50_ms']:.2f} ms "
         f"p99 {closed['p99_ms']:.2f} ms cpu {closed['proxy_cpu_us_per_request']:.0f} us/req; paced "
         f"{paced['requests_per_second']:,.0f}/s p50 {paced['p50_ms']:.2f} ms p99 {paced['p99_ms']:.2f} ms "
-        f"max {paced['max_ms']:.0f} ms")
+        f"max {paced['max_ms']:.0f} ms; full collections {closed['gc_full_collections']:.0f} + "
+        f"{paced['gc_full_collections']:.0f} taking {closed['gc_full_seconds'] + paced['gc_full_seconds']:.2f} s")
     return {"closed_loop": closed, "paced": paced}
+
+
+async def churn_soak(port: int, url: str, pid: int, minutes: float, churn: int, interval: float,
+                     say) -> list[dict]:
+    """With the held connections open: every second ``churn`` connections are opened, have
+    an ApiVersions answered and close, for ``minutes``; every ``interval`` seconds the
+    proxy's RSS, frozen objects and walks of the frozen heap are sampled."""
+    samples: list[dict] = []
+    began = trio.current_time()
+    end = began + minutes * 60
+    opened_total = 0
+
+    async def sampler() -> None:
+        while trio.current_time() < end:
+            values = await trio.to_thread.run_sync(scrape, url)
+            samples.append({"seconds": round(trio.current_time() - began, 1), "proxy_rss_bytes": rss_bytes(pid),
+                            "frozen_objects": values.get(FROZEN, 0.0), "frozen_walks": values.get(FROZEN_WALKS, 0.0),
+                            "gc_full_seconds": values.get(GC_FULL_SECONDS, 0.0), "churned": opened_total})
+            await trio.sleep(interval)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sampler)
+        while trio.current_time() < end:
+            second = trio.current_time() + 1.0
+            streams, refused = await open_many(port, churn, request=True)
+            if refused:
+                raise RuntimeError(f"{refused} churn connections refused")
+            opened_total += len(streams)
+            await close_all(streams)
+            await trio.sleep_until(second)
+    last = samples[-1]
+    say(f"soak {minutes:g} min, {opened_total:,} connections churned: rss {last['proxy_rss_bytes'] / 2**20:.1f} MiB, "
+        f"frozen {last['frozen_objects']:,.0f}, walks {last['frozen_walks']:.0f}")
+    return samples
+
+
+def growth_per_hour(samples: Sequence[dict], key: str) -> float:
+    """The least-squares slope of ``key`` over the samples after the first quarter, per
+    hour, as a fraction of its mean there."""
+    tail = samples[len(samples) // 4:]
+    xs = [s["seconds"] / 3600 for s in tail]
+    ys = [float(s[key]) for s in tail]
+    mean = statistics.fmean(ys)
+    return slope(xs, ys) / mean if mean and len(tail) >= 3 else 0.0
 
 
 async def check_all_answer(streams: Sequence[trio.SocketStream]) -> int:
@@ -380,9 +436,11 @@ async def run(report: dict, args, cluster, workdir: Path) -> None:
     settings = {"metrics.port": "0", "max.connections": str(limit)}
     proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides=settings)
     bare = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "bare", overrides=settings)
+    stock = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "stock", overrides={**settings, **STOCK})
     pid, url = proxy.pid, proxy.metrics_url
-    assert url is not None and bare.metrics_url is not None
-    contenders = {"held": (proxy.port, url, pid), "bare": (bare.port, bare.metrics_url, bare.pid)}
+    assert url is not None and bare.metrics_url is not None and stock.metrics_url is not None
+    contenders = {"held": (proxy.port, url, pid), "bare": (bare.port, bare.metrics_url, bare.pid),
+                  "stock": (stock.port, stock.metrics_url, stock.pid)}
     try:
         _say(f"proxy pid {pid} (to hold {top}), bare proxy pid {bare.pid}; max.connections {limit}; "
              f"broker pid {broker_pid}")
@@ -390,12 +448,20 @@ async def run(report: dict, args, cluster, workdir: Path) -> None:
             await active_window(port, metrics_url, process, args.active, warmup=0, window=args.window, pace=None)
         points, held = await steps(proxy.port, url, pid, broker_pid, args.steps, request=True, say=_say)
         report["series"] = {HELD: points}
-        windows: dict[str, list[dict]] = {"held": [], "bare": []}
+        stock_held, refused = await open_many(stock.port, top, request=True)
+        if refused:
+            raise RuntimeError(f"{refused} connections refused below max.connections")
+        windows: dict[str, list[dict]] = {"held": [], "bare": [], "stock": []}
+        labels = {"held": f"with {top} held", "bare": "bare", "stock": f"with {top} held, collector as CPython sets it"}
         for round_number in range(args.rounds):
-            for name in rotation(["bare", "held"], round_number):
-                label = f"round {round_number + 1}, {'with ' + str(top) + ' held' if name == 'held' else 'bare'}"
-                windows[name].append(await active_pair(*contenders[name], args, _say, label))
+            for name in rotation(["bare", "held", "stock"], round_number):
+                windows[name].append(await active_pair(*contenders[name], args, _say,
+                                                       f"round {round_number + 1}, {labels[name]}"))
         report["active"] = windows
+        await close_all(stock_held)
+        stock.stop()
+        if args.soak_minutes > 0:
+            report["soak"] = await churn_soak(proxy.port, url, pid, args.soak_minutes, args.churn, 10.0, _say)
         # max.connections: `top` held, `beyond` more try; exactly `limit - top` get in.
         await wait_for_metric(url, CONNECTIONS, top, timeout=60)
         refused_before = await metric(url, REFUSED)
@@ -416,6 +482,7 @@ async def run(report: dict, args, cluster, workdir: Path) -> None:
     finally:
         proxy.stop()
         bare.stop()
+        stock.stop()
 
     # Silent connections: no request, no broker connection; a fresh proxy (the first one's
     # freed memory would be reused), the setup timeout out of the way.
@@ -461,31 +528,44 @@ def summarise(report: dict, args) -> None:
         report["rows"].append(Row(f"proxy fds at {top:,}, {name.split(' (')[0]}", "proxy", "fds",
                                   [float(last["proxy_fds"])], higher_is_better=False).as_dict())
     report["per_connection"] = per
-    pairs = list(zip(report["active"]["held"], report["active"]["bare"]))  # round by round
-    for mode, label in (("closed_loop", "closed loop"), ("paced", f"paced {args.pace_ms:g} ms")):
-        for key, unit, higher, title in (("requests_per_second", "req/s", True, "requests/s"),
-                                         ("p50_ms", "ms", False, "p50"), ("p99_ms", "ms", False, "p99"),
-                                         ("proxy_cpu_us_per_request", "us", False, "proxy CPU per request")):
-            if mode == "paced" and key == "requests_per_second":
-                continue  # set by the pace
-            report["rows"].append(Row(f"{label}: {title}", f"{top:,} idle held", unit,
-                                      [b[mode][key] for b, _ in pairs], baseline="none held",
-                                      baseline_values=[a[mode][key] for _, a in pairs],
-                                      higher_is_better=higher).as_dict())
+    bare = report["active"]["bare"]
+    for contender, name in (("held", f"{top:,} idle held"),
+                            ("stock", f"{top:,} idle held, memory.gc.freeze.interval.ms=0")):
+        windows = report["active"][contender]
+        for mode, label in (("closed_loop", "closed loop"), ("paced", f"paced {args.pace_ms:g} ms")):
+            for key, unit, higher, title in (("requests_per_second", "req/s", True, "requests/s"),
+                                             ("p50_ms", "ms", False, "p50"), ("p99_ms", "ms", False, "p99"),
+                                             ("proxy_cpu_us_per_request", "us", False, "proxy CPU per request")):
+                if mode == "paced" and key == "requests_per_second":
+                    continue  # set by the pace
+                group = f"{label}: {title}" if contender == "held" else f"{label}: {title} (gc as CPython sets it)"
+                report["rows"].append(Row(group, name, unit, [w[mode][key] for w in windows], baseline="none held",
+                                          baseline_values=[b[mode][key] for b in bare],
+                                          higher_is_better=higher).as_dict())
+        report["rows"].append(Row(f"full collections' pause per window ({contender})", name, "s",
+                                  [w["closed_loop"]["gc_full_seconds"] + w["paced"]["gc_full_seconds"]
+                                   for w in windows], higher_is_better=False).as_dict())
+    soak = report.get("soak")
+    if soak:
+        for key, title in (("proxy_rss_bytes", "RSS"), ("frozen_objects", "frozen objects")):
+            report["rows"].append(Row(f"soak: {title} growth per hour", f"{top:,} held, {args.churn}/s churned", "%",
+                                      [100 * growth_per_hour(soak, key)], higher_is_better=False).as_dict())
     rows = {r["group"]: r for r in report["rows"]}
     refusals = report["refusals"]
     expected = refusals["tried"] - (refusals["max_connections"] - refusals["held"])
     report["goals"] += [
-        goal(f"closed-loop requests/s with {top:,} idle held >= 0.9 x with none",
-             rows["closed loop: requests/s"]["ratio"], 0.9),
-        goal(f"paced p99 with {top:,} idle held <= 1.5 x with none", rows[f"paced {args.pace_ms:g} ms: p99"]["ratio"],
-             1.5, at_least=False),
+        goal(f"closed-loop requests/s with {top:,} idle held >= 0.95 x with none",
+             rows["closed loop: requests/s"]["ratio"], 0.95),
+        goal(f"paced p99 with {top:,} idle held <= 1.2 x with none", rows[f"paced {args.pace_ms:g} ms: p99"]["ratio"],
+             1.2, at_least=False),
         {"goal": f"refused beyond max.connections == {expected}", "measured": refusals["refused"],
          "threshold": expected, "direction": "==", "unit": "", "met": refusals["refused"] == expected
          and refusals["refusals_counted"] == expected},
         {"goal": "every held connection answers after the refusals", "measured": refusals["held_answered_after"],
          "threshold": refusals["held_total"], "direction": "==", "unit": "",
          "met": refusals["held_answered_after"] == refusals["held_total"]},
+        *([goal("soak: proxy RSS growth per hour <= 5 %", rows["soak: RSS growth per hour"]["value"], 5.0,
+                at_least=False)] if report.get("soak") else []),
         {"goal": "setup timeout: no silent connection closed early, every one counted",
          "measured": report["setup_crowd"]["counted"], "threshold": args.crowd, "direction": "==", "unit": "",
          "met": report["setup_crowd"]["closed_before_deadline"] == 0 and report["setup_crowd"]["counted"] == args.crowd},
@@ -504,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beyond", type=int, default=300, help="connections tried with the held ones open")
     parser.add_argument("--crowd", type=int, default=5000, help="silent connections against the setup timeout")
     parser.add_argument("--crowd-timeout", type=float, default=5.0, help="connections.setup.timeout.ms there, in s")
+    parser.add_argument("--soak-minutes", type=float, default=5.0,
+                        help="minutes of connection churn with the held connections open (0 skips it)")
+    parser.add_argument("--churn", type=int, default=100, help="connections opened and closed each second of the soak")
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)
     if args.steps[0] != 0 or sorted(args.steps) != args.steps:
@@ -511,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.beyond <= args.active:
         parser.error("--beyond must exceed --active (max.connections is the top step + --active)")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = args.steps[-1] + args.beyond + args.crowd + 1000
+    needed = 2 * args.steps[-1] + args.beyond + args.crowd + 1000
     if soft < needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, needed), hard))
     from harness.kafka_cluster import KafkaCluster
@@ -529,13 +612,18 @@ def main(argv: list[str] | None = None) -> int:
         f"per connection is the least-squares slope. Active load: {args.active} connections looping Metadata (no "
         f"topics), closed loop, then paced at one request per {args.pace_ms:g} ms each, {args.warmup:g} s warm-up + "
         f"{args.window:g} s measured per window, against the proxy holding {top:,} and against a second proxy of the "
-        f"same settings (same broker) holding none, {args.rounds} rounds alternating them (order rotating), one "
+        f"same settings (same broker) holding none, and against a third holding {top:,} with the collector as CPython "
+        f"sets it (memory.gc.freeze.interval.ms=0: frozen once at start), {args.rounds} rounds alternating the three "
+        f"(order rotating), one "
         f"unrecorded window on each first; ratios paired within a round. max.connections = {top + args.active:,}: with {top:,} held, "
         f"{args.beyond} more send ApiVersions. Silent connections (no request) on a fresh proxy in the same steps. "
         f"{args.crowd:,} silent connections on a proxy with connections.setup.timeout.ms = "
-        f"{args.crowd_timeout * 1000:.0f}.",
+        f"{args.crowd_timeout * 1000:.0f}. Soak: {args.soak_minutes:g} min with the {top:,} held open, {args.churn} "
+        f"connections opened (ApiVersions answered) and closed each second; RSS and frozen objects sampled every "
+        f"10 s, growth per hour the least-squares slope after the first quarter over the mean.",
         {"steps": args.steps, "active": args.active, "window_s": args.window, "warmup_s": args.warmup,
          "pace_ms": args.pace_ms, "rounds": args.rounds, "beyond": args.beyond, "crowd": args.crowd,
+         "soak_minutes": args.soak_minutes, "churn": args.churn,
          "ulimit_n": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
     workdir = scratch_dir("bench-connections-")
     began = time.monotonic()

@@ -63,6 +63,7 @@ from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.message_types import MetadataRequest, MetadataResponse
 from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
+from proxy.server.collector import CollectorTuner
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
 from proxy.server.health import Health, watch_brokers
@@ -124,6 +125,8 @@ class ProxyServer:
         )
         self.background = Background()  # follow-ups that outlive a client's connection
         registry = self.metrics.registry
+        self.collector = CollectorTuner(config.operations.gc_freeze_interval_ms / 1000)
+        registry.register(self.collector)
         Gauge("kafka_proxy_followups_running", "Follow-ups of transactional commits running (fold, S).",
               registry=registry).set_function(lambda: self.background.running)
         Gauge("kafka_proxy_followups_refused", "Follow-ups of transactional commits not started (limit reached); "
@@ -191,6 +194,7 @@ class ProxyServer:
             await root.start(self.background.run)
             operations = self.config.operations
             await root.start(HeapTrimmer(operations.memory_trim_interval_ms / 1000, self.metrics).run)
+            await root.start(self.collector.run)
             if operations.metrics_port >= 0:
                 self.metrics_port = await root.start(
                     serve_metrics, self.metrics, self.config.cluster.listen_host, operations.metrics_port, self.health

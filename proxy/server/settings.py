@@ -83,7 +83,7 @@ class ClusterSettings(Settings):
                                    "sidecar: the id of the broker this sidecar fronts; -1 finds it in the cluster "
                                    "metadata.")
     upstream_connect_timeout_ms: int = integer("upstream.connect.timeout.ms", 10000, "Deadline to connect to a broker.",
-                                               at_least(1))
+                                               at_least(1), reloadable=True)
 
     @property
     def sidecar(self) -> bool:
@@ -103,12 +103,15 @@ class ClusterSettings(Settings):
 @dataclass(frozen=True)
 class TlsSettings(Settings):
     listener_enabled: bool = flag("ssl.listener.enabled", False, "Terminate TLS from clients.")
-    listener_certfile: str = text("ssl.listener.certfile", "", "PEM certificate chain for the client-facing listener.")
-    listener_keyfile: str = text("ssl.listener.keyfile", "", "PEM private key for the client-facing listener.")
+    listener_certfile: str = text("ssl.listener.certfile", "", "PEM certificate chain for the client-facing listener.",
+                                  reloadable=True)
+    listener_keyfile: str = text("ssl.listener.keyfile", "", "PEM private key (unencrypted) for the client-facing "
+                                 "listener.", reloadable=True)
     upstream_enabled: bool = flag("ssl.upstream.enabled", False, "Speak TLS to the brokers.")
     upstream_cafile: str = text("ssl.upstream.cafile", "",
-                                "PEM CA bundle to verify brokers; empty uses the system store.")
-    upstream_check_hostname: bool = flag("ssl.upstream.check.hostname", True, "Verify the broker's host name.")
+                                "PEM CA bundle to verify brokers; empty uses the system store.", reloadable=True)
+    upstream_check_hostname: bool = flag("ssl.upstream.check.hostname", True, "Verify the broker's host name.",
+                                         reloadable=True)
 
     def checked(self) -> Self:
         if self.listener_enabled and not (self.listener_certfile and self.listener_keyfile):
@@ -124,31 +127,36 @@ class TlsSettings(Settings):
 @dataclass(frozen=True)
 class ConnectionLimits(Settings):
     max_frame_bytes: int = integer("max.frame.bytes", 104857600, "Largest request or response frame accepted.",
-                                   at_least(1024))
+                                   at_least(1024), reloadable=True)
     max_frame_bytes_unauthenticated: int = integer(
         "max.frame.bytes.unauthenticated", 524288,
         "Largest request frame accepted from a client before it is past authentication (its first request, or the "
         "end of its SASL exchange), as a broker caps SASL frames; a larger size prefix closes the connection before "
-        "a byte of the body is read.", at_least(1024))
+        "a byte of the body is read.", at_least(1024), reloadable=True)
     queued_max_request_bytes: int = integer(
         "queued.max.request.bytes", 104857600,
         "Bytes of client request frames the whole proxy holds at once, being read or waiting to go upstream. When "
         "spent, the proxy stops reading from clients until frames leave (their sockets fill, TCP slows them). "
         "Frames are charged as their bytes arrive, never by their declared size; the oldest frame being read may "
-        "always finish, so the proxy holds at most this plus one max.frame.bytes.", at_least(1024 * 1024))
-    max_connections: int = integer("max.connections", 10000, "Client connections accepted at once.", at_least(1))
+        "always finish, so the proxy holds at most this plus one max.frame.bytes.", at_least(1024 * 1024),
+        reloadable=True)
+    max_connections: int = integer("max.connections", 10000, "Client connections accepted at once.", at_least(1),
+                                   reloadable=True)
     max_inflight_requests: int = integer(
         "max.inflight.requests.per.connection", 64,
-        "Requests awaiting a response per connection before the proxy stops reading from the client.", at_least(1))
+        "Requests awaiting a response per connection before the proxy stops reading from the client.", at_least(1),
+        reloadable=True)
     socket_send_buffer_bytes: int = integer(
         "socket.send.buffer.bytes", 1048576,
         "SO_SNDBUF of the proxy's sockets (to clients and to brokers); -1 keeps the operating system's default. "
-        "Large enough for a whole Fetch response, the proxy hands it to the kernel in one write.", _send_buffer)
-    idle_ms: int = integer("connections.max.idle.ms", 540000, "Close a connection idle this long.", at_least(1000))
+        "Large enough for a whole Fetch response, the proxy hands it to the kernel in one write.", _send_buffer,
+        reloadable=True)
+    idle_ms: int = integer("connections.max.idle.ms", 540000, "Close a connection idle this long.", at_least(1000),
+                           reloadable=True)
     setup_timeout_ms: int = integer(
         "connections.setup.timeout.ms", 30000,
         "Close a client connection that has not, this long after it was accepted, delivered its first complete "
-        "request and, if it began SASL authentication first, finished it.", at_least(1000))
+        "request and, if it began SASL authentication first, finished it.", at_least(1000), reloadable=True)
 
 
 @dataclass(frozen=True)
@@ -169,14 +177,25 @@ class OperationsSettings(Settings):
                                 "Prometheus metrics HTTP port on listen.host; -1 disables, 0 picks a free port.",
                                 _metrics_port)
     log_format: str = choice("log.format", "logfmt", ("logfmt", "json"), "logfmt or json.")
-    log_level: str = choice("log.level", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"), "Python logging level.")
+    log_level: str = choice("log.level", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"), "Python logging level.",
+                            reloadable=True)
     memory_trim_interval_ms: int = integer(
         "memory.trim.interval.ms", 30000,
         "How often freed heap memory is given back to the operating system (glibc malloc_trim); 0 never. Between "
         "two trims large frames reuse the pages the last ones freed.", at_least(0))
+    gc_freeze_interval_ms: int = integer(
+        "memory.gc.freeze.interval.ms", 10000,
+        "How often objects that survived are moved out of the garbage collector's walks (gc.freeze), so its "
+        "pauses do not grow with the connections held; cycles among them are collected once they grew by a "
+        "quarter. 0 leaves the collector as CPython sets it.", at_least(0))
     shutdown_drain_timeout_ms: int = integer("shutdown.drain.timeout.ms", 30000,
                                              "On SIGTERM, how long in-flight requests may take to finish.",
-                                             at_least(0))
+                                             at_least(0), reloadable=True)
+    config_watch_interval_ms: int = integer(
+        "config.watch.interval.ms", 0,
+        "How often the properties file, and the TLS certificate, key and CA files the settings name, are checked "
+        "for changes; a change is reloaded as SIGHUP reloads (docs/proxy.md#reloading-settings). 0 never: SIGHUP "
+        "only.", at_least(0))
 
 
 __all__ = ["ClusterSettings", "ConnectionLimits", "NativeRelaySettings", "OperationsSettings", "TlsSettings"]
