@@ -18,6 +18,10 @@ value of every topic that has none of its own (``PerTopic.of``).
 
 A renamed setting keeps its old names as ``aliases``: still read, with a warning at start
 naming the new key.
+
+A setting the running proxy can take without a restart is declared ``reloadable=True``: a
+reload (SIGHUP, or ``config.watch.interval.ms``) puts its new value in force; any other
+setting keeps the value it started with until a restart (``proxy.server.reload``).
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class Setting:
     check: Check = _no_check
     aliases: tuple[str, ...] = ()  # former names: still read, with a warning at start
     required: str = ""  # if set, the setting has no default: what to tell someone who left it out
+    reloadable: bool = False  # a reload puts a new value in force; otherwise it waits for a restart
     attribute: str = ""  # the field it fills (set by ``settings_of``)
 
     def read(self, raw: str, label: str) -> Any:
@@ -110,30 +115,33 @@ class Setting:
 
 
 def setting(name: str, default: T, doc: str, parse: Callable[[str], T], check: Check = _no_check, *,
-            aliases: tuple[str, ...] = (), required: str = "") -> T:
+            aliases: tuple[str, ...] = (), required: str = "", reloadable: bool = False) -> T:
     """A dataclass field that is the setting ``name`` (``required``: ``default`` only stands
-    in for a value that must be given, and this says how to give it)."""
-    spec = Setting(name, parse, default, doc, check, aliases, required)
+    in for a value that must be given, and this says how to give it; ``reloadable``: the
+    running proxy takes a new value without a restart)."""
+    spec = Setting(name, parse, default, doc, check, aliases, required, reloadable)
     metadata = {_SETTING: spec}
     if default.__class__.__hash__ is None:  # a list or dict: each instance gets its own
         return cast(T, dataclasses.field(default_factory=lambda: copy.copy(default), metadata=metadata))
     return cast(T, dataclasses.field(default=default, metadata=metadata))
 
 
-def flag(name: str, default: bool, doc: str, *, aliases: tuple[str, ...] = ()) -> bool:
-    return setting(name, default, doc, parse_bool, aliases=aliases)
+def flag(name: str, default: bool, doc: str, *, aliases: tuple[str, ...] = (), reloadable: bool = False) -> bool:
+    return setting(name, default, doc, parse_bool, aliases=aliases, reloadable=reloadable)
 
 
-def integer(name: str, default: int, doc: str, check: Check = _no_check, *, aliases: tuple[str, ...] = ()) -> int:
-    return setting(name, default, doc, parse_int, check, aliases=aliases)
+def integer(name: str, default: int, doc: str, check: Check = _no_check, *, aliases: tuple[str, ...] = (),
+            reloadable: bool = False) -> int:
+    return setting(name, default, doc, parse_int, check, aliases=aliases, reloadable=reloadable)
 
 
-def text(name: str, default: str, doc: str, check: Check = _no_check, *, aliases: tuple[str, ...] = ()) -> str:
-    return setting(name, default, doc, parse_str, check, aliases=aliases)
+def text(name: str, default: str, doc: str, check: Check = _no_check, *, aliases: tuple[str, ...] = (),
+         reloadable: bool = False) -> str:
+    return setting(name, default, doc, parse_str, check, aliases=aliases, reloadable=reloadable)
 
 
-def choice(name: str, default: str, choices: tuple[str, ...], doc: str) -> str:
-    return setting(name, default, doc, parse_str, one_of(*choices))
+def choice(name: str, default: str, choices: tuple[str, ...], doc: str, *, reloadable: bool = False) -> str:
+    return setting(name, default, doc, parse_str, one_of(*choices), reloadable=reloadable)
 
 
 class Settings:

@@ -12,9 +12,10 @@ class KeyRangeTopicSettings(Settings):
     """Per topic: ``topic.<topic name>.<setting>``, or ``<setting>`` for every topic."""
 
     fetch_enabled: bool = flag("key.range.fetch.enabled", True, "Serve key-range fetches of the topic.",
-                               aliases=("accept.range.fetch",))
+                               aliases=("accept.range.fetch",), reloadable=True)
     cache_records: bool = flag("reserve.message.value.range.fetch", False,
-                               "Cache filtered records themselves (true) or only the matching offsets (false).")
+                               "Cache filtered records themselves (true) or only the matching offsets (false).",
+                               reloadable=True)
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class KeyRangeSettings(Settings):
         "max.bytes.key.range.results", 209715200,
         "Cap on the memory the key-range result cache holds. Each share is charged what it takes: its buffer "
         "(records, or 41 bytes an offset) plus about 1.3 KB of objects and cache entries (measured), so a full cache "
-        "holds about this many bytes.", at_least(0))
+        "holds about this many bytes.", at_least(0), reloadable=True)
     compression: str = choice("key.range.fetch.compression", "source", ("source", "none"),
                               "Filtered batches keep their codec (source) or go out uncompressed (none).")
     interest_ms: int = integer("key.range.interest.ms", 30000,
