@@ -1,13 +1,20 @@
-"""``keyrange-proxy``: run the proxy from the command line."""
+"""``keyrange-proxy``: run the proxy from the command line.
+
+Settings come from a properties file, then ``KEYRANGE_<SETTING>`` environment variables
+(``proxy.server.environment``), then the options, each winning over the one before.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 import trio
 
 from proxy.server.config import ConfigError, describe_settings, load_config
+from proxy.server.environment import environment_overrides
 from proxy.server.logs import configure_logging
 
 
@@ -25,7 +32,38 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-file", metavar="PATH",
                         help="once listening, write the ports (JSON) here; for scripts that start the proxy")
     parser.add_argument("--help-config", action="store_true", help="list every setting with its default")
+    parser.add_argument("--version", action="store_true",
+                        help="print the version and which C accelerators this installation runs")
     return parser
+
+
+def accelerators_taken() -> dict[str, bool]:
+    """Whether this process runs each C accelerator: the record kernels (key-range split and
+    match), the native relay and the range commits (``proxy.accelerators`` chose each when
+    its module was imported). Reported by ``--version`` and at start, so an installation
+    built without a C compiler or the xxHash header says so."""
+    from proxy.commits import packed
+    from proxy.net import native_relay
+    from proxy.records import kernels
+
+    return {"record kernels": kernels.ACCELERATED, "native relay": native_relay.AVAILABLE,
+            "range commits": packed.ACCELERATED}
+
+
+def version_text() -> str:
+    """The version, the Python running it and each accelerator: ``C``, or what runs instead."""
+    import platform
+    from importlib import metadata
+
+    try:
+        version = metadata.version("keyrange-proxy")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        version = "unknown (not installed)"
+    lines = [f"keyrange-proxy {version}", f"python {platform.python_version()}"]
+    for name, taken in accelerators_taken().items():
+        instead = "off" if name == "native relay" else "pure Python"
+        lines.append(f"{name}: {'C' if taken else instead}")
+    return "\n".join(lines)
 
 
 async def _run(server, ready_file: str | None) -> None:
@@ -58,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_config:
         print(describe_settings())
         return 0
-    overrides = []
+    if args.version:
+        print(version_text())
+        return 0
+    try:
+        overrides = environment_overrides(os.environ)
+    except ConfigError as exc:
+        print(f"keyrange-proxy: configuration error: {exc}", file=sys.stderr)
+        return 2
     if args.bootstrap_server:
         overrides.append(f"bootstrap.servers={args.bootstrap_server}")
     if args.topology:
@@ -76,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"keyrange-proxy: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.operations.log_level, config.operations.log_format)
+    logging.getLogger("proxy.server").info(
+        "accelerators %s", " ".join(f"{name.replace(' ', '_')}={'C' if taken else 'off'}"
+                                    for name, taken in accelerators_taken().items()))
     from proxy.server.memory import tune_malloc
 
     tune_malloc()

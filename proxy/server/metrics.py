@@ -86,6 +86,9 @@ class ProxyMetrics:
         self.request_budget_waits = Gauge("kafka_proxy_request_budget_waits",
                                           "Times a client's reader waited for queued.max.request.bytes to free "
                                           "(a running total).", registry=r)
+        # Read when scraped from the proxy's Health (watch_health, once the endpoint serves it).
+        self.ready = Gauge("kafka_proxy_ready", "1 while the proxy is ready (what /readyz answers 200 to), else 0.",
+                           registry=r)
         self.upstream_connects = Counter("kafka_proxy_upstream_connects", "Upstream connections opened.", registry=r)
         self.upstream_connect_failures = Counter("kafka_proxy_upstream_connect_failures",
                                                  "Upstream connection attempts that failed.", registry=r)
@@ -123,6 +126,11 @@ class ProxyMetrics:
         """Export a ``proxy.net.budget.RequestBudget``'s figures, read when scraped."""
         self.request_bytes_held.set_function(lambda: budget.held)
         self.request_budget_waits.set_function(lambda: budget.waits)
+
+    def watch_health(self, health: Health) -> None:
+        """Export readiness as ``kafka_proxy_ready``, read when scraped: an alert can say how
+        long an instance has not been ready, which the probe alone only tells the orchestrator."""
+        self.ready.set_function(lambda: 0.0 if health.reasons() else 1.0)
 
     def for_api(self, api_key: int) -> tuple:
         """(requests, request_bytes, response_bytes, latency) children for one api key."""
@@ -184,6 +192,8 @@ async def serve_metrics(metrics: ProxyMetrics, host: str, port: int, health: Hea
         finally:
             await stream.aclose()
 
+    if health is not None:
+        metrics.watch_health(health)
     listeners = await trio.open_tcp_listeners(port, host=host)
     log.info("metrics endpoint listening port=%s", listeners[0].socket.getsockname()[1])
     task_status.started(listeners[0].socket.getsockname()[1])

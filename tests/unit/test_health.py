@@ -45,12 +45,14 @@ async def test_probes_follow_a_broker_going_away_and_coming_back():
                 await trio.sleep(0.01)
             assert await _get(port, "/livez") == (200, "ok\n")
             assert await _get(port, "/readyz") == (200, "ready\n")
+            assert "\nkafka_proxy_ready 1.0\n" in (await _get(port, "/metrics"))[1]
             await listeners[0].aclose()  # the broker goes away
             while health.ready:
                 await trio.sleep(0.01)
             status, body = await _get(port, "/readyz")
             assert status == 503 and body.startswith("broker 1 unreachable"), body
             assert (await _get(port, "/livez"))[0] == 200
+            assert "\nkafka_proxy_ready 0.0\n" in (await _get(port, "/metrics"))[1]
             listeners = await trio.open_tcp_listeners(broker_port, host="127.0.0.1")  # and comes back
             while not health.ready:
                 await trio.sleep(0.01)
