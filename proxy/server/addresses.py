@@ -48,8 +48,10 @@ class AddressBook:
         own_port: int,
         sidecar_addresses: dict[int, tuple[str, int]] | None = None,
         on_new_listener: Callable[[NodeListener], None] | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self.topology = topology
+        self.reuse_port = reuse_port
         self.advertised_host = advertised_host
         self.listen_host = listen_host
         self.node_port_base = node_port_base
@@ -98,6 +100,8 @@ class AddressBook:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.listen_host, port))
             sock.listen(512)
         except OSError as exc:

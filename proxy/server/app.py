@@ -121,6 +121,7 @@ class ProxyServer:
             node_port_base=cluster.node_port_base,
             own_port=self.port,
             sidecar_addresses=cluster.sidecar_node_addresses,
+            reuse_port=cluster.listen_reuse_port,
             on_new_listener=self._on_new_listener,
         )
         self.background = Background()  # follow-ups that outlive a client's connection
@@ -231,6 +232,8 @@ class ProxyServer:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.config.cluster.listen_reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
             sock.listen(1024)
         except OSError as exc:

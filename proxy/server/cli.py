@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-file", metavar="PATH",
                         help="once listening, write the ports (JSON) here; for scripts that start the proxy")
     parser.add_argument("--help-config", action="store_true", help="list every setting with its default")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="run N proxy processes sharing the ports (the setting workers; 0: one per core)")
+    parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)  # set by the supervisor
     parser.add_argument("--version", action="store_true",
                         help="print the version and which C accelerators this installation runs")
     return parser
@@ -115,12 +118,25 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         overrides += [f"listen.host={host}", f"listen.port={port}"]
     overrides += args.override
+    if args.workers is not None:
+        if args.workers < 0:
+            print(f"keyrange-proxy: --workers {args.workers}: expected 0 (one per core) or more", file=sys.stderr)
+            return 2
+        overrides.append(f"workers={args.workers}")
     try:
         config = load_config(args.config, overrides)
     except ConfigError as exc:
         print(f"keyrange-proxy: configuration error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.operations.log_level, config.operations.log_format)
+    configure_logging(config.operations.log_level, config.operations.log_format, worker=args.worker_index)
+    if args.worker_index is None:
+        from os import cpu_count
+
+        from proxy.server.workers import worker_count
+
+        count = worker_count(config.operations.workers, cpu_count())
+        if count > 1:
+            return _supervise(count, config, argv if argv is not None else sys.argv[1:], args.ready_file)
     logging.getLogger("proxy.server").info(
         "accelerators %s", " ".join(f"{name.replace(' ', '_')}={'C' if taken else 'off'}"
                                     for name, taken in accelerators_taken().items()))
@@ -139,6 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _supervise(count: int, config, argv: list[str], ready_file: str | None) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from proxy.server.workers import Supervisor
+
+    cluster = config.cluster
+    try:
+        with tempfile.TemporaryDirectory(prefix="keyrange-proxy-workers-") as rundir:
+            return Supervisor(count, argv, cluster.listen_host, cluster.listen_port, config.operations.metrics_port,
+                              ready_file, Path(rundir)).run()
+    except OSError as exc:
+        print(f"keyrange-proxy: cannot start: cannot listen on {cluster.listen_host}:{cluster.listen_port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

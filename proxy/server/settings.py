@@ -71,6 +71,10 @@ class ClusterSettings(Settings):
     topology: str = choice("topology", "port-per-broker", ("port-per-broker", "sidecar"), "port-per-broker or sidecar.")
     listen_host: str = text("listen.host", "127.0.0.1", "Address the proxy listens on.")
     listen_port: int = integer("listen.port", 9192, "Bootstrap port (port-per-broker) or the sidecar's port.", port)
+    listen_reuse_port: bool = flag(
+        "listen.reuse.port", False,
+        "Bind the listening ports with SO_REUSEPORT, so that several proxy processes on one host share them and the "
+        "kernel spreads connections over them; every worker of `workers` sets it.")
     advertised_host: str = text("advertised.host", "",
                                 "Host clients should use to reach the proxy; defaults to listen.host.")
     node_port_base: int = integer("node.port.base", 0,
@@ -188,6 +192,12 @@ class OperationsSettings(Settings):
         "How often objects that survived are moved out of the garbage collector's walks (gc.freeze), so its "
         "pauses do not grow with the connections held; cycles among them are collected once they grew by a "
         "quarter. 0 leaves the collector as CPython sets it.", at_least(0))
+    workers: int = integer(
+        "workers", 1,
+        "Proxy processes on this host sharing the listening ports (SO_REUSEPORT), each its own event loop on its "
+        "own core; 0 starts one per core, at most 16. Worker i serves its metrics and probes on metrics.port + i. "
+        "Correct with any number because the state several processes serve lives in Kafka; each worker reads a "
+        "key-range batch once for the consumers it serves (docs/proxy.md, Workers).", at_least(0))
     shutdown_drain_timeout_ms: int = integer("shutdown.drain.timeout.ms", 30000,
                                              "On SIGTERM, how long in-flight requests may take to finish.",
                                              at_least(0), reloadable=True)

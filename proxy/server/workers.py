@@ -1,0 +1,204 @@
+"""``workers``: several proxy processes on one host, sharing its listening ports.
+
+One proxy process runs one event loop on one core. With ``workers`` = N the command
+becomes a supervisor of N worker processes, each a whole proxy started with the same
+settings plus ``listen.reuse.port=true``: every worker binds the same bootstrap port (and,
+with a fixed ``node.port.base``, the same node ports) with ``SO_REUSEPORT``, so the kernel
+spreads new client connections over them. A connection stays with the worker that accepted
+it.
+
+This is correct for the same reason several proxy instances are (docs/high-availability.md):
+the state more than one process serves lives in Kafka, never in one process's memory.
+What does not scale is what each process keeps for itself: a worker reads a key-range
+batch once for the consumers it serves, so with N workers the broker may be read up to N
+times (the same as N instances).
+
+The supervisor keeps no client connection. It reserves the bootstrap port when the
+settings leave it to the system (``listen.port=0``) so that every worker binds the same
+one; gives worker i ``metrics.port + i`` (the probes of worker 0 answer on
+``metrics.port``); restarts a worker that exits on its own, with a backoff; forwards
+SIGTERM, SIGINT and SIGHUP to every worker; and, once every worker listens, writes the
+ready file with the ports and the workers' process ids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("proxy.workers")
+
+AUTO_LIMIT = 16  # workers=0 starts one per core, at most this many
+RESTART_BACKOFF = (1.0, 30.0)  # seconds: first restart delay, longest
+STEADY_SECONDS = 60.0  # a worker that ran this long restarts at the first delay again
+
+
+def worker_count(setting: int, cpus: int | None) -> int:
+    """How many workers ``workers`` = ``setting`` means on a host with ``cpus`` cores."""
+    if setting > 0:
+        return setting
+    return max(1, min(cpus or 1, AUTO_LIMIT))
+
+
+def worker_overrides(index: int, listen_port: int, metrics_port: int) -> list[str]:
+    """The settings worker ``index`` runs with on top of the supervisor's."""
+    overrides = [f"listen.port={listen_port}", "listen.reuse.port=true", "workers=1"]
+    if metrics_port > 0:
+        overrides.append(f"metrics.port={metrics_port + index}")
+    return overrides
+
+
+def next_delay(previous: float | None, ran_for: float) -> float:
+    """The backoff before restarting a worker that exited after ``ran_for`` seconds."""
+    first, longest = RESTART_BACKOFF
+    if previous is None or ran_for >= STEADY_SECONDS:
+        return first
+    return min(longest, previous * 2)
+
+
+def merge_ready(infos: Sequence[dict]) -> dict:
+    """One ready file for the supervisor from its workers': the shared ports, and each
+    worker's own node ports and metrics port."""
+    first = infos[0]
+    return {
+        "pid": os.getpid(),
+        "host": first["host"],
+        "port": first["port"],
+        "node_ports": first["node_ports"],
+        "metrics_port": first["metrics_port"],
+        "workers": [{"pid": info["pid"], "node_ports": info["node_ports"], "metrics_port": info["metrics_port"]}
+                    for info in infos],
+    }
+
+
+def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
+    """A socket bound (not listening) to ``host:port`` with ``SO_REUSEPORT``: port 0 picks
+    one the workers then bind too; holding it keeps another program from taking it between
+    two worker restarts. A bound socket that never listens receives no connection."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock, sock.getsockname()[1]
+
+
+@dataclass
+class Worker:
+    index: int
+    command: list[str]
+    ready_file: Path
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    delay: float | None = None
+    restart_at: float | None = None
+    info: dict = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.ready_file.unlink(missing_ok=True)
+        self.process = subprocess.Popen(self.command, preexec_fn=_die_with_parent)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        log.info("worker started worker=%d pid=%d", self.index, self.process.pid)
+
+    def read_ready(self) -> bool:
+        if not self.info and self.ready_file.exists():
+            self.info = json.loads(self.ready_file.read_text())
+        return bool(self.info)
+
+
+def _die_with_parent() -> None:
+    """Workers end with the supervisor, whatever ends it (PR_SET_PDEATHSIG, Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    """Starts the workers, keeps them running, forwards signals; see the module docstring."""
+
+    def __init__(self, count: int, argv: Sequence[str], host: str, port: int, metrics_port: int,
+                 ready_file: str | None, rundir: Path) -> None:
+        self.reserved, self.port = reserve_port(host, port)
+        self.ready_file = ready_file
+        self.stopping = False
+        base = [sys.executable, "-m", "proxy.server.cli", *argv]
+        self.workers = [
+            Worker(index, [*base, *_as_options(worker_overrides(index, self.port, metrics_port)),
+                           "--worker-index", str(index), "--ready-file", str(rundir / f"worker-{index}.json")],
+                   rundir / f"worker-{index}.json")
+            for index in range(count)
+        ]
+
+    def run(self) -> int:
+        received: list[int] = []
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda number, _frame: received.append(number))
+        for worker in self.workers:
+            worker.start()
+        log.info("supervisor running workers=%d port=%d", len(self.workers), self.port)
+        announced = False
+        while True:
+            while received:
+                self._forward(received.pop(0))
+            if not announced and all(worker.read_ready() for worker in self.workers):
+                announced = True
+                self._announce()
+            if self.stopping and all(w.process is None or w.process.poll() is not None for w in self.workers):
+                break
+            self._reap()
+            time.sleep(0.05)
+        self.reserved.close()
+        log.info("supervisor stopped")
+        return 0
+
+    def _forward(self, signum: int) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self.stopping = True
+            log.info("signal received signal=%s; stopping workers", signal.Signals(signum).name)
+        for worker in self.workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.send_signal(signum)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for worker in self.workers:
+            if self.stopping or worker.process is None:
+                continue
+            code = worker.process.poll()
+            if code is not None and worker.restart_at is None:
+                worker.delay = next_delay(worker.delay, now - worker.started_at)
+                worker.restart_at = now + worker.delay
+                log.warning("worker exited worker=%d pid=%d code=%d; restarting in %.0f s", worker.index,
+                            worker.process.pid, code, worker.delay)
+            if worker.restart_at is not None and now >= worker.restart_at:
+                worker.info = {}
+                worker.start()
+
+    def _announce(self) -> None:
+        log.info("workers listening port=%d pids=%s", self.port,
+                 ",".join(str(worker.info["pid"]) for worker in self.workers))
+        if self.ready_file:
+            temporary = f"{self.ready_file}.tmp"
+            with open(temporary, "w", encoding="utf-8") as file:
+                json.dump(merge_ready([worker.info for worker in self.workers]), file)
+            os.replace(temporary, self.ready_file)
+
+
+def _as_options(overrides: Sequence[str]) -> list[str]:
+    options: list[str] = []
+    for override in overrides:
+        options += ["--override", override]
+    return options

@@ -1,0 +1,145 @@
+"""``workers``: one proxy command, several processes sharing its ports (SO_REUSEPORT).
+
+Unmodified librdkafka members of a virtual range topic read through a proxy of two workers
+while records are written, the kernel spreading their connections over the workers; one
+worker is killed -9 mid-stream, the supervisor starts it again and the members reconnect.
+Every acknowledged record is handed out and the group's committed offsets reach the log
+end. SIGTERM to the supervisor stops every worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from harness.clients import commit_consumed
+from harness.history import History
+from harness.live import LiveProducer
+from harness.wait import wait_until
+from proxy.protocol import messages
+from proxy.protocol.api_keys import ApiKey
+from tests.integration.test_live_tail import _at_log_end, _verdict
+
+pytestmark = pytest.mark.kafka
+
+RECORDS = 3000
+SECONDS = 8.0
+DEADLINE = 120.0
+SHARES = 4
+PARTITIONS = 2
+
+
+def _connections(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith("kafka_proxy_client_connections "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _api_versions(port: int) -> socket.socket:
+    header = messages.new_request_header(ApiKey.API_VERSIONS, 3, 1, "workers-test")
+    body = messages.encode_request(header, messages.new_body(ApiKey.API_VERSIONS, 3, "request",
+                                                             client_software_name="t", client_software_version="1"))
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    assert len(sock.recv(4)) == 4  # answered
+    return sock
+
+
+def test_connections_are_spread_over_the_workers(kafka, proxy_factory):
+    proxy = proxy_factory(kafka, workers="2", metrics_port="0")
+    workers = proxy.info["workers"]
+    assert len(workers) == 2 and len({w["pid"] for w in workers}) == 2
+    held = [_api_versions(proxy.port) for _ in range(24)]
+    try:
+        counts = [_connections(w["metrics_port"]) for w in workers]
+        assert sum(counts) == 24 and min(counts) > 0, counts  # all on one: a chance of 2**-23
+    finally:
+        for sock in held:
+            sock.close()
+    proxy.process.send_signal(signal.SIGTERM)
+    assert proxy.process.wait(timeout=60) == 0
+    for worker in workers:
+        wait_until(lambda pid=worker["pid"]: not _alive(pid), timeout=10, interval=0.05,
+                   what=f"worker {worker['pid']} stopped with the supervisor")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie not yet reaped by the supervisor counts as gone
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_virtual_topic_group_through_two_workers_one_killed_loses_nothing(kafka, proxy_factory, topic_factory):
+    from confluent_kafka import Consumer as RdConsumer
+
+    proxy = proxy_factory(kafka, workers="2", metrics_port="0")
+    victim = proxy.info["workers"][1]["pid"]
+    topic = topic_factory(kafka, partitions=PARTITIONS)
+    virtual = f"{topic}.kr{SHARES}"
+    group = f"workers-{topic}"
+    history = History()
+    producer = LiveProducer(kafka.bootstrap_servers, topic, history, records=RECORDS, seconds=SECONDS, seed=37)
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def member(index: int) -> None:
+        consumer = RdConsumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": group,
+                               "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                               "session.timeout.ms": 10000, "heartbeat.interval.ms": 500,
+                               "fetch.wait.max.ms": 300})
+        consumer.subscribe([virtual], on_revoke=lambda c, _partitions: commit_consumed(c))
+        last_commit = time.monotonic()
+        try:
+            while not stop.is_set():
+                batch = consumer.consume(100, 0.3)
+                for message in batch:
+                    if message.error():
+                        continue  # a connection the kill broke: librdkafka reconnects by itself
+                    history.deliver(f"m{index}", topic, message.partition() // SHARES, message.offset(),
+                                    message.key())
+                if batch or time.monotonic() - last_commit > 1.0:
+                    commit_consumed(consumer)
+                    last_commit = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(repr(exc))
+        finally:
+            consumer.close()
+
+    threads = [threading.Thread(target=member, args=(index,), daemon=True) for index in range(3)]
+    producer.start()
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: history.delivered_count() >= RECORDS // 4, timeout=SECONDS + 60, interval=0.1,
+               what="a quarter handed out before the kill")
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: "worker exited worker=1" in proxy.log_text(), timeout=10, interval=0.1,
+               what="the supervisor saw the worker die")
+    wait_until(lambda: proxy.log_text().count("worker started worker=1") >= 2, timeout=20, interval=0.1,
+               what="the supervisor started it again")
+    wait_until(lambda: producer.done and history.missing() == 0, timeout=SECONDS + DEADLINE, interval=0.2,
+               what="every acknowledged record handed out")
+    wait_until(lambda: _at_log_end(kafka, group, topic, PARTITIONS), timeout=60, interval=0.5,
+               what="committed offsets at the log end")
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    producer.join()
+    assert producer.failed == 0, producer.errors
+    assert not errors, errors[:5]
+    verdict = _verdict(kafka, history, topic, PARTITIONS, group)
+    assert verdict.acknowledged == RECORDS
+    assert verdict.ok(allow_duplicates=True), verdict.summary()  # a killed worker's members get theirs again

@@ -1,0 +1,52 @@
+"""The supervisor's arithmetic for ``workers``: how many, each one's settings, restart backoff
+and the merged ready file."""
+
+from __future__ import annotations
+
+from proxy.server.workers import (
+    AUTO_LIMIT,
+    RESTART_BACKOFF,
+    STEADY_SECONDS,
+    merge_ready,
+    next_delay,
+    worker_count,
+    worker_overrides,
+)
+
+
+def test_a_positive_setting_is_taken_as_it_is():
+    assert worker_count(3, 64) == 3
+
+
+def test_zero_means_one_per_core_up_to_the_limit():
+    assert worker_count(0, 2) == 2
+    assert worker_count(0, 256) == AUTO_LIMIT
+    assert worker_count(0, None) == 1
+
+
+def test_each_worker_shares_the_port_and_gets_its_own_metrics_port():
+    assert worker_overrides(2, 9192, 9404) == ["listen.port=9192", "listen.reuse.port=true", "workers=1",
+                                               "metrics.port=9406"]
+    assert "metrics.port=0" not in worker_overrides(1, 9192, 0)  # each picks a free one itself
+    assert not any(o.startswith("metrics.port") for o in worker_overrides(1, 9192, -1))
+
+
+def test_restarts_back_off_and_reset_after_a_steady_run():
+    first, longest = RESTART_BACKOFF
+    delay = None
+    seen = []
+    for _ in range(10):
+        delay = next_delay(delay, ran_for=0.5)
+        seen.append(delay)
+    assert seen[0] == first and seen[1] == 2 * first and max(seen) == longest
+    assert next_delay(longest, ran_for=STEADY_SECONDS) == first
+
+
+def test_the_ready_file_names_the_shared_ports_and_every_worker():
+    merged = merge_ready([
+        {"pid": 11, "host": "127.0.0.1", "port": 9192, "node_ports": {"1": 9201}, "metrics_port": 9404},
+        {"pid": 12, "host": "127.0.0.1", "port": 9192, "node_ports": {"1": 9201}, "metrics_port": 9405},
+    ])
+    assert merged["port"] == 9192 and merged["metrics_port"] == 9404
+    assert [w["pid"] for w in merged["workers"]] == [11, 12]
+    assert [w["metrics_port"] for w in merged["workers"]] == [9404, 9405]
