@@ -46,6 +46,7 @@ MODULES = (
     "benchmarks.bench_soak",
     "benchmarks.bench_connections",
     "benchmarks.bench_hostile",
+    "benchmarks.bench_workers",
     "benchmarks.bench_virtual_commit",
     "benchmarks.bench_builds",
     "benchmarks.bench_cache_memory",
