@@ -1,6 +1,5 @@
 """Sets of offsets as sorted, disjoint inclusive ranges: what a consumer has processed and
-not yet committed (``proxy.client.progress``), what the proxy is to hand out again
-(``proxy.coop.leases``).
+not yet committed (``proxy.client.progress``).
 
 Offsets mostly arrive in ascending order, so the set is two parallel sorted lists with a
 bisect per operation, and appending the next offset extends the last range.

@@ -29,8 +29,7 @@ from proxy.commits.cluster import CommitLogError
 from proxy.commits.reads import CommittedReads
 from proxy.coop.chunks import Chunk, cut_chunk
 from proxy.coop.grant_log import GrantLog
-from proxy.coop.grants import KeyGrants, Span
-from proxy.coop.leases import Committed, generation_error
+from proxy.coop.grants import Committed, KeyGrants, Span
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
@@ -50,6 +49,14 @@ _EMPTY = b""
 _PROPOSALS = 3  # grants proposed for one read before it is answered with no chunk
 
 GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
+
+
+def generation_error(newest: int, generation: int) -> int:
+    """0, or ILLEGAL_GENERATION for a member of a generation older than ``newest`` (the
+    newest seen in the group's cooperative fetches); -1 (assign mode) is never refused."""
+    if generation < 0 or generation >= newest:
+        return 0
+    return int(ErrorCode.ILLEGAL_GENERATION)
 
 
 class _Partition:

@@ -55,12 +55,11 @@ left of a quiet key is enough to resume from.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-
-from proxy.coop.leases import Committed
 
 GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 OffsetRange = tuple[int, int]  # inclusive
@@ -74,6 +73,42 @@ _I32 = struct.Struct(">i")
 _HEAD = struct.Struct(">hq")  # version, proposal
 _BODY = struct.Struct(">qqqqiqqqqBi")  # token start end read_from lease_ms base base_ms floor frontier reset held
 _HELD = struct.Struct(">Hqqqqi")  # member index, token, start, end, granted_ms, lease_ms
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The group's committed state of one partition, as the proposer read it: every offset
+    below ``stable`` and every offset in ``ranges`` (sorted, disjoint, inclusive) is
+    processed. A lease it covers whole is over; only its uncommitted parts go out again."""
+
+    stable: int = -1
+    ranges: tuple[OffsetRange, ...] = ()
+
+    def covers(self, start: int, end: int) -> bool:
+        return not self.uncommitted(start, end)
+
+    def uncommitted(self, start: int, end: int) -> list[OffsetRange]:
+        """The parts of [start, end] not committed, in order."""
+        start = max(start, self.stable)
+        if start > end:
+            return []
+        out: list[OffsetRange] = []
+        at = start
+        ranges = self.ranges
+        i = max(bisect_right(ranges, (at, float("inf"))) - 1, 0)
+        for lo, hi in itertools.islice(ranges, i, None):
+            if hi < at:
+                continue
+            if lo > end:
+                break
+            if lo > at:
+                out.append((at, lo - 1))
+            at = max(at, hi + 1)
+            if at > end:
+                return out
+        if at <= end:
+            out.append((at, end))
+        return out
 
 
 class GrantFormatError(ValueError):
@@ -128,7 +163,7 @@ def _put_str(out: list[bytes], text: str) -> None:
     out.append(raw)
 
 
-def _get_str(data: bytes, at: int) -> tuple[str, int]:
+def _get_str(data: bytes | memoryview, at: int) -> tuple[str, int]:
     (size,) = _U16.unpack_from(data, at)
     at += 2
     if at + size > len(data):
@@ -144,7 +179,7 @@ def encode_key(group: str, topic: str, partition: int) -> bytes:
     return b"".join(out)
 
 
-def decode_key(data: bytes) -> GroupPartitionKey:
+def decode_key(data: bytes | memoryview) -> GroupPartitionKey:
     try:
         (version,) = _I16.unpack_from(data, 0)
         if version != KEY_VERSION:
@@ -173,7 +208,7 @@ def encode_grant(grant: Grant) -> bytes:
     return b"".join(out)
 
 
-def decode_grant(data: bytes) -> Grant:
+def decode_grant(data: bytes | memoryview) -> Grant:
     try:
         version, proposal = _HEAD.unpack_from(data, 0)
         if version != VALUE_VERSION:

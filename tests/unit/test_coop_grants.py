@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.coop.feature import generation_error
 from proxy.coop.grants import (
     COMMITTED,
     LEASED,
     STALE,
+    Committed,
     Grant,
     GrantFormatError,
     KeyGrants,
@@ -25,7 +27,6 @@ from proxy.coop.grants import (
     encode_key,
     overlapping,
 )
-from proxy.coop.leases import Committed
 
 NOTHING = Committed()
 LEASE_MS = 1000
@@ -35,6 +36,22 @@ def grant(start: int, end: int, *, base: int = -1, base_ms: int = -1, held=(), f
           token: int = 0, proposal: int = 0, lease_ms: int = LEASE_MS, reset=False, read_from=None) -> Grant:
     return Grant(proposal, "i", member, token, start, end, start if read_from is None else read_from, lease_ms,
                  base, base_ms, floor, end + 1, reset, tuple(held))
+
+
+def test_committed_uncommitted_parts():
+    committed = Committed(10, ((15, 19), (25, 25)))
+    assert committed.uncommitted(0, 9) == []
+    assert committed.uncommitted(5, 30) == [(10, 14), (20, 24), (26, 30)]
+    assert committed.uncommitted(15, 19) == []
+    assert committed.covers(16, 19) and not committed.covers(16, 20)
+    assert Committed().uncommitted(3, 4) == [(3, 4)]
+
+
+def test_a_member_of_an_older_generation_is_refused():
+    assert generation_error(3, 3) == 0
+    assert generation_error(3, 4) == 0
+    assert generation_error(3, 2) == 22
+    assert generation_error(3, -1) == 0  # assign mode
 
 
 def test_key_and_value_round_trip():
