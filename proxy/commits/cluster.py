@@ -12,12 +12,15 @@ rest of ``proxy.commits`` asks of it:
   coordinator (``find_coordinator``).
 
 ``LogTopic`` finds or creates the log topic (the partition count and replication factor
-of ``__consumer_offsets``) and knows each partition's leader.
+of ``__consumer_offsets``), knows each partition's leader, and reads a partition (one Fetch,
+its end offset): the one reader of both internal logs, ``__individual_commit_offsets``
+(``proxy.commits.log``) and ``__cooperative_fetch_grants`` (``proxy.coop.grant_log``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -32,10 +35,14 @@ from proxy.protocol.message_types import (
     CreateTopicsResponse,
     DeleteGroupsRequest,
     DeleteGroupsResponse,
+    FetchRequest,
+    FetchResponse,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     ListGroupsRequest,
     ListGroupsResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
     MetadataRequest,
     MetadataResponse,
     OffsetCommitRequest,
@@ -45,7 +52,9 @@ from proxy.protocol.message_types import (
     OffsetFetchRequest,
     OffsetFetchResponse,
 )
+from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID
 from proxy.protocol.messages import ApiKey
+from proxy.records.batch import RecordBatch, iter_batches
 
 log = logging.getLogger("proxy.commits.cluster")
 
@@ -60,6 +69,12 @@ OFFSET_COMMIT_VERSION = 9
 LIST_GROUPS_VERSION = 4
 DELETE_GROUPS_VERSION = 2
 OFFSET_DELETE_VERSION = 0
+FETCH_VERSION = 12
+assert FETCH_VERSION < FETCH_FIRST_TOPIC_ID  # it names the log topic
+LIST_OFFSETS_VERSION = 7
+
+_LATEST = -1
+_FETCH_BYTES = 8 << 20
 
 _UNREACHABLE_BACKOFF = 30.0
 
@@ -254,10 +269,24 @@ class ClusterClient:
         return response.error_code
 
 
+@dataclass(frozen=True)
+class LogRead:
+    """One Fetch of a log partition from an offset: ``records`` at or above it as (offset,
+    timestamp, key, value), keyless ones and control batches left out; ``after``, the
+    position after the last batch read (None: none was, e.g. at the end or at an open
+    transaction's boundary); ``high_watermark``; ``log_start``, set (and nothing read) when
+    the offset lies below the log's start (compaction or retention moved it)."""
+
+    records: list[tuple[int, int, memoryview, memoryview | None]] = field(default_factory=list)
+    after: int | None = None
+    high_watermark: int = -1
+    log_start: int | None = None
+
+
 class LogTopic:
     """``__individual_commit_offsets``: found, or created by the first proxy that writes
     (compacted, with the partition count and replication factor of ``__consumer_offsets``),
-    and the leader of each of its partitions."""
+    the leader of each of its partitions, and reads of them."""
 
     def __init__(self, cluster: ClusterClient, *, segment_bytes: int, timeout: float, name: str = LOG_TOPIC,
                  configs: dict[str, str] | None = None) -> None:
@@ -349,3 +378,51 @@ class LogTopic:
         if leader is None or leader not in self.cluster.nodes:
             raise CommitLogError(f"{self.name}-{index} has no leader")
         return self.cluster.nodes[leader]
+
+    # -- reading a partition ----------------------------------------------------------------------
+    async def read(self, address: Address, index: int, offset: int, *, wait_ms: int = 0,
+                   timeout: float | None = None) -> LogRead:
+        """One Fetch of partition ``index`` from ``offset`` at its leader ``address``,
+        waiting up to ``wait_ms`` for a record (a follower's long poll; 0: answer at once).
+        Raises ``CommitLogError`` on the partition's error."""
+        cls = FetchRequest
+        body = cls(
+            max_wait_ms=wait_ms, min_bytes=1, max_bytes=_FETCH_BYTES,
+            isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[cls.FetchTopic(topic=self.name, partitions=[
+                cls.FetchPartition(partition=index, fetch_offset=offset, partition_max_bytes=_FETCH_BYTES)])],
+        )
+        response: FetchResponse = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body,
+                                                             timeout=timeout)
+        data = response.responses[0].partitions[0]
+        if data.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            if data.log_start_offset <= offset:
+                raise CommitLogError(f"Fetch {self.name}-{index} at {offset}: out of range")
+            return LogRead(high_watermark=data.high_watermark, log_start=data.log_start_offset)
+        if data.error_code != ErrorCode.NONE:
+            raise CommitLogError(f"Fetch {self.name}-{index} error {ErrorCode.name_of(data.error_code)}")
+        records: list[tuple[int, int, memoryview, memoryview | None]] = []
+        after = None
+        for entry in iter_batches(data.records or b""):
+            if not isinstance(entry, RecordBatch) or entry.header.next_offset <= offset:
+                continue
+            if not entry.header.is_control:
+                records.extend((record.offset, record.timestamp, record.key, record.value)
+                               for record in entry.records() if record.offset >= offset and record.key is not None)
+            after = entry.header.next_offset
+        return LogRead(records, after, data.high_watermark)
+
+    async def end_offset(self, address: Address, index: int, *, timeout: float | None = None) -> int:
+        """The end (the next offset to be written) of partition ``index`` at its leader."""
+        cls = ListOffsetsRequest
+        body = cls(
+            replica_id=-1, isolation_level=0,
+            topics=[cls.ListOffsetsTopic(name=self.name, partitions=[
+                cls.ListOffsetsPartition(partition_index=index, timestamp=_LATEST)])],
+        )
+        response: ListOffsetsResponse = await self.cluster.request(address, ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION,
+                                                                   body, timeout=timeout)
+        entry = response.topics[0].partitions[0]
+        if entry.error_code != ErrorCode.NONE:
+            raise CommitLogError(f"ListOffsets {self.name}-{index} error {ErrorCode.name_of(entry.error_code)}")
+        return entry.offset

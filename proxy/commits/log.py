@@ -25,22 +25,11 @@ from proxy.commits.producer import IdempotentProducer
 from proxy.commits.state import CommitState
 from proxy.commits.table import AppliedState, StateTable, TopicPartitionKey
 from proxy.net.broker_connection import BrokerConnectionError
-from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.groups import group_partition
-from proxy.protocol.message_types import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
-from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID
-from proxy.protocol.messages import ApiKey
-from proxy.records.batch import RecordBatch, iter_batches
 
 log = logging.getLogger("proxy.commits.log")
 
-FETCH_VERSION = 12
-assert FETCH_VERSION < FETCH_FIRST_TOPIC_ID  # it names the log topic
-LIST_OFFSETS_VERSION = 7
-
-_LATEST = -1
-_FETCH_BYTES = 8 << 20
 _RETRY_PAUSE = 0.05
 
 
@@ -150,26 +139,26 @@ class CommitLog:
 
     async def _read_to_end(self, index: int, part: _Partition, refresh: bool) -> None:
         address = await self.topic.leader(index, refresh)
-        end = await self._end_offset(address, index)
+        end = await self.topic.end_offset(address, index)
         if part.position >= end:
             part.loaded = True  # every record below the end is in memory
             return
         if not part.loaded:
             self._on_rebuild()
         while part.position < end:
-            records, after, high_watermark, log_start = await self._fetch(address, index, part.position)
-            if log_start is not None:  # compaction/retention moved the start
-                part.position = max(part.position, log_start)
+            read = await self.topic.read(address, index, part.position)
+            if read.log_start is not None:  # compaction/retention moved the start
+                part.position = max(part.position, read.log_start)
                 continue
-            for offset, key, value in records:
+            for offset, _timestamp, key, value in read.records:
                 self.table.apply(offset, key, value)
-            if after is None:
+            if read.after is None:
                 # Nothing readable at this position yet (e.g. an open transaction's
                 # boundary): the end we were asked for is the high watermark; stop here.
-                if high_watermark <= part.position:
+                if read.high_watermark <= part.position:
                     break
                 raise CommitLogError(f"no progress reading {LOG_TOPIC}-{index} at {part.position}")
-            part.position = after
+            part.position = read.after
         part.loaded = True
 
     async def window(self, group: str, start: int, stop: int | None,
@@ -191,72 +180,28 @@ class CommitLog:
             address = await self.topic.leader(index, refresh)
             position = start
             while True:
-                records, after, high_watermark, log_start = await self._fetch(address, index, position)
-                if log_start is not None:  # compacted away: nothing newest there
-                    position = max(position, log_start)
+                read = await self.topic.read(address, index, position)
+                if read.log_start is not None:  # compacted away: nothing newest there
+                    position = max(position, read.log_start)
                     continue
-                for offset, key, value in records:
+                for offset, _timestamp, key, value in read.records:
                     applied = self.table.apply(offset, key, value)
                     if applied is not None and applied[0] == group and applied[1] in keys and \
                             (stop is None or offset < stop):
                         found[applied[1]] = (offset, applied[2])
-                if after is None:
-                    if high_watermark <= position and (stop is None or position >= stop):
+                if read.after is None:
+                    if read.high_watermark <= position and (stop is None or position >= stop):
                         return position
                     raise CommitLogError(f"no progress reading {LOG_TOPIC}-{index} at {position}")
                 if position <= part.position:  # memory now holds every record below ``after``
-                    part.position = max(part.position, after)
-                position = after
-                if position >= high_watermark and (stop is None or position >= stop):
+                    part.position = max(part.position, read.after)
+                position = read.after
+                if position >= read.high_watermark and (stop is None or position >= stop):
                     return position
 
         async with part.read_lock:
             end = await self._retrying(attempt)
         return found, end
-
-    async def _fetch(self, address, index: int, offset: int):
-        """One Fetch of log partition ``index`` from ``offset``: (records [(offset, key, value)]
-        at or above it, the position after the last batch read or None when none was,
-        the high watermark, the log start offset when ``offset`` is below it, else None)."""
-        fetch_class = FetchRequest
-        body = fetch_class(
-            max_wait_ms=0, min_bytes=0, max_bytes=_FETCH_BYTES,
-            isolation_level=0, session_id=0, session_epoch=-1,
-            topics=[fetch_class.FetchTopic(topic=LOG_TOPIC, partitions=[
-                fetch_class.FetchPartition(partition=index, fetch_offset=offset, partition_max_bytes=_FETCH_BYTES)])],
-        )
-        response: FetchResponse = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body)
-        data = response.responses[0].partitions[0]
-        if data.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
-            if data.log_start_offset <= offset:
-                raise CommitLogError(f"Fetch {LOG_TOPIC}-{index} at {offset}: out of range")
-            return [], None, data.high_watermark, data.log_start_offset
-        if data.error_code != ErrorCode.NONE:
-            raise CommitLogError(f"Fetch {LOG_TOPIC}-{index} error {ErrorCode.name_of(data.error_code)}")
-        records: list = []
-        after = None
-        for entry in iter_batches(data.records or b""):
-            if not isinstance(entry, RecordBatch) or entry.header.next_offset <= offset:
-                continue
-            if not entry.header.is_control:
-                records.extend((record.offset, record.key, record.value) for record in entry.records()
-                               if record.offset >= offset and record.key is not None)
-            after = entry.header.next_offset
-        return records, after, data.high_watermark, None
-
-    async def _end_offset(self, address, index: int) -> int:
-        cls = ListOffsetsRequest
-        body = cls(
-            replica_id=-1, isolation_level=0,
-            topics=[cls.ListOffsetsTopic(name=LOG_TOPIC, partitions=[
-                cls.ListOffsetsPartition(partition_index=index, timestamp=_LATEST)])],
-        )
-        response: ListOffsetsResponse = await self.cluster.request(address, ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION,
-                                                                   body)
-        entry = response.topics[0].partitions[0]
-        if entry.error_code != ErrorCode.NONE:
-            raise CommitLogError(f"ListOffsets {LOG_TOPIC}-{index} error {ErrorCode.name_of(entry.error_code)}")
-        return entry.offset
 
     # -- writing ---------------------------------------------------------------------------------
     async def write(self, group: str, updates: Mapping[TopicPartitionKey, CommitState | None],

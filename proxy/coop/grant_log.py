@@ -40,22 +40,15 @@ from proxy.coop.grants import (
 )
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.pipeline.background import Background
-from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.groups import group_partition
-from proxy.protocol.message_types import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
-from proxy.protocol.messages import ApiKey
-from proxy.records.batch import RecordBatch, iter_batches
 
 log = logging.getLogger("proxy.coop.grants")
 
 GRANTS_TOPIC = "__cooperative_fetch_grants"
-FETCH_VERSION = 12
-LIST_OFFSETS_VERSION = 7
 SEGMENT_BYTES = 16 << 20
 MIN_COMPACTION_LAG_MS = 3_600_000  # compaction keeps every record younger (at least twice the lease)
 
-_FETCH_BYTES = 8 << 20
 _FOLLOW_WAIT_MS = 500  # a reader's long poll
 _RETRY_PAUSE = 0.1
 _ERRORS = (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError)
@@ -144,9 +137,10 @@ class GrantLog:
             try:
                 address = await self.topic.leader(index, refresh)
                 if target is None and not part.loaded.is_set():
-                    target = await self._end_offset(address, index)
+                    target = await self.topic.end_offset(address, index, timeout=self.timeout)
                 wait = 0 if not part.loaded.is_set() else _FOLLOW_WAIT_MS
-                records, after, log_start = await self._fetch(address, index, part.position, wait)
+                read = await self.topic.read(address, index, part.position, wait_ms=wait,
+                                             timeout=self.timeout + wait / 1000)
                 refresh = False
                 part.healthy = True
             except _ERRORS as exc:
@@ -156,18 +150,18 @@ class GrantLog:
                 refresh = True
                 await trio.sleep(_RETRY_PAUSE)
                 continue
-            if log_start is not None:
-                part.position = max(part.position, log_start)  # compaction or retention moved the start
+            if read.log_start is not None:
+                part.position = max(part.position, read.log_start)  # compaction or retention moved the start
                 continue
-            for offset, ms, key, value in records:
+            for offset, ms, key, value in read.records:
                 self._apply(offset, ms, key, value)
-            if after is not None:
-                part.position = max(part.position, after)
+            if read.after is not None:
+                part.position = max(part.position, read.after)
             if target is not None and part.position >= target:
                 part.loaded.set()
                 target = None
 
-    def _apply(self, offset: int, ms: int, raw_key: bytes, value: bytes | None) -> None:
+    def _apply(self, offset: int, ms: int, raw_key: bytes | memoryview, value: bytes | memoryview | None) -> None:
         try:
             key = decode_key(raw_key)
             grant = None if value is None else decode_grant(value)
@@ -189,50 +183,6 @@ class GrantLog:
             if waiting is not None:
                 waiting.verdict = verdict
                 waiting.done.set()
-
-    async def _fetch(self, address, index: int, offset: int, wait_ms: int):
-        """One Fetch from ``offset``: (records [(offset, log-append ms, key, value)], the
-        position after the last batch or None, the log start when ``offset`` is below it)."""
-        fetch_class = FetchRequest
-        body = fetch_class(
-            max_wait_ms=wait_ms, min_bytes=1, max_bytes=_FETCH_BYTES,
-            isolation_level=0, session_id=0, session_epoch=-1,
-            topics=[fetch_class.FetchTopic(topic=GRANTS_TOPIC, partitions=[
-                fetch_class.FetchPartition(partition=index, fetch_offset=offset, partition_max_bytes=_FETCH_BYTES)])],
-        )
-        response: FetchResponse = await self.cluster.request(address, ApiKey.FETCH, FETCH_VERSION, body,
-                                                             timeout=self.timeout + wait_ms / 1000)
-        data = response.responses[0].partitions[0]
-        if data.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
-            if data.log_start_offset <= offset:
-                raise CommitLogError(f"Fetch {GRANTS_TOPIC}-{index} at {offset}: out of range")
-            return [], None, data.log_start_offset
-        if data.error_code != ErrorCode.NONE:
-            raise CommitLogError(f"Fetch {GRANTS_TOPIC}-{index} error {ErrorCode.name_of(data.error_code)}")
-        records: list = []
-        after = None
-        for entry in iter_batches(data.records or b""):
-            if not isinstance(entry, RecordBatch) or entry.header.next_offset <= offset:
-                continue
-            if not entry.header.is_control:
-                records.extend((record.offset, record.timestamp, record.key, record.value)
-                               for record in entry.records() if record.offset >= offset and record.key is not None)
-            after = entry.header.next_offset
-        return records, after, None
-
-    async def _end_offset(self, address, index: int) -> int:
-        cls = ListOffsetsRequest
-        body = cls(
-            replica_id=-1, isolation_level=0,
-            topics=[cls.ListOffsetsTopic(name=GRANTS_TOPIC, partitions=[
-                cls.ListOffsetsPartition(partition_index=index, timestamp=-1)])],
-        )
-        response: ListOffsetsResponse = await self.cluster.request(address, ApiKey.LIST_OFFSETS,
-                                                                   LIST_OFFSETS_VERSION, body, timeout=self.timeout)
-        entry = response.topics[0].partitions[0]
-        if entry.error_code != ErrorCode.NONE:
-            raise CommitLogError(f"ListOffsets {GRANTS_TOPIC}-{index} error {ErrorCode.name_of(entry.error_code)}")
-        return entry.offset
 
     # -- proposing -------------------------------------------------------------------------------
     async def propose(self, key: GroupPartitionKey, grant: Grant) -> str | None:
