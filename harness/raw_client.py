@@ -7,6 +7,7 @@ returns decoded responses, so tests can check the proxy field by field.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from dataclasses import dataclass
 
@@ -17,9 +18,12 @@ from proxy.records.batch import PartialBatch, RecordBatch, iter_batches
 
 
 class RawClient:
-    def __init__(self, host: str, port: int, client_id: str = "raw", timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, client_id: str = "raw", timeout: float = 30.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:  # a TLS listener
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
         self.client_id = client_id
         self.correlation = 0
 

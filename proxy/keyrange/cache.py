@@ -141,6 +141,13 @@ class ShareCache:
     def __len__(self) -> int:
         return len(self._lru)
 
+    def resize(self, max_bytes: int) -> None:
+        """A new cap (a reload): the least recently used shares leave until what is held fits."""
+        self.max_bytes = max_bytes
+        while self._lru and self.bytes_held > max_bytes:
+            self._remove(next(iter(self._lru)))
+            self.stats.evictions += 1
+
     def put(self, share: CachedShare) -> bool:
         """Keep ``share``, evicting the least recently used as needed. False if it alone
         (with an index entry for its set) is larger than the cap."""

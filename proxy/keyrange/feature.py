@@ -81,6 +81,14 @@ class KeyRangeFetchFeature(Feature):
         self._last = (0, 0, 0, 0, 0)
         self._last_bytes: dict = {}
 
+    def reconfigure(self, settings: KeyRangeSettings) -> None:
+        """Take reloaded settings: the per-topic ones from the next fetch on, the cache's cap
+        at once (a lower one evicts the least recently used shares). The others are read at
+        start only."""
+        self.engine.topic_settings = settings.topics.of
+        self.engine.cache.resize(settings.cache_bytes)
+        self.metrics.cache_bytes.set(self.engine.cache.bytes_held)
+
     def request_stages(self) -> Mapping[int, RequestStage]:
         return {ApiKey.FETCH: self.on_fetch}
 

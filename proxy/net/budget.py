@@ -45,6 +45,14 @@ class RequestBudget:
         self._receiving: dict[int, None] = {}  # tickets of frames being received, oldest first
         self._tickets = itertools.count()
 
+    def resize(self, limit: int) -> None:
+        """A new limit (a reload), in force for the next frame and the next growth; readers
+        waiting under the old one look again."""
+        if limit <= 0:
+            raise ValueError("the request budget must be positive")
+        self.limit = limit
+        self._lot.unpark_all()
+
     @property
     def spent(self) -> bool:
         return self.held >= self.limit

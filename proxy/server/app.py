@@ -20,6 +20,10 @@ which every Kafka client takes as a retriable error, as it would a broker still 
 Shutdown (SIGTERM/SIGINT, or ``ProxyServer.shutdown``): listeners close first so nothing
 new arrives; every connection stops reading and finishes the requests in flight; after
 ``shutdown.drain.timeout.ms`` whatever is left is cancelled.
+
+Reload (SIGHUP, or a watched file changing: ``config.watch.interval.ms``): the settings are
+read again and put in force whole, or refused whole (``proxy.server.reloader``); open
+connections keep what they were accepted with (``ProxyServer.apply_settings``).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from proxy.keyrange.feature import KeyRangeFetchFeature
 from proxy.keyrange.metrics import KeyRangeMetrics
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.net.budget import RequestBudget
-from proxy.net.connect import connect, listener_ssl_context, tune_socket, upstream_ssl_context
+from proxy.net.connect import connect, tune_socket
 from proxy.net.native_relay import NativeRelayThreads
 from proxy.net.pool import BrokerPool, NoBrokerAnswered
 from proxy.pipeline.background import Background
@@ -70,6 +74,9 @@ from proxy.server.health import Health, watch_brokers
 from proxy.server.limits import LogThrottle
 from proxy.server.memory import HeapTrimmer
 from proxy.server.metrics import ProxyMetrics, serve_metrics
+from proxy.server.reloader import ConfigSource, PreparedReload, Reloader, ReloadMetrics
+from proxy.server.tls import ListenerTls, load_listener_tls, load_upstream_tls
+from proxy.settings import ConfigError
 from proxy.virtual.commit_feature import VirtualCommitFeature
 from proxy.virtual.fetch_feature import VirtualFetchFeature
 from proxy.virtual.metrics import VirtualTopicsMetrics
@@ -91,16 +98,20 @@ class StartupError(Exception):
 
 
 class ProxyServer:
-    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics | None = None) -> None:
+    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics | None = None,
+                 source: ConfigSource | None = None) -> None:
+        """``source``: where a reload reads the settings again (none: SIGHUP has nothing to read)."""
         self.config = config
         self.metrics = metrics or ProxyMetrics()
         cluster, tls, limits = config.cluster, config.tls, config.limits
-        self._upstream_ssl = (
-            upstream_ssl_context(tls.upstream_cafile, tls.upstream_check_hostname) if tls.upstream_enabled else None
-        )
-        self._listener_ssl = (
-            listener_ssl_context(tls.listener_certfile, tls.listener_keyfile) if tls.listener_enabled else None
-        )
+        try:
+            self._upstream_ssl = (load_upstream_tls(tls.upstream_cafile, tls.upstream_check_hostname)
+                                  if tls.upstream_enabled else None)
+            # what new client connections are served with: a reload replaces it
+            self.listener_tls: ListenerTls | None = (load_listener_tls(tls.listener_certfile, tls.listener_keyfile)
+                                                    if tls.listener_enabled else None)
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
         self._main_socket = self._bind(cluster.listen_host, cluster.listen_port)
         self.port = self._main_socket.getsockname()[1]
         self._pending_listeners: list[NodeListener] = []
@@ -150,19 +161,20 @@ class ProxyServer:
         self.health = Health()
         self.started = trio.Event()  # listening, and the first try to reach the cluster is over
         self._startup_error: StartupError | None = None
+        self.reloader = Reloader(self, source, ReloadMetrics(self.metrics.registry))
 
     def _features(self) -> list[Feature]:
         """The features, in the order their stages run (see ``proxy.pipeline.feature``)."""
         config, metrics = self.config, self.metrics
         registry = metrics.registry
         features: list[Feature] = [ClusterFeed(self.cluster)]  # before addresses: it needs the real ones
-        keyrange = KeyRangeFetchFeature(config.keyrange, self.cluster, KeyRangeMetrics(registry))
+        keyrange = self._keyrange = KeyRangeFetchFeature(config.keyrange, self.cluster, KeyRangeMetrics(registry))
         commits = CommitService(config.commit_log, self.cluster, CommitLogMetrics(registry), pool=self.pool,  # the commit layer they stand on
                                 background=self.background)
         if config.virtual.enabled:  # virtual names become real before any other feature sees them
             # which names are virtual, for the four below; a topic without key-range fetches has none
-            virtual = VirtualResolver(config.virtual, self.cluster,
-                                      lambda topic: config.keyrange.topics.of(topic).fetch_enabled)
+            virtual = VirtualResolver(config.virtual, self.cluster,  # as in force: a reload may change it
+                                      lambda topic: self.config.keyrange.topics.of(topic).fetch_enabled)
             virtual_metrics = VirtualTopicsMetrics(registry)
             features.append(VirtualNamingFeature(virtual))  # Metadata and the requests naming topics
             features.append(VirtualRefusalFeature(virtual, virtual_metrics))  # writes, KIP-848 groups
@@ -191,7 +203,9 @@ class ProxyServer:
         gc.freeze()
         async with trio.open_nursery() as root:
             if handle_signals:
-                root.start_soon(self._watch_signals)
+                root.start_soon(self._watch_signals, root)
+            if self.config.operations.config_watch_interval_ms > 0 and self.reloader.source is not None:
+                await root.start(self.reloader.watch, self.config.operations.config_watch_interval_ms / 1000)
             await root.start(self.background.run)
             operations = self.config.operations
             await root.start(HeapTrimmer(operations.memory_trim_interval_ms / 1000, self.metrics).run)
@@ -351,18 +365,19 @@ class ProxyServer:
 
     async def _serve_socket(self, sock: socket.socket, node_id: int | None) -> None:
         trio_sock = trio.socket.from_stdlib_socket(sock)
-        listener: trio.abc.Listener = trio.SocketListener(trio_sock)
-        if self._listener_ssl is not None:
-            listener = trio.SSLListener(listener, self._listener_ssl, https_compatible=False)
+        listener = trio.SocketListener(trio_sock)
         async with listener:
             while True:
                 try:
-                    stream = await listener.accept()
+                    stream: trio.abc.Stream = await listener.accept()
                 except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
                     log.error("accept failed node_id=%s reason=%r", node_id, str(exc))
                     self.metrics.errors.labels("accept").inc()
                     await trio.sleep(0.1)
                     continue
+                tls = self.listener_tls  # the one in force at acceptance, for this connection's life
+                if tls is not None:
+                    stream = trio.SSLStream(stream, tls.context, server_side=True, https_compatible=False)
                 assert self._connection_nursery is not None  # listeners run inside it
                 self._connection_nursery.start_soon(self._handle, stream, node_id)
 
@@ -458,10 +473,31 @@ class ProxyServer:
             return stream
         raise UpstreamUnavailable("; ".join(failures) or "no broker address known")
 
+    # -- reloads ----------------------------------------------------------------------------------
+    def apply_settings(self, prepared: PreparedReload) -> None:
+        """Put reloaded settings in force (``proxy.server.reloader`` has read and checked
+        them and built their TLS contexts): assignments that cannot fail, so a reload is
+        applied whole. A connection keeps what it was accepted with (its TLS context, frame
+        limits, timeouts); connections accepted from now on, broker connections opened from
+        now on, the proxy-wide limits (max.connections, queued.max.request.bytes) and the
+        key-range settings take the new values at once."""
+        config = prepared.plan.config
+        self.config = config
+        self.listener_tls = prepared.listener_tls
+        self._upstream_ssl = self.pool.ssl_context = prepared.upstream_ssl
+        self._connect_timeout = self.pool.timeout = config.cluster.upstream_connect_timeout_ms / 1000
+        self.request_budget.resize(config.limits.queued_max_request_bytes)
+        self._keyrange.reconfigure(config.keyrange)
+
     # -- shutdown ---------------------------------------------------------------------------------
-    async def _watch_signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    async def _watch_signals(self, nursery: trio.Nursery) -> None:
+        """SIGTERM and SIGINT drain and stop the proxy; SIGHUP reloads the settings (beside
+        this loop, so a slow reload never delays a SIGTERM)."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    nursery.start_soon(self.reloader.reload, "SIGHUP")
+                    continue
                 log.info("signal received signal=%s; draining", signal.Signals(signum).name)
                 self.shutdown()
                 return

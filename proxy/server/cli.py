@@ -145,9 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     tune_malloc()
 
     from proxy.server.app import ProxyServer, StartupError
+    from proxy.server.reloader import ConfigSource
 
     try:
-        server = ProxyServer(config)
+        # a reload (SIGHUP) reads the file again; the overrides keep winning over it
+        server = ProxyServer(config, source=ConfigSource(args.config, tuple(overrides)))
         trio.run(_run, server, args.ready_file)
     except StartupError as exc:
         print(f"keyrange-proxy: cannot start: {exc}", file=sys.stderr)

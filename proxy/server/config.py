@@ -53,7 +53,7 @@ class ProxyConfig:
     tls: TlsSettings = _section("TLS")
     limits: ConnectionLimits = _section("Connections and their limits")
     native_relay: NativeRelaySettings = _section("Native relay (docs/proxy.md#the-native-relay)")
-    operations: OperationsSettings = _section("Metrics, logs, memory and shutdown")
+    operations: OperationsSettings = _section("Metrics, logs, memory, shutdown and reloads")
     keyrange: KeyRangeSettings = _section("Key-range fetch (docs/proxy.md#key-range-fetch)")
     individual: IndividualCommitSettings = _section("Individual commit (docs/individual-commit.md)")
     commit_log: CommitLogSettings = _section("The commit log, __individual_commit_offsets (docs/individual-commit.md)")
@@ -263,11 +263,14 @@ def _describe(spec: Setting) -> str:
     shown = str(spec.default).lower() if isinstance(spec.default, bool) else repr(spec.default)
     default = "required" if spec.required else f"default {shown}"
     former = f"; formerly {', '.join(spec.aliases)}, still read" if spec.aliases else ""
+    former += "; reloadable" if spec.reloadable else ""
     return f"  {spec.name} ({default}{former})\n      {spec.doc}"
 
 
 def describe_settings() -> str:
-    lines = ["Proxy settings (properties file or --override key=value), by feature."]
+    lines = ["Proxy settings (properties file or --override key=value), by feature.",
+             "Those marked reloadable take a new value from the properties file on SIGHUP, or when "
+             "config.watch.interval.ms sees the file change; the others keep theirs until a restart."]
     for section in SECTIONS:
         lines += ["", f"{section.title}:"]
         lines += [_describe(spec) for spec in settings_of(section.cls)]

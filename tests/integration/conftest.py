@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +16,14 @@ ProxyFactory = Callable[..., ProxyProcess]
 
 @pytest.fixture(scope="session")
 def proxy_factory(tmp_path_factory) -> Iterator[ProxyFactory]:
-    """``proxy_factory(cluster, **overrides) -> ProxyProcess``; every proxy started is
-    stopped at the end of the session (earlier if the test stops it)."""
+    """``proxy_factory(cluster, **overrides) -> ProxyProcess`` (``config_file``: a properties
+    file, under the overrides); every proxy started is stopped at the end of the session
+    (earlier if the test stops it)."""
     started: list[ProxyProcess] = []
 
     def start(
-        cluster: KafkaCluster, bootstrap: str | None = None, listen_port: int = 0, **overrides: str
+        cluster: KafkaCluster, bootstrap: str | None = None, listen_port: int = 0, config_file: Path | None = None,
+        **overrides: str
     ) -> ProxyProcess:
         # Virtual range topics on, as a deployment that uses them runs: every feature is
         # tested beside them.
@@ -31,6 +34,7 @@ def proxy_factory(tmp_path_factory) -> Iterator[ProxyFactory]:
             overrides=settings,
             workdir=tmp_path_factory.mktemp("proxy"),
             listen_port=listen_port,
+            config_file=config_file,
         )
         started.append(process)
         return process
