@@ -28,6 +28,10 @@ log = logging.getLogger("proxy.health")
 
 CHECK_INTERVAL = 2.0  # seconds between two checks of the fronted brokers
 CHECK_TIMEOUT = 2.0  # seconds a broker has to accept a connection
+# Until the cluster's metadata is known, the next check comes this soon: a proxy that
+# starts is ready as soon as a broker answered, not a whole CHECK_INTERVAL later (a rolling
+# restart waits for each instance's readiness before the next).
+UNKNOWN_INTERVAL = 0.1
 
 
 class Health:
@@ -73,7 +77,7 @@ async def watch_brokers(health: Health, fronted: Callable[[], Mapping[int, tuple
                         task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Check every ``interval`` seconds that each broker ``fronted()`` names accepts a TCP
     connection, and keep ``health`` current (``known()``: whether the cluster's metadata
-    is known)."""
+    is known; until it is, every ``UNKNOWN_INTERVAL``)."""
     task_status.started()
     while True:
         health.cluster_known = known()
@@ -89,4 +93,4 @@ async def watch_brokers(health: Health, fronted: Callable[[], Mapping[int, tuple
                 unreachable[node] = f"no answer within {CHECK_TIMEOUT:g} s"
         health.unreachable = unreachable
         health.note()
-        await trio.sleep(interval)
+        await trio.sleep(interval if health.cluster_known else min(interval, UNKNOWN_INTERVAL))

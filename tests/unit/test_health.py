@@ -59,3 +59,20 @@ async def test_probes_follow_a_broker_going_away_and_coming_back():
             assert await _get(port, "/readyz") == (200, "ready\n")
         nursery.cancel_scope.cancel()
     await listeners[0].aclose()
+
+
+async def test_a_starting_proxy_is_ready_once_the_cluster_answered_not_a_check_interval_later():
+    health = Health()
+    answered = trio.Event()
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    broker_port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch_brokers, health, lambda: {1: ("127.0.0.1", broker_port)}, answered.is_set, 60.0)
+        assert health.reasons() == ["cluster metadata not known yet"]
+        await trio.sleep(0.3)  # the cluster answers after the first checks
+        answered.set()
+        with trio.fail_after(2):  # well within the 60 s interval
+            while not health.ready:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    await listeners[0].aclose()
