@@ -1,4 +1,5 @@
-"""Opening connections to brokers, in plaintext or TLS."""
+"""Opening connections to brokers, in plaintext or TLS (the listeners' TLS is
+``proxy.server.tls``'s)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,6 @@ def upstream_ssl_context(cafile: str, check_hostname: bool) -> ssl.SSLContext:
     context.check_hostname = check_hostname
     if not check_hostname:
         context.verify_mode = ssl.CERT_REQUIRED if cafile else ssl.CERT_NONE
-    return context
-
-
-def listener_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(certfile, keyfile)
     return context
 
 
