@@ -168,8 +168,9 @@ def _supervise(count: int, config, argv: list[str], ready_file: str | None) -> i
     cluster = config.cluster
     try:
         with tempfile.TemporaryDirectory(prefix="keyrange-proxy-workers-") as rundir:
-            return Supervisor(count, argv, cluster.listen_host, cluster.listen_port, config.operations.metrics_port,
-                              ready_file, Path(rundir)).run()
+            command = [sys.executable, "-m", "proxy.server.cli", *argv]
+            return Supervisor(count, command, cluster.listen_host, cluster.listen_port,
+                              config.operations.metrics_port, ready_file, Path(rundir)).run()
     except OSError as exc:
         print(f"keyrange-proxy: cannot start: cannot listen on {cluster.listen_host}:{cluster.listen_port}: "
               f"{exc.strerror or exc}", file=sys.stderr)

@@ -29,7 +29,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -129,14 +128,15 @@ def _die_with_parent() -> None:
 class Supervisor:
     """Starts the workers, keeps them running, forwards signals; see the module docstring."""
 
-    def __init__(self, count: int, argv: Sequence[str], host: str, port: int, metrics_port: int,
+    def __init__(self, count: int, command: Sequence[str], host: str, port: int, metrics_port: int,
                  ready_file: str | None, rundir: Path) -> None:
+        """``command``: the proxy's command line as the supervisor was started (a worker's
+        own options are added to it)."""
         self.reserved, self.port = reserve_port(host, port)
         self.ready_file = ready_file
         self.stopping = False
-        base = [sys.executable, "-m", "proxy.server.cli", *argv]
         self.workers = [
-            Worker(index, [*base, *_as_options(worker_overrides(index, self.port, metrics_port)),
+            Worker(index, [*command, *_as_options(worker_overrides(index, self.port, metrics_port)),
                            "--worker-index", str(index), "--ready-file", str(rundir / f"worker-{index}.json")],
                    rundir / f"worker-{index}.json")
             for index in range(count)
