@@ -11,7 +11,7 @@ PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
 # split kernel needs), so the virtualenv and its C accelerators are rebuilt exactly then.
 SYSDEPS := build/system-deps.stamp
 
-.PHONY: venv jars toxiproxy lint stubs test unit demo clean system-deps FORCE
+.PHONY: venv jars toxiproxy lint stubs test unit demo clean system-deps image FORCE
 
 system-deps: $(SYSDEPS)
 
@@ -92,6 +92,17 @@ CHAOS_ARGS ?=
 .PHONY: chaos
 chaos: venv jars toxiproxy
 	$(PY) -m chaos $(CHAOS_ARGS)
+
+# The container image (Containerfile, deploy/README.md): the wheel with its C accelerators
+# built in a first stage, a runtime stage with a user without privileges and keyrange-proxy
+# as entrypoint. BASE_IMAGE is both stages' base (a Debian-based Python 3.11+ image); the
+# chroot isolation runs the build's steps without cgroups (nested containers, CI machines).
+# IMAGE_BUILD_FLAGS adds podman build options, e.g. --build-arg PIP_CERT=... with --volume.
+IMAGE ?= localhost/keyrange-proxy:latest
+BASE_IMAGE ?= docker.io/library/python:3.11-slim
+IMAGE_BUILD_FLAGS ?=
+image:
+	podman build --isolation=chroot --build-arg BASE=$(BASE_IMAGE) $(IMAGE_BUILD_FLAGS) -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info
