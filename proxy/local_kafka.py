@@ -546,17 +546,19 @@ class ProxyProcess:
     @classmethod
     def start(cls, bootstrap_servers: str, *, overrides: Mapping[str, str] | None = None, workdir: Path | None = None,
               listen_port: int = 0, timeout: float = 30.0, cwd: Path | None = None,
-              env: Mapping[str, str] | None = None, config_file: Path | None = None) -> ProxyProcess:
+              env: Mapping[str, str] | None = None, config_file: Path | None = None,
+              program: Sequence[str] | None = None) -> ProxyProcess:
         """Start the proxy in front of ``bootstrap_servers`` on 127.0.0.1 (``listen_port``
         0: any free port), with ``--override key=value`` for each of ``overrides`` (they win
         over ``config_file``, a properties file, as a reload reads it again), and wait until
         it listens. Its log and ready file go to ``workdir`` (default: a new temporary
         directory); ``cwd`` and ``env``, the process's working directory and environment,
-        default to this process's."""
+        default to this process's; ``program``, the command that is the proxy, to this
+        interpreter running ``proxy.server.cli`` (an installed ``keyrange-proxy`` instead)."""
         workdir = Path(workdir or tempfile.mkdtemp(prefix="keyrange-proxy-"))
         workdir.mkdir(parents=True, exist_ok=True)
         ready, log_path = workdir / f"ready-{time.monotonic_ns()}.json", workdir / f"proxy-{time.monotonic_ns()}.log"
-        command = [sys.executable, "-m", "proxy.server.cli", "--bootstrap-server", bootstrap_servers,
+        command = [*(program or (sys.executable, "-m", "proxy.server.cli")), "--bootstrap-server", bootstrap_servers,
                    "--listen", f"127.0.0.1:{listen_port}", "--ready-file", str(ready)]
         if config_file is not None:
             command.append(str(config_file))
