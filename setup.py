@@ -28,7 +28,8 @@ def _write_native_header() -> None:
     values = {
         "KEYS": table["KEYS"], "VERSIONS": table["VERSIONS"],
         "CLASS_PYTHON": int(native.PYTHON), "CLASS_OPAQUE": int(native.OPAQUE), "CLASS_PRODUCE": int(native.PRODUCE),
-        "CLASS_FLEXIBLE_HEADER": table["FLEXIBLE_HEADER"], "CLASS_MASK": table["_CLASS_MASK"],
+        "CLASS_FLEXIBLE_HEADER": table["FLEXIBLE_HEADER"], "CLASS_GUARDED": table["GUARDED"],
+        "CLASS_MASK": table["_CLASS_MASK"],
         "MAX_ARRAY_ELEMENTS": constants["MAX_ARRAY_ELEMENTS"], "MAX_TAGGED_FIELDS": constants["MAX_TAGGED_FIELDS"],
     }
     text = "/* Written by setup.py from proxy/net/native_table.py and proxy/protocol/constants.py. */\n"

@@ -23,6 +23,12 @@
  *   it), or the event loop reads the request and refuses it. A request marked 0, a
  *   Produce with acks=0, an oversized or malformed header, or the client's end of stream
  *   stays in the socket: the run stops and the event loop reads it.
+ * - A Produce marked CLASS_GUARDED as well (virtual topics are on: a Produce naming one is
+ *   refused by the event loop) is carried only when the peeked bytes show every topic it
+ *   names, and none is virtual: no name holds a suffix of ``guard`` followed by a digit 1-9,
+ *   no topic id is one of ``guard``'s (the ids the proxy handed out for virtual topics).
+ *   A request whose names do not all fit in the peek (several topics, the first with its
+ *   records) is the event loop's.
  * - It stops only at frame boundaries (except when aborted): at the end of its time slice,
  *   after ``idle_ms`` with nothing to do, when woken through ``wake_fd`` (an eventfd: a
  *   total of 1 asks for a stop at the boundaries, 2 or more aborts at once), and at the
@@ -55,6 +61,7 @@
 #include "_native_table.h"
 #define API_PRODUCE 0
 #define PEEK_MAX 1024
+#define TOPIC_ID_BYTES 16
 #define DONE_MAX 65536
 #define SPLICED_MIN 65536 /* the event loop splices requests from this size on: count them alike */
 
@@ -261,10 +268,179 @@ int produce_response_needs_python(const uint8_t *body, size_t size, int version)
     return tags != 0 || p != end;
 }
 
+/* ------------------------------------------------------------------ the virtual-topic guard
+ * ``guard`` (proxy/net/native_table.py's guard_blob): a byte S, then S suffixes, each a byte
+ * of length and its bytes, then 16-byte topic ids in ascending byte order. */
+
+typedef struct {
+    const uint8_t *blob;
+    size_t len;
+} guard_t;
+
+/* Whether ``name`` holds one of the guard's suffixes followed by a digit 1-9 (what a virtual
+ * topic's name ends with: K >= 2 has no leading zero). Says yes for some real names, never
+ * no for a virtual one. A guard that does not parse says yes to everything. */
+static int name_may_be_virtual(const uint8_t *name, size_t length, const guard_t *guard)
+{
+    if (guard->len == 0)
+        return 1;
+    const uint8_t *g = guard->blob, *g_end = guard->blob + guard->len;
+    unsigned suffixes = *g++;
+    for (unsigned i = 0; i < suffixes; i++) {
+        if (g >= g_end)
+            return 1;
+        size_t suffix_len = *g++;
+        if (suffix_len == 0 || (size_t)(g_end - g) < suffix_len)
+            return 1;
+        const uint8_t *from = name, *name_end = name + length;
+        while ((size_t)(name_end - from) > suffix_len) {
+            const uint8_t *at = memmem(from, (size_t)(name_end - from), g, suffix_len);
+            if (at == NULL || (size_t)(name_end - at) <= suffix_len)
+                break;
+            uint8_t digit = at[suffix_len];
+            if (digit >= '1' && digit <= '9')
+                return 1;
+            from = at + 1;
+        }
+        g += suffix_len;
+    }
+    return 0;
+}
+
+/* Whether ``id`` is one of the guard's ids (sorted: a binary search). */
+static int id_is_virtual(const uint8_t *id, const guard_t *guard)
+{
+    if (guard->len == 0)
+        return 1;
+    const uint8_t *g = guard->blob, *g_end = guard->blob + guard->len;
+    unsigned suffixes = *g++;
+    for (unsigned i = 0; i < suffixes && g < g_end; i++)
+        g += 1 + *g;
+    if (g > g_end || (g_end - g) % TOPIC_ID_BYTES)
+        return 1;
+    size_t low = 0, high = (size_t)(g_end - g) / TOPIC_ID_BYTES;
+    while (low < high) {
+        size_t middle = (low + high) / 2;
+        int order = memcmp(g + middle * TOPIC_ID_BYTES, id, TOPIC_ID_BYTES);
+        if (order == 0)
+            return 1;
+        if (order < 0)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return 0;
+}
+
+/* A count of a Produce request's array: compact (elements + 1) from v9, int32 before.
+ * NULL when it runs past ``end``, is null, or is over MAX_ARRAY_ELEMENTS. */
+static const uint8_t *read_count(const uint8_t *p, const uint8_t *end, int flexible, uint32_t *count)
+{
+    if (p == NULL)
+        return NULL;
+    if (flexible) {
+        uint32_t length;
+        if ((p = read_array_length(p, end, &length)) == NULL || length == 0)
+            return NULL;
+        *count = length - 1;
+        return p;
+    }
+    if (end - p < 4)
+        return NULL;
+    int32_t n = (int32_t)be32(p);
+    if (n < 0 || n > MAX_ARRAY_ELEMENTS)
+        return NULL;
+    *count = (uint32_t)n;
+    return p + 4;
+}
+
+/* Whether a Produce request (``frame``: from its size prefix, peeked up to ``end``) may name
+ * a virtual topic: 0 when every topic it names is in these bytes and none may be virtual;
+ * 1 when one may; -1 when these bytes end before its last topic's name, or do not parse. */
+static int produce_names_virtual(const uint8_t *frame, const uint8_t *end, int version, const guard_t *guard)
+{
+    const int flexible = version >= 9;
+    const uint8_t *p = frame + 12; /* size, api key, version, correlation id */
+    if (end - p < 2)
+        return -1;
+    int16_t client_len = be16(p);
+    p += 2;
+    if (client_len > 0 && (p = skip(p, end, (uint64_t)client_len)) == NULL)
+        return -1;
+    if (flexible) {
+        if ((p = skip_compact_string(skip_tagged(p, end, NULL), end)) == NULL) /* header tags, transactional id */
+            return -1;
+    } else if (version >= 3) {
+        if (end - p < 2)
+            return -1;
+        int16_t tx_len = be16(p);
+        p += 2;
+        if (tx_len > 0 && (p = skip(p, end, (uint64_t)tx_len)) == NULL)
+            return -1;
+    }
+    uint32_t topics, partitions;
+    if ((p = read_count(skip(p, end, 2 + 4), end, flexible, &topics)) == NULL) /* acks, timeout */
+        return -1;
+    for (uint32_t t = 0; t < topics; t++) {
+        if (version >= 13) {
+            if ((size_t)(end - p) < TOPIC_ID_BYTES)
+                return -1;
+            if (id_is_virtual(p, guard))
+                return 1;
+            p += TOPIC_ID_BYTES;
+        } else {
+            uint64_t length;
+            if (flexible) {
+                uint32_t n;
+                if ((p = read_uvarint(p, end, &n)) == NULL || n == 0)
+                    return -1;
+                length = n - 1;
+            } else {
+                if (end - p < 2 || be16(p) < 0)
+                    return -1;
+                length = (uint64_t)be16(p);
+                p += 2;
+            }
+            if ((uint64_t)(end - p) < length)
+                return -1;
+            if (name_may_be_virtual(p, (size_t)length, guard))
+                return 1;
+            p += length;
+        }
+        if (t + 1 == topics)
+            return 0; /* the last name: its partitions need not be read */
+        if ((p = read_count(p, end, flexible, &partitions)) == NULL)
+            return -1;
+        for (uint32_t i = 0; i < partitions; i++) {
+            if ((p = skip(p, end, 4)) == NULL) /* partition index */
+                return -1;
+            if (flexible) {
+                uint32_t n;
+                if ((p = read_uvarint(p, end, &n)) == NULL)
+                    return -1;
+                if (n > 0 && (p = skip(p, end, n - 1)) == NULL)
+                    return -1;
+                if ((p = skip_tagged(p, end, NULL)) == NULL)
+                    return -1;
+            } else {
+                if (end - p < 4)
+                    return -1;
+                int32_t n = (int32_t)be32(p);
+                p += 4;
+                if (n > 0 && (p = skip(p, end, (uint64_t)n)) == NULL)
+                    return -1;
+            }
+        }
+        if (flexible && (p = skip_tagged(p, end, NULL)) == NULL)
+            return -1;
+    }
+    return 0; /* no topics: nothing to refuse */
+}
+
 /* How the loop may carry the request whose first ``n`` bytes (from its size prefix) are
  * ``peek``: CLASS_PYTHON when it may not, or cannot tell from these bytes (without the
- * CLASS_FLEXIBLE_HEADER flag, which only the table holds). */
-static int classify(const uint8_t *peek, ssize_t n, const uint8_t *classes, int64_t max_frame)
+ * CLASS_FLEXIBLE_HEADER and CLASS_GUARDED flags, which only the table holds). */
+static int classify(const uint8_t *peek, ssize_t n, const uint8_t *classes, int64_t max_frame, const guard_t *guard)
 {
     if (n < 12) /* its end, or a header still on its way: the event loop reads it */
         return CLASS_PYTHON;
@@ -285,6 +461,8 @@ static int classify(const uint8_t *peek, ssize_t n, const uint8_t *classes, int6
         int acks = produce_acks(peek, end, version);
         if (acks == 0 || acks == -1000) /* no response to wait for, or unreadable here */
             return CLASS_PYTHON;
+        if ((entry & CLASS_GUARDED) && produce_names_virtual(peek, end, version, guard) != 0)
+            return CLASS_PYTHON; /* it may name a virtual topic, or its names are not all here */
     }
     return cls;
 }
@@ -351,6 +529,7 @@ typedef struct {
     /* arguments */
     int client, upstream, wake;
     const uint8_t *classes;
+    guard_t guard;
     int64_t max_frame;
     int max_inflight;
     int64_t slice_ns, idle_ns;
@@ -448,7 +627,7 @@ static int step_requests(run_t *r, short *events_client, short *events_upstream,
             stop(r, R_PYTHON_REQUEST); /* the event loop meets the error itself */
             return 0;
         }
-        int cls = classify(peek, n, r->classes, r->max_frame);
+        int cls = classify(peek, n, r->classes, r->max_frame, &r->guard);
         if (cls == CLASS_PYTHON) {
             stop(r, R_PYTHON_REQUEST);
             return 0;
@@ -720,18 +899,19 @@ static PyObject *done_list(const run_t *r)
 static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"client", "upstream", "wake", "classes", "flights", "max_frame", "max_inflight",
-                               "slice_ms", "idle_ms", "request_pipe", "response_pipe", NULL};
+                               "slice_ms", "idle_ms", "request_pipe", "response_pipe", "guard", NULL};
     run_t r;
     memset(&r, 0, sizeof r);
-    Py_buffer classes;
+    Py_buffer classes, guard = {0};
     PyObject *flights;
     long long slice_ms, idle_ms, max_frame;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiy*O!LiLL(iiL)(iiL)", keywords, &r.client, &r.upstream,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiy*O!LiLL(iiL)(iiL)|y*", keywords, &r.client, &r.upstream,
                                      &r.wake, &classes, &PyList_Type, &flights, &max_frame, &r.max_inflight,
                                      &slice_ms, &idle_ms, &r.req_pipe_r, &r.req_pipe_w, &r.req_capacity,
-                                     &r.resp_pipe_r, &r.resp_pipe_w, &r.resp_capacity))
+                                     &r.resp_pipe_r, &r.resp_pipe_w, &r.resp_capacity, &guard))
         return NULL;
     r.classes = classes.buf;
+    r.guard = (guard_t){.blob = guard.buf, .len = guard.buf ? (size_t)guard.len : 0};
     r.max_frame = max_frame;
     r.slice_ns = slice_ms * 1000000;
     r.idle_ns = idle_ms < 0 ? INT64_MAX : idle_ms * 1000000;
@@ -739,12 +919,14 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
     Py_ssize_t carried = PyList_GET_SIZE(flights);
     if (classes.len != KEYS * VERSIONS || r.max_inflight < 1 || carried > r.max_inflight) {
         PyBuffer_Release(&classes);
+        PyBuffer_Release(&guard);
         PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes; flights at most max_inflight");
         return NULL;
     }
     r.ring = calloc((size_t)r.max_inflight, sizeof(flight_t));
     if (r.ring == NULL) {
         PyBuffer_Release(&classes);
+        PyBuffer_Release(&guard);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < carried; i++) {
@@ -756,6 +938,7 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
                               &request_bytes, &start_ns)) {
             free(r.ring);
             PyBuffer_Release(&classes);
+        PyBuffer_Release(&guard);
             return NULL;
         }
         f->api_key = api_key;
@@ -776,6 +959,7 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&classes);
+        PyBuffer_Release(&guard);
     PyObject *held = Py_None;
     Py_INCREF(held);
     if (r.resp_state == RESP_HOLD && r.buffer != NULL) {
@@ -799,40 +983,48 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
 static PyObject *py_peek(PyObject *self, PyObject *args)
 {
     int fd;
-    Py_buffer classes;
+    Py_buffer classes, guard = {0};
     long long max_frame;
-    if (!PyArg_ParseTuple(args, "iy*L", &fd, &classes, &max_frame))
+    if (!PyArg_ParseTuple(args, "iy*L|y*", &fd, &classes, &max_frame, &guard))
         return NULL;
-    if (classes.len != KEYS * VERSIONS) {
-        PyBuffer_Release(&classes);
+    const guard_t checks = {.blob = guard.buf, .len = guard.buf ? (size_t)guard.len : 0};
+    int cls = CLASS_PYTHON;
+    int nothing = 0;
+    if (classes.len == KEYS * VERSIONS) {
+        uint8_t peek[PEEK_MAX];
+        ssize_t n = recv(fd, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            nothing = 1;
+        else if (n >= 0)
+            cls = classify(peek, n, classes.buf, max_frame, &checks);
+    }
+    int bad = classes.len != KEYS * VERSIONS;
+    PyBuffer_Release(&classes);
+    PyBuffer_Release(&guard);
+    if (bad) {
         PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes");
         return NULL;
     }
-    uint8_t peek[PEEK_MAX];
-    ssize_t n = recv(fd, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
-    int cls;
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        PyBuffer_Release(&classes);
+    if (nothing)
         Py_RETURN_NONE;
-    }
-    cls = n < 0 ? CLASS_PYTHON : classify(peek, n, classes.buf, max_frame);
-    PyBuffer_Release(&classes);
     return PyLong_FromLong(cls);
 }
 
 static PyObject *py_classify(PyObject *self, PyObject *args)
 {
-    Py_buffer frame, classes;
+    Py_buffer frame, classes, guard = {0};
     long long max_frame;
-    if (!PyArg_ParseTuple(args, "y*y*L", &frame, &classes, &max_frame))
+    if (!PyArg_ParseTuple(args, "y*y*L|y*", &frame, &classes, &max_frame, &guard))
         return NULL;
+    const guard_t checks = {.blob = guard.buf, .len = guard.buf ? (size_t)guard.len : 0};
     int cls = -1;
     if (classes.len == KEYS * VERSIONS) {
         Py_ssize_t n = frame.len < PEEK_MAX ? frame.len : PEEK_MAX; /* as much as the loop peeks */
-        cls = classify(frame.buf, n, classes.buf, max_frame);
+        cls = classify(frame.buf, n, classes.buf, max_frame, &checks);
     }
     PyBuffer_Release(&frame);
     PyBuffer_Release(&classes);
+    PyBuffer_Release(&guard);
     if (cls < 0) {
         PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes");
         return NULL;
@@ -868,9 +1060,11 @@ static PyMethodDef methods[] = {
     {"relay", (PyCFunction)(void (*)(void))py_relay, METH_VARARGS | METH_KEYWORDS,
      "Relay frames between two sockets until a frame needs the interpreter (see the module's comment)."},
     {"peek", py_peek, METH_VARARGS,
-     "How the loop may carry the next request on a socket (0: it may not), or None if nothing has arrived."},
+     "How the loop may carry the next request on a socket (0: it may not), or None if nothing has arrived; "
+     "guard: as relay's."},
     {"classify", py_classify, METH_VARARGS,
-     "How the loop would carry a request frame (from its size prefix; its first 1 KiB as peeked): 0 if not."},
+     "How the loop would carry a request frame (from its size prefix; its first 1 KiB as peeked): 0 if not; "
+     "guard: as relay's."},
     {"produce_response_needs_python", py_produce_response_needs_python, METH_VARARGS,
      "Whether a Produce response body (after its size prefix) has top-level tagged fields or is malformed."},
     {"produce_acks", py_produce_acks, METH_VARARGS,
@@ -904,6 +1098,7 @@ PyMODINIT_FUNC PyInit__cpump(void)
     PyModule_AddIntConstant(m, "CLASS_OPAQUE", CLASS_OPAQUE);
     PyModule_AddIntConstant(m, "CLASS_PRODUCE", CLASS_PRODUCE);
     PyModule_AddIntConstant(m, "CLASS_FLEXIBLE_HEADER", CLASS_FLEXIBLE_HEADER);
+    PyModule_AddIntConstant(m, "CLASS_GUARDED", CLASS_GUARDED);
     PyModule_AddIntConstant(m, "MAX_ARRAY_ELEMENTS", MAX_ARRAY_ELEMENTS);
     PyModule_AddIntConstant(m, "MAX_TAGGED_FIELDS", MAX_TAGGED_FIELDS);
     PyModule_AddIntConstant(m, "KEYS", KEYS);

@@ -7,6 +7,14 @@ of requests that no feature reads, whose responses no feature rewrites, needs no
 second core), and returns to the event loop at the first frame that needs it. The
 contract it keeps (frame boundaries, order, what it hands back) is in ``_cpump.c``.
 
+With virtual topics on, a Produce naming one must reach the event loop, which refuses it:
+the table flags Produce GUARDED, and each run (and each peek) gets the guard as it stands
+(``guard``: the virtual-topic suffixes and the ids handed out so far), against which the
+loop checks every Produce's topic names. An id handed out while a run goes on is in the
+next run's guard, at most ``slice_ms`` later; a Produce naming it before then reaches the
+broker, which knows no such id and answers UNKNOWN_TOPIC_ID, and the client's retry is
+refused.
+
 A run starts only when a thread of the shared ``NativeRelayThreads`` is free; a connection
 that finds none goes on in the event loop, which is never worse than before. A run lasts
 at most ``slice_ms`` (so counters and the idle clock move on) and is continued only if no
@@ -23,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,11 +122,15 @@ class NativeRelay:
     """One connection's native runs: its client and upstream streams (plain TCP both)."""
 
     def __init__(self, client: FrameStream, upstream: FrameStream, threads: NativeRelayThreads, classes: bytes,
-                 *, max_frame_bytes: int, max_inflight: int) -> None:
+                 *, max_frame_bytes: int, max_inflight: int, guard: Callable[[], bytes] | None = None) -> None:
+        """``guard``: the current guard of requests ``classes`` flags GUARDED
+        (``native_table.guard_blob``); without one, the loop leaves every such request to
+        the event loop."""
         self.client = client
         self.upstream = upstream
         self.threads = threads
         self.classes = classes
+        self.guard = guard
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
         # Runs start only on a Produce: the traffic whose rate makes the event loop's cost
@@ -144,7 +157,10 @@ class NativeRelay:
     def peek(self) -> int | None:
         """How the native loop may carry the client's next request (0: it may not), or
         None when nothing of it has arrived. Reads nothing from the socket."""
-        return _cpump.peek(self.client.socket.fileno(), self.starters, self.max_frame_bytes)
+        return _cpump.peek(self.client.socket.fileno(), self.starters, self.max_frame_bytes, self._guard())
+
+    def _guard(self) -> bytes:
+        return self.guard() if self.guard is not None else b""
 
     async def run(self, flights: list, nursery: trio.Nursery) -> RunResult:
         """One run, carrying ``flights`` on. ``nursery``: the connection's (outside the
@@ -164,13 +180,14 @@ class NativeRelay:
         holder: list = []
         client_fd, upstream_fd = self.client.socket.fileno(), self.upstream.socket.fileno()
         threads = self.threads
+        guard = self._guard()
 
         def relay() -> None:
             holder.append(_cpump.relay(client=client_fd, upstream=upstream_fd, wake=self._wake,
                                        classes=self.classes, flights=flights, max_frame=self.max_frame_bytes,
                                        max_inflight=self.max_inflight, slice_ms=threads.slice_ms,
                                        idle_ms=threads.idle_ms, request_pipe=request_pipe,
-                                       response_pipe=response_pipe))
+                                       response_pipe=response_pipe, guard=guard))
 
         aborts, stops = trio.CancelScope(), trio.CancelScope()
         nursery.start_soon(self._wake_when_cancelled, aborts, 2)

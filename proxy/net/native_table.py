@@ -7,18 +7,25 @@ extension is loaded (``check_extension``), so the two can never drift apart sile
 A table is ``KEYS * VERSIONS`` bytes, one per (API key, version) at
 ``api_key * VERSIONS + version``: a ``NativeClass``, with ``FLEXIBLE_HEADER`` added when
 the request's header is flexible (the loop then counts its header's tagged fields, and
-leaves a request declaring too many to the event loop, which refuses it).
+leaves a request declaring too many to the event loop, which refuses it), and ``GUARDED``
+on a Produce a feature reads only when it names a virtual topic: the loop carries it when
+its first bytes show every topic it names and none is virtual by the run's guard
+(``guard_blob``: the virtual-topic suffixes, and the ids the proxy handed out for virtual
+topics), and leaves it to the event loop otherwise.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from types import ModuleType
 
 KEYS = 128  # API keys 0..127
 VERSIONS = 32  # versions 0..31 of each
 FLEXIBLE_HEADER = 0x80  # a flag on a class other than PYTHON
-_CLASS_MASK = 0x7F
+GUARDED = 0x40  # a flag on Produce: carried only when it names no virtual topic (the run's guard)
+_CLASS_MASK = 0x3F
+TOPIC_ID_BYTES = 16
 
 
 class NativeClass(enum.IntEnum):
@@ -29,11 +36,34 @@ class NativeClass(enum.IntEnum):
     PRODUCE = 2  # carried, its response read and relayed untouched unless it has top-level tagged fields
 
 
-def entry(native_class: NativeClass, flexible_header: bool) -> int:
-    """The table's byte for a class and a header kind."""
+def entry(native_class: NativeClass, flexible_header: bool, guarded: bool = False) -> int:
+    """The table's byte for a class, a header kind and whether the request's topic names are
+    checked against the run's guard (the loop checks those of Produce requests only, and
+    ignores the flag on any other API key)."""
     if native_class is NativeClass.PYTHON:
         return 0
-    return int(native_class) | (FLEXIBLE_HEADER if flexible_header else 0)
+    return int(native_class) | (FLEXIBLE_HEADER if flexible_header else 0) | (GUARDED if guarded else 0)
+
+
+def guarded(table: bytes, api_key: int, version: int) -> bool:
+    """Whether the table marks (API key, version) GUARDED."""
+    if not (0 <= api_key < KEYS and 0 <= version < VERSIONS):
+        return False
+    return bool(table[api_key * VERSIONS + version] & GUARDED)
+
+
+def guard_blob(suffixes: Iterable[bytes], topic_ids: Iterable[bytes]) -> bytes:
+    """A run's guard, as the C loop reads it: a byte S, then S suffixes (a byte of length and
+    its bytes), then the 16-byte topic ids in ascending byte order (it searches them by
+    halves). A name holding a suffix followed by a digit 1-9 may be virtual; so is an id
+    listed."""
+    suffixes = list(suffixes)
+    if len(suffixes) > 255 or not all(0 < len(suffix) < 256 for suffix in suffixes):
+        raise ValueError("a guard holds at most 255 suffixes of 1-255 bytes")
+    ids = sorted(set(topic_ids))
+    if not all(len(topic_id) == TOPIC_ID_BYTES for topic_id in ids):
+        raise ValueError("a topic id is 16 bytes")
+    return bytes([len(suffixes)]) + b"".join(bytes([len(s)]) + s for s in suffixes) + b"".join(ids)
 
 
 def class_of(table: bytes, api_key: int, version: int) -> NativeClass:
@@ -62,12 +92,12 @@ def check_extension(module: ModuleType) -> None:
     stale build): the relay then stays off, never carrying requests by a wrong table."""
     expected = {"KEYS": KEYS, "VERSIONS": VERSIONS, "CLASS_PYTHON": NativeClass.PYTHON,
                 "CLASS_OPAQUE": NativeClass.OPAQUE, "CLASS_PRODUCE": NativeClass.PRODUCE,
-                "CLASS_FLEXIBLE_HEADER": FLEXIBLE_HEADER}
+                "CLASS_FLEXIBLE_HEADER": FLEXIBLE_HEADER, "CLASS_GUARDED": GUARDED}
     wrong = {name: getattr(module, name, None) for name, value in expected.items()
              if getattr(module, name, None) != value}
     if wrong:
         raise ImportError(f"{module.__name__} was built with another native table: {wrong}; rebuild it")
 
 
-__all__ = ["FLEXIBLE_HEADER", "KEYS", "VERSIONS", "NativeClass", "check_extension", "class_of", "entry",
-           "new_table", "only_key", "put"]
+__all__ = ["FLEXIBLE_HEADER", "GUARDED", "KEYS", "VERSIONS", "NativeClass", "check_extension", "class_of", "entry",
+           "guard_blob", "guarded", "new_table", "only_key", "put"]

@@ -20,7 +20,7 @@ from proxy.net import native_table
 from proxy.net.native_table import NativeClass
 from proxy.net.streams import OPAQUE
 from proxy.pipeline.context import ConnectionContext
-from proxy.pipeline.feature import Feature, RequestStage, ResponseReads, ResponseStage, ResponseStageSpec
+from proxy.pipeline.feature import Feature, NativeGuard, RequestStage, ResponseReads, ResponseStage, ResponseStageSpec
 from proxy.pipeline.request import Request, ResponseHook
 from proxy.pipeline.route import DecodedResponse, LocalAnswer, Route
 from proxy.pipeline.versions import clamp_api_versions
@@ -42,9 +42,16 @@ class FeatureChain:
         self._request_stages: dict[int, list[RequestStage]] = {}
         self._response_stages: dict[int, list[ResponseStageSpec]] = {}
         self.advertised: dict[str, tuple[int, int]] = {}
+        unguarded: set[int] = set()  # API keys with a request stage that acts on any request
+        guards: dict[int, list[NativeGuard]] = {}
         for feature in self.features:
+            guarded_by = feature.native_guards()
             for api_key, stage in feature.request_stages().items():
                 self._request_stages.setdefault(api_key, []).append(stage)
+                if api_key in guarded_by:
+                    guards.setdefault(api_key, []).append(guarded_by[api_key])
+                else:
+                    unguarded.add(api_key)
             for api_key, declared in feature.response_stages().items():
                 spec = declared if isinstance(declared, ResponseStageSpec) else ResponseStageSpec(*declared)
                 self._response_stages.setdefault(api_key, []).append(spec)
@@ -70,6 +77,11 @@ class FeatureChain:
                 self._known[key] = (low, min(high, newest))
         self._stages_by_version: dict[tuple[int, int], list[ResponseStage]] = {}
         self._native_classes: bytes | None = None
+        # Produce's guard, when its only request stage acts on requests naming a virtual topic
+        # alone: the native relay then carries the others (``native_classes``).
+        produce_guards = guards.get(ApiKey.PRODUCE, [])
+        self.native_guard: NativeGuard | None = (
+            produce_guards[0] if len(produce_guards) == 1 and ApiKey.PRODUCE not in unguarded else None)
 
     # -- what the chain decodes -------------------------------------------------------------
     def reads_requests(self, api_key: int) -> bool:
@@ -166,7 +178,10 @@ class FeatureChain:
         request they name) or the chain answers or checks it; OPAQUE when no stage reads
         its response; PRODUCE for Produce when its stages read only top-level tagged
         fields (``ResponseReads.TOP_LEVEL_TAGS``), so the loop relays every response
-        without any untouched. Flexible request headers are flagged
+        without any untouched. A Produce whose one request stage acts only on requests
+        naming a virtual topic (``native_guard``) is carried too, flagged GUARDED: the
+        loop checks each request's topic names and leaves those that may name one to the
+        event loop. Flexible request headers are flagged
         (``messages.request_header_flexible``): the loop leaves a request whose header
         declares more than MAX_TAGGED_FIELDS tagged fields to the event loop, which refuses
         it. Made once: the chain does not change, and every connection asks."""
@@ -177,7 +192,8 @@ class FeatureChain:
     def _make_native_classes(self) -> bytes:
         table = native_table.new_table()
         for api_key in range(native_table.KEYS):
-            if api_key in self._request_stages or api_key == ApiKey.API_VERSIONS:
+            guarded = api_key == ApiKey.PRODUCE and self.native_guard is not None
+            if (api_key in self._request_stages and not guarded) or api_key == ApiKey.API_VERSIONS:
                 continue
             for version in range(native_table.VERSIONS):
                 if api_key in self._decoded_keys:
@@ -192,7 +208,7 @@ class FeatureChain:
                 else:
                     continue
                 flexible = messages.request_header_flexible(api_key, version)
-                native_table.put(table, api_key, version, native_table.entry(cls, flexible))
+                native_table.put(table, api_key, version, native_table.entry(cls, flexible, guarded))
         return bytes(table)
 
     def native_route(self, ctx: ConnectionContext, api_key: int, version: int) -> Route:

@@ -11,7 +11,10 @@ A feature is one module with one class that says, by API key:
   a stage that reads only the response's top-level tagged fields says so
   (``ResponseStageSpec.reads``), which lets the native relay carry such requests and
   hand back only the responses that have any;
-- which entries it adds to ApiVersions' SupportedFeatures (``advertised``).
+- which entries it adds to ApiVersions' SupportedFeatures (``advertised``);
+- which of its request stages act only on requests naming a virtual topic
+  (``native_guards``), so the native relay may carry the others after checking their
+  names itself.
 
 Features are listed once, in order, where the server is built (``proxy.server.app``); a
 request goes through the request stages of its API key in that order, and a decoded
@@ -33,6 +36,9 @@ from proxy.pipeline.route import DecodedResponse, Route
 
 RequestStage = Callable[[ConnectionContext, Request], Awaitable["Route | None"]]
 ResponseStage = Callable[[ConnectionContext, DecodedResponse], None]
+# The native relay's guard as it stands now (``proxy.net.native_table.guard_blob``): asked
+# again at the start of every run, so ids handed out meanwhile are in the next one's.
+NativeGuard = Callable[[], bytes]
 
 
 class ResponseReads(enum.Enum):
@@ -69,6 +75,15 @@ class Feature:
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:
         """SupportedFeatures entries for ApiVersions v3+: name -> (min, max) version."""
+        return {}
+
+    def native_guards(self) -> Mapping[int, NativeGuard]:
+        """API key -> the guard under which this feature's request stage of that key does
+        nothing: a request whose topic names the guard clears (none holds a virtual-topic
+        suffix followed by a digit 1-9, no topic id is one it lists) would pass the stage
+        untouched. The native relay then carries such requests, checking their names in C
+        (Produce only: ``proxy/net/_cpump.c``), instead of leaving every one of them to the
+        event loop."""
         return {}
 
     def version_limits(self) -> Mapping[int, int]:

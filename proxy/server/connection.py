@@ -224,7 +224,8 @@ class ClientConnection:
             threads = self._native_threads
             if threads is not None and NativeRelay.usable(self.client, upstream, threads):
                 relay = NativeRelay(self.client, upstream, threads, self.chain.native_classes(),
-                                    max_frame_bytes=self.max_frame_bytes, max_inflight=self.max_inflight)
+                                    max_frame_bytes=self.max_frame_bytes, max_inflight=self.max_inflight,
+                                    guard=self.chain.native_guard)
                 self._native = NativeRuns(relay, ledger=self._ledger, metrics=self.metrics, chain=self.chain,
                                           context=self.context, sending=self._sending, watch=self.watch)
             async with trio.open_nursery() as nursery:

@@ -19,6 +19,7 @@ import struct
 import uuid
 from collections.abc import Collection
 
+from proxy.net.native_table import guard_blob
 from proxy.protocol.constants import MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS
 from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID, FETCH_LAST_REPLICA_ID
 from proxy.protocol.walks import Walk
@@ -59,6 +60,7 @@ class Precheck:
         self.suffixes = tuple(suffix.encode() for suffix in suffixes)
         self.max_ids = max_ids
         self._ids: dict[bytes, None] = {}  # insertion order: the oldest is forgotten first
+        self._guard: bytes | None = None  # native_guard's, until the ids change
 
     def remember(self, topic_id: uuid.UUID | None) -> None:
         """A virtual topic id a client may now use."""
@@ -70,6 +72,14 @@ class Precheck:
         while len(self._ids) >= self.max_ids:
             del self._ids[next(iter(self._ids))]
         self._ids[key] = None
+        self._guard = None
+
+    def native_guard(self) -> bytes:
+        """The same test for the native relay, on a Produce's topic names only
+        (``proxy.net.native_table.guard_blob``): the suffixes, and the ids handed out."""
+        if self._guard is None:
+            self._guard = guard_blob(self.suffixes, self._ids)
+        return self._guard
 
     def may_name_virtual(self, frame: bytes | bytearray | memoryview) -> bool:
         """False when ``frame`` cannot name a virtual topic: it goes on untouched."""

@@ -1,7 +1,12 @@
 """Requests that must never reach a virtual topic are refused: writes and topic
 administration naming one (Produce, DeleteRecords, CreateTopics, ...), and a KIP-848
 consumer group (ConsumerGroupHeartbeat) subscribing to one. The proxy answers them itself;
-the rules are ``proxy.virtual.refusals``' (no I/O)."""
+the rules are ``proxy.virtual.refusals``' (no I/O).
+
+Produce is the one of them that comes in volume, and the native relay carries it when this
+feature is off. So the Produce stage declares its guard (``native_guards``): the native
+relay checks each Produce's topic names against it in C and carries those naming no
+virtual topic, and only the others reach this stage."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import logging
 from collections.abc import Mapping
 
 from proxy.pipeline import ConnectionContext, Feature, Request, RequestStage, Route
+from proxy.pipeline.feature import NativeGuard
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.message_types import ConsumerGroupHeartbeatRequest
@@ -28,6 +34,9 @@ class VirtualRefusalFeature(Feature):
         self.resolver = resolver
         self._regex_verdicts: dict[tuple[str | None, tuple[str, ...], int], str | None] = {}
         self._refused = (metrics or VirtualTopicsMetrics()).refused
+
+    def native_guards(self) -> Mapping[int, NativeGuard]:
+        return {ApiKey.PRODUCE: self.resolver.precheck.native_guard}
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         # A request whose bytes cannot name a virtual topic goes on undecoded; a heartbeat's

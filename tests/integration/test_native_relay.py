@@ -110,3 +110,28 @@ def test_a_java_producer_on_the_native_relay_rides_out_a_leader_stop(kafka_clust
     assert not producing.is_alive() and outcome, "ProducerPerformance did not finish"
     assert f"{records} records sent" in outcome[0].stdout
     assert _log_end(kafka_cluster, topic) == records  # each record once: nothing lost, nothing twice
+
+
+def test_with_virtual_topics_on_produce_stays_native_and_only_a_virtual_name_reaches_the_event_loop(
+        kafka, proxy_factory, topic_factory):
+    """Virtual topics on: the loop checks each Produce's topic names against the virtual
+    suffixes, carries those naming real topics, and leaves one naming ``<topic>.kr4`` in
+    the socket for the event loop, which refuses it; the next clean one is native again."""
+    proxy = proxy_factory(kafka, metrics_port="0", virtual_topics_enabled="true")
+    topic = topic_factory(kafka, partitions=1)
+    node = kafka.nodes[0].node_id
+    carried = _metric(proxy, "kafka_proxy_native_relay_requests_total")
+    refused = _metric(proxy, r'kafka_proxy_virtual_refused_total\{api="Produce"\}')
+    with RawClient("127.0.0.1", proxy.node_ports[node]) as client:
+        client.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
+        outcomes = [_produce(client, name, attempt).responses[0].partition_responses[0]
+                    for attempt, name in enumerate([topic] * 4 + [f"{topic}.kr4"] + [topic] * 2)]
+    assert [p.error_code for p in outcomes] == [ErrorCode.NONE] * 4 + [ErrorCode.INVALID_TOPIC_EXCEPTION] + [
+        ErrorCode.NONE] * 2
+    assert topic in outcomes[4].error_message
+    assert _metric(proxy, r'kafka_proxy_virtual_refused_total\{api="Produce"\}') - refused == 1
+    # the first Produce ends the connection's setup on the event loop (see above); the other
+    # five clean ones were carried natively, counted when their runs ended
+    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 5, timeout=10,
+               what="five Produce requests to the real topic carried natively")
+    assert _log_end(kafka, topic) == 6

@@ -16,8 +16,10 @@ import uuid
 import pytest
 
 from proxy.net.native_table import FLEXIBLE_HEADER as NATIVE_FLEXIBLE_HEADER
+from proxy.net.native_table import GUARDED as NATIVE_GUARDED
 from proxy.net.native_table import KEYS as NATIVE_KEYS
 from proxy.net.native_table import VERSIONS as NATIVE_VERSIONS
+from proxy.net.native_table import guard_blob
 from proxy.pipeline.chain import FeatureChain
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
@@ -324,18 +326,20 @@ def _flexible_request(api_key: int, version: int, correlation_id: int, tags: byt
 def test_the_table_flags_flexible_headers_from_the_schemas():
     from fuzz.surface import production_chain
 
-    assert NATIVE_FLEXIBLE_HEADER == _cpump.CLASS_FLEXIBLE_HEADER
+    assert NATIVE_FLEXIBLE_HEADER == _cpump.CLASS_FLEXIBLE_HEADER and NATIVE_GUARDED == _cpump.CLASS_GUARDED
     for chain in (FeatureChain([]), production_chain()):
         table = chain.native_classes()
         assert any(entry & FLEXIBLE for entry in table) and any(entry and not entry & FLEXIBLE for entry in table)
         for index, entry in enumerate(table):
             api_key, version = divmod(index, NATIVE_VERSIONS)
-            cls = entry & ~FLEXIBLE
+            cls = entry & ~FLEXIBLE & ~NATIVE_GUARDED
             assert cls in (0, _cpump.CLASS_OPAQUE, _cpump.CLASS_PRODUCE)
             if cls == 0:
                 assert entry == 0, (api_key, version)
             else:
                 assert bool(entry & FLEXIBLE) == messages.request_header_flexible(api_key, version), (api_key, version)
+                # only Produce is guarded, and only where virtual topics are on
+                assert bool(entry & NATIVE_GUARDED) == (api_key == 0 and chain.native_guard is not None)
 
 
 @pytest.mark.parametrize("count", [0, 1, MAX_TAGGED_FIELDS - 1, MAX_TAGGED_FIELDS, MAX_TAGGED_FIELDS + 1, 5_000_000])
@@ -376,3 +380,111 @@ def test_the_loop_stops_at_a_header_over_the_limit_and_leaves_it_in_the_socket(r
     assert [(f[0], f[2], f[3]) for f in flights] == [(HEARTBEAT, 1, 1)]  # its class without the flag
     relay.client_near.setblocking(True)
     assert _read_exactly(relay.client_near, len(refused)) == refused  # for the event loop, which refuses it
+
+
+# -- Produce naming a virtual topic, with virtual topics on ------------------------------------
+GUARD = guard_blob([b".kr", b".coop"], [uuid.UUID(int=7).bytes, uuid.UUID(int=3).bytes])
+
+
+def _produce_to(version: int, topics: list[str | uuid.UUID], *, records: bytes = b"x" * 10, acks: int = -1) -> bytes:
+    """A Produce request naming ``topics`` (names before v13, ids from it), two partitions each."""
+    c = messages.body_class(ApiKey.PRODUCE, "request")
+    data = [c.PartitionProduceData(index=i, records=records) for i in range(2)]
+    topic_data = [c.TopicProduceData(topic_id=t, partition_data=data) if isinstance(t, uuid.UUID)
+                  else c.TopicProduceData(name=t, partition_data=data) for t in topics]
+    header = messages.new_request_header(ApiKey.PRODUCE, version, 7, "producer-1")
+    body = messages.new_body(ApiKey.PRODUCE, version, "request", transactional_id="tx" if version >= 3 else None,
+                             acks=acks, timeout_ms=30000, topic_data=topic_data)
+    frame = messages.encode_request(header, body)
+    return struct.pack(">i", len(frame)) + frame
+
+
+def _guarded(version: int) -> bytes:
+    flexible = FLEXIBLE if messages.request_header_flexible(ApiKey.PRODUCE, version) else 0
+    return _classes(produce=_cpump.CLASS_PRODUCE | NATIVE_GUARDED | flexible)
+
+
+@pytest.mark.parametrize("version", range(3, 13))
+@pytest.mark.parametrize(("topics", "carried"), [
+    (["orders"], True), (["orders.kr4"], False), (["orders.coop2"], False), (["orders.kr0", "a.kr"], True),
+    (["orders.kr"], True), (["a", "b", "c"], True), (["a", "b.kr12"], False), (["kr4.x.kr9z"], False), ([], True)])
+def test_a_guarded_produce_is_carried_when_no_name_may_be_virtual(version, topics, carried):
+    frame = _produce_to(version, topics)
+    expected = _cpump.CLASS_PRODUCE if carried else 0
+    assert _cpump.classify(frame, _guarded(version), 1 << 20, GUARD) == expected
+    # the Python pre-check says yes to every request the loop leaves to the event loop
+    from proxy.virtual.precheck import Precheck
+
+    assert Precheck((".kr", ".coop")).may_name_virtual(frame) or carried
+    # without a guard, a guarded request naming a topic is never carried
+    assert _cpump.classify(frame, _guarded(version), 1 << 20) == (expected if not topics else 0)
+    assert _cpump.classify(frame, _guarded(version), 1 << 20, b"") == (expected if not topics else 0)
+
+
+@pytest.mark.parametrize(("topics", "carried"), [
+    ([uuid.UUID(int=5)], True), ([uuid.UUID(int=7)], False), ([uuid.UUID(int=3)], False),
+    ([uuid.UUID(int=1), uuid.UUID(int=2)], True), ([uuid.UUID(int=1), uuid.UUID(int=3)], False)])
+def test_a_guarded_produce_by_topic_id_is_carried_unless_the_id_was_handed_out_for_a_virtual_topic(topics, carried):
+    frame = _produce_to(13, topics)
+    assert _cpump.classify(frame, _guarded(13), 1 << 20, GUARD) == (_cpump.CLASS_PRODUCE if carried else 0)
+
+
+@pytest.mark.parametrize("version", [8, 11, 13])
+def test_a_produce_whose_names_are_not_all_in_the_peek_is_left_to_the_event_loop(version):
+    topics: list = [uuid.UUID(int=1), uuid.UUID(int=2)] if version >= 13 else ["orders", "payments"]
+    large = _produce_to(version, topics, records=b"x" * 2000)  # the second name is past the first KiB
+    assert _cpump.classify(large, _guarded(version), 1 << 20, GUARD) == 0
+    one = _produce_to(version, topics[:1], records=b"x" * 2000)  # one topic: its name is all there is to read
+    assert _cpump.classify(one, _guarded(version), 1 << 20, GUARD) == _cpump.CLASS_PRODUCE
+    name_end = one.index(topics[0].bytes if version >= 13 else b"orders") + (16 if version >= 13 else 6)
+    for cut in range(12, name_end + 8):  # carried once the name is there, the rest spliced as it comes
+        expected = _cpump.CLASS_PRODUCE if cut >= name_end else 0
+        assert _cpump.classify(one[:cut], _guarded(version), 1 << 20, GUARD) == expected, cut
+
+
+def test_the_loop_carries_clean_produces_and_stops_at_one_naming_a_virtual_topic(relay_factory):
+    relay = relay_factory(_guarded(11), guard=GUARD).start()
+    carried = _produce_to(11, ["orders"])
+    refused = _produce_to(11, ["orders.kr4"])
+    relay.client.sendall(carried + refused)
+    assert _read_exactly(relay.broker, len(carried)) == carried
+    reason, flights, _, _, forwarded, *_ = relay.join()
+    assert reason == native_relay.PYTHON_REQUEST and forwarded == 1 and [f[2] for f in flights] == [7]
+    relay.client_near.setblocking(True)
+    assert _read_exactly(relay.client_near, len(refused)) == refused  # for the event loop, which refuses it
+
+
+def test_the_guard_lists_suffixes_then_sorted_ids():
+    assert guard_blob([b".kr"], [b"\x02" * 16, b"\x01" * 16]) == b"\x01\x03.kr" + b"\x01" * 16 + b"\x02" * 16
+    with pytest.raises(ValueError):
+        guard_blob([b""], [])
+    with pytest.raises(ValueError):
+        guard_blob([b".kr"], [b"short"])
+
+
+def test_produce_is_guarded_only_while_every_stage_reading_it_declares_the_guard():
+    from fuzz.surface import production_chain
+    from proxy.pipeline import Feature
+
+    async def stage(ctx, request):
+        return None
+
+    class Guarded(Feature):
+        def request_stages(self):
+            return {ApiKey.PRODUCE: stage}
+
+        def native_guards(self):
+            return {ApiKey.PRODUCE: lambda: GUARD}
+
+    class Reading(Feature):
+        def request_stages(self):
+            return {ApiKey.PRODUCE: stage}
+
+    produce = [entry for index, entry in enumerate(production_chain().native_classes())
+               if index // NATIVE_VERSIONS == 0 and entry]
+    assert production_chain().native_guard is not None and produce and all(e & NATIVE_GUARDED for e in produce)
+    assert FeatureChain([Guarded()]).native_guard is not None
+    for chain in (FeatureChain([Guarded(), Reading()]), FeatureChain([Reading()]), FeatureChain([])):
+        assert chain.native_guard is None
+        assert not any(entry & NATIVE_GUARDED for entry in chain.native_classes())
+    assert not any(FeatureChain([Reading()]).native_classes()[:NATIVE_VERSIONS])  # Produce: the event loop's
