@@ -1,11 +1,14 @@
 """One PNG per benchmark: each row's ratio to its baseline (the median over rounds) as a
 bar, the lowest and highest round ratio as its error bar, rows grouped as in the table,
-and a dashed line at 1 (the baseline)."""
+and a dashed line at 1 (the baseline). Proxy settings other than the defaults are named:
+the benchmark's in the title, a row's own in its label."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+
+from benchmarks.rounds import settings_text
 
 
 def draw(report: dict, path: Path) -> None:
@@ -17,7 +20,8 @@ def draw(report: dict, path: Path) -> None:
     rows = [r for r in report["rows"] if r.get("ratio") is not None]
     if not rows:
         return
-    labels = [f"{r['group']}: {r['name']} / {r['baseline']}" for r in rows]
+    labels = [f"{r['group']}: {r['name']}" + (f" [{settings_text(r['settings'])}]" if r.get("settings") else "")
+              + f" / {r['baseline']}" for r in rows]
     ratios = [r["ratio"] for r in rows]
     low = [r["ratio"] - r["ratio_spread"][0] for r in rows]
     high = [r["ratio_spread"][1] - r["ratio"] for r in rows]
@@ -34,7 +38,9 @@ def draw(report: dict, path: Path) -> None:
     rounds = max(len(r["round_ratios"]) for r in rows)
     # wrapped: long row labels leave the axes narrow, and a title wider than them is cut
     axes.set_xlabel(f"ratio to the baseline of the same round\n(median of {rounds} rounds; bars: lowest-highest)")
-    axes.set_title(textwrap.fill(report["title"], 60), fontsize=10)
+    common = settings_text(report.get("settings"))
+    title = report["title"] + (f" (non-default: {common})" if common else " (default settings)")
+    axes.set_title(textwrap.fill(title, 60), fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

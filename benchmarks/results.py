@@ -3,8 +3,9 @@
 Every JSON file has the same outer shape, which the README table generator
 (``benchmarks.report``) reads: ``benchmark``, ``title``, ``command``, ``machine`` (with the
 load average at start and end, since other work on a shared machine moves the figures),
-``method``, ``sizes``, ``rows`` (``rounds.Row.as_dict``), ``goals``, optional ``quoted``
-and ``notes``.
+``method``, ``sizes``, ``settings`` (the proxy settings every proxy of the run had that
+are not the proxy's defaults; a row names its own beyond those), ``rows``
+(``rounds.Row.as_dict``), ``goals``, optional ``quoted`` and ``notes``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def machine() -> dict:
 def new_report(benchmark: str, title: str, command: str, method: str, sizes: dict) -> dict:
     return {"benchmark": benchmark, "title": title, "command": command,
             "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": machine(), "method": method, "sizes": sizes, "rows": [], "goals": [], "notes": []}
+            "machine": machine(), "method": method, "sizes": sizes, "settings": {}, "rows": [], "goals": [],
+            "notes": []}
 
 
 def finish(report: dict, directory: Path = RESULTS) -> Path:

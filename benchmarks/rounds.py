@@ -26,7 +26,10 @@ def rotation(names: Sequence[str], round_number: int) -> list[str]:
 @dataclass
 class Row:
     """One contender's values over the rounds against one baseline's values of the same
-    rounds. ``higher_is_better`` only labels the goal direction for readers and charts."""
+    rounds. ``higher_is_better`` only labels the goal direction for readers and charts.
+    ``settings``: the proxy settings this contender ran with that are not the proxy's
+    defaults (the table and the chart name them beside it); those every proxy of the
+    benchmark ran with are the report's ``settings`` instead."""
 
     group: str
     name: str
@@ -36,6 +39,7 @@ class Row:
     baseline_values: list[float] = field(default_factory=list)
     higher_is_better: bool = True
     note: str = ""
+    settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def value(self) -> float:
@@ -57,8 +61,13 @@ class Row:
             "baseline": self.baseline, "baseline_values": self.baseline_values,
             "round_ratios": ratios, "ratio": self.ratio,
             "ratio_spread": [min(ratios), max(ratios)] if ratios else None,
-            "higher_is_better": self.higher_is_better, "note": self.note,
+            "higher_is_better": self.higher_is_better, "note": self.note, "settings": dict(self.settings),
         }
+
+
+def settings_text(settings: Mapping[str, str] | None) -> str:
+    """``k=v, k=v`` of non-default proxy settings, for a table cell or a chart label."""
+    return ", ".join(f"{key}={value}" for key, value in (settings or {}).items())
 
 
 def paired(values: Mapping[str, Sequence[float]], contender: str, baseline: str) -> list[float]:

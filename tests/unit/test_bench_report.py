@@ -62,3 +62,21 @@ def test_goals_at_a_glance_and_notes_come_before_the_sections():
     assert text.index("## Goals at a glance") < text.index("## Where the time goes") < text.index(
         "## Virtual range topics")
     assert report.anchor("Connection load: 5,000 idle, max.connections") == "connection-load-5000-idle-maxconnections"
+
+
+def test_non_default_settings_are_named_for_the_run_and_for_each_contender_that_has_its_own():
+    row = Row("delivery", "N=4", "records/s", [2.0], "direct", [4.0], settings={"reserve.message.value.range.fetch": "false"})
+    assert row.as_dict()["settings"] == {"reserve.message.value.range.fetch": "false"}
+    result = {
+        "benchmark": "virtual", "title": "Virtual", "command": "c", "started": "2026-01-01T00:00:00+00:00",
+        "machine": {"cpus": 2, "load_average_at_start": [1.0, 1, 1]}, "method": "m",
+        "settings": {"virtual.topics.enabled": "true"},
+        "rows": [row.as_dict(), Row("delivery", "N=1", "records/s", [3.0], "direct", [4.0]).as_dict()], "goals": [],
+    }
+    text = report.render([result])
+    assert "every proxy of this benchmark: `virtual.topics.enabled=true` (and where a contender names its own)." in text
+    assert "| delivery | N=4 (`reserve.message.value.range.fetch=false`) | 2" in text
+    assert "| delivery | N=1 | 3" in text
+    assert "Proxy settings: the defaults." in report.render([{**result, "settings": {}, "rows": result["rows"][1:]}])
+    older = {k: v for k, v in result.items() if k != "settings"}  # a run from before settings were recorded
+    assert "Proxy settings" not in report.render([older])
