@@ -8,8 +8,8 @@ to move the bytes.
 
 - ``consume`` / ``produce``: Kafka's ConsumerPerformance / ProducerPerformance (1 KB
   records, as the passthrough benchmark), through the bare relay and through the proxy;
-- ``delivery``: N raw key-range clients (as the key-range delivery benchmark, cached shares
-  on), through the proxy.
+- ``delivery``: N raw key-range clients (as the key-range delivery benchmark: the proxy's
+  defaults, records cached), through the proxy.
 
     .venv/bin/python -m benchmarks.cpu_breakdown [--mb 1024] [--consumers 4 16]
 
@@ -144,8 +144,7 @@ def _delivery(cluster: KafkaCluster, workdir: Path, args: argparse.Namespace) ->
     raw_clients(cluster.bootstrap_servers, None, records)  # the page cache
     runs = []
     for n in args.consumers:
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / f"proxy-{n}",
-                                   overrides={f"topic.{TOPIC}.reserve.message.value.range.fetch": "true"})
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / f"proxy-{n}")  # its defaults
         try:
             with _Sampled(proxy.pid, workdir / f"delivery-{n}.data") as sampled:
                 seconds, delivered = raw_clients(proxy.bootstrap_servers, n, records)

@@ -79,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     raw = args.output_dir / f"profile_{args.direction}{suffix}.collapsed"
     with bench_lock(print), KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
-        overrides = {}
-        if args.direction == "delivery":  # as the delivery benchmark runs it: cached shares on
-            from benchmarks.workloads.keyrange_delivery import TOPIC
-
-            overrides[f"topic.{TOPIC}.reserve.message.value.range.fetch"] = "true"
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides=overrides)
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy")  # its defaults
         try:
             java_tools.create_topic(cluster.bootstrap_servers, "profile", partitions=1)
             if args.direction == "consume":

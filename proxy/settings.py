@@ -22,6 +22,10 @@ naming the new key.
 A setting the running proxy can take without a restart is declared ``reloadable=True``: a
 reload (SIGHUP, or ``config.watch.interval.ms``) puts its new value in force; any other
 setting keeps the value it started with until a restart (``proxy.server.reload``).
+
+A setting whose value costs memory, CPU or broker reads says what, measured where it can
+be, in ``cost``: ``--help-config`` prints it under the setting's help, so whoever changes
+a default sees its price.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class Setting:
     aliases: tuple[str, ...] = ()  # former names: still read, with a warning at start
     required: str = ""  # if set, the setting has no default: what to tell someone who left it out
     reloadable: bool = False  # a reload puts a new value in force; otherwise it waits for a restart
+    cost: str = ""  # what its value costs (memory, CPU, broker reads), for --help-config
     attribute: str = ""  # the field it fills (set by ``settings_of``)
 
     def read(self, raw: str, label: str) -> Any:
@@ -115,33 +120,36 @@ class Setting:
 
 
 def setting(name: str, default: T, doc: str, parse: Callable[[str], T], check: Check = _no_check, *,
-            aliases: tuple[str, ...] = (), required: str = "", reloadable: bool = False) -> T:
+            aliases: tuple[str, ...] = (), required: str = "", reloadable: bool = False, cost: str = "") -> T:
     """A dataclass field that is the setting ``name`` (``required``: ``default`` only stands
     in for a value that must be given, and this says how to give it; ``reloadable``: the
-    running proxy takes a new value without a restart)."""
-    spec = Setting(name, parse, default, doc, check, aliases, required, reloadable)
+    running proxy takes a new value without a restart; ``cost``: what its value costs in
+    memory, CPU or broker reads)."""
+    spec = Setting(name, parse, default, doc, check, aliases, required, reloadable, cost)
     metadata = {_SETTING: spec}
     if default.__class__.__hash__ is None:  # a list or dict: each instance gets its own
         return cast(T, dataclasses.field(default_factory=lambda: copy.copy(default), metadata=metadata))
     return cast(T, dataclasses.field(default=default, metadata=metadata))
 
 
-def flag(name: str, default: bool, doc: str, *, aliases: tuple[str, ...] = (), reloadable: bool = False) -> bool:
-    return setting(name, default, doc, parse_bool, aliases=aliases, reloadable=reloadable)
+def flag(name: str, default: bool, doc: str, *, aliases: tuple[str, ...] = (), reloadable: bool = False,
+         cost: str = "") -> bool:
+    return setting(name, default, doc, parse_bool, aliases=aliases, reloadable=reloadable, cost=cost)
 
 
 def integer(name: str, default: int, doc: str, check: Check = _no_check, *, aliases: tuple[str, ...] = (),
-            reloadable: bool = False) -> int:
-    return setting(name, default, doc, parse_int, check, aliases=aliases, reloadable=reloadable)
+            reloadable: bool = False, cost: str = "") -> int:
+    return setting(name, default, doc, parse_int, check, aliases=aliases, reloadable=reloadable, cost=cost)
 
 
 def text(name: str, default: str, doc: str, check: Check = _no_check, *, aliases: tuple[str, ...] = (),
-         reloadable: bool = False) -> str:
-    return setting(name, default, doc, parse_str, check, aliases=aliases, reloadable=reloadable)
+         reloadable: bool = False, cost: str = "") -> str:
+    return setting(name, default, doc, parse_str, check, aliases=aliases, reloadable=reloadable, cost=cost)
 
 
-def choice(name: str, default: str, choices: tuple[str, ...], doc: str, *, reloadable: bool = False) -> str:
-    return setting(name, default, doc, parse_str, one_of(*choices), reloadable=reloadable)
+def choice(name: str, default: str, choices: tuple[str, ...], doc: str, *, reloadable: bool = False,
+           cost: str = "") -> str:
+    return setting(name, default, doc, parse_str, one_of(*choices), reloadable=reloadable, cost=cost)
 
 
 class Settings:

@@ -264,7 +264,8 @@ def _describe(spec: Setting) -> str:
     default = "required" if spec.required else f"default {shown}"
     former = f"; formerly {', '.join(spec.aliases)}, still read" if spec.aliases else ""
     former += "; reloadable" if spec.reloadable else ""
-    return f"  {spec.name} ({default}{former})\n      {spec.doc}"
+    cost = f"\n      Cost: {spec.cost}" if spec.cost else ""
+    return f"  {spec.name} ({default}{former})\n      {spec.doc}{cost}"
 
 
 def describe_settings() -> str:

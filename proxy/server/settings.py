@@ -145,7 +145,9 @@ class ConnectionLimits(Settings):
         "always finish, so the proxy holds at most this plus one max.frame.bytes.", at_least(1024 * 1024),
         reloadable=True)
     max_connections: int = integer("max.connections", 10000, "Client connections accepted at once.", at_least(1),
-                                   reloadable=True)
+                                   reloadable=True,
+                                   cost="memory: about 23 KiB of the proxy's a connection that has sent a request "
+                                        "(a broker connection each), 9 KiB a silent one (docs/reliability.md).")
     max_inflight_requests: int = integer(
         "max.inflight.requests.per.connection", 64,
         "Requests awaiting a response per connection before the proxy stops reading from the client.", at_least(1),
@@ -154,7 +156,8 @@ class ConnectionLimits(Settings):
         "socket.send.buffer.bytes", 1048576,
         "SO_SNDBUF of the proxy's sockets (to clients and to brokers); -1 keeps the operating system's default. "
         "Large enough for a whole Fetch response, the proxy hands it to the kernel in one write.", _send_buffer,
-        reloadable=True)
+        reloadable=True, cost="kernel memory, up to this much a socket while its data waits: two sockets a client "
+                              "connection (the client's and its broker connection).")
     idle_ms: int = integer("connections.max.idle.ms", 540000, "Close a connection idle this long.", at_least(1000),
                            reloadable=True)
     setup_timeout_ms: int = integer(
@@ -169,7 +172,9 @@ class NativeRelaySettings(Settings):
         "native.relay.threads", 2,
         "Worker threads that relay runs of requests no feature reads (Produce, most group and admin requests) and "
         "their responses in native code, off the event loop; 0 keeps every frame on the event loop "
-        "(docs/proxy.md).", at_least(0))
+        "(docs/proxy.md).", at_least(0),
+        cost="a thread each, and a pipe and an eventfd a producing connection; 0: every Produce costs the event "
+             "loop about 180 us of CPU (a 256 KiB request), most of what the proxy costs beyond a bare relay.")
     slice_ms: int = integer("native.relay.slice.ms", 200,
                             "Longest native relay run before the connection's counters and idle clock are brought "
                             "up to date.", at_least(1))
@@ -186,7 +191,9 @@ class OperationsSettings(Settings):
     memory_trim_interval_ms: int = integer(
         "memory.trim.interval.ms", 30000,
         "How often freed heap memory is given back to the operating system (glibc malloc_trim); 0 never. Between "
-        "two trims large frames reuse the pages the last ones freed.", at_least(0))
+        "two trims large frames reuse the pages the last ones freed.", at_least(0),
+        cost="0: resident memory stays at its peak. A short interval gives pages back sooner, and large frames "
+             "then come from fresh ones: serving each from a fresh mmap costs 4x the CPU (docs/proxy.md).")
     gc_freeze_interval_ms: int = integer(
         "memory.gc.freeze.interval.ms", 10000,
         "How often objects that survived are moved out of the garbage collector's walks (gc.freeze), so its "

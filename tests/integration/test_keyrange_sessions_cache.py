@@ -130,11 +130,13 @@ def test_cache_serves_only_connections_the_broker_served(kafka, proxy_factory, t
         assert records
 
 
-def test_sixteen_consumers_at_different_speeds_stay_under_the_cap(kafka, proxy_factory, topic_factory):
+@pytest.mark.parametrize("records_cached", [True, False], ids=["records (the default)", "offsets only"])
+def test_sixteen_consumers_at_different_speeds_stay_under_the_cap(kafka, proxy_factory, topic_factory,
+                                                                   records_cached):
     topic = topic_factory(kafka)
     cap = 48 * 1024
-    cached = proxy_factory(kafka, metrics_port="0", max_bytes_key_range_results=str(cap),
-                           **{f"topic.{topic}.reserve.message.value.range.fetch": "true"})
+    own = {} if records_cached else {f"topic.{topic}.reserve.message.value.range.fetch": "false"}
+    cached = proxy_factory(kafka, metrics_port="0", max_bytes_key_range_results=str(cap), **own)
     sent = _produce(kafka.bootstrap_servers, topic, 3000)
     shares = equal_shares(16)
     clients = [RawClient.connect(cached.bootstrap_servers) for _ in shares]

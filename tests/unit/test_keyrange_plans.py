@@ -13,7 +13,7 @@ from proxy.records.batch import iter_batches
 from proxy.records.keyhash import key_hash
 from proxy.virtual.names import share_ranges
 
-RECORDS_CACHED = KeyRangeTopicSettings(cache_records=True)  # reserve.message.value.range.fetch=true
+RECORDS_CACHED = KeyRangeTopicSettings()  # the default: reserve.message.value.range.fetch=true
 
 PARTITION = ("orders", 0)
 SHARES = [(r,) for r in share_ranges(4)]

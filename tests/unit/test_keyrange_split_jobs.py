@@ -17,8 +17,8 @@ from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import equal_shares
 
-RECORDS_CACHED = KeyRangeTopicSettings(cache_records=True)  # reserve.message.value.range.fetch=true
-OFFSETS_ONLY = KeyRangeTopicSettings()  # the default: only the matching offsets are kept
+RECORDS_CACHED = KeyRangeTopicSettings()  # the default: reserve.message.value.range.fetch=true
+OFFSETS_ONLY = KeyRangeTopicSettings(cache_records=False)  # only the matching offsets are kept
 
 R = messages.body_class(ApiKey.FETCH, "request")
 P = messages.body_class(ApiKey.FETCH, "response")

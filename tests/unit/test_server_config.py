@@ -13,7 +13,8 @@ def test_defaults_follow_the_design_contract():
     assert config.individual.max_ranges_held == 10000
     assert config.limits.max_frame_bytes == 100 * 1024 * 1024
     assert config.keyrange.topics.of("orders").fetch_enabled is True
-    assert config.keyrange.topics.of("orders").cache_records is False
+    # the proposal's default is false; the proxy's is true (docs/wire-contract.md#5-result-cache)
+    assert config.keyrange.topics.of("orders").cache_records is True
     assert config.cluster.node_port_base == config.cluster.listen_port + 1
     assert config.renamed == ()
 
@@ -212,6 +213,27 @@ def test_a_per_topic_setting_alone_is_the_default_of_every_topic_without_its_own
     assert (topics.of("audit").fetch_enabled, topics.of("audit").cache_records) == (False, True)
 
 
+def test_every_per_topic_setting_has_a_proxy_wide_default_a_topic_overrides_both_ways():
+    from proxy.keyrange.settings import KeyRangeTopicSettings
+    from proxy.server.config import SECTIONS
+    from proxy.settings import settings_of, topic_groups_of
+
+    groups = [(section, attribute, cls) for section in SECTIONS for attribute, cls in topic_groups_of(section.cls)]
+    assert [cls for _, _, cls in groups] == [KeyRangeTopicSettings]  # the only per-topic settings so far
+    for section, attribute, cls in groups:
+        for spec in settings_of(cls):
+            if not isinstance(spec.default, bool):
+                continue
+            wide, own = str(not spec.default).lower(), str(spec.default).lower()
+            config = build_config({"bootstrap.servers": "h:1", spec.name: wide, f"topic.orders.{spec.name}": own})
+            topics = getattr(getattr(config, section.attribute), attribute)
+            assert getattr(topics.of("audit"), spec.attribute) is (not spec.default), spec.name
+            assert getattr(topics.of("orders"), spec.attribute) is spec.default, spec.name
+            config = build_config({"bootstrap.servers": "h:1", f"topic.orders.{spec.name}": wide})
+            topics = getattr(getattr(config, section.attribute), attribute)
+            assert getattr(topics.of("audit"), spec.attribute) is spec.default, spec.name
+
+
 def test_the_longest_per_topic_setting_that_fits_names_the_topic():
     # "orders.key.range.fetch.enabled": the setting is key.range.fetch.enabled of topic
     # "orders", not a setting of a topic "orders.key.range" (no shorter setting matches)
@@ -232,6 +254,20 @@ def test_help_lists_every_setting_by_feature_with_former_names():
     assert "key.range.prefetch.enabled (default true; formerly key.range.readahead.enabled, still read)" in text
     assert "bootstrap.servers (required)" in text
     assert "the setting alone is the value of every topic without its own" in text
+
+
+
+def test_help_says_what_the_settings_that_cost_most_cost():
+    import re
+
+    from proxy.server.config import describe_settings
+
+    text = describe_settings()
+    for name in ("reserve.message.value.range.fetch", "max.bytes.key.range.results", "key.range.prefetch.enabled",
+                 "fetch.prediction.enabled", "native.relay.threads"):
+        entry = re.search(rf"\n {{2,4}}{re.escape(name)} \(.*?(?=\n {{2,4}}[a-z]|\n\n|$)", text, re.S)
+        assert entry is not None and re.search(r"\n +Cost: ", entry.group()), name
+    assert "reserve.message.value.range.fetch (default true;" in text
 
 
 def test_every_settings_field_is_declared_once():
