@@ -366,7 +366,13 @@ def _describe(run: dict) -> str:
             f"{run['per_instance_records_per_s']}), {exact}, run {run['run_s']:.0f} s")
 
 
+# The instances read T.krK, virtual topics, off by default: the proxy has them on, and the report
+# says so.
+SETTINGS = {"virtual.topics.enabled": "true"}
+
+
 def run(report: dict, progress, args) -> None:
+    report["settings"] = dict(SETTINGS)
     partitions, shares, delay_us, rounds = args.partitions, args.shares, args.eos_delay_us, args.rounds
     window = args.eos_window
     settle, slack = (QUICK_SETTLE_S, QUICK_SLACK_S) if args.quick else (SETTLE_S, SLACK_S)
@@ -386,8 +392,7 @@ def run(report: dict, progress, args) -> None:
     runs: list[dict] = []
     failures: list[str] = []
     with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
-        proxy = ProxyProcess.start(cluster.bootstrap_servers,
-                                   overrides={"virtual.topics.enabled": "true", "metrics.port": "0"},
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides={**SETTINGS, "metrics.port": "0"},
                                    workdir=workdir / "proxy")
         try:
             for number in range(rounds):

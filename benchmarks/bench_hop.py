@@ -38,6 +38,8 @@ from harness.wait import wait_until
 from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# Each proxy contender's settings other than the defaults (named in the report's modes).
+SETTINGS = {"proxy_readahead": {"fetch.prediction.enabled": "true"}}
 RELAY_LISTENER = "RELAY"
 
 
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         proxies = {
             "proxy": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy"),
             "proxy_readahead": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy-readahead",
-                                                  overrides={"metrics.port": "0", "fetch.prediction.enabled": "true"}),
+                                                  overrides={"metrics.port": "0", **SETTINGS["proxy_readahead"]}),
         }
         try:
             java_tools.create_topic(cluster.bootstrap_servers, "bench-hop", partitions=1)
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             ratios = [r["mb_per_s"] / d["mb_per_s"] for r, d in zip(mode_runs, runs["direct"])]
             entry.update(round_ratios=ratios, ratio=statistics.median(ratios),
                          cpu_ms_per_mb=statistics.median(r["cpu_ms_per_mb"] for r in mode_runs))
+        entry["settings"] = dict(SETTINGS.get(mode, {}))  # proxy settings other than the defaults
         summary[mode] = entry
     summary["proxy_readahead"]["readahead"] = readahead
     report["modes"] = summary

@@ -69,7 +69,7 @@ import trio
 from benchmarks import results
 from benchmarks.benchmark import Benchmark
 from benchmarks.lock import bench_lock
-from benchmarks.rounds import Row, goal
+from benchmarks.rounds import Row, goal, settings_text
 
 LOCK = Path("/tmp/keyrange-bench.lock")
 LOG_TOPIC = "__individual_commit_offsets"
@@ -755,7 +755,8 @@ def chart(report: dict, path: Path) -> None:
         axes.set_ylim(bottom=0)
     for axes in grid[-1]:
         axes.set_xlabel("minutes (shaded: warm-up; dotted: end of the load, then the drain)", fontsize=8)
-    figure.suptitle(report["title"], fontsize=10)
+    common = settings_text(report.get("settings"))
+    figure.suptitle(report["title"] + (f"\n(non-default: {common})" if common else ""), fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -799,15 +800,18 @@ def main(argv: list[str] | None = None) -> int:
         {"minutes": args.minutes, "warm-up seconds": warmup, "rate": f"{args.rate:g} records/s",
          "value bytes": VALUE_BYTES, "keys": KEYS, "sample interval s": args.interval,
          "churn interval s": args.churn_seconds, "IC log segment bytes": args.ic_segment_bytes})
+    # Off by default, on here so that the soak exercises them; small segments so the commit
+    # log rolls and compacts within the run. Named in the report.
+    report["settings"] = {"virtual.topics.enabled": "true", "fetch.prediction.enabled": "true",
+                          "individual.commit.log.segment.bytes": str(args.ic_segment_bytes)}
 
     with bench_lock(say):
         workdir = scratch_dir("bench-soak-")
         say(f"starting Kafka and the proxy in {workdir}")
         with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
             create_topics(cluster.bootstrap_servers)
-            proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides={
-                "metrics.port": "0", "virtual.topics.enabled": "true", "fetch.prediction.enabled": "true",
-                "individual.commit.log.segment.bytes": str(args.ic_segment_bytes)})
+            proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy",
+                                       overrides={"metrics.port": "0", **report["settings"]})
             try:
                 soak = Soak(proxy.bootstrap_servers, cluster.bootstrap_servers, args.rate)
                 soak.hard_deadline = time.monotonic() + seconds + DRAIN_LIMIT + SETTLE_LIMIT + 300

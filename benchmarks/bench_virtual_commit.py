@@ -22,6 +22,9 @@ from harness.commit_client import CommitClient, commit_body
 from harness.kafka_cluster import KafkaCluster
 from proxy.local_kafka import ProxyProcess, scratch_dir
 
+# Virtual topics, what it measures, are off by default: the proxy has them on, and the output says so.
+SETTINGS = {"virtual.topics.enabled": "true"}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
         topic = "bench-virtual-commit"
         create_topic(cluster, topic, partitions=args.partitions, replication_factor=1)
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy",
-                                   overrides={"virtual.topics.enabled": "true"})
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides=SETTINGS)
         try:
             for _ in range(args.rounds):
                 latencies = []
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rounds[-1]), flush=True)
         finally:
             proxy.stop()
-    print(json.dumps({"virtual_partitions_per_request": virtual_partitions, "rounds": rounds}))
+    print(json.dumps({"settings": SETTINGS, "virtual_partitions_per_request": virtual_partitions, "rounds": rounds}))
     return 0
 
 

@@ -226,7 +226,13 @@ def steps(args) -> int:
     return 1 + args.rounds * len(CONTENDERS)
 
 
+# The virtual-topic contender needs them, off by default: every proxy of the run has them on, and
+# the report says so.
+SETTINGS = {"virtual.topics.enabled": "true"}
+
+
 def run(report: dict, progress, *, rounds: int, records: int, seconds: float, keys: int = 2_000) -> None:
+    report["settings"] = dict(SETTINGS)
     report["sizes"] = {"records per run": records, "seconds of writing": seconds,
                        "rate": f"{records / seconds:,.0f} records/s", "keys": keys, "members": MEMBERS,
                        "rounds": rounds}
@@ -234,8 +240,7 @@ def run(report: dict, progress, *, rounds: int, records: int, seconds: float, ke
     progress.step("starting Kafka and the proxy")
     runs: dict[str, list[dict]] = {c: [] for c in CONTENDERS}
     with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides={"virtual.topics.enabled": "true"},
-                                   workdir=workdir / "proxy")
+        proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides=SETTINGS, workdir=workdir / "proxy")
         try:
             for number in range(rounds):
                 for contender in rotation(CONTENDERS, number):
