@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from chaos.env import ChaosEnv
+from chaos.env import REPLICAS, SIDECAR, ChaosEnv
 from chaos.workloads import CellContext, Workload
 
 
@@ -49,37 +49,82 @@ def none(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Random
     return []
 
 
-def proxy_kill(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Random,
-               until: float) -> list[Action]:
-    """kill -9 of a sidecar (the one in front of partition 0's leader first), down for a
-    moment, started again on its port; once or twice."""
-    actions = []
-    for strike in range(rng.choice((1, 2))):
-        if not _pause(rng.uniform(2.0, 4.0), until):
-            break
-        node = env.leader_of(ctx.topic, 0) if strike == 0 else rng.choice(env.node_ids())
-        began = time.monotonic()
-        env.kill_sidecar(node)
-        time.sleep(rng.uniform(0.2, 1.5))  # the downtime, part of the fault
-        env.restart_sidecar(node)
-        actions.append(Action("proxy-kill", f"sidecar-{node}", began, time.monotonic()))
-    return actions
+def _proxy_kill(kind: str, choose: Callable[[ChaosEnv, CellContext, random.Random, int], str], doc: str) -> Fault:
+    def fault(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Random,
+              until: float) -> list[Action]:
+        actions = []
+        for strike in range(rng.choice((1, 2))):
+            if not _pause(rng.uniform(2.0, 4.0), until):
+                break
+            name = choose(env, ctx, rng, strike)
+            began = time.monotonic()
+            env.kill_proxy(name)
+            time.sleep(rng.uniform(0.2, 1.5))  # the downtime, part of the fault
+            env.restart_proxy(name)
+            actions.append(Action(kind, name, began, time.monotonic()))
+        return actions
+
+    fault.__doc__ = doc
+    return fault
 
 
-def proxy_pause(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Random,
-                until: float) -> list[Action]:
-    """SIGSTOP of a sidecar for 2-8 s (past the members' session timeout at the long end),
-    then SIGCONT: connections stay open and silent, then burst back."""
+def _proxy_pause(kind: str, doc: str) -> Fault:
+    def fault(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Random,
+              until: float) -> list[Action]:
+        actions = []
+        for _ in range(rng.choice((1, 2))):
+            if not _pause(rng.uniform(2.0, 3.0), until):
+                break
+            name = (env.sidecar_name(rng.choice(env.node_ids())) if env.topology == SIDECAR
+                    else rng.choice(env.proxy_names()))
+            began = time.monotonic()
+            env.pause_proxy(name)
+            time.sleep(rng.uniform(2.0, 8.0))
+            env.resume_proxy(name)
+            actions.append(Action(kind, name, began, time.monotonic()))
+        return actions
+
+    fault.__doc__ = doc
+    return fault
+
+
+proxy_kill = _proxy_kill(
+    "proxy-kill", lambda env, ctx, rng, strike: env.sidecar_name(
+        env.leader_of(ctx.topic, 0) if strike == 0 else rng.choice(env.node_ids())),
+    "kill -9 of a sidecar (the one in front of partition 0's leader first), down for a moment, started "
+    "again on its port; once or twice.")
+replica_kill = _proxy_kill(
+    "replica-kill", lambda env, ctx, rng, strike: rng.choice(env.proxy_names()),
+    "kill -9 of a replica behind the balancer, down for a moment, started again on its address and ports; "
+    "once or twice. Its clients' connections close; they reconnect through the balancer, which hands them "
+    "to another replica.")
+proxy_pause = _proxy_pause(
+    "proxy-pause", "SIGSTOP of a sidecar for 2-8 s (past the members' session timeout at the long end), then "
+    "SIGCONT: connections stay open and silent, then burst back.")
+replica_pause = _proxy_pause(
+    "replica-pause", "SIGSTOP of a replica for 2-8 s, then SIGCONT: its connections stay open and silent (then "
+    "burst back); the balancer takes it out of its rotation once its /readyz stops answering, so new "
+    "connections go to the others.")
+
+DRAIN_DEADLINE = 60.0  # SIGKILL a proxy still draining after this (shutdown.drain.timeout.ms is 30 s)
+
+
+def rolling_restart(env: ChaosEnv, workload: Workload, ctx: CellContext, rng: random.Random,
+                    until: float) -> list[Action]:
+    """Every proxy restarted in turn, as an operator rolls out a new version: SIGTERM (the
+    proxy closes its listeners, answers what is in flight, exits 0), started again on its
+    address and ports, ready (/readyz 200; behind the balancer, back in its rotation), then
+    the next. The whole roll, whatever ``until`` says: a roll is not cut short."""
+    time.sleep(rng.uniform(2.0, 3.0))  # the schedule's calm before the roll
     actions = []
-    for _ in range(rng.choice((1, 2))):
-        if not _pause(rng.uniform(2.0, 3.0), until):
-            break
-        node = rng.choice(env.node_ids())
+    for name in env.proxy_names():
         began = time.monotonic()
-        env.pause_sidecar(node)
-        time.sleep(rng.uniform(2.0, 8.0))
-        env.resume_sidecar(node)
-        actions.append(Action("proxy-pause", f"sidecar-{node}", began, time.monotonic()))
+        code = env.stop_proxy(name, timeout=DRAIN_DEADLINE)
+        gone = time.monotonic()
+        env.restart_proxy(name)
+        ready = env.wait_ready(name)
+        actions.append(Action("rolling-restart", name, began, time.monotonic(),
+                              f"exit {code}, gone after {gone - began:.1f} s, ready {ready:.1f} s after listening"))
     return actions
 
 
@@ -198,6 +243,9 @@ FAULTS: dict[str, Fault] = {
     "none": none,
     "proxy-kill": proxy_kill,
     "proxy-pause": proxy_pause,
+    "replica-kill": replica_kill,
+    "replica-pause": replica_pause,
+    "rolling-restart": rolling_restart,
     "broker-kill": broker_kill,
     "leader-kill": leader_kill,
     "coordinator-kill": coordinator_kill,
@@ -206,3 +254,13 @@ FAULTS: dict[str, Fault] = {
     "network": network,
     "network-broker": network_broker,
 }
+
+# The topologies a fault means something in (a fault not named here: every topology).
+ONLY_IN: dict[str, set[str]] = {
+    "proxy-kill": {SIDECAR}, "proxy-pause": {SIDECAR}, "network": {SIDECAR},  # the sidecars and their links
+    "replica-kill": {REPLICAS}, "replica-pause": {REPLICAS},
+}
+
+
+def applies(fault: str, topology: str) -> bool:
+    return topology in ONLY_IN.get(fault, {topology})

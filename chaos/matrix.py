@@ -1,32 +1,38 @@
-"""Which (workload, fault) cells the matrix runs, and the smoke's few."""
+"""Which (workload, fault) cells the matrix runs in each topology, and the smoke's few."""
 
 from __future__ import annotations
 
 import fnmatch
 
-from chaos.faults import FAULTS
+from chaos.env import REPLICAS, SIDECAR
+from chaos.faults import FAULTS, applies
 from chaos.workloads import WORKLOADS
 
 Cell = tuple[str, str]  # (workload, fault)
+SmokeCell = tuple[str, str, str]  # (workload, fault, topology)
 
 # A fault that only means something for some workloads is left out of the others.
 _NOT_FOR: dict[str, set[str]] = {}
 
-# `make test` runs these: one kill of each kind of process, each on a different consumer.
-SMOKE: list[Cell] = [
-    ("group-ranges", "proxy-kill"),
-    ("virtual-rdkafka", "leader-kill"),
-    ("assign-ranges", "member-kill"),
+# `make test` runs these: one kill of each kind of process, each on a different consumer;
+# a rolling restart of the sidecars; a replica killed behind the load balancer.
+SMOKE: list[SmokeCell] = [
+    ("group-ranges", "proxy-kill", SIDECAR),
+    ("virtual-rdkafka", "leader-kill", SIDECAR),
+    ("assign-ranges", "member-kill", SIDECAR),
+    ("group-coop", "rolling-restart", SIDECAR),
+    ("group-ranges", "replica-kill", REPLICAS),
 ]
 
 
-def full() -> list[Cell]:
-    return [(w, f) for w in WORKLOADS for f in FAULTS if f not in _NOT_FOR.get(w, set())]
+def full(topology: str = SIDECAR) -> list[Cell]:
+    return [(w, f) for w in WORKLOADS for f in FAULTS if f not in _NOT_FOR.get(w, set()) and applies(f, topology)]
 
 
-def select(patterns: list[str]) -> list[Cell]:
-    """Cells whose ``workload:fault`` matches any pattern (shell globs: ``group-*:*kill``)."""
-    cells = full()
+def select(patterns: list[str], topology: str = SIDECAR) -> list[Cell]:
+    """Cells of ``topology`` whose ``workload:fault`` matches any pattern (shell globs:
+    ``group-*:*kill``)."""
+    cells = full(topology)
     if not patterns:
         return cells
     return [c for c in cells if any(fnmatch.fnmatchcase(f"{c[0]}:{c[1]}", p) for p in patterns)]

@@ -58,14 +58,22 @@ def _save_cell(result: dict, command: str) -> None:
     data = load()
     chaos = data.setdefault("chaos", {"cells": {}})
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    chaos["cells"][f"{result['workload']}:{result['fault']}"] = {
+    chaos["cells"][cell_key(result)] = {
         **result, "command": command, "finished": stamp, "git_commit": _commit(), "machine": machine()}
     JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
     JSON_PATH.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
+def cell_key(result: dict) -> str:
+    """``workload:fault``, and ``@topology`` for a topology other than the sidecars'."""
+    topology = result.get("topology", "sidecar")
+    return f"{result['workload']}:{result['fault']}" + ("" if topology == "sidecar" else f"@{topology}")
+
+
 def one_line(result: dict) -> str:
     cell = f"{result['workload']} x {result['fault']}"
+    if result.get("topology", "sidecar") != "sidecar":
+        cell += f" ({result['topology']})"
     if "error" in result:
         return f"FAIL {cell}: {result['error']}"
     status = "ok  " if result["ok"] else "FAIL"
@@ -79,7 +87,14 @@ def one_line(result: dict) -> str:
     return (f"{status} {cell}: {result['acknowledged']} acknowledged, {result['lost']} lost, re-delivered "
             f"{redelivered}, order {result['order_violations']} (+{result['order_after_redelivery']} after "
             f"re-delivery), committed behind {len(result['committed_behind'])}, recovery max "
-            f"{result.get('recovery_max_s')} s")
+            f"{result.get('recovery_max_s')} s" + _pause_text(result.get("pause")))
+
+
+def _pause_text(pause: dict | None) -> str:
+    if not pause:
+        return ""
+    return (f", longest gap per member during the fault max {pause['max_s']} s (median {pause['median_s']}, "
+            f"producer's {pause['producer_gap_s']} s)")
 
 
 # -- the page ----------------------------------------------------------------------------------
@@ -111,7 +126,10 @@ def render(data: dict) -> str:
     lines += _findings_section(data.get("findings", []))
     if data.get("open"):
         lines += ["## Known and open", ""] + [f"- {text}" for text in data["open"]] + [""]
-    lines += _chaos_section(data.get("chaos", {}).get("cells", {}))
+    cells = data.get("chaos", {}).get("cells", {})
+    lines += _chaos_section(cells)
+    lines += _replicas_section(cells)
+    lines += _rolling_section(cells)
     lines += _fuzz_section(data.get("fuzz"))
     lines += _soak_section(data.get("soak"))
     lines += _connections_section(data.get("connections"))
@@ -169,7 +187,12 @@ def _met(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def _chaos_section(cells: dict) -> list[str]:
+def _topology(cell: dict) -> str:
+    return cell.get("topology", "sidecar")
+
+
+def _chaos_section(all_cells: dict) -> list[str]:
+    cells = {k: c for k, c in all_cells.items() if _topology(c) == "sidecar"}
     out = [
         "## Faults under live production (`make chaos`)",
         "",
@@ -195,34 +218,126 @@ def _chaos_section(cells: dict) -> list[str]:
     out += ["| workload | fault | acknowledged | lost | re-delivered (killed / lost / other) | order (after "
             "re-delivery) | recovery s | committed at end | verdict | commit |",
             "| --- | --- | ---: | ---: | --- | --- | ---: | --- | --- | --- |"]
-    for key in sorted(cells):
-        c = cells[key]
-        if "error" in c:
-            out.append(f"| {c['workload']} | {c['fault']} | | | | | | | harness error: "
-                       f"{c['error'][:80].replace('|', '/')} | `{c.get('git_commit', '')}` |")
-            continue
-        if "exact" in c:
-            e = c["exact"]
-            committed = "yes" if not c.get("committed_behind") else f"no ({len(c['committed_behind'])} behind)"
-            out.append(f"| {c['workload']} | {c['fault']} | {c['acknowledged']} | {e['under']} keys short | "
-                       f"{e['over']} keys over (exactly-once) | n/a | | {committed} | "
-                       f"{'ok, output exact' if c['ok'] else '**FAIL**'} | `{c.get('git_commit', '')}` |")
-            continue
-        r = c.get("redelivered", {})
-        redelivered = f"{r.get('member_killed', 0)} / {r.get('member_lost', 0)} / {r.get('other', 0)}"
-        committed = "yes" if not c.get("committed_behind") else f"no ({len(c['committed_behind'])} behind)"
-        recovery = c.get("recovery_max_s")
-        out.append(f"| {c['workload']} | {c['fault']} | {c['acknowledged']} | {c['lost']} | {redelivered} | "
-                   f"{c['order_violations']} ({c['order_after_redelivery']}) | "
-                   f"{'' if recovery is None else recovery} | {committed} | {'ok' if c['ok'] else '**FAIL**'} | "
-                   f"`{c.get('git_commit', '')}` |")
+    out += [_row(cells[key]) for key in sorted(cells)]
+    return out + _workloads_and_commands(cells)
+
+
+def _row(c: dict, *, pause: bool = False) -> str:
+    """A cell's row; ``pause``: with the topology first and the pause columns."""
+    lead = f"| {_topology(c)} | {c['workload']} | {c['fault']} |" if pause else f"| {c['workload']} | {c['fault']} |"
+    gaps = " | |" if pause else ""
+    if "error" in c:
+        return (f"{lead} | | | | |{gaps} | harness error: {c['error'][:80].replace('|', '/')} | "
+                f"`{c.get('git_commit', '')}` |")
+    committed = "yes" if not c.get("committed_behind") else f"no ({len(c['committed_behind'])} behind)"
+    if "exact" in c:
+        e = c["exact"]
+        return (f"{lead} {c['acknowledged']} | {e['under']} keys short | {e['over']} keys over (exactly-once) | "
+                f"n/a | |{gaps} {committed} | {'ok, output exact' if c['ok'] else '**FAIL**'} | "
+                f"`{c.get('git_commit', '')}` |")
+    r = c.get("redelivered", {})
+    redelivered = f"{r.get('member_killed', 0)} / {r.get('member_lost', 0)} / {r.get('other', 0)}"
+    recovery = c.get("recovery_max_s")
+    if pause:
+        p = c.get("pause")
+        gaps = f" {p['max_s']} ({p['median_s']}) | {p['producer_gap_s']} |" if p else " | |"
+    return (f"{lead} {c['acknowledged']} | {c['lost']} | {redelivered} | "
+            f"{c['order_violations']} ({c['order_after_redelivery']}) | "
+            f"{'' if recovery is None else recovery} |{gaps} {committed} | {'ok' if c['ok'] else '**FAIL**'} | "
+            f"`{c.get('git_commit', '')}` |")
+
+
+def _workloads_and_commands(cells: dict) -> list[str]:
     workloads = {c["workload"]: c.get("description", "") for c in cells.values()}
-    out += ["", "Workloads:", ""]
+    out = ["", "Workloads:", ""]
     out += [f"- `{name}`: {text}" for name, text in sorted(workloads.items())]
     seeds = sorted({c["seed"] for c in cells.values()})
     commands = sorted({c.get("command", "") for c in cells.values()})
-    out += ["", f"Seeds: {', '.join(map(str, seeds))}. Commands: {'; '.join(f'`{c}`' for c in commands)}.", ""]
-    return out
+    return out + ["", f"Seeds: {', '.join(map(str, seeds))}. Commands: {'; '.join(f'`{c}`' for c in commands)}.",
+                  ""]
+
+
+_PAUSE_HEADER = ["| topology | workload | fault | acknowledged | lost | re-delivered (killed / lost / other) | order "
+                 "(after re-delivery) | recovery s | longest gap per member s, max (median) | producer's gap s | "
+                 "committed at end | verdict | commit |",
+                 "| --- | --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
+
+
+def _replicas_section(all_cells: dict) -> list[str]:
+    cells = {k: c for k, c in all_cells.items() if _topology(c) != "sidecar"}
+    if not cells:
+        return []
+    out = [
+        "## Replicas behind a load balancer",
+        "",
+        "The same cells with the proxy deployed as R replicas of a port-per-broker proxy behind a TCP load",
+        "balancer ([high-availability.md](high-availability.md); `python -m chaos --topology replicas",
+        "--replicas R`, topology `replicas-R`). Each replica fronts every broker; the replicas listen on",
+        "loopback addresses of their own (127.0.0.2, ...) on the same bootstrap port and node ports",
+        "(`node.port.base + N`) and advertise the balancer's (127.0.0.1, the same ports), so every address",
+        "a client learns leads back to the balancer. The balancer (`harness/balancer.py`) hands each new",
+        "client connection, unread, to the same port of the next replica in turn whose `/readyz` answered",
+        "200 within 1 s at its last probe (every 0.5 s), skips a replica that refuses, and fails open (tries",
+        "every replica) when none is ready: a port-per-broker proxy is not ready while any broker is",
+        "unreachable. Established connections stay on their replica; when it dies they close and the client",
+        "reconnects through the balancer. The members of a group land on different replicas, and so do one",
+        "client's connections to different brokers.",
+        "",
+        "- `replica-kill`: kill -9 of a replica, started again on its address 0.2-1.5 s later; once or twice.",
+        "- `replica-pause`: SIGSTOP of a replica for 2-8 s, then SIGCONT; once or twice. Its connections hang",
+        "  (the kernel still accepts new ones: the balancer's probe is what takes it out of the rotation).",
+        "- `rolling-restart`: each replica in turn stopped with SIGTERM, started again, ready, then the",
+        "  next (see Rolling restarts).",
+        "- **longest gap per member**: for each member that was reading before the fault, the longest time",
+        "  between two of its hand-outs while the fault lasted (struck to healed); the largest over the",
+        "  members, the median in brackets. **producer's gap**: the producer's longest time between two",
+        "  acknowledgements in the same window: its own idle gaps, the least a member could see.",
+        "",
+    ]
+    out += _PAUSE_HEADER
+    out += [_row(cells[key], pause=True) for key in sorted(cells, key=lambda k: (_topology(cells[k]), k))]
+    return out + _workloads_and_commands(cells)
+
+
+def _rolling_section(all_cells: dict) -> list[str]:
+    cells = {k: c for k, c in all_cells.items() if c.get("fault") == "rolling-restart"}
+    if not cells:
+        return []
+    out = [
+        "## Rolling restarts",
+        "",
+        "Every proxy of the deployment restarted one at a time, as an upgrade rolls out: SIGTERM (the proxy",
+        "closes its listeners, answers what it has in flight, exits 0), started again on its address and",
+        "ports, then, once its `/readyz` answers 200 (and, behind the balancer, once the balancer has it back",
+        "in its rotation), the next; the producer writes for at least 30 s so that records arrive throughout",
+        "the roll. Clients see the connections of the proxy being restarted close and reconnect (to the",
+        "sidecar's link again, or through the balancer to another replica). The roll loses nothing and",
+        "hands nothing out again by itself: a record is handed out again only when its member lost its",
+        "partitions (a session timeout while its coordinator's proxy was restarting), as after any",
+        "rebalance ([high-availability.md](high-availability.md#what-a-client-sees-when-an-instance-dies)).",
+        "Columns as in the tables above; the roll's steps are in each cell's `actions` in the JSON.",
+        "",
+        "| topology | workload | acknowledged | lost | re-delivered (killed / lost / other) | roll s | "
+        "longest gap per member s, max (median) | producer's gap s | verdict |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | --- |",
+    ]
+    for key in sorted(cells, key=lambda k: (_topology(cells[k]), k)):
+        c = cells[key]
+        if "error" in c:
+            out.append(f"| {_topology(c)} | {c['workload']} | | | | | | | harness error |")
+            continue
+        r = c.get("redelivered", {})
+        p = c.get("pause") or {}
+        lost = f"{c['exact']['under']} keys short" if "exact" in c else c["lost"]
+        redelivered = ("n/a (exactly-once)" if "exact" in c else
+                       f"{r.get('member_killed', 0)} / {r.get('member_lost', 0)} / {r.get('other', 0)}")
+        roll = ""
+        if c.get("actions"):
+            roll = round(max(a["healed"] for a in c["actions"]) - min(a["began"] for a in c["actions"]), 1)
+        gap = f"{p['max_s']} ({p['median_s']})" if p else ""
+        out.append(f"| {_topology(c)} | {c['workload']} | {c['acknowledged']} | {lost} | {redelivered} | {roll} | "
+                   f"{gap} | {p.get('producer_gap_s', '')} | {'ok' if c['ok'] else '**FAIL**'} |")
+    return out + [""]
 
 
 def _fuzz_section(fuzz: dict | None) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from chaos.env import ChaosEnv
 from chaos.faults import FAULTS
-from chaos.verdict import Acked, judge
+from chaos.verdict import Acked, judge, pauses
 from chaos.workloads import WORKLOADS, CellContext, wait_for
 from harness.history import History
 from harness.live import LiveProducer
@@ -31,6 +31,9 @@ MIN_FAULT_WINDOW = 8.0  # seconds a fault schedule always has after the warm-up
 CATCH_UP = 90.0  # after the producer and the fault are done, for every record to be handed out
 COMMIT_DEADLINE = 30.0  # then for the committed offsets to reach the log end
 STOP_TIMEOUT = 60.0
+# Seconds of production a fault needs at least, so that records keep coming for as long as
+# it lasts: a rolling restart of every proxy, each drained, started and ready in turn.
+MIN_SECONDS = {"rolling-restart": 30.0}
 
 
 class TimedHistory(History):
@@ -51,10 +54,12 @@ def run_cell(env: ChaosEnv, workload_name: str, fault_name: str, seed: int, *, r
     fault = FAULTS[fault_name]
     rng = random.Random(f"{seed}/{workload_name}/{fault_name}")
     began = time.monotonic()
-    result: dict = {"workload": workload_name, "fault": fault_name, "seed": seed, "records": records,
-                    "seconds": seconds, "description": workload.description}
+    seconds = max(seconds, MIN_SECONDS.get(fault_name, 0.0))
+    result: dict = {"workload": workload_name, "fault": fault_name, "topology": env.label, "seed": seed,
+                    "records": records, "seconds": seconds, "description": workload.description}
     env.heal()
-    slug = f"{workload_name}-{fault_name}-{seed}".replace("_", "-")
+    where = "" if env.topology == "sidecar" else f"-{env.label}"
+    slug = f"{workload_name}-{fault_name}{where}-{seed}".replace("_", "-")
     topic = env.create_topic(f"chaos-{slug}-{int(time.time() * 1000) % 100000}", workload.partitions)
     cell_dir = workdir / slug
     cell_dir.mkdir(parents=True, exist_ok=True)
@@ -63,6 +68,7 @@ def run_cell(env: ChaosEnv, workload_name: str, fault_name: str, seed: int, *, r
     history = TimedHistory()
     producer = LiveProducer(env.direct_bootstrap, topic, history, records=records, seconds=seconds, seed=seed)
     actions = []
+    balanced = env.balancer_counts()
     try:
         workload.start(ctx)
         producer.start()
@@ -106,6 +112,9 @@ def run_cell(env: ChaosEnv, workload_name: str, fault_name: str, seed: int, *, r
                 outcome.notes.append(f"output not exact: {exact['under']} keys counted short, {exact['over']} "
                                      f"counted twice, e.g. {exact['examples']}")
         result.update(verdict.as_dict())
+        if actions and not workload.exactly_once:
+            result["pause"] = pauses(outcome.handed, acked, [(a.began, a.healed) for a in actions],
+                                     exclude=outcome.killed)
         result["delivered_in_time"] = delivered
         result["producer_failed"] = producer.failed
         result["members_killed"] = sorted(outcome.killed)
@@ -122,5 +131,8 @@ def run_cell(env: ChaosEnv, workload_name: str, fault_name: str, seed: int, *, r
         producer.stop()
         workload.close()
         result["actions"] = [a.as_dict(began) for a in actions]
+        if env.balancer is not None:  # client connections per replica during the cell
+            after = env.balancer_counts()
+            result["balancer"] = {name: after[name] - balanced.get(name, 0) for name in after}
         result["duration_s"] = round(time.monotonic() - began, 1)
     return result

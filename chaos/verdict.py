@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,3 +193,50 @@ def recovery_times(acked: Sequence[Acked], by_record: Mapping[Record, list[Hande
                     latest = max(latest, outs[0].time)
         out.append(latest - heal)
     return out
+
+
+def merge_windows(windows: Iterable[tuple[float, float]], join: float = 1.0) -> list[tuple[float, float]]:
+    """Fault windows (began, healed), those less than ``join`` seconds apart made one (the
+    proxies of a rolling restart, restarted one after another, are one window)."""
+    out: list[tuple[float, float]] = []
+    for began, healed in sorted(windows):
+        if out and began - out[-1][1] < join:
+            out[-1] = (out[-1][0], max(out[-1][1], healed))
+        else:
+            out.append((began, healed))
+    return out
+
+
+def longest_gap(times: Iterable[float], windows: Sequence[tuple[float, float]]) -> float:
+    """The longest stretch inside any window with none of ``times`` in it (the window's
+    edges count as its ends: a gap is clipped to the window)."""
+    ordered = sorted(times)
+    longest = 0.0
+    for began, healed in windows:
+        points = [began, *(t for t in ordered if began < t < healed), healed]
+        longest = max(longest, max(b - a for a, b in itertools.pairwise(points)))
+    return longest
+
+
+def pauses(handed: Sequence[Handed], acked: Sequence[Acked], windows: Sequence[tuple[float, float]], *,
+           exclude: Iterable[str] = ()) -> dict | None:
+    """What each consumer saw of the faults: per member, the longest gap between two of its
+    hand-outs inside a fault window (``merge_windows``), for the members that had handed
+    out a record before the first window began and are not in ``exclude`` (killed, or that
+    lost their partitions); and the producer's longest gap between two acknowledgements in
+    the same windows, the least a member would see with no fault at all. None without a
+    window or such a member."""
+    windows = merge_windows(windows)
+    if not windows:
+        return None
+    excluded = set(exclude)
+    by_member: dict[str, list[float]] = defaultdict(list)
+    for h in handed:
+        by_member[h.member].append(h.time)
+    gaps = {member: round(longest_gap(times, windows), 2) for member, times in sorted(by_member.items())
+            if member not in excluded and min(times) < windows[0][0]}
+    if not gaps:
+        return None
+    return {"members": gaps, "max_s": max(gaps.values()), "median_s": round(statistics.median(gaps.values()), 2),
+            "producer_gap_s": round(longest_gap((a.time for a in acked), windows), 2),
+            "window_s": round(sum(b - a for a, b in windows), 2)}

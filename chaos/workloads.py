@@ -186,6 +186,17 @@ class GroupRanges(MemberFleet):
         return _MEMBER_TIMING
 
 
+class GroupCoop(MemberFleet):
+    name = "group-coop"
+    description = ("4 proxy.client members in a group on 2 partitions shared cooperatively (chunks of offsets "
+                   "granted by the proxy, no per-key order), IC")
+    count = 4
+    keyed_order = False
+
+    def common_options(self, ctx: CellContext) -> list[str]:
+        return [*_MEMBER_TIMING, "--partition-sharing", "cooperative"]
+
+
 class GroupWhole(MemberFleet):
     name = "group-whole"
     description = "2 proxy.client members in a group on 4 partitions: whole partitions, IC"
@@ -234,7 +245,7 @@ class StripedRdkafka(VirtualRdkafka):
 
 
 WORKLOADS: dict[str, Callable[[], Workload]] = {
-    w.name: w for w in (GroupRanges, GroupWhole, AssignRanges, AssignWhole, VirtualRdkafka, StripedRdkafka)
+    w.name: w for w in (GroupRanges, GroupCoop, GroupWhole, AssignRanges, AssignWhole, VirtualRdkafka, StripedRdkafka)
 }
 
 

@@ -5,7 +5,8 @@ Python process's CPU.
     python -m harness.group_member --bootstrap HOST:PORT --group G --topic T \
         --name m1 --events /tmp/m1.events --stop /tmp/stop
 
-It subscribes (``keyrange`` assignor, individual commit), or with ``--assign`` takes
+It subscribes (``keyrange`` assignor, individual commit; ``--partition-sharing cooperative``:
+members beyond the partitions share them in chunks the proxy grants), or with ``--assign`` takes
 partitions itself (``share/of`` for share ``share`` of ``of`` equal key ranges of every
 partition, or ``whole`` for every partition whole; commits then go to ``--group`` without
 membership). Each record of a poll takes ``--work-ms`` plus a random time up to
@@ -95,7 +96,7 @@ async def run(args: argparse.Namespace) -> None:
     settings = dict(group_id=args.group, client_id=args.name, allow_individual_commit=not args.standard_commits,
                     auto_offset_reset="earliest", max_poll_records=args.max_poll_records,
                     heartbeat_interval_ms=args.heartbeat_interval_ms, session_timeout_ms=args.session_timeout_ms,
-                    max_poll_interval_ms=args.max_poll_interval_ms)
+                    max_poll_interval_ms=args.max_poll_interval_ms, partition_sharing=args.partition_sharing)
     async with Consumer(args.bootstrap, **settings) as consumer:
         subscribed = args.assign is None
         if subscribed:
@@ -187,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-interval-ms", type=int, default=500)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--max-poll-interval-ms", type=int, default=30000)
+    parser.add_argument("--partition-sharing", choices=("keyrange", "cooperative"), default="keyrange",
+                        help="how members share a partition once they outnumber the partitions")
     parser.add_argument("--profile", help="write a pyinstrument profile of the member (text) to this file")
     args = parser.parse_args(argv)
     if not args.profile:

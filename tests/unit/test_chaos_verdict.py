@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chaos.verdict import Acked, Handed, judge, pair_events
+from chaos.verdict import Acked, Handed, judge, longest_gap, merge_windows, pair_events, pauses
 
 
 def _acks(n: int, key=lambda o: b"k%d" % (o % 3)) -> list[Acked]:
@@ -67,3 +67,30 @@ def test_pair_events_closes_each_hand_out_with_its_members_next_finish():
               ("F", "b", 0, 0, b"k", 4.0), ("H", "a", 0, 1, None, 5.0)]
     handed = pair_events(events)
     assert [(h.member, h.offset, h.finished) for h in handed] == [("a", 0, 2.0), ("b", 0, 4.0), ("a", 1, None)]
+
+
+def test_fault_windows_close_together_are_one():
+    assert merge_windows([(10.0, 14.0), (0.0, 3.0), (3.2, 6.0)]) == [(0.0, 6.0), (10.0, 14.0)]
+
+
+def test_the_longest_gap_is_clipped_to_the_window():
+    # hand-outs at 1, 4, 5 in the window (2, 8): gaps 2 (2-4), 1, 3 (5-8); 1 is before it
+    assert longest_gap([1.0, 4.0, 5.0, 9.0], [(2.0, 8.0)]) == 3.0
+    assert longest_gap([], [(2.0, 8.0)]) == 6.0
+
+
+def test_pauses_per_member_against_the_producers_own_gaps():
+    acked = [Acked(0, o, b"k", float(t)) for o, t in enumerate(range(0, 20))]  # one a second
+    handed = ([Handed("a", 0, o, b"k", o + 0.1) for o in range(20) if not 10 <= o < 15]  # 5 s without
+              + [Handed("b", 0, o, b"k", o + 0.2) for o in range(20)]
+              + [Handed("late", 0, o, b"k", o + 0.3) for o in range(12, 20)]  # joined during the fault
+              + [Handed("dead", 0, o, b"k", o + 0.4) for o in range(8)])
+    pause = pauses(handed, acked, [(8.0, 11.0), (11.5, 16.0)], exclude={"dead"})
+    assert pause is not None
+    assert pause["members"] == {"a": 6.0, "b": 1.0}
+    assert pause["max_s"] == 6.0 and pause["median_s"] == 3.5
+    assert pause["producer_gap_s"] == 1.0 and pause["window_s"] == 8.0
+
+
+def test_no_fault_no_pause():
+    assert pauses([Handed("a", 0, 0, b"k", 1.0)], [], []) is None
