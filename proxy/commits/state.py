@@ -26,9 +26,10 @@ through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from proxy.commits import packed as kernels
+from proxy.commits.gaps import Gaps, lift
 from proxy.commits.packed import MAX_OFFSET, RANGE_SIZE, OffsetRange, invalid, pack, unpack
 from proxy.records.stripes import STRIPED_MARKS
 from proxy.records.stripes import share_count as striped_share_count
@@ -49,7 +50,7 @@ MIN_SHARES = 2
 
 __all__ = ["MAX_OFFSET", "MAX_SHARES", "MIN_SHARES", "STRIPED_MARKS", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks",
            "apply_packed", "apply_plain", "apply_ranges", "check", "check_held", "check_packed", "checked_marks",
-           "join", "join_marks", "normalise", "rebase", "rebase_commit", "settle", "share_count", "stable_after",
+           "join", "join_marks", "lift_marks", "normalise", "rebase", "rebase_commit", "settle", "share_count", "stable_after",
            "validate", "watermark_floor"]
 
 
@@ -270,19 +271,27 @@ class MarkEdit:
     the sequence its shadow commit carried, so that a later transaction's shadow, numbered
     before this fold was written, still ranks above it. ``at_least`` raises a share's
     sequence to a floor: consecutive transactions of one share through one instance are
-    numbered in order even before the earlier one is folded."""
+    numbered in order even before the earlier one is folded.
 
-    __slots__ = ("shares", "marks", "exact", "at_least")
+    ``gaps``: share -> stretches known to hold no record of that share
+    (``proxy.commits.gaps``); once the marks are set, every share of K whose watermark
+    lies in one of its gaps is lifted to the gap's end (``lift_marks``). Applied to the
+    state the edit meets, under the key's lock and again after a merge, never to a copy
+    read earlier: a lift is never computed from a watermark that has moved since."""
+
+    __slots__ = ("shares", "marks", "exact", "at_least", "gaps")
 
     def __init__(self, shares: int, marks: dict[int, int], *, exact: dict[int, int] | None = None,
-                 at_least: dict[int, int] | None = None) -> None:
+                 at_least: dict[int, int] | None = None, gaps: Mapping[int, Gaps] | None = None) -> None:
         self.shares = shares
         self.marks = dict(marks)
         self.exact = dict(exact or {})
         self.at_least = dict(at_least or {})
+        self.gaps = dict(gaps or {})
 
     def __repr__(self) -> str:
         extra = (f", exact={self.exact}" if self.exact else "") + (f", at_least={self.at_least}" if self.at_least else "")
+        extra += f", gaps={self.gaps}" if self.gaps else ""
         return f"MarkEdit(shares={self.shares}, marks={self.marks}{extra})"
 
 
@@ -301,7 +310,39 @@ def apply_marks(state: CommitState, edit: MarkEdit) -> CommitState:
     kept += [(edit.shares, share, max(offset, -1),
               edit.exact[share] if share in edit.exact else max(sequence, edit.at_least.get(share, 0)))
              for share, offset in edit.marks.items()]
-    return settle(CommitState.from_packed(state.stable, state.packed, state.epoch, tuple(sorted(kept))))
+    marks = tuple(sorted(kept))
+    if edit.gaps:
+        marks = lift_marks(marks, state.stable, edit.shares, edit.gaps)
+    return settle(CommitState.from_packed(state.stable, state.packed, state.epoch, marks))
+
+
+def lift_marks(marks: Marks, stable: int, shares: int, gaps: Mapping[int, Gaps]) -> Marks:
+    """``marks`` with each share of ``shares`` (a K) whose committed offset lies in one of
+    its ``gaps`` (share -> stretches holding none of its records) lifted to the gap's end
+    (docs/virtual-topics.md#lag).
+
+    A share's committed offset is its watermark, or S (``stable``) where it has none; a
+    share without one whose S is lifted gets a watermark of sequence 0, which any commit
+    of the share outranks. A lifted watermark keeps its sequence: it says what the one it
+    replaces says, so a commit of the share made meanwhile elsewhere (a higher sequence)
+    still wins a merge, and against the unlifted copy (same sequence) the higher offset,
+    the lifted one, does. No commit (-1, or S -1) is never lifted: it is not an offset."""
+    width = share_count(shares)
+    held = {mark[1]: mark for mark in marks if mark[0] == shares}
+    changed = False
+    out = [mark for mark in marks if mark[0] != shares or not 0 <= mark[1] < width]
+    for share in range(width):
+        mark = held.get(share)
+        share_gaps = gaps.get(share)
+        if share_gaps:
+            offset = mark[2] if mark is not None and mark[2] >= 0 else stable
+            lifted = lift(offset, share_gaps)
+            if lifted != offset:
+                changed = True
+                mark = (shares, share, lifted, mark[3] if mark is not None else 0)
+        if mark is not None:
+            out.append(mark)
+    return tuple(sorted(out)) if changed else marks
 
 
 def apply_plain(offset: int, previous: CommitState | None = None) -> CommitState:

@@ -27,6 +27,7 @@ import trio
 
 from proxy.commits import watermarks
 from proxy.commits.cluster import CommitLogError
+from proxy.commits.gaps import Gaps
 from proxy.commits.log import CommitLog
 from proxy.commits.metrics import CommitLogMetrics
 from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
@@ -42,6 +43,8 @@ _DELETIONS_REMEMBERED = 10_000  # groups whose last deletion time an instance re
 TopicPartitionKey = tuple[str, int]
 # real partition -> K -> share -> a watermark (or what goes with it, as the caller says)
 ShareEdits = dict[TopicPartitionKey, dict[int, dict[int, int]]]
+# real partition -> K -> share -> the stretches known to hold none of the share's records
+ShareGaps = dict[TopicPartitionKey, dict[int, dict[int, Gaps]]]
 # Where a commit's lock holder runs: the client's connection, or the proxy's background
 # (a follow-up of a transaction, which outlives the connection).
 Starter = ConnectionContext | Background
@@ -248,14 +251,18 @@ class CommitWrites:
 
     # -- share watermarks (virtual range topics) --------------------------------------------------
     async def begin_shares(self, ctx: Starter, group: str, edits: ShareEdits, plain: dict[TopicPartitionKey, int], *,
-                           exact: ShareEdits | None = None, at_least: ShareEdits | None = None) -> SharePlan:
-        """Plan a commit of share watermarks: ``edits`` real partition -> K -> share -> W;
-        ``plain``: real partitions the same request commits plainly (a key with state is
-        reset, as individual commit resets it); ``exact`` / ``at_least``: the sequence each
-        watermark takes, or its lowest (``MarkEdit``). Holds the keys' locks until
-        ``finish_shares`` or ``abandon`` (or the connection's end)."""
+                           exact: ShareEdits | None = None, at_least: ShareEdits | None = None,
+                           gaps: ShareGaps | None = None) -> SharePlan:
+        """Plan a commit of share watermarks: ``edits`` real partition -> K -> share -> W
+        (a K with no share: only its lifts); ``plain``: real partitions the same request
+        commits plainly (a key with state is reset, as individual commit resets it);
+        ``exact`` / ``at_least``: the sequence each watermark takes, or its lowest
+        (``MarkEdit``); ``gaps``: per K and share, the stretches known to hold none of the
+        share's records, which the shares' watermarks are lifted over (``MarkEdit``).
+        Holds the keys' locks until ``finish_shares`` or ``abandon`` (or the connection's end)."""
         commits = {key: [MarkEdit(shares, marks, exact=(exact or {}).get(key, {}).get(shares),
-                                  at_least=(at_least or {}).get(key, {}).get(shares))
+                                  at_least=(at_least or {}).get(key, {}).get(shares),
+                                  gaps=(gaps or {}).get(key, {}).get(shares))
                          for shares, marks in sorted(by_k.items())]
                    for key, by_k in edits.items()}
         resets = {key: offset for key, offset in plain.items()

@@ -3,6 +3,11 @@ become commits of share watermarks on the real partition, kept by the commit lay
 (``proxy.commits``: the log, and shadow groups inside transactions); OffsetFetch answers
 each share's watermark. The rules are ``proxy.virtual.commits``' and ``proxy.virtual.txn``'s
 (no I/O); docs/wire-contract.md#9-virtual-range-topics.
+
+Committed offsets are lifted over the offsets Fetch proved hold no record of their share
+(``proxy.virtual.lag``): in each commit, in each OffsetFetch answer, and by the proxy
+itself once a partition's commits have gone quiet (an OffsetCommit as a member of the
+group, sent when one of its members' heartbeats passes).
 """
 
 from __future__ import annotations
@@ -12,8 +17,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import trio
+
 from proxy.commits import shadows
+from proxy.commits.gaps import Gaps
 from proxy.commits.service import CommitService
+from proxy.commits.writes import ShareEdits
 from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, Request, RequestStage, ResponseStage, Route
 from proxy.pipeline.background import Background
 from proxy.pipeline.route import OwnRequest, own_correlation_id
@@ -21,6 +30,7 @@ from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import (
+    HeartbeatRequest,
     ListGroupsResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
@@ -30,7 +40,7 @@ from proxy.protocol.message_types import (
     TxnOffsetCommitResponse,
 )
 from proxy.protocol.message_versions import OFFSET_FETCH_FIRST_GROUPS
-from proxy.virtual import commits, txn
+from proxy.virtual import commits, lag, txn
 from proxy.virtual.metrics import VirtualTopicsMetrics
 from proxy.virtual.resolver import VirtualResolver
 
@@ -50,13 +60,17 @@ class VirtualCommitFeature(Feature):
         self.writes.on_deleted(self.transactions.delete_share_shadows)
         metrics = metrics or VirtualTopicsMetrics()
         self._commits, self._txn_commits, self._settles = metrics.commits, metrics.txn_commits, metrics.txn_settles
+        self._lifts = metrics.lifts
+        self.gaps = resolver.gaps  # what Fetch learnt: the stretches holding no record of a share
+        self.watch = lag.LiftWatch()  # the partitions the proxy lifts by itself
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         guarded = self.resolver.guarded
         # Not OffsetFetch: asked for every topic, it lists the virtual partitions too, and
         # its bytes name none.
+        # Nor Heartbeat: it names no topic; it only tells which member lifts go as.
         return {ApiKey.OFFSET_COMMIT: guarded(self.on_offset_commit), ApiKey.OFFSET_FETCH: self.on_offset_fetch,
-                ApiKey.TXN_OFFSET_COMMIT: guarded(self.on_txn_offset_commit)}
+                ApiKey.TXN_OFFSET_COMMIT: guarded(self.on_txn_offset_commit), ApiKey.HEARTBEAT: self.on_heartbeat}
 
     def response_stages(self) -> Mapping[int, tuple[int, ResponseStage]]:
         return {ApiKey.LIST_GROUPS: (0, self._hide_shadows)}
@@ -84,8 +98,14 @@ class VirtualCommitFeature(Feature):
         if plan is None:
             return None
         # The commit layer plans S and the watermarks under its per-partition locks (held
-        # until the log is written) and writes the log once the coordinator accepted.
-        shares = await self.writes.begin_shares(ctx, plan.group, plan.edits, plan.plain)
+        # until the log is written) and writes the log once the coordinator accepted. The
+        # watermarks of every share of the partitions are lifted over what Fetch learnt.
+        named = {key: set(by_k) for key, by_k in plan.edits.items()}
+        gaps = lag.commit_gaps([(key, mark_k) for key, ks in named.items() for mark_k in ks], self._gaps_of)
+        self.watch.committed(plan.group, named, lag.Identity(body.generation_id_or_member_epoch, body.member_id,
+                                                             body.group_instance_id),
+                             trio.current_time(), self._version_of)
+        shares = await self.writes.begin_shares(ctx, plan.group, plan.edits, plan.plain, gaps=gaps)
         refused = {**plan.refused, **shares.refused}
         for _name, vt, parts in plan.topics:
             if vt is not None:
@@ -126,12 +146,14 @@ class VirtualCommitFeature(Feature):
                 log.warning("share watermarks unreadable group=%s reason=%r", group_id, str(exc))
                 plan.unavailable.add(group_id)
         await self._read_shadows(plan, bool(body.require_stable))
-        reads, name_of_marks = self.reads, self.resolver.names.name_of_marks
+        reads, name_of_marks, gaps_of = self.reads, self.resolver.names.name_of_marks, self._gaps_of
 
         def marks_of(group: str, real: str, partition: int, committed: int,
                      metadata: str | None) -> tuple[int, dict[int, list[int]]]:
-            return reads.watermarks(group, (real, partition), committed, metadata,
-                                    plan.shadow_marks.get((group, (real, partition)), ()))
+            stable, per_k = reads.watermarks(group, (real, partition), committed, metadata,
+                                             plan.shadow_marks.get((group, (real, partition)), ()))
+            # each share's committed offset lifted as its next commit would lift it
+            return lag.lift_answer(stable, per_k, lambda mark_k: gaps_of((real, partition), mark_k))
 
         def answer(response: DecodedResponse[OffsetFetchResponse]) -> None:
             commits.offset_fetch_response(response.body, response.version, plan, marks_of, name_of_marks)
@@ -185,6 +207,7 @@ class VirtualCommitFeature(Feature):
         plan = txn.commit_plan(body, self.resolver)
         if plan is None:
             return None
+        plan.edits = lag.lift_edits(plan.edits, self._gaps_of)  # the shadows hold them lifted
         refused = dict(plan.refused)
         try:
             partitions = await self.reads.offsets_partitions()
@@ -241,3 +264,78 @@ class VirtualCommitFeature(Feature):
         """Once the transaction has ended, fold its committed share shadows into the log."""
         if await self.transactions.settle_marks(ctx, group, keys, generation, member, instance):
             self._settles.inc()
+
+    # -- lifts the proxy makes by itself ---------------------------------------------------------------
+    def _gaps_of(self, key: tuple[str, int], mark_k: int) -> dict[int, Gaps]:
+        real, partition = key
+        return self.gaps.of(real, self.resolver.cluster.id_of(real), partition, mark_k)
+
+    def _version_of(self, key: tuple[str, int]) -> int:
+        return self.gaps.version(*key)
+
+    async def on_heartbeat(self, ctx: ConnectionContext, request: Request[HeartbeatRequest]) -> Route | None:
+        """A member of a group whose partitions this instance lifts is alive in the current
+        generation: lifts go as it, and the partitions due now are lifted (``LiftWatch``)."""
+        if not self.watch:
+            return None
+        _, body = request.decoded()
+        group = body.group_id
+        if not self.watch.watches(group):
+            return None
+        self.watch.heard(group, lag.Identity(body.generation_id, body.member_id, body.group_instance_id))
+        due = self.watch.due(group, trio.current_time(), self._version_of)
+        if due is not None:
+            identity, keys = due
+            background = self.transactions.background
+            if not background.start(self._lift, group, identity, keys):
+                self.watch.done(group, keys, trio.current_time())
+        return None
+
+    async def _lift(self, group: str, identity: lag.Identity, keys: dict[tuple[str, int], set[int]]) -> None:
+        """Lift the watermarks of ``keys`` (real partition -> K) of ``group`` over what
+        Fetch learnt since, as a virtual commit goes: planned under the keys' locks (the
+        lift applies to the state it meets there), the coordinator's OffsetCommit as
+        ``identity``, then the log for what it accepted."""
+        refused: set[tuple[str, int]] = set()  # tried again later
+        began = trio.current_time()
+        try:
+            # What this instance holds of the log decides whether anything would move; the
+            # plan reads the log's end before anything is committed.
+            records = self.writes.log.records(group)
+            gaps = lag.commit_gaps([(key, mark_k) for key, ks in keys.items() for mark_k in ks], self._gaps_of)
+            for key in list(gaps):
+                record = records.get(key)
+                if record is not None and not lag.lifts_anything(record[1].marks, record[1].stable, gaps[key]):
+                    del gaps[key]  # nothing would move: no commit
+            if not gaps:
+                return
+            refused = set(gaps)
+            edits: ShareEdits = {key: {mark_k: {} for mark_k in by_k} for key, by_k in gaps.items()}
+            plan = await self.writes.begin_shares(self.transactions.background, group, edits, {}, gaps=gaps)
+            try:
+                if self.writes.deleted_since(group, began):
+                    return  # deleted meanwhile (its locks are held now): nothing to lift
+                offsets = {key: value for key, value in plan.offsets.items() if key not in plan.refused}
+                if not offsets:
+                    return
+                answered = await self.writes.log.cluster.commit_offsets(group, identity.generation, identity.member,
+                                                                        identity.instance, offsets)
+                errors = await self.writes.finish_shares(plan, identity.generation, identity.member,
+                                                         identity.instance, list(answered.items()))
+                lifted = {key for key in offsets if answered.get(key) == ErrorCode.NONE
+                          and errors.get(key, ErrorCode.NONE) == ErrorCode.NONE}
+                refused -= lifted
+                for real, _partition in lifted:
+                    self._lifts.labels(real).inc()
+                if len(lifted) < len(offsets):
+                    log.info("share watermarks not lifted group=%s refused=%s", group,
+                             {f"{t}-{p}": ErrorCode.name_of(errors.get((t, p), answered.get((t, p),
+                                                                       ErrorCode.UNKNOWN_SERVER_ERROR)))
+                              for t, p in offsets if (t, p) not in lifted})
+            finally:
+                self.writes.abandon(plan)
+        except Exception as exc:  # noqa: BLE001 - CommitLogError: tried again at a later heartbeat
+            log.info("share watermarks not lifted group=%s reason=%r", group, str(exc))
+            refused = set(keys)
+        finally:
+            self.watch.done(group, refused, trio.current_time())

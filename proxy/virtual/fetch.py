@@ -192,6 +192,9 @@ class Composed:
     next_offset: int  # where the client's position is after this answer
     records_kept: int  # data records in the answer
     control_added: bool
+    # [start, end) the added control batch spans: offsets the read proved hold no record
+    # of the share (every record of it in the read is in ``records``); None: none added
+    skipped: tuple[int, int] | None = None
 
 
 def control_batch(first: int, last: int, timestamp_ms: int) -> bytes:
@@ -237,12 +240,12 @@ def compose(records: bytes | bytearray | memoryview, position: int, read_end: in
     if candidates:
         last = candidates[-1]
         end = last.base_offset + 1 if isinstance(last, LegacyBatch) else max(position, _last_record(last) + 1)
-    added = False
+    skipped = None
     if read_end is not None and read_end > end:
         kept.append(control_batch(end, read_end - 1, timestamp_ms))
+        skipped = (end, read_end)
         end = read_end
-        added = True
-    return Composed(b"".join(bytes(part) for part in kept), end, count, added)
+    return Composed(b"".join(bytes(part) for part in kept), end, count, skipped is not None, skipped)
 
 
 def _last_record(batch: Any) -> int:

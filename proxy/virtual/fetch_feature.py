@@ -21,7 +21,7 @@ from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import FetchRequest, FetchResponse, RequestHeader
 from proxy.protocol.message_versions import FETCH_FIRST_TOPIC_ID
-from proxy.records.stripes import Stripe
+from proxy.records.stripes import STRIPED_MARKS, Stripe
 from proxy.virtual import fetch
 from proxy.virtual.metrics import VirtualTopicsMetrics
 from proxy.virtual.names import VirtualTopic
@@ -70,6 +70,7 @@ class VirtualFetchFeature(Feature):
         self.resolver = resolver
         self.cluster = resolver.cluster
         self.shared = shared
+        self.gaps = resolver.gaps
         # Broker reads of virtual partitions on their way, by (topic, partition, offset,
         # isolation level): a connection at the same position and level waits for the read
         # and takes its share from the cache instead of reading the broker again (the cache
@@ -215,6 +216,7 @@ class VirtualFetchFeature(Feature):
     def _cached_answer(self, part: fetch.FetchPart, share: Any, now_ms: int) -> fetch.PartAnswer:
         composed = fetch.compose(share.records, part.fetch_offset, share.next_offset, now_ms)
         self._count(part, composed, hit=True)
+        self._learn(part, composed)
         return fetch.PartAnswer(
             high_watermark=share.high_watermark, last_stable_offset=share.last_stable_offset,
             log_start_offset=share.log_start_offset, aborted_transactions=list(share.aborted_transactions),
@@ -278,6 +280,7 @@ class VirtualFetchFeature(Feature):
                     answers[part.key] = fetch.PartAnswer(error_code=error)
                 continue
             state.sessions.served.add((read.real, read.partition))
+            self.gaps.high_watermark(read.real, read.partition, partition.high_watermark)
             if partition.records:
                 self._bytes.labels(read.real).inc(len(partition.records))
             refused = {part.key for part in out_of_range.served(read, partition.log_start_offset)}
@@ -337,7 +340,17 @@ class VirtualFetchFeature(Feature):
                 composed = fetch.compose(outputs[wanted.index(part.share)], part.fetch_offset, read_end, now_ms)
                 answer.records = composed.records
                 self._count(part, composed, hit=False)
+                self._learn(part, composed)
             answers[part.key] = answer
+
+    def _learn(self, part: fetch.FetchPart, composed: fetch.Composed) -> None:
+        """What the answer's control batch passed holds no record of the share: its
+        committed offsets are lifted over that (``proxy.virtual.lag``)."""
+        if composed.skipped is None or part.share is None or not part.shares:
+            return
+        mark_k = part.shares + STRIPED_MARKS if isinstance(part.share, Stripe) else part.shares
+        self.gaps.learn(part.real, part.real_id, part.real_partition, mark_k, part.index % part.shares,
+                        *composed.skipped)
 
     def _count(self, part: fetch.FetchPart, composed: fetch.Composed, *, hit: bool) -> None:
         name = part.real

@@ -24,6 +24,10 @@ class VirtualTopicsMetrics:
         self.commits = Counter("kafka_proxy_virtual_commits", "Virtual partitions committed.", ["topic"], registry=r)
         self.txn_commits = Counter("kafka_proxy_virtual_txn_commits",
                                    "Virtual partitions committed inside transactions.", ["topic"], registry=r)
+        self.lifts = Counter("kafka_proxy_virtual_lifts",
+                             "Real partitions whose share watermarks the proxy lifted by itself over offsets holding "
+                             "none of their shares' records, once their commits went quiet (docs/virtual-topics.md#lag).",
+                             ["topic"], registry=r)
         self.txn_settles = Counter("kafka_proxy_virtual_txn_settles",
                                    "Committed transactions whose share watermarks were folded into the log and S "
                                    "moved.", registry=r)

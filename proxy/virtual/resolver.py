@@ -3,9 +3,10 @@ virtual topics, and which requests may name one at all.
 
 One ``VirtualResolver`` per proxy, built by the server and handed to each feature of the
 package (naming, refusals, Fetch, commits): the features stay apart by concern, the
-knowledge of which topics are virtual stays in one place. A real topic of a virtual
-topic's name always wins, so before a name is taken for a virtual one the view must have
-seen every real topic (``know``).
+knowledge of which topics are virtual stays in one place. So does what Fetch learns of
+which offsets hold no record of a share, which commits lift over (``gaps``,
+``proxy.virtual.lag``). A real topic of a virtual topic's name always wins, so before a
+name is taken for a virtual one the view must have seen every real topic (``know``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable
 import trio
 
 from proxy.pipeline import ClusterView, ConnectionContext, Request, RequestStage, Route
+from proxy.virtual.lag import ShareGaps
 from proxy.virtual.names import VirtualNames, VirtualTopic
 from proxy.virtual.precheck import Precheck
 from proxy.virtual.settings import VirtualTopicsSettings
@@ -37,6 +39,7 @@ class VirtualResolver:
         self.range_fetch_enabled = range_fetch_enabled
         self.names = VirtualNames(settings.suffix, settings.max_shares, settings.coop_suffix)
         self.precheck = Precheck(self.names.suffixes)  # which requests are decoded at all
+        self.gaps = ShareGaps()  # learnt by Fetch, read by the commits
         self._ids: dict[uuid.UUID, VirtualTopic] = {}
         self._ids_for: set[uuid.UUID] = set()
         self._last_refresh = -float("inf")
