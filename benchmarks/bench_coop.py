@@ -682,6 +682,7 @@ def run(report: dict, progress, args) -> None:
             written[topic] = _log_end(broker, topic)
         report["sizes"]["writing the topics"] = f"{time.monotonic() - began:.0f} s"
         report["hot_key_records"] = {f"N={n}": f"{k} of {s['hot_records'][n]}" for n, k in hot_records_of_key.items()}
+        report["settings"] = {"virtual.topics.enabled": "true"}  # off by default; the striped rows read T.coopK
         proxy = ProxyProcess.start(broker, overrides={"metrics.port": "0", "virtual.topics.enabled": "true"},
                                    workdir=workdir / "proxy")
         watch = _LogWatch(proxy)
