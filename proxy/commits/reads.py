@@ -6,6 +6,14 @@ shadow groups, ``proxy.commits.shadows``).
 Nothing is served from state older than the log: a read of a group's state reads its log
 partition up to its end first (``read``), and the coordinator's committed offset is S where
 the log holds no record of a partition.
+
+What committed transactions hold is read in the other order: the shadows first, then the
+log to its end. A range leaves a member's shadow only in the member's next transaction, and
+only once the log holds it (the shadow's next content is planned less what the log holds),
+so a range committed before the shadows were read is in what was read of them or in the log
+read after. Read the other way round, a range folded into the log and dropped from the
+shadow between the two reads would be in neither, and an offset committed once would look
+uncommitted (and be handed out again).
 """
 
 from __future__ import annotations
@@ -83,17 +91,19 @@ class CommittedReads:
 
     async def committed_state(self, group: str, key: TopicPartitionKey, *, with_shadows: bool = False
                               ) -> tuple[int, tuple[OffsetRange, ...]]:
-        """(S, R) of ``key``, the log read to its end first; S from the coordinator where
-        the log holds nothing (-1: nothing committed). ``with_shadows``: plus what committed
-        transactions hold that is not folded into the log yet. Raises ``CommitLogError``."""
-        await self.log.catch_up(group)
-        state = (await self.states(group, [key]))[key]
+        """(S, R) of ``key``, the log read to its end; S from the coordinator where the log
+        holds nothing (-1: nothing committed). ``with_shadows``: plus what committed
+        transactions hold that is not folded into the log yet (read before the log: see the
+        module docstring). Raises ``CommitLogError``."""
+        extra: dict[TopicPartitionKey, list[OffsetRange]] = {}
         if with_shadows:
             names = await self.range_shadows(group)
             if names:
                 extra, _pending = await self.shadowed_ranges(group, names, [key], require_stable=False)
-                if extra.get(key):
-                    state = apply_ranges(state, extra[key])
+        await self.log.catch_up(group)
+        state = (await self.states(group, [key]))[key]
+        if extra.get(key):
+            state = apply_ranges(state, extra[key])
         return state.stable, state.ranges
 
     async def states(self, group: str, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, CommitState]:
@@ -136,12 +146,14 @@ class CommittedReads:
 
     async def shadowed_ranges(self, group: str, names: list[str], keys: list[TopicPartitionKey], *, require_stable: bool
                               ) -> tuple[dict[TopicPartitionKey, list[OffsetRange]], set[TopicPartitionKey]]:
-        """What the committed range shadows ``names`` hold for ``keys`` beyond the log
-        (``read`` first), and the keys one of them holds pending in an open transaction
-        (asked with ``require_stable``)."""
+        """What the committed range shadows ``names`` hold for ``keys`` beyond the log, and
+        the keys one of them holds pending in an open transaction (asked with
+        ``require_stable``). The log is read to its end after the shadows (the module
+        docstring says why): the caller's states are those of the log as read now."""
         if not names or not keys:
             return {}, set()
         found = await self.shadow_offsets(group, {name: keys for name in names}, require_stable=require_stable)
+        await self.log.catch_up(group)
         return self.beyond_log(group, found)
 
     def beyond_log(self, group: str, found: ShadowAnswers) -> tuple[dict[TopicPartitionKey, list[OffsetRange]], set[TopicPartitionKey]]:

@@ -445,6 +445,8 @@ class IndividualCommitFeature(Feature):
         except (CommitLogError, ValueError) as exc:
             log.warning("transactional range shadows unreadable group=%s reason=%r", group, str(exc))
             return False
+        # the log as read after the shadows: what a shadow dropped meanwhile is in it
+        states.update(self.log.table.states(group))
         for key, ranges in extra.items():
             states[key] = apply_ranges(states.get(key, CommitState(-1)), ranges)
         if extra:
