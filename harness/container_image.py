@@ -198,20 +198,71 @@ class ImageConfig:
                    env, config.get("WorkingDir") or "/", tuple(sorted(config.get("ExposedPorts") or {})))
 
 
+@dataclass(frozen=True)
+class RootFs:
+    """A container's root filesystem, mounted on this host. Only root may look into
+    podman's store, so as another user each access goes through ``sudo -n``."""
+
+    path: Path
+
+    def _root(self, *command: str, input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([*_privileged(), *command], input=input, capture_output=True, text=True, timeout=60)
+
+    def exists(self, pattern: str) -> bool:
+        """Whether something inside matches ``pattern`` (a shell glob, relative to the root)."""
+        if os.geteuid() == 0:
+            return any(self.path.glob(pattern))
+        return self._root("sh", "-c", 'for f in "$0"/$1; do [ -e "$f" ] && exit 0; done; exit 1',
+                          str(self.path), pattern).returncode == 0
+
+    def write_text(self, relative: str, text: str) -> None:
+        if os.geteuid() == 0:
+            (self.path / relative).write_text(text)
+            return
+        done = self._root("tee", str(self.path / relative), input=text)
+        if done.returncode != 0:
+            raise ImageError(f"cannot write {relative} in the image's root filesystem: {done.stderr.strip()}")
+
+
 @contextmanager
-def mounted(podman: Podman, image: str, name: str) -> Iterator[Path]:
+def mounted(podman: Podman, image: str, name: str) -> Iterator[RootFs]:
     """The root filesystem of a new container of ``image`` (created, not started), writable;
     unmounted and removed afterwards."""
     podman.run("rm", "--force", name, check=False)  # left over by a run that was killed
     podman.run("create", "--name", name, image)
     try:
-        yield Path(podman.run("mount", name).stdout.strip())
+        yield RootFs(Path(podman.run("mount", name).stdout.strip()))
     finally:
         podman.run("umount", name, check=False)
         podman.run("rm", "--force", name, check=False)
 
 
-def start_in_rootfs(rootfs: Path, config: ImageConfig, args: Sequence[str], log_path: Path,
+def leaf_uids(pid: int) -> dict[int, int]:
+    """The real uid of each process at the bottom of the tree under ``pid`` (``pid`` itself
+    when it has no children), by pid: the command that was started, even through sudo."""
+    children: dict[int, list[int]] = {}
+    uids: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        uids[int(entry.name)] = int(fields["Uid"].split()[0])
+        children.setdefault(int(fields["PPid"]), []).append(int(entry.name))
+    found, stack = {}, [pid]
+    while stack:
+        each = stack.pop()
+        if each in children:
+            stack += children[each]
+        elif each in uids:
+            found[each] = uids[each]
+    return found
+
+
+def start_in_rootfs(rootfs: RootFs, config: ImageConfig, args: Sequence[str], log_path: Path,
                     env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """The image's entrypoint with ``args`` (in place of its command), chrooted into
     ``rootfs`` as the image's user, in its working directory and with only its environment
@@ -222,7 +273,7 @@ def start_in_rootfs(rootfs: Path, config: ImageConfig, args: Sequence[str], log_
     user = config.user if ":" in config.user else f"{config.user}:{config.user}"
     environment = [f"{name}={value}" for name, value in {**config.env, **(env or {})}.items()]
     command = [*_privileged(), shutil.which("env") or "/usr/bin/env", "-i", *environment,
-               shutil.which("chroot") or "/usr/sbin/chroot", f"--userspec={user}", str(rootfs),
+               shutil.which("chroot") or "/usr/sbin/chroot", f"--userspec={user}", str(rootfs.path),
                "/bin/sh", "-c", 'cd "$0" && exec "$@"', config.workdir, *config.entrypoint, *args]
     with open(log_path, "ab") as log:
         return spawn(command, stdout=log, stderr=subprocess.STDOUT)

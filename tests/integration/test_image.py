@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,10 @@ from harness.container_image import (
     ImageConfig,
     ImageError,
     Podman,
+    RootFs,
     build_image,
     ensure_base,
+    leaf_uids,
     missing_tools,
     mounted,
     start_in_rootfs,
@@ -78,7 +79,7 @@ def image(podman: Podman, tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def rootfs(podman: Podman, image: str) -> Iterator[Path]:
+def rootfs(podman: Podman, image: str) -> Iterator[RootFs]:
     with mounted(podman, image, f"keyrange-proxy-test-{os.getpid()}") as root:
         yield root
 
@@ -91,9 +92,9 @@ def test_the_image_runs_the_proxy_as_a_user_without_privileges_with_every_accele
     assert config.user == "10001:10001"  # numeric, for runAsNonRoot
     assert config.exposed == ("9192/tcp", "9404/tcp")
     # the runtime stage holds the virtualenv, without pip or a source tree
-    assert (rootfs / "opt/keyrange-proxy/bin/keyrange-proxy").is_file()
-    assert not list((rootfs / "opt/keyrange-proxy").glob("lib/python3*/site-packages/pip"))
-    assert not (rootfs / "src").exists()
+    assert rootfs.exists("opt/keyrange-proxy/bin/keyrange-proxy")
+    assert not rootfs.exists("opt/keyrange-proxy/lib/python3*/site-packages/pip")
+    assert not rootfs.exists("src")
 
     log = tmp_path / "version.log"
     process = start_in_rootfs(rootfs, config, ["--version"], log)
@@ -118,7 +119,7 @@ def test_a_client_is_served_by_the_proxy_in_the_image_configured_by_file_and_env
     node = kafka.nodes[0]
     # the file a pod mounts (deploy/sidecar.properties' shape), and variables beside it:
     # the port in the file is overridden by the environment
-    (rootfs / "etc/keyrange-proxy/proxy.properties").write_text(
+    rootfs.write_text("etc/keyrange-proxy/proxy.properties",
         "topology=sidecar\n"
         f"bootstrap.servers={kafka.bootstrap_servers}\n"
         "listen.host=127.0.0.1\n"
@@ -135,10 +136,8 @@ def test_a_client_is_served_by_the_proxy_in_the_image_configured_by_file_and_env
             return _status(f"http://127.0.0.1:{metrics_port}/readyz") == 200
 
         wait_until(ready, timeout=60, interval=0.2, what=lambda: f"ready; log:\n{log.read_text()[-3000:]}")
-        # it runs as the image's user, not as root
-        uid = next(line.split()[1] for line in Path(f"/proc/{process.pid}/status").read_text().splitlines()
-                   if line.startswith("Uid:"))
-        assert uid == "10001"
+        # it runs as the image's user, not as root (with sudo in between, as sudo's child)
+        assert list(leaf_uids(process.pid).values()) == [10001]
 
         count = 200
         ports, values = confluent_roundtrip({"bootstrap.servers": f"127.0.0.1:{port}"}, new_topic, count)
