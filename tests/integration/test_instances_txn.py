@@ -1,0 +1,141 @@
+"""Exactly-once members of a virtual range topic across several proxy instances
+(docs/high-availability.md): two port-per-broker replicas behind a load balancer, so every
+connection of every member (bootstrap, broker, group and transaction coordinators) lands on
+either replica: a member fetches ``T.kr4`` through one instance and commits its offsets in
+a transaction (TxnOffsetCommit of virtual partitions) through the other, and the group's
+next member reads what they committed through either.
+
+librdkafka members (``harness.rdkafka_txn_member``) relay ``T.kr4`` (T of one partition) to
+an output topic while a producer writes records straight to the broker, each transaction
+one output record per input record plus the offsets, every fifth aborted on purpose and
+redone. The committed output, read with read_committed once every member stopped, holds
+every acknowledged input exactly once and nothing of an aborted transaction
+(``harness.txn_output``):
+
+- with both replicas running;
+- with one replica killed -9 mid-stream (inside the members' transactions): the members'
+  connections through it close and reconnect through the balancer to the other.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from harness.history import History
+from harness.live import LiveProducer
+from harness.streams_app import StreamsAppError
+from harness.txn_output import TxnVerdict, check_output, read_output
+from tests.integration.replicas import Replicas, replicas_behind_balancer
+from tests.integration.test_txn_virtual import (
+    ABORT_EVERY,
+    FIRST_COMMIT_TIMEOUT,
+    JOIN_TIMEOUT,
+    KEYS,
+    OUTPUT_PARTITIONS,
+    OUTPUT_TIMEOUT,
+    SHARES,
+    _rdkafka,
+    _until,
+)
+
+pytestmark = [pytest.mark.kafka]
+
+RECORDS = 1500
+SECONDS = 10.0
+MEMBERS = 4  # one virtual partition of T.kr4 each
+SEED = 31
+
+
+def _run(kafka, replicas: Replicas, topic_factory, tmp_path, *, kill: bool) -> TxnVerdict:
+    topic = topic_factory(kafka, partitions=1)
+    output = topic_factory(kafka, partitions=OUTPUT_PARTITIONS)
+    source = f"{topic}.kr{SHARES}"
+    owned = {(source, v) for v in range(SHARES)}
+    group = f"txn-ha-{uuid.uuid4().hex[:8]}"
+    history = History()
+    producer = LiveProducer(kafka.bootstrap_servers, topic, history, records=RECORDS, seconds=SECONDS, seed=SEED,
+                            keys=KEYS)
+    fleet = _rdkafka(MEMBERS)(replicas.bootstrap_servers, source, output, group, workdir=tmp_path,
+                              abort_every=ABORT_EVERY, delay_ms=5)
+    began = time.monotonic()
+    timeline: list[str] = []
+    last: list[TxnVerdict] = []
+
+    def context() -> str:
+        return (f"{len(history.acks)} acknowledged; connections per replica {replicas.connections()}; "
+                f"{fleet.summary()}; errors: {fleet.problems()}" + (f"; {'; '.join(timeline)}" if timeline else ""))
+
+    def alive() -> None:
+        try:
+            fleet.check_alive()
+        except StreamsAppError as exc:
+            failure = f"a member of {group} reading {source} exited: {exc}\n{context()}"
+        else:
+            return
+        pytest.fail(failure, pytrace=False)
+
+    try:
+        fleet.start()
+        fleet.wait_assigned(owned, JOIN_TIMEOUT)
+        timeline.append(f"group settled at {time.monotonic() - began:.1f}s")
+        producer.start()
+        _until(lambda: all(m.committed() for m in fleet), FIRST_COMMIT_TIMEOUT,
+               lambda: f"every member committing a transaction ({context()})", alive)
+        timeline.append(f"every member committed at {time.monotonic() - began:.1f}s")
+        assert all(replicas.connections()), f"a replica served no connection: {context()}"
+        if kill:
+            _until(lambda: len(history.acks) >= RECORDS // 3, SECONDS,
+                   lambda: f"a third of the input acknowledged ({context()})", alive)
+            before = replicas.connections()
+            # the kill comes while a member is inside a transaction, when that happens within a moment
+            deadline = time.monotonic() + 3.0
+            while not any(m.in_transaction() for m in fleet) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert not producer.done, "the producer finished before the kill: not mid-stream"
+            inside = [m.name for m in fleet if m.in_transaction()]
+            replicas.kill(0)
+            timeline.append(f"replica 0 killed at {time.monotonic() - began:.1f}s with {inside} inside a "
+                            f"transaction; connections per replica before {before}")
+            _until(lambda: replicas.connections()[1] > before[1], 30,
+                   lambda: f"members reconnecting to the surviving replica ({context()})", alive)
+        producer.join(SECONDS + 60)
+        assert producer.failed == 0, producer.errors
+        assert len(history.acks) == RECORDS
+
+        def complete() -> bool:
+            last[:] = [check_output(history.acks, read_output(kafka.bootstrap_servers, output, timeout=20))]
+            return not last[0].lost or bool(last[0].duplicated or last[0].stray)  # a duplicate stays
+
+        _until(complete, OUTPUT_TIMEOUT,
+               lambda: f"the committed output holding every acknowledged record "
+                       f"({last[0].summary() if last else 'not read'}; {context()})",
+               alive, interval=1.0)
+        timeline.append(f"output complete at {time.monotonic() - began:.1f}s")
+        codes = fleet.stop()
+        assert codes == [0] * len(fleet), f"exit codes on SIGTERM {codes}: {context()}"
+    finally:
+        producer.stop()
+        fleet.close()
+    # every member stopped: every transaction ended; the final, committed output
+    verdict = check_output(history.acks, read_output(kafka.bootstrap_servers, output, timeout=30),
+                           aborted_writers=fleet.aborted_writers(), aborted_ranges=fleet.aborted_ranges())
+    planned = [t for m in fleet for t in m.aborted(planned=True)]
+    print(f"\n{'one replica killed' if kill else 'two replicas'}: {verdict.summary()}; {len(planned)} transactions "
+          f"aborted on purpose; {context()}")
+    assert verdict.acknowledged == RECORDS
+    assert verdict.ok(), f"{verdict.summary()}; {context()}"
+    assert planned, f"no transaction was aborted on purpose: {context()}"
+    assert verdict.redone > 0, f"no record of an aborted transaction was redone: {verdict.summary()}; {context()}"
+    return verdict
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("kill", [pytest.param(False, id="two-replicas"),
+                                  pytest.param(True, id="one-killed-mid-stream")])
+def test_transactional_members_on_two_instances_write_each_record_once(kafka, proxy_factory, topic_factory,
+                                                                       tmp_path, kill):
+    with replicas_behind_balancer(kafka, proxy_factory, 2) as replicas:
+        _run(kafka, replicas, topic_factory, tmp_path, kill=kill)
