@@ -47,6 +47,15 @@ def add_gap(gaps: Gaps, start: int, end: int, keep: int) -> Gaps:
     offsets wait in. An empty or negative interval changes nothing."""
     if start >= end or start < 0:
         return gaps
+    if gaps and start >= gaps[-1][0]:  # at the top, as reads come in order: no sort
+        low, high = gaps[-1]
+        if start > high:
+            out = (*gaps, (start, end))
+        elif end <= high:
+            return gaps
+        else:
+            out = (*gaps[:-1], (low, end))
+        return out[-keep:] if keep > 0 else ()
     kept: list[Gap] = []
     for low, high in gaps:
         if high < start or low > end:

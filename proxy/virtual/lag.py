@@ -35,8 +35,8 @@ from proxy.commits.state import Marks, lift_marks
 
 RealKey = tuple[str, int]  # (real topic, partition)
 
-GAPS_PER_SHARE = 8  # the highest stretches of a share kept: committed offsets wait near the log end
-MAX_PARTITIONS = 20_000  # real partitions whose shares' stretches are kept, least recently learnt dropped
+GAPS_PER_SHARE = 4  # the highest stretches of a share kept: committed offsets wait near the log end
+MAX_GAPS = 100_000  # stretches kept in all (about 120 bytes each), the least recently learnt partitions dropped
 MAX_GROUPS = 10_000  # groups an instance lifts by itself, least recently committed dropped
 QUIET_S = 1.0  # a partition's commits quiet this long: the proxy lifts it itself
 RETRY_S = 5.0  # a lift the coordinator refused is tried again after this long (with a fresh identity)
@@ -62,11 +62,12 @@ class ShareGaps:
 
     ``version(topic, partition)`` counts what was learnt of a partition, so a watcher can
     tell whether anything is new since it last looked. Bounded: ``per_share`` stretches
-    per share, ``max_partitions`` partitions (the least recently learnt dropped)."""
+    per share, ``max_gaps`` in all (the least recently learnt partitions dropped)."""
 
-    def __init__(self, per_share: int = GAPS_PER_SHARE, max_partitions: int = MAX_PARTITIONS) -> None:
+    def __init__(self, per_share: int = GAPS_PER_SHARE, max_gaps: int = MAX_GAPS) -> None:
         self.per_share = per_share
-        self.max_partitions = max_partitions
+        self.max_gaps = max_gaps
+        self.held = 0  # stretches kept
         self._known: OrderedDict[RealKey, _PartitionGaps] = OrderedDict()
         self._learnt = 0  # counts everything learnt: a partition's version is its last count, never repeated
 
@@ -79,10 +80,9 @@ class ShareGaps:
         key = (topic, partition)
         entry = self._known.get(key)
         if entry is None or entry.topic_id != topic_id:
-            entry = _PartitionGaps(topic_id)
-            self._known[key] = entry
-            while len(self._known) > self.max_partitions:
-                self._known.popitem(last=False)
+            if entry is not None:
+                self._drop(key)
+            entry = self._known[key] = _PartitionGaps(topic_id)
         else:
             self._known.move_to_end(key)
         before = entry.shares.get((mark_k, share), ())
@@ -90,6 +90,9 @@ class ShareGaps:
         if after == before:
             return False
         entry.shares[(mark_k, share)] = after
+        self.held += len(after) - len(before)
+        while self.held > self.max_gaps and len(self._known) > 1:
+            self._drop(next(iter(self._known)))
         entry.end = max(entry.end, end)
         self._learnt += 1
         entry.version = self._learnt
@@ -104,11 +107,16 @@ class ShareGaps:
             return
         for slot, gaps in list(entry.shares.items()):
             kept = tuple((start, min(end, high_watermark)) for start, end in gaps if start < high_watermark)
+            self.held += len(kept) - len(gaps)
             if kept:
                 entry.shares[slot] = kept
             else:
                 del entry.shares[slot]
         entry.end = high_watermark
+
+    def _drop(self, key: RealKey) -> None:
+        entry = self._known.pop(key)
+        self.held -= sum(len(gaps) for gaps in entry.shares.values())
 
     def of(self, topic: str, topic_id: uuid.UUID | None, partition: int, mark_k: int) -> dict[int, Gaps]:
         """Share -> its stretches, of ``topic``/``partition`` under ``mark_k`` (empty when

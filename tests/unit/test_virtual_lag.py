@@ -186,17 +186,22 @@ def test_what_lies_above_a_high_watermark_seen_is_forgotten():
 
 
 def test_gaps_are_bounded_and_kept_per_k():
-    gaps = lag.ShareGaps(per_share=2, max_partitions=3)
+    gaps = lag.ShareGaps(per_share=2, max_gaps=5)
     for start in range(0, 100, 10):
         gaps.learn("t", TOPIC_ID, 0, 4, 0, start, start + 5)
     gaps.learn("t", TOPIC_ID, 0, 1004, 0, 0, 100)  # the stripes of t.coop4: apart from t.kr4's shares
     assert gaps.of("t", TOPIC_ID, 0, 4) == {0: ((80, 85), (90, 95))}
     assert gaps.of("t", TOPIC_ID, 0, 1004) == {0: ((0, 100),)}
+    assert gaps.held == 3
     for partition in range(1, 4):
         gaps.learn("t", TOPIC_ID, partition, 4, 0, 0, 5)
     assert gaps.of("t", TOPIC_ID, 0, 4) == {}  # the least recently learnt partition went first
     assert gaps.version("t", 0) == 0
     assert gaps.of("t", TOPIC_ID, 3, 4) == {0: ((0, 5),)}
+    assert gaps.held == 3
+    gaps.learn("t", uuid.UUID(int=9), 3, 4, 0, 0, 5)  # the topic created again: its old stretches go
+    gaps.high_watermark("t", 2, 3)
+    assert gaps.held == 3 and gaps.of("t", TOPIC_ID, 2, 4) == {0: ((0, 3),)}
 
 
 def test_compose_reports_the_stretch_its_control_batch_passes():
