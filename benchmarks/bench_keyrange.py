@@ -7,12 +7,21 @@ standard consumer (Kafka's ConsumerPerformance) reading the whole partition; the
 client reading it directly is reported too. Reports, per N in ``--consumers``:
 - aggregate records/s delivered to the N range consumers, and its ratio to the direct rate;
 - broker read amplification: record bytes the proxy read from the broker for the
-  partition / the partition's size (with the records cache on, and with it off);
-- the proxy's peak RSS against ``max.bytes.key.range.results``.
+  partition / the partition's size;
+- the proxy's peak RSS and the result cache's peak bytes (``kafka_proxy_keyrange_cache_bytes``,
+  sampled every 0.25 s) against ``max.bytes.key.range.results``.
 
-Every round runs the direct reads and every N (cache on and off) once, in an order that
-rotates from round to round; each figure is the median over ``--rounds`` with its lowest
-and highest round. The 2 M records default keeps each read above a second.
+Contenders per N: the proxy's defaults (records cached, ``reserve.message.value.range.fetch=true``,
+and ``max.bytes.key.range.results`` 200 MiB), offsets only (``reserve.message.value.range.fetch=false``,
+the proposal's default), and records cached under each other cap of ``--cache-mb``. Every
+contender that is not the defaults names its non-default settings (``settings`` of its
+runs and summary). ``--slow-ms`` makes one of the N consumers wait that long after each
+fetch, so the others run ahead and the cache holds its shares until it comes: where the
+cap binds.
+
+Every round runs the direct reads and every contender once, in an order that rotates from
+round to round; each figure is the median over ``--rounds`` with its lowest and highest
+round. The 2 M records default keeps each read above a second.
 
 Run: ``.venv/bin/python -m benchmarks.bench_keyrange``; writes benchmarks/results/keyrange.json.
 """
@@ -37,6 +46,7 @@ from benchmarks.rounds import Row, rotation
 from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
 from harness.raw_client import RawClient
+from proxy.keyrange.settings import KeyRangeSettings
 from proxy.local_kafka import ProxyProcess, scratch_dir
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
@@ -61,7 +71,7 @@ def _produce(bootstrap: str, records: int, value_size: int) -> None:
     assert producer.flush(120) == 0
 
 
-def _consume(bootstrap: str, ranges, end: int, max_bytes: int, counts: list, slot: int) -> None:
+def _consume(bootstrap: str, ranges, end: int, max_bytes: int, counts: list, slot: int, pause: float = 0.0) -> None:
     with RawClient.connect(bootstrap, client_id=f"bench-{slot}") as client:
         topic_id = client.topic_id(TOPIC)
         position = delivered = 0
@@ -74,13 +84,19 @@ def _consume(bootstrap: str, ranges, end: int, max_bytes: int, counts: list, slo
                     if batch.header.base_offset + batch.header.last_offset_delta >= position:
                         delivered += batch.header.record_count
                     position = max(position, batch.header.next_offset)
+            if pause:
+                time.sleep(pause)  # the slow consumer: its work on what it fetched
         counts[slot] = delivered
 
 
-def _run_consumers(bootstrap: str, n: int | None, end: int, max_bytes: int) -> tuple[float, int]:
+def _run_consumers(bootstrap: str, n: int | None, end: int, max_bytes: int,
+                   slow_ms: float = 0.0) -> tuple[float, int]:
+    """``n`` raw clients (None: one, without ranges) reading [0, end); the first of several
+    waits ``slow_ms`` after each fetch. (seconds, records delivered)."""
     shares = [None] if n is None else [[share] for share in equal_shares(n)]
     counts = [0] * len(shares)
-    threads = [threading.Thread(target=_consume, args=(bootstrap, ranges, end, max_bytes, counts, i))
+    threads = [threading.Thread(target=_consume, args=(bootstrap, ranges, end, max_bytes, counts, i,
+                                                        slow_ms / 1000 if i == 0 and len(shares) > 1 else 0.0))
                for i, ranges in enumerate(shares)]
     began = time.perf_counter()
     for thread in threads:
@@ -112,17 +128,32 @@ def _partition_bytes(bootstrap: str, end: int) -> int:
     return size
 
 
+def _cache_bytes(metrics_url: str) -> float:
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    match = re.search(r"^kafka_proxy_keyrange_cache_bytes ([0-9.e+]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
 class RssSampler(threading.Thread):
-    def __init__(self, pid: int) -> None:
+    """The proxy's peak RSS (every 0.05 s) and, given its metrics, the result cache's peak
+    bytes (every 0.25 s: a scrape costs the proxy a little CPU)."""
+
+    def __init__(self, pid: int, metrics_url: str | None = None) -> None:
         super().__init__(daemon=True)
         self.process = psutil.Process(pid)
+        self.metrics_url = metrics_url
         self.peak = self.process.memory_info().rss
         self.baseline = self.peak
+        self.cache_peak = 0.0
         self.stop_event = threading.Event()
 
     def run(self) -> None:
+        ticks = 0
         while not self.stop_event.wait(0.05):
             self.peak = max(self.peak, self.process.memory_info().rss)
+            ticks += 1
+            if self.metrics_url and ticks % 5 == 0:
+                self.cache_peak = max(self.cache_peak, _cache_bytes(self.metrics_url))
 
 
 def _direct_java(bootstrap: str, end: int) -> float:
@@ -131,28 +162,47 @@ def _direct_java(bootstrap: str, end: int) -> float:
     return float(line.split(",")[9])  # fetch.nMsg.sec: the consume rate without the JVM start and group join
 
 
-def _through_proxy(cluster: KafkaCluster, workdir: Path, args: argparse.Namespace, n: int, cache_on: bool,
+DEFAULT_CACHE_MB = KeyRangeSettings().cache_bytes >> 20
+CACHED, OFFSETS = "records cached", "offsets only"
+
+
+def _settings(cache: str, cache_mb: int) -> dict[str, str]:
+    """The non-default proxy settings of a contender (the proxy's defaults: records cached,
+    the default cap)."""
+    settings = {}
+    if cache == OFFSETS:
+        settings["reserve.message.value.range.fetch"] = "false"
+    if cache_mb != DEFAULT_CACHE_MB:
+        settings["max.bytes.key.range.results"] = str(cache_mb << 20)
+    return settings
+
+
+def _through_proxy(cluster: KafkaCluster, workdir: Path, args: argparse.Namespace, n: int, cache: str, cache_mb: int,
                    end: int, partition_bytes: int) -> dict:
     """N range consumers through a proxy of their own, started cold for this run."""
-    overrides = {"metrics.port": "0", "max.bytes.key.range.results": str(args.cache_mb << 20),
-                 f"topic.{TOPIC}.reserve.message.value.range.fetch": "true" if cache_on else "false"}
-    proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides=overrides, workdir=workdir)
-    sampler = RssSampler(proxy.pid)
+    settings = _settings(cache, cache_mb)
+    proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides={"metrics.port": "0", **settings}, workdir=workdir)
+    sampler = RssSampler(proxy.pid, proxy.metrics_url)
     sampler.start()
     try:
-        seconds, delivered = _run_consumers(proxy.bootstrap_servers, n, end, args.max_bytes)
+        seconds, delivered = _run_consumers(proxy.bootstrap_servers, n, end, args.max_bytes, args.slow_ms)
         broker = _broker_bytes(proxy)
     finally:
         sampler.stop_event.set()
         sampler.join()
         proxy.stop()
-    return {"consumers": n, "records_cache": cache_on, "seconds": seconds, "records": delivered,
-            "records_per_s": delivered / seconds, "broker_read_amplification": broker / partition_bytes,
-            "proxy_rss_baseline_mb": sampler.baseline / 2**20, "proxy_rss_peak_mb": sampler.peak / 2**20}
+    if delivered != end:
+        raise RuntimeError(f"{_label(n, cache, cache_mb)} delivered {delivered} of {end} records")
+    return {"consumers": n, "records_cache": cache == CACHED, "settings": settings, "seconds": seconds,
+            "records": delivered, "records_per_s": delivered / seconds,
+            "broker_read_amplification": broker / partition_bytes,
+            "proxy_rss_baseline_mb": sampler.baseline / 2**20, "proxy_rss_peak_mb": sampler.peak / 2**20,
+            "cache_peak_mb": sampler.cache_peak / 2**20}
 
 
-def _label(n: int, cache_on: bool) -> str:
-    return f"N={n} cache={'on' if cache_on else 'off'}"
+def _label(n: int, cache: str, cache_mb: int) -> str:
+    settings = _settings(cache, cache_mb)
+    return f"N={n} {cache}" + (f" ({', '.join(f'{k}={v}' for k, v in settings.items())})" if settings else "")
 
 
 def _summary(rounds: list[dict], label: str) -> dict:
@@ -165,14 +215,15 @@ def _summary(rounds: list[dict], label: str) -> dict:
     to_raw = Row("", label, "records/s", rates, "direct_raw_client",
                  [r["direct_raw_client"]["records_per_s"] for r in rounds]).as_dict()
     amplification = Row("", label, "x", [run["broker_read_amplification"] for run in runs]).as_dict()
-    return {"consumers": runs[0]["consumers"], "records_cache": runs[0]["records_cache"],
-            "records_per_s": to_java["value"], "records_per_s_spread": to_java["spread"],
+    return {"label": label, "consumers": runs[0]["consumers"], "records_cache": runs[0]["records_cache"],
+            "settings": runs[0]["settings"], "records_per_s": to_java["value"], "records_per_s_spread": to_java["spread"],
             "seconds": [run["seconds"] for run in runs],
             "ratio_to_direct": to_java["ratio"], "ratio_to_direct_spread": to_java["ratio_spread"],
             "ratio_to_direct_raw_client": to_raw["ratio"], "ratio_to_direct_raw_client_spread": to_raw["ratio_spread"],
             "broker_read_amplification": amplification["value"],
             "broker_read_amplification_spread": amplification["spread"],
-            "proxy_rss_peak_mb": max(run["proxy_rss_peak_mb"] for run in runs)}
+            "proxy_rss_peak_mb": max(run["proxy_rss_peak_mb"] for run in runs),
+            "cache_peak_mb": max(run["cache_peak_mb"] for run in runs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--consumers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--max-bytes", type=int, default=1 << 20, help="fetch size of every consumer")
-    parser.add_argument("--cache-mb", type=int, default=200)
+    parser.add_argument("--cache-mb", type=int, nargs="+", default=[DEFAULT_CACHE_MB],
+                        help="max.bytes.key.range.results of the records-cached contenders, in MiB (the proxy's "
+                             f"default {DEFAULT_CACHE_MB} is not an override)")
+    parser.add_argument("--slow-ms", type=float, default=0.0,
+                        help="one of the N consumers waits this long after each fetch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path, default=RESULTS / "keyrange.json")
     args = parser.parse_args(argv)
@@ -197,10 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                    "setting through a proxy started cold for the run; ratios are per round, paired with that "
                    "round's direct runs, and reported as the median with the lowest and highest round"),
         "records": args.records, "value_size": args.value_size, "fetch_max_bytes": args.max_bytes,
-        "cache_bytes": args.cache_mb << 20, "rounds": [],
+        "cache_bytes": [mb << 20 for mb in args.cache_mb], "slow_consumer_ms": args.slow_ms, "rounds": [],
     }
-    configs = [(n, cache_on) for cache_on in (True, False) for n in args.consumers]
-    labels = ["direct_java", "direct_raw_client", *(_label(n, c) for n, c in configs)]
+    configs = [(n, CACHED, mb) for mb in args.cache_mb for n in args.consumers]
+    configs += [(n, OFFSETS, DEFAULT_CACHE_MB) for n in args.consumers]
+    labels = ["direct_java", "direct_raw_client", *(_label(*c) for c in configs)]
     with KafkaCluster.start(1, workdir=workdir / "kafka") as cluster:
         java_tools.create_topic(cluster.bootstrap_servers, TOPIC, partitions=1)
         _produce(cluster.bootstrap_servers, args.records, args.value_size)
@@ -217,21 +273,21 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, delivered = _run_consumers(cluster.bootstrap_servers, None, end, args.max_bytes)
                     this_round[label] = {"seconds": seconds, "records": delivered, "records_per_s": delivered / seconds}
                 else:
-                    n, cache_on = configs[labels.index(label) - 2]
-                    this_round[label] = _through_proxy(cluster, workdir / f"proxy-{number}-{n}-{cache_on}", args,
-                                                       n, cache_on, end, partition_bytes)
+                    n, cache, cache_mb = configs[labels.index(label) - 2]
+                    this_round[label] = _through_proxy(cluster, workdir / f"proxy-{number}-{labels.index(label)}",
+                                                       args, n, cache, cache_mb, end, partition_bytes)
             report["rounds"].append(this_round)
             print(f"round {number + 1}: direct Java {this_round['direct_java']['records_per_s']:,.0f}, raw "
                   f"{this_round['direct_raw_client']['records_per_s']:,.0f}; "
-                  + ", ".join(f"{_label(n, c)} {this_round[_label(n, c)]['records_per_s']:,.0f}" for n, c in configs)
+                  + ", ".join(f"{_label(*c)} {this_round[_label(*c)]['records_per_s']:,.0f}" for c in configs)
                   + " records/s", flush=True)
     report["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    report["runs"] = [_summary(report["rounds"], _label(n, c)) for n, c in configs]
+    report["runs"] = [_summary(report["rounds"], _label(*c)) for c in configs]
     for run in report["runs"]:
-        print(f"{_label(run['consumers'], run['records_cache'])}: {run['records_per_s']:,.0f} records/s, "
+        print(f"{run['label']}: {run['records_per_s']:,.0f} records/s, "
               f"x{run['ratio_to_direct']:.2f} of direct ({run['ratio_to_direct_spread'][0]:.2f}-"
               f"{run['ratio_to_direct_spread'][1]:.2f}), amplification {run['broker_read_amplification']:.2f}, "
-              f"RSS peak {run['proxy_rss_peak_mb']:.0f} MB", flush=True)
+              f"RSS peak {run['proxy_rss_peak_mb']:.0f} MB, cache peak {run['cache_peak_mb']:.0f} MB", flush=True)
     report["goals"] = {"ratio_at_4": ">= 0.5", "amplification_at_4_with_cache": "<= 1.1"}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")

@@ -5,7 +5,13 @@ Measures (each direct and through the proxy, alternating, ``--rounds`` times):
 - produce throughput: ProducerPerformance, 1 KB records, unthrottled
   (``--produce-rounds`` times, twice ``--rounds`` unless given: it varies most);
 - produce latency at a fixed rate (``--latency-rate-mb`` MB/s): the p99 the proxy adds;
-- proxy CPU seconds per MB forwarded (user + system of the proxy process).
+- proxy CPU seconds per MB forwarded (user + system of the proxy process), consumed and
+  produced.
+
+``--against KEY=VALUE`` (repeatable) runs a second proxy with those settings beside the
+first in every round (``--override`` sets both): what a non-default setting costs, as a
+ratio to the default proxy of the same round, under ``against`` in the report, its
+settings named there.
 
 Method. Both sides get the same workload and the same treatment:
 - one unrecorded consume each way first (the broker's JIT and page cache warm up on the
@@ -34,6 +40,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.benchmark import Benchmark
+from benchmarks.rounds import rotation
 from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
 from proxy.local_kafka import ProxyProcess, scratch_dir
@@ -71,6 +78,14 @@ def _readahead_counts(proxy: ProxyProcess) -> dict:
     return counts
 
 
+def _native_requests(proxy: ProxyProcess) -> int:
+    """Requests the proxy's native relay carried so far (``kafka_proxy_native_relay_requests_total``):
+    a proxy that carried none ran every frame on its event loop."""
+    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
+    match = re.search(r"^kafka_proxy_native_relay_requests_total ([0-9.e+]+)$", text, re.M)
+    return int(float(match.group(1))) if match else 0
+
+
 def _produce(bootstrap: str, topic: str, records: int, throughput: int = -1) -> dict:
     result = java_tools.producer_performance(bootstrap, topic, records, record_size=RECORD_SIZE,
                                              throughput=throughput, timeout=900,
@@ -103,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS / "proxy.json")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a proxy setting for the run (repeatable), e.g. socket.send.buffer.bytes=-1")
+    parser.add_argument("--against", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of a second proxy measured beside the first (repeatable)")
     args = parser.parse_args(argv)
 
     consume_records = args.consume_mb * 1024 * 1024 // RECORD_SIZE
@@ -116,72 +133,87 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"python": platform.python_version(), "cpus": psutil.cpu_count(),
                     "cpu": platform.processor() or platform.machine()},
         "record_size": RECORD_SIZE,
-        "method": ("one unrecorded consume each way first; the two runs of a round back to back, "
-                   "the first of them alternating between direct and proxy; ratio = median over "
+        "method": ("one unrecorded consume each way first; the runs of a round back to back, "
+                   "their order rotating from round to round; ratio = median over "
                    f"rounds of proxy/direct; {args.rounds} consume and latency rounds, "
                    f"{produce_rounds} produce rounds"),
+        "settings": dict(item.split("=", 1) for item in args.override),
     }
     with KafkaCluster.start(1, workdir=workdir / "kafka",
                             broker_properties={"num.partitions": "1"}) as cluster:
-        overrides = {"metrics.port": "0", **dict(item.split("=", 1) for item in args.override)}
-        proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides=overrides)
-        proxy_ps = psutil.Process(proxy.pid)
+        overrides = {"metrics.port": "0", **report["settings"]}
+        against = dict(item.split("=", 1) for item in args.against)
+        proxies = {"proxy": ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy",
+                                               overrides=overrides)}
+        other = "proxy (" + ", ".join(f"{k}={v}" for k, v in against.items()) + ")" if against else None
         try:
+            if other is not None:
+                proxies[other] = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "against",
+                                                    overrides={**overrides, **against})
+            proxy = proxies["proxy"]
+            processes = {name: psutil.Process(p.pid) for name, p in proxies.items()}
             java_tools.create_topic(cluster.bootstrap_servers, "bench-consume", partitions=1)
             print(f"filling bench-consume with {args.consume_mb} MB ...", flush=True)
             _produce(cluster.bootstrap_servers, "bench-consume", consume_records)
 
-            modes = {"direct": cluster.bootstrap_servers, "proxy": proxy.bootstrap_servers}
+            modes = {"direct": cluster.bootstrap_servers, **{name: p.bootstrap_servers for name, p in proxies.items()}}
 
             def in_turn(round_number: int) -> list[tuple[str, str]]:
-                order = list(modes.items())
-                return order if round_number % 2 == 0 else order[::-1]
+                return [(mode, modes[mode]) for mode in rotation(list(modes), round_number)]
+
+            def cpu_of(mode: str) -> float:
+                return _cpu_seconds(processes[mode]) if mode in processes else 0.0
+
+            def line(kind: str, runs: dict, key: str, unit: str) -> str:
+                return f"{kind}: " + ", ".join(f"{mode} {runs[mode][-1][key]:.1f} {unit}" for mode in modes)
 
             for bootstrap in modes.values():  # warm-up, not recorded
                 _consume(bootstrap, "bench-consume", consume_records)
-            consume = {"direct": [], "proxy": []}
-            cpu_per_mb = []
+            consume: dict[str, list[dict]] = {mode: [] for mode in modes}
             for round_number in range(args.rounds):
                 for mode, bootstrap in in_turn(round_number):
-                    before = _cpu_seconds(proxy_ps)
+                    before = cpu_of(mode)
                     run = _consume(bootstrap, "bench-consume", consume_records)
-                    if mode == "proxy":
-                        cpu_per_mb.append((_cpu_seconds(proxy_ps) - before) / run["mb"])
+                    run["cpu_ms_per_mb"] = 1000 * (cpu_of(mode) - before) / run["mb"]
                     consume[mode].append(run)
-                print(f"consume round {round_number}: direct {consume['direct'][-1]['mb_per_s']:.1f} MB/s, "
-                      f"proxy {consume['proxy'][-1]['mb_per_s']:.1f} MB/s", flush=True)
+                print(line(f"consume round {round_number}", consume, "mb_per_s", "MB/s"), flush=True)
             readahead = _readahead_counts(proxy)
 
-            produce = {"direct": [], "proxy": []}
+            produce: dict[str, list[dict]] = {mode: [] for mode in modes}
+            produced_mb = produce_records * RECORD_SIZE / 2**20
             for round_number in range(produce_rounds):
-                for mode, bootstrap in in_turn(round_number):
-                    topic = f"bench-produce-{mode}-{round_number}"
+                for index, (mode, bootstrap) in enumerate(in_turn(round_number)):
+                    topic = f"bench-produce-{round_number}-{index}"
                     java_tools.create_topic(cluster.bootstrap_servers, topic, partitions=1)
-                    produce[mode].append(_produce(bootstrap, topic, produce_records))
-                print(f"produce round {round_number}: direct {produce['direct'][-1]['mb_per_s']:.1f} MB/s, "
-                      f"proxy {produce['proxy'][-1]['mb_per_s']:.1f} MB/s", flush=True)
+                    before = cpu_of(mode)
+                    run = _produce(bootstrap, topic, produce_records)
+                    run["cpu_ms_per_mb"] = 1000 * (cpu_of(mode) - before) / produced_mb
+                    produce[mode].append(run)
+                print(line(f"produce round {round_number}", produce, "mb_per_s", "MB/s"), flush=True)
 
-            latency = {"direct": [], "proxy": []}
+            latency: dict[str, list[dict]] = {mode: [] for mode in modes}
             for round_number in range(args.rounds):
-                for mode, bootstrap in in_turn(round_number):
-                    topic = f"bench-latency-{mode}-{round_number}"
+                for index, (mode, bootstrap) in enumerate(in_turn(round_number)):
+                    topic = f"bench-latency-{round_number}-{index}"
                     java_tools.create_topic(cluster.bootstrap_servers, topic, partitions=1)
                     latency[mode].append(_produce(bootstrap, topic, latency_records, throughput=latency_rate))
-                print(f"latency round {round_number}: p99 direct {latency['direct'][-1]['p99_ms']} ms, "
-                      f"proxy {latency['proxy'][-1]['p99_ms']} ms", flush=True)
+                print(line(f"latency round {round_number}, p99", latency, "p99_ms", "ms"), flush=True)
+            report["native_relay_requests"] = {name: _native_requests(p) for name, p in proxies.items()}
         finally:
-            proxy.stop()
+            for running in proxies.values():
+                running.stop()
 
     def median(rows: list[dict], key: str) -> float:
         return statistics.median(row[key] for row in rows)
 
-    def throughput(runs: dict, records: int, goal: str) -> dict:
-        paired = [proxy["mb_per_s"] / direct["mb_per_s"] for direct, proxy in zip(runs["direct"], runs["proxy"])]
-        summary = {"records": records, "runs": runs,
+    def throughput(runs: dict, records: int, goal: str, mode: str = "proxy") -> dict:
+        paired = [proxy["mb_per_s"] / direct["mb_per_s"] for direct, proxy in zip(runs["direct"], runs[mode])]
+        summary = {"records": records, "runs": {"direct": runs["direct"], "proxy": runs[mode]},
                    "direct_mb_per_s": median(runs["direct"], "mb_per_s"),
-                   "proxy_mb_per_s": median(runs["proxy"], "mb_per_s"),
+                   "proxy_mb_per_s": median(runs[mode], "mb_per_s"),
                    "round_ratios": paired,
-                   "ratio": statistics.median(paired)}
+                   "ratio": statistics.median(paired),
+                   "proxy_cpu_ms_per_mb": median(runs[mode], "cpu_ms_per_mb")}
         summary["ratio_of_medians"] = summary["proxy_mb_per_s"] / summary["direct_mb_per_s"]
         summary["goal"] = goal
         return summary
@@ -189,6 +221,19 @@ def main(argv: list[str] | None = None) -> int:
     report["consume"] = throughput(consume, consume_records, ">= 0.90")
     report["consume"]["readahead"] = readahead
     report["produce"] = throughput(produce, produce_records, ">= 0.95")
+    if other is not None:
+        report["against"] = {"settings": against, "label": other}
+        for kind, runs, records in (("consume", consume, consume_records), ("produce", produce, produce_records)):
+            summary = throughput(runs, records, "", other)
+            del summary["goal"]
+            to_proxy = [o["mb_per_s"] / p["mb_per_s"] for p, o in zip(runs["proxy"], runs[other])]
+            summary["round_ratios_to_proxy"] = to_proxy
+            summary["ratio_to_proxy"] = statistics.median(to_proxy)
+            cpu_gap = [o["cpu_ms_per_mb"] - p["cpu_ms_per_mb"] for p, o in zip(runs["proxy"], runs[other])]
+            summary["cpu_ms_per_mb_minus_proxy"] = statistics.median(cpu_gap)
+            summary["cpu_ms_per_mb_minus_proxy_rounds"] = cpu_gap
+            report["against"][kind] = summary
+        report["against"]["latency"] = {"runs": latency[other], "p99_ms": median(latency[other], "p99_ms")}
     report["latency"] = {
         "rate_mb_per_s": args.latency_rate_mb,
         "records": latency_records,
@@ -198,11 +243,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     report["latency"]["p99_added_ms"] = report["latency"]["proxy_p99_ms"] - report["latency"]["direct_p99_ms"]
     report["latency"]["goal"] = "p99 added <= 1 ms"
-    report["proxy_cpu_seconds_per_mb"] = statistics.median(cpu_per_mb)
+    report["proxy_cpu_seconds_per_mb"] = report["consume"]["proxy_cpu_ms_per_mb"] / 1000
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("consume", "produce", "latency")}, indent=1, default=str)[:3000])
     print(f"proxy CPU per MB forwarded: {report['proxy_cpu_seconds_per_mb'] * 1000:.2f} ms")
+    if other is not None:
+        for kind in ("consume", "produce"):
+            summary = report["against"][kind]
+            print(f"{other}, {kind}: {summary['ratio_to_proxy']:.3f} x the default proxy "
+                  f"({min(summary['round_ratios_to_proxy']):.3f}-{max(summary['round_ratios_to_proxy']):.3f}), "
+                  f"CPU per MB {summary['cpu_ms_per_mb_minus_proxy']:+.3f} ms", flush=True)
     print(f"wrote {args.output}")
     return 0
 
