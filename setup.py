@@ -28,6 +28,7 @@ def _write_native_header() -> None:
     values = {
         "KEYS": table["KEYS"], "VERSIONS": table["VERSIONS"],
         "CLASS_PYTHON": int(native.PYTHON), "CLASS_OPAQUE": int(native.OPAQUE), "CLASS_PRODUCE": int(native.PRODUCE),
+        "CLASS_FETCH": int(native.FETCH),
         "CLASS_FLEXIBLE_HEADER": table["FLEXIBLE_HEADER"], "CLASS_GUARDED": table["GUARDED"],
         "CLASS_MASK": table["_CLASS_MASK"],
         "MAX_ARRAY_ELEMENTS": constants["MAX_ARRAY_ELEMENTS"], "MAX_TAGGED_FIELDS": constants["MAX_TAGGED_FIELDS"],

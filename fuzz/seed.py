@@ -272,6 +272,9 @@ def frames_seeds() -> list[Seed]:
             seeds.append((f"fetch-response-{_label(ex)}", bytes((control, 3, 40)) + frame_bytes(ex.response)))
         elif ex.api_key in (ApiKey.PRODUCE, ApiKey.METADATA, ApiKey.API_VERSIONS, ApiKey.OFFSET_COMMIT):
             seeds.append((f"request-{_label(ex)}", bytes((0, 0, 0)) + frame_bytes(ex.request)))
+        if ex.api_key == ApiKey.FETCH:  # which the native relay carries when it is plain
+            seeds.append((f"request-{_label(ex)}", bytes((0, 0, 0)) + frame_bytes(ex.request)))
+    seeds += [(label, bytes((0, 3, 40)) + frame_bytes(frame)) for label, frame in _fetch_requests()]
     stream = b"".join(frame_bytes(ex.request) for ex in golden[:6])
     seeds.append(("client-stream", bytes((1, 5, 2)) + stream))
     seeds.append(("oversized-prefix", bytes((1, 0, 0)) + struct.pack(">i", 5000) + b"\x00" * 64))
@@ -280,6 +283,37 @@ def frames_seeds() -> list[Seed]:
         control = (version - 12) << 2 if api_key == ApiKey.FETCH else (version - 10) << 5
         seeds.append((label, bytes((control, 3, 40)) + frame_bytes(frame)))
     return seeds
+
+
+def _fetch_requests() -> Iterator[tuple[str, bytes]]:
+    """Fetch requests the golden traffic lacks: with the proxy's extensions (key ranges at
+    the top level and on a partition, a cooperative partition), forgotten topics, and names
+    that may be a virtual topic's."""
+    request = messages.body_class(ApiKey.FETCH, "request")
+    ranges = [request.KeyRange(start=0, end=1 << 40)]
+    member = request.CooperativeMember(group_id="workers", member_id="m-1", generation_id=2)
+
+    def topic(cls: Any, version: int, name: str, **fields: Any) -> Any:
+        if version >= 13:
+            return cls(topic_id=uuid.uuid5(uuid.NAMESPACE_DNS, name), **fields)
+        return cls(topic=name, **fields)
+
+    for version in (11, 12, 13, 17):
+        for label, extension in (("plain", {}), ("top-ranges", {"top": ranges}), ("ranges", {"part": ranges}),
+                                 ("coop", {"coop": member})):
+            if version < 12 and extension:
+                continue
+            partition = request.FetchPartition(partition=0, fetch_offset=40, partition_max_bytes=1 << 20,
+                                               key_ranges=extension.get("part"), cooperative=extension.get("coop"))
+            body = messages.new_body(
+                ApiKey.FETCH, version, "request", max_wait_ms=500, min_bytes=1, max_bytes=50 << 20,
+                session_id=9, session_epoch=3, rack_id="rack-a",
+                topics=[topic(request.FetchTopic, version, "orders", partitions=[partition]),
+                        topic(request.FetchTopic, version, "orders.kr4", partitions=[partition])],
+                forgotten_topics_data=[topic(request.ForgottenTopic, version, "old", partitions=[1, 2])])
+            body.key_ranges = extension.get("top")
+            header = messages.new_request_header(ApiKey.FETCH, version, 21, "seed")
+            yield f"fetch-v{version}-{label}", messages.encode_request(header, body)
 
 
 def _commit_request(version: int, ranges: list[tuple[int, int]] | None, metadata: str | None = None) -> bytes:

@@ -19,7 +19,12 @@ the rewritable tail starts while the rest of the frame streams past the proxy. S
   every request goes through (``check_request_header_tags``) refuses what the codec
   refuses for it and counts what the codec decodes, and the native relay carries a
   request with a flexible header exactly when that check, given the bytes the relay
-  peeks at, accepts it.
+  peeks at, accepts it (a Fetch only when it is plain, too);
+* the native relay carries a Fetch request exactly when its Python reference
+  (``proxy.net.native_checks``) says it may, with and without the virtual-topic guard,
+  and never one the codec finds an extension in (key ranges, a cooperative partition) or
+  a name that may be a virtual topic's; and its walk over a Fetch response, arriving in
+  pieces, finds the tail where the Python walk does, and refuses what it refuses.
 
 Input: three control bytes, then the byte stream of size-prefixed frames. The first
 control byte holds the frame size limit (bits 0-1), the Fetch version the frames are read
@@ -30,9 +35,11 @@ other two are the sizes of the pieces the stream arrives in.
 
 from __future__ import annotations
 
+import uuid
+
 from fuzz.common import Choices, InvariantBroken, check_not_internal
 from proxy.features.addresses import rewrite_fetch_tail
-from proxy.net import native_table
+from proxy.net import native_checks, native_table
 from proxy.net.native_relay import _cpump
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
@@ -48,6 +55,7 @@ from proxy.protocol.framing import (
 from proxy.protocol.message_versions import (
     FETCH_FIRST_FLEXIBLE,
     FETCH_FIRST_NODE_ENDPOINTS,
+    FETCH_FIRST_TOPIC_ID,
     PRODUCE_FIRST_NODE_ENDPOINTS,
 )
 from proxy.protocol.peek import (
@@ -57,6 +65,7 @@ from proxy.protocol.peek import (
     produce_acks,
     walk_fetch_response,
 )
+from proxy.virtual.precheck import names_suffix
 
 # The limits a proxy may be configured with, down to the smallest max.frame.bytes allowed.
 FRAME_LIMITS = (DEFAULT_MAX_FRAME_BYTES, 1024, 4096, 1 << 16)
@@ -79,6 +88,24 @@ def _every_request_native() -> bytes | None:
 
 
 _EVERY_REQUEST_NATIVE = _every_request_native()
+
+# A guard as a proxy with virtual topics on hands the loop: the seeds name "orders" and "old"
+# (by name, or by ids made from their names), and "orders.kr4", a virtual topic.
+_GUARD = native_table.guard_blob([b".kr", b".coop"], [uuid.uuid5(uuid.NAMESPACE_DNS, "orders.kr4").bytes])
+_KNOWN = native_table.known_blob([uuid.uuid5(uuid.NAMESPACE_DNS, name).bytes for name in ("orders", "old")])
+
+
+def _fetch_native(guarded: bool) -> bytes:
+    """A table carrying Fetch as a production chain does: FETCH where the walk applies."""
+    table = native_table.new_table()
+    for version in range(NATIVE_VERSIONS):
+        cls = native_table.NativeClass.FETCH if version >= FIRST_FLEXIBLE_FETCH else native_table.NativeClass.OPAQUE
+        native_table.put(table, ApiKey.FETCH, version, native_table.entry(
+            cls, messages.request_header_flexible(ApiKey.FETCH, version), guarded))
+    return bytes(table)
+
+
+_FETCH_NATIVE = {guarded: _fetch_native(guarded) for guarded in (False, True)}
 
 
 class _Book:
@@ -240,8 +267,35 @@ def _check_header_tags(frame: bytes, api_key: int, version: int, header, refusal
         accepted = False
     if carried and not accepted:
         raise InvariantBroken("the native relay would carry a request whose header the check refuses")
-    if api_key != ApiKey.PRODUCE and accepted and not carried and len(frame) >= 8:
+    if api_key not in (ApiKey.PRODUCE, ApiKey.FETCH) and accepted and not carried and len(frame) >= 8:
         raise InvariantBroken("the native relay leaves to the event loop a request whose header the check accepts")
+
+
+def _check_native_fetch(frame: bytes, version: int, body) -> None:
+    """The native relay's reads of a Fetch request against their Python reference, and
+    against the codec: nothing it carries holds what a feature acts on."""
+    if _cpump is None:
+        return
+    peeked = SIZE_PREFIX.pack(len(frame)) + frame
+    for guarded in (False, True):
+        native = _cpump.fetch_request_plain(peeked, version, guarded, _GUARD, _KNOWN)
+        python = native_checks.fetch_request_plain(peeked, version, guarded, _GUARD, _KNOWN)
+        if native != python:
+            raise InvariantBroken(f"the native relay reads a Fetch v{version} as {native}, its reference as {python}")
+        table = _FETCH_NATIVE[guarded]
+        native = _cpump.classify(peeked, table, DEFAULT_MAX_FRAME_BYTES, _GUARD, _KNOWN)
+        python = native_checks.classify_fetch(peeked, table, DEFAULT_MAX_FRAME_BYTES, _GUARD, _KNOWN)
+        if native != python:
+            raise InvariantBroken(f"the native relay classes a Fetch v{version} {native}, its reference {python}")
+        if not native or body is None:
+            continue
+        partitions = [p for topic in body.topics for p in topic.partitions]
+        if body.key_ranges is not None or any(p.key_ranges is not None or p.cooperative is not None
+                                              for p in partitions):
+            raise InvariantBroken(f"the native relay would carry a Fetch v{version} with an extension")
+        names = [t.topic for t in [*body.topics, *(body.forgotten_topics_data or ())]]
+        if guarded and version < FETCH_FIRST_TOPIC_ID and any(names_suffix(n.encode(), b".kr") for n in names):
+            raise InvariantBroken(f"the native relay would carry a Fetch v{version} naming a virtual topic")
 
 
 def _check_request(frame: bytes) -> None:
@@ -263,6 +317,8 @@ def _check_request(frame: bytes) -> None:
             (header.request_api_key, header.request_api_version, header.correlation_id, header.client_id):
         raise InvariantBroken(f"header peek {peek} differs from the decoded header {header}")
     _check_header_tags(frame, peek.api_key, peek.api_version, header, refusal)
+    if peek.api_key == ApiKey.FETCH:
+        _check_native_fetch(frame, peek.api_version, body)
     if peek.api_key != ApiKey.PRODUCE:
         return
     try:
@@ -331,6 +387,10 @@ def _check_fetch_response(frame: bytes, version: int, sizes: tuple[int, int], bo
         streamed = None
     if streamed != tail:
         raise InvariantBroken(f"streaming walk found the tail at {streamed}, the complete walk at {tail}")
+    if _cpump is not None:
+        native = _cpump.fetch_response_tail(frame, version, sizes[0])
+        if native != tail:
+            raise InvariantBroken(f"the native relay's walk found the tail at {native}, the Python walk at {tail}")
     if tail is None:
         try:
             messages.decode_response(ApiKey.FETCH, version, frame)

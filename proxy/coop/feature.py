@@ -33,6 +33,7 @@ from proxy.coop.grants import Committed, KeyGrants, Span
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
+from proxy.pipeline.feature import NativePass
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import COOPERATIVE_FETCH_FEATURE, ErrorCode
@@ -108,6 +109,9 @@ class CooperativeFetchFeature(Feature):
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         return {ApiKey.FETCH: self.on_fetch}
+
+    def native_passes(self) -> Mapping[int, NativePass]:
+        return {ApiKey.FETCH: NativePass(untagged=True)}  # Cooperative is a tagged field of a partition
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:
         return {FEATURE: (1, 1)}

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from proxy.net.streams import Relay
 from proxy.pipeline.context import ConnectionContext
-from proxy.pipeline.feature import Feature, RequestStage, ResponseReads, ResponseStage, ResponseStageSpec
+from proxy.pipeline.feature import Feature, NativePass, RequestStage, ResponseReads, ResponseStage, ResponseStageSpec
 from proxy.pipeline.request import Request
 from proxy.pipeline.route import DecodedResponse, Route
 from proxy.protocol import messages
@@ -197,9 +197,15 @@ class AddressRewrite(Feature):
 
     def __init__(self, book: Advertiser) -> None:
         self.book = book
+        self._fetch_relays: dict[int, Relay] = {}
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         return {ApiKey.FETCH: self.relay_fetch}
+
+    def native_passes(self) -> Mapping[int, NativePass]:
+        # It reads nothing of a Fetch: the native relay walks the response as fetch_relay's
+        # walk does, and hands back a tail with tagged fields for its finish.
+        return {ApiKey.FETCH: NativePass(relay=self.fetch_relay)}
 
     def response_stages(self) -> Mapping[int, ResponseStageSpec]:
         # The leader hints are top-level tagged fields: a response without any needs no
@@ -221,15 +227,25 @@ class AddressRewrite(Feature):
     async def relay_fetch(self, ctx: ConnectionContext, request: Request) -> Route | None:
         """A Fetch no other feature claimed streams through; only its top-level tagged
         fields, where the leader hints live, are held back and rewritten in place."""
-        version = request.version
-        if version < FETCH_FIRST_NODE_ENDPOINTS:
+        relay = self.fetch_relay(request.version)
+        if relay is None:
             return None  # no addresses in the response: the default (opaque) relay
-        book = self.book
+        return Route(request.frame, relay=relay)
 
-        def walk(frame, size, filled):
-            return walk_fetch_response(frame, size, version, filled)
+    def fetch_relay(self, version: int) -> Relay | None:
+        """How a Fetch response of ``version`` is relayed: walked to its top-level tagged
+        fields, which are rewritten in as many bytes; None before they can hold leader hints."""
+        if version < FETCH_FIRST_NODE_ENDPOINTS:
+            return None
+        relay = self._fetch_relays.get(version)
+        if relay is None:
+            book = self.book
 
-        def finish(frame, tail):
-            return rewrite_fetch_tail(frame, tail, version, book)
+            def walk(frame, size, filled):
+                return walk_fetch_response(frame, size, version, filled)
 
-        return Route(request.frame, relay=Relay(walk, finish))
+            def finish(frame, tail):
+                return rewrite_fetch_tail(frame, tail, version, book)
+
+            relay = self._fetch_relays[version] = Relay(walk, finish)
+        return relay

@@ -25,6 +25,7 @@ from proxy.pipeline import (
     Route,
 )
 from proxy.pipeline.context import StateKey
+from proxy.pipeline.feature import NativePass
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import EXTENSION_TAG_BYTES, KEY_RANGE_FETCH_FEATURE
@@ -39,6 +40,12 @@ _MAX_INFLIGHT_READS = 10_000
 _STALE_READ_SECONDS = 60.0
 
 RANGES = StateKey("keyrange", ConnectionRanges)  # a connection's ranges and fetch sessions
+
+
+def _holds_sessions(ctx: ConnectionContext) -> bool:
+    """Whether the connection holds a key-range fetch session: its every Fetch is read."""
+    state = ctx.existing(RANGES)
+    return state is not None and bool(state.sessions.sessions)
 ReadKey = tuple[str, int, int, int]  # topic, partition, fetch offset, isolation level
 
 
@@ -91,6 +98,11 @@ class KeyRangeFetchFeature(Feature):
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         return {ApiKey.FETCH: self.on_fetch}
+
+    def native_passes(self) -> Mapping[int, NativePass]:
+        # Its ranges are tagged fields of the request; on a connection holding a key-range
+        # fetch session, a plain incremental Fetch keeps the session's ranges.
+        return {ApiKey.FETCH: NativePass(untagged=True, held=_holds_sessions)}
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:
         return {FEATURE: (1, 1)}

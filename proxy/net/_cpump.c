@@ -29,14 +29,26 @@
  *   no topic id is one of ``guard``'s (the ids the proxy handed out for virtual topics).
  *   A request whose names do not all fit in the peek (several topics, the first with its
  *   records) is the event loop's.
+ * - A Fetch is carried only when all of it is in the peek (up to FETCH_PEEK_MAX bytes), it
+ *   parses to its last byte, and its body holds no tagged field (the key-range and
+ *   cooperative extensions are tagged fields; a consumer sends none); marked CLASS_GUARDED,
+ *   only when no topic it names (Topics and ForgottenTopicsData) may be virtual by the
+ *   guard and, by id (v13+), each is one of ``known`` (the topics the proxy knows). Its
+ *   response (class 3, CLASS_FETCH: v16+, whose top-level tagged fields may hold leader
+ *   hints) is walked as it arrives, as proxy/protocol/peek.py's walk_fetch_response walks
+ *   it: the loop peeks at the structure between record sets and splices everything, and
+ *   passes the response on untouched to its end when its top-level tagged fields are
+ *   empty; otherwise, with everything before them sent, it reads them and hands them
+ *   back (size prefix and correlation id first), and the event loop sends them rewritten
+ *   in as many bytes.
  * - It stops only at frame boundaries (except when aborted): at the end of its time slice,
  *   after ``idle_ms`` with nothing to do, when woken through ``wake_fd`` (an eventfd: a
  *   total of 1 asks for a stop at the boundaries, 2 or more aborts at once), and at the
  *   first response that needs the interpreter (returned whole, with its request first in
  *   the flights handed back). Requests whose response has not begun are handed back.
  * - Bytes are spliced from socket to pipe to socket and never enter user space, except a
- *   response's first 8 bytes (size and correlation id, checked against its request) and the
- *   Produce responses it must look into.
+ *   response's first 8 bytes (size and correlation id, checked against its request), the
+ *   Produce responses it must look into, and the structure of a Fetch response it peeks at.
  *
  * It holds no Python object while the GIL is released; what it returns is built after.
  */
@@ -60,7 +72,13 @@
  * from proxy/net/native_table.py and proxy/protocol/constants.py, where they are declared. */
 #include "_native_table.h"
 #define API_PRODUCE 0
+#define API_FETCH 1
 #define PEEK_MAX 1024
+#define FETCH_PEEK_MAX 16384 /* a Fetch is read whole from the peek: 480 partitions of a full fetch */
+#define FETCH_FIRST_FLEXIBLE 12
+#define FETCH_FIRST_TOPIC_ID 13
+#define FETCH_LAST_REPLICA_ID 14
+#define WALK_WINDOW 4096 /* how far a Fetch response's walk peeks ahead of its position */
 #define TOPIC_ID_BYTES 16
 #define DONE_MAX 65536
 #define SPLICED_MIN 65536 /* the event loop splices requests from this size on: count them alike */
@@ -275,7 +293,26 @@ int produce_response_needs_python(const uint8_t *body, size_t size, int version)
 typedef struct {
     const uint8_t *blob;
     size_t len;
+    const uint8_t *known; /* Fetch: the ids of the topics the proxy knows, 16 bytes each, ascending */
+    size_t known_len;
 } guard_t;
+
+/* Whether ``id`` is one of the ``len`` bytes of sorted 16-byte ids at ``ids`` (by halves). */
+static int ids_hold(const uint8_t *ids, size_t len, const uint8_t *id)
+{
+    size_t low = 0, high = len / TOPIC_ID_BYTES;
+    while (low < high) {
+        size_t middle = (low + high) / 2;
+        int order = memcmp(ids + middle * TOPIC_ID_BYTES, id, TOPIC_ID_BYTES);
+        if (order == 0)
+            return 1;
+        if (order < 0)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return 0;
+}
 
 /* Whether ``name`` holds one of the guard's suffixes followed by a digit 1-9 (what a virtual
  * topic's name ends with: K >= 2 has no leading zero). Says yes for some real names, never
@@ -318,18 +355,16 @@ static int id_is_virtual(const uint8_t *id, const guard_t *guard)
         g += 1 + *g;
     if (g > g_end || (g_end - g) % TOPIC_ID_BYTES)
         return 1;
-    size_t low = 0, high = (size_t)(g_end - g) / TOPIC_ID_BYTES;
-    while (low < high) {
-        size_t middle = (low + high) / 2;
-        int order = memcmp(g + middle * TOPIC_ID_BYTES, id, TOPIC_ID_BYTES);
-        if (order == 0)
-            return 1;
-        if (order < 0)
-            low = middle + 1;
-        else
-            high = middle;
-    }
-    return 0;
+    return ids_hold(g, (size_t)(g_end - g), id);
+}
+
+/* Whether a Fetch may name topic ``id`` without the event loop: it is one of the topics the
+ * proxy knows (the guard's ``known``), and not a virtual one. */
+static int id_is_plain(const uint8_t *id, const guard_t *guard)
+{
+    if (guard->known_len % TOPIC_ID_BYTES)
+        return 0;
+    return ids_hold(guard->known, guard->known_len, id) && !id_is_virtual(id, guard);
 }
 
 /* A count of a Produce request's array: compact (elements + 1) from v9, int32 before.
@@ -437,6 +472,211 @@ static int produce_names_virtual(const uint8_t *frame, const uint8_t *end, int v
     return 0; /* no topics: nothing to refuse */
 }
 
+/* ------------------------------------------------------------------ Fetch requests
+ * Whole in the peek, read to their last byte: every tagged-field section of the body must
+ * be empty (the extensions the features read are tagged fields), and with the guard on,
+ * every topic named must clear it. proxy/net/native_checks.py is the same read in Python. */
+
+/* A canonical unsigned varint (as the codec reads one: at most 32 bits, no redundant zero
+ * byte); NULL when it is not, or runs past ``end``. */
+static const uint8_t *read_canonical(const uint8_t *p, const uint8_t *end, uint32_t *value)
+{
+    const uint8_t *start = p;
+    if (p == NULL || (p = read_uvarint(p, end, value)) == NULL)
+        return NULL;
+    return p - start > 1 && p[-1] == 0 ? NULL : p;
+}
+
+/* A count of a Fetch request's array: compact (elements + 1) from v12, int32 before. NULL
+ * when it runs past ``end``, is null, or is over MAX_ARRAY_ELEMENTS. */
+static const uint8_t *fetch_count(const uint8_t *p, const uint8_t *end, int flexible, uint32_t *count)
+{
+    if (p == NULL)
+        return NULL;
+    if (flexible) {
+        uint32_t length;
+        if ((p = read_canonical(p, end, &length)) == NULL || length == 0 || length - 1 > MAX_ARRAY_ELEMENTS)
+            return NULL;
+        *count = length - 1;
+        return p;
+    }
+    if (end - p < 4)
+        return NULL;
+    int32_t n = (int32_t)be32(p);
+    if (n < 0 || n > MAX_ARRAY_ELEMENTS)
+        return NULL;
+    *count = (uint32_t)n;
+    return p + 4;
+}
+
+/* A string (compact from v12, int16-prefixed before), not null; ``*at``/``*length`` its bytes. */
+static const uint8_t *fetch_string(const uint8_t *p, const uint8_t *end, int flexible, const uint8_t **at,
+                                   uint64_t *length)
+{
+    if (p == NULL)
+        return NULL;
+    if (flexible) {
+        uint32_t n;
+        if ((p = read_canonical(p, end, &n)) == NULL || n == 0)
+            return NULL;
+        *length = n - 1;
+    } else {
+        if (end - p < 2 || be16(p) < 0)
+            return NULL;
+        *length = (uint64_t)be16(p);
+        p += 2;
+    }
+    *at = p;
+    return skip(p, end, *length);
+}
+
+/* A tagged-field section (``p``: at its count) that must be empty. NULL when it does not
+ * parse; *plain set to 0 when it holds a field. */
+static const uint8_t *fetch_no_tags(const uint8_t *p, const uint8_t *end, int *plain)
+{
+    uint32_t count;
+    if ((p = read_canonical(p, end, &count)) == NULL || count > MAX_TAGGED_FIELDS)
+        return NULL;
+    if (count)
+        *plain = 0;
+    return p;
+}
+
+/* A topic a Fetch names, by id (v13+) or name: NULL when it does not parse; *plain set to 0
+ * when ``guarded`` and it may be virtual, or by id is not one the proxy knows. */
+static const uint8_t *fetch_topic(const uint8_t *p, const uint8_t *end, int version, int guarded,
+                                  const guard_t *guard, int *plain)
+{
+    if (p == NULL)
+        return NULL;
+    if (version >= FETCH_FIRST_TOPIC_ID) {
+        if (end - p < TOPIC_ID_BYTES)
+            return NULL;
+        if (guarded && !id_is_plain(p, guard))
+            *plain = 0;
+        return p + TOPIC_ID_BYTES;
+    }
+    const uint8_t *name;
+    uint64_t length;
+    if ((p = fetch_string(p, end, version >= FETCH_FIRST_FLEXIBLE, &name, &length)) == NULL)
+        return NULL;
+    if (guarded && name_may_be_virtual(name, (size_t)length, guard))
+        *plain = 0;
+    return p;
+}
+
+/* Whether the loop may carry a Fetch request (``frame``: from its size prefix, peeked up to
+ * ``end``): 0 when all of it is in these bytes, it parses to its last byte with every count
+ * within the limits, no tagged-field section of its body (top level, topics, partitions,
+ * forgotten topics) holds a field, and (``guarded``) no topic it names, in Topics or
+ * ForgottenTopicsData, may be virtual or, by id, is unknown to the proxy. 1 at the first
+ * field or topic that makes it the event loop's; -1 when these bytes end first or do not
+ * parse. Read in order, so that the answer is the same whatever follows that point. */
+static int fetch_request_plain(const uint8_t *frame, const uint8_t *end, int version, int guarded,
+                               const guard_t *guard)
+{
+    const int flexible = version >= FETCH_FIRST_FLEXIBLE;
+    int64_t size = (int32_t)be32(frame);
+    if (size < 8 || end - frame < size + 4)
+        return -1;
+    end = frame + 4 + size;
+    const uint8_t *p = frame + 12; /* size, api key, version, correlation id */
+    if (end - p < 2)
+        return -1;
+    int16_t client_len = be16(p);
+    p += 2;
+    if (client_len < -1 || (client_len > 0 && (p = skip(p, end, (uint64_t)client_len)) == NULL))
+        return -1;
+    if (flexible) { /* the header's tagged fields: the features read the body's */
+        uint32_t count, tag, length;
+        if ((p = read_canonical(p, end, &count)) == NULL || count > MAX_TAGGED_FIELDS)
+            return -1;
+        for (uint32_t i = 0; i < count; i++) {
+            p = read_canonical(read_canonical(p, end, &tag), end, &length);
+            if ((p = skip(p, end, length)) == NULL)
+                return -1;
+        }
+    }
+    /* replica id (to v14), max wait, min bytes, max bytes (v3+), isolation level (v4+),
+     * session id and epoch (v7+) */
+    p = skip(p, end, (uint64_t)((version <= FETCH_LAST_REPLICA_ID ? 4 : 0) + 4 + 4 + (version >= 3 ? 4 : 0) +
+                                (version >= 4 ? 1 : 0) + (version >= 7 ? 8 : 0)));
+    /* partition, current leader epoch (v9+), fetch offset, last fetched epoch (v12+), log
+     * start offset (v5+), partition max bytes */
+    const uint64_t partition_bytes = 4 + (version >= 9 ? 4 : 0) + 8 + (version >= 12 ? 4 : 0) + (version >= 5 ? 8 : 0) + 4;
+    uint32_t topics, partitions;
+    int plain = 1;
+    if ((p = fetch_count(p, end, flexible, &topics)) == NULL)
+        return -1;
+    for (uint32_t t = 0; t < topics; t++) {
+        if ((p = fetch_topic(p, end, version, guarded, guard, &plain)) == NULL)
+            return -1;
+        if (!plain)
+            return 1;
+        if ((p = fetch_count(p, end, flexible, &partitions)) == NULL)
+            return -1;
+        for (uint32_t i = 0; i < partitions; i++) {
+            if ((p = skip(p, end, partition_bytes)) == NULL)
+                return -1;
+            if (flexible && (p = fetch_no_tags(p, end, &plain)) == NULL)
+                return -1;
+            if (!plain)
+                return 1;
+        }
+        if (flexible && (p = fetch_no_tags(p, end, &plain)) == NULL)
+            return -1;
+        if (!plain)
+            return 1;
+    }
+    if (version >= 7) { /* forgotten topics: each a topic, its partitions (int32 each) */
+        if ((p = fetch_count(p, end, flexible, &topics)) == NULL)
+            return -1;
+        for (uint32_t t = 0; t < topics; t++) {
+            if ((p = fetch_topic(p, end, version, guarded, guard, &plain)) == NULL)
+                return -1;
+            if (!plain)
+                return 1;
+            if ((p = fetch_count(p, end, flexible, &partitions)) == NULL || (p = skip(p, end, 4 * (uint64_t)partitions)) == NULL)
+                return -1;
+            if (flexible && (p = fetch_no_tags(p, end, &plain)) == NULL)
+                return -1;
+            if (!plain)
+                return 1;
+        }
+    }
+    if (version >= 11) { /* rack id */
+        const uint8_t *rack;
+        uint64_t length;
+        if ((p = fetch_string(p, end, flexible, &rack, &length)) == NULL)
+            return -1;
+    }
+    if (flexible && (p = fetch_no_tags(p, end, &plain)) == NULL)
+        return -1;
+    if (!plain)
+        return 1;
+    return p == end ? 0 : -1;
+}
+
+/* How many bytes of a request the loop peeks at, from its first ``n``: a Fetch is read
+ * whole (up to FETCH_PEEK_MAX; a larger one is the event loop's anyway), of any other
+ * request the first PEEK_MAX bytes are enough. */
+static ssize_t peek_span(const uint8_t *peek, ssize_t n)
+{
+    if (n < 12 || be16(peek + 4) != API_FETCH)
+        return PEEK_MAX;
+    int64_t whole = (int64_t)(int32_t)be32(peek) + 4;
+    return whole > PEEK_MAX && whole <= FETCH_PEEK_MAX ? (ssize_t)whole : PEEK_MAX;
+}
+
+/* Peek at the client's next request into ``peek`` (FETCH_PEEK_MAX bytes): recv's answer. */
+static ssize_t peek_request(int fd, uint8_t *peek)
+{
+    ssize_t n = recv(fd, peek, PEEK_MAX, MSG_PEEK | MSG_DONTWAIT);
+    if (n == PEEK_MAX && peek_span(peek, n) > n)
+        n = recv(fd, peek, (size_t)peek_span(peek, n), MSG_PEEK | MSG_DONTWAIT);
+    return n;
+}
+
 /* How the loop may carry the request whose first ``n`` bytes (from its size prefix) are
  * ``peek``: CLASS_PYTHON when it may not, or cannot tell from these bytes (without the
  * CLASS_FLEXIBLE_HEADER and CLASS_GUARDED flags, which only the table holds). */
@@ -463,8 +703,185 @@ static int classify(const uint8_t *peek, ssize_t n, const uint8_t *classes, int6
             return CLASS_PYTHON;
         if ((entry & CLASS_GUARDED) && produce_names_virtual(peek, end, version, guard) != 0)
             return CLASS_PYTHON; /* it may name a virtual topic, or its names are not all here */
+    } else if (api_key == API_FETCH) {
+        if (cls == CLASS_FETCH && version < FETCH_FIRST_FLEXIBLE) /* the walk reads flexible responses only */
+            return CLASS_PYTHON;
+        if (fetch_request_plain(peek, end, version, entry & CLASS_GUARDED, guard) != 0)
+            return CLASS_PYTHON; /* an extension, maybe a virtual topic, or not all here */
     }
     return cls;
+}
+
+/* ------------------------------------------------------------------ Fetch responses
+ * A Fetch response (v12+) walked as it arrives, as proxy/protocol/peek.py's
+ * walk_fetch_response walks it, to where its top-level tagged fields begin: fixed fields,
+ * names and record sets are stepped over by their sizes, and only the varints (counts,
+ * lengths, tags) are read, from a peek at the socket. The same limits are refused. */
+
+enum { FW_TAG_COUNT, FW_TAG, FW_TAG_SIZE, FW_TOPICS, FW_NAME, FW_PARTITIONS, FW_ABORTED, FW_RECORDS, FW_TAIL };
+enum { AT_HEADER, AT_ABORTED, AT_PARTITION, AT_TOPIC }; /* whose tagged fields FW_TAG* walk */
+
+typedef struct {
+    int version;
+    int state, level; /* the varint read next, and whose tagged fields are walked */
+    uint32_t topics, partitions, aborted, tags; /* left at each level, the current one included */
+    int64_t pos, size; /* body offsets (after the size prefix): walked to, and the end */
+} fwalk_t;
+
+static void fw_start(fwalk_t *w, int version, int64_t size)
+{
+    memset(w, 0, sizeof *w);
+    w->version = version;
+    w->size = size;
+    w->pos = 4; /* the correlation id; the response header's tagged fields come next */
+    w->state = FW_TAG_COUNT;
+    w->level = AT_HEADER;
+}
+
+/* Step over ``n`` bytes: 0, or -1 past the end (the response ends inside a field). */
+static int fw_skip(fwalk_t *w, int64_t n)
+{
+    w->pos += n;
+    return w->pos <= w->size ? 0 : -1;
+}
+
+static int fw_tags(fwalk_t *w, int level)
+{
+    w->state = FW_TAG_COUNT;
+    w->level = level;
+    return 0;
+}
+
+static int fw_topic(fwalk_t *w)
+{
+    if (w->version < FETCH_FIRST_TOPIC_ID) {
+        w->state = FW_NAME;
+        return 0;
+    }
+    w->state = FW_PARTITIONS;
+    return fw_skip(w, TOPIC_ID_BYTES);
+}
+
+static int fw_partition(fwalk_t *w)
+{
+    w->state = FW_ABORTED;
+    return fw_skip(w, 4 + 2 + 8 + 8 + 8); /* index, error code, high watermark, last stable, log start */
+}
+
+static int fw_aborted(fwalk_t *w)
+{
+    if (w->aborted) {
+        fw_tags(w, AT_ABORTED);
+        return fw_skip(w, 8 + 8); /* producer id, first offset */
+    }
+    w->state = FW_RECORDS;
+    return fw_skip(w, 4); /* preferred read replica */
+}
+
+/* On past a tagged-field section. */
+static int fw_after_tags(fwalk_t *w)
+{
+    switch (w->level) {
+    case AT_HEADER:
+        w->state = FW_TOPICS;
+        return fw_skip(w, 4 + 2 + 4); /* throttle time, error code, session id */
+    case AT_ABORTED:
+        w->aborted--;
+        return fw_aborted(w);
+    case AT_PARTITION:
+        return --w->partitions ? fw_partition(w) : fw_tags(w, AT_TOPIC);
+    default: /* AT_TOPIC */
+        if (--w->topics)
+            return fw_topic(w);
+        w->state = FW_TAIL;
+        return 0;
+    }
+}
+
+/* Take the varint ``v`` the walk was at: 0, or -1 when the response is malformed. */
+static int fw_value(fwalk_t *w, uint32_t v)
+{
+    uint32_t elements = v ? v - 1 : 0; /* of a compact array (0: null), or a length's bytes */
+    int array = w->state == FW_TOPICS || w->state == FW_PARTITIONS || w->state == FW_ABORTED;
+    if (array && elements > MAX_ARRAY_ELEMENTS)
+        return -1;
+    switch (w->state) {
+    case FW_TAG_COUNT:
+        if (v > MAX_TAGGED_FIELDS)
+            return -1;
+        w->tags = v;
+        if (v == 0)
+            return fw_after_tags(w);
+        w->state = FW_TAG;
+        return 0;
+    case FW_TAG:
+        w->state = FW_TAG_SIZE;
+        return 0;
+    case FW_TAG_SIZE:
+        if (fw_skip(w, v) < 0)
+            return -1;
+        if (--w->tags == 0)
+            return fw_after_tags(w);
+        w->state = FW_TAG;
+        return 0;
+    case FW_TOPICS:
+        w->topics = elements;
+        if (elements == 0) {
+            w->state = FW_TAIL;
+            return 0;
+        }
+        return fw_topic(w);
+    case FW_NAME:
+        w->state = FW_PARTITIONS;
+        return fw_skip(w, elements);
+    case FW_PARTITIONS:
+        w->partitions = elements;
+        return elements ? fw_partition(w) : fw_tags(w, AT_TOPIC);
+    case FW_ABORTED:
+        w->aborted = elements;
+        return fw_aborted(w);
+    case FW_RECORDS:
+        if (fw_skip(w, elements) < 0)
+            return -1;
+        return fw_tags(w, AT_PARTITION);
+    default:
+        return -1;
+    }
+}
+
+/* Walk on over ``win``: the ``n`` (> 0) bytes of the body from w->pos that have arrived.
+ * Returns how far w->pos moved (every byte before it lies before the top-level tagged
+ * fields), 0 when the varint at w->pos is not whole in these bytes, -1 when the response is
+ * malformed. Stops at the tail, at a step past these bytes, or at a varint they cut. */
+static int64_t fw_walk(fwalk_t *w, const uint8_t *win, int64_t n)
+{
+    const int64_t start = w->pos;
+    while (w->state != FW_TAIL && w->pos - start < n) {
+        int64_t at = w->pos - start, i = at;
+        uint32_t v = 0;
+        int whole = 0;
+        for (int shift = 0; shift <= 28 && i < n; shift += 7) {
+            uint8_t b = win[i++];
+            if (shift == 28 && b > 0x0f) /* more than 32 bits */
+                return -1;
+            v |= (uint32_t)(b & 0x7f) << shift;
+            if (!(b & 0x80)) {
+                if (b == 0 && shift > 0) /* a redundant zero byte */
+                    return -1;
+                whole = 1;
+                break;
+            }
+        }
+        if (!whole) {
+            if (start + n >= w->size) /* these bytes run to the end: it is cut there */
+                return -1;
+            break;
+        }
+        w->pos += i - at;
+        if (fw_value(w, v) < 0)
+            return -1;
+    }
+    return w->pos - start;
 }
 
 /* ------------------------------------------------------------------ moving bytes */
@@ -523,7 +940,7 @@ static int mover_step(mover_t *m, int *want_src, int *want_dst)
 /* ------------------------------------------------------------------ the run */
 
 enum { REQ_PEEK, REQ_FORWARD };
-enum { RESP_IDLE, RESP_HEAD, RESP_SPLICE, RESP_READ, RESP_WRITE, RESP_HOLD };
+enum { RESP_IDLE, RESP_HEAD, RESP_SPLICE, RESP_READ, RESP_WRITE, RESP_HOLD, RESP_WALK, RESP_TAIL };
 
 typedef struct {
     /* arguments */
@@ -546,8 +963,11 @@ typedef struct {
     mover_t req_mover, resp_mover;
     uint8_t header[8];
     int header_filled;
-    uint8_t *buffer; /* a Produce response read whole: size prefix and body */
+    uint8_t *buffer; /* a Produce response read whole: size prefix and body; a Fetch response's tail */
     int64_t buffer_size, buffer_done;
+    fwalk_t walk; /* the Fetch response being walked (RESP_WALK) */
+    int lowat; /* the broker socket's SO_RCVLOWAT before a walk raised it; -1 when untouched */
+    int upstream_hup; /* poll saw the broker's end of stream */
     int64_t requests; /* forwarded in this run */
     int64_t spliced; /* of them, those of at least SPLICED_MIN bytes */
     int reason;
@@ -616,8 +1036,8 @@ static int step_requests(run_t *r, short *events_client, short *events_upstream,
     if (r->req_state == REQ_PEEK) {
         if (r->reason != R_NONE || r->count >= r->max_inflight)
             return 0;
-        uint8_t peek[PEEK_MAX];
-        ssize_t n = recv(r->client, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
+        uint8_t peek[FETCH_PEEK_MAX];
+        ssize_t n = peek_request(r->client, peek);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) {
                 *events_client |= POLLIN;
@@ -693,6 +1113,101 @@ static int transfer_buffer(run_t *r, int fd, int sending, short *events, int *pr
     return 1;
 }
 
+/* While a walk waits for a varint the peek cut, the broker's socket holds ``n`` bytes at
+ * least: it must wake the loop only once it holds more (POLLIN alone would at once). */
+static void lowat_above(run_t *r, ssize_t n)
+{
+    if (r->lowat < 0) {
+        int old = 1;
+        socklen_t length = sizeof old;
+        if (getsockopt(r->upstream, SOL_SOCKET, SO_RCVLOWAT, &old, &length) != 0)
+            old = 1;
+        r->lowat = old;
+    }
+    int want = (int)n + 1;
+    setsockopt(r->upstream, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want);
+}
+
+static void lowat_restore(run_t *r)
+{
+    if (r->lowat >= 0) {
+        setsockopt(r->upstream, SOL_SOCKET, SO_RCVLOWAT, &r->lowat, sizeof r->lowat);
+        r->lowat = -1;
+    }
+}
+
+/* A Fetch response on its way (RESP_WALK): what the walk has shown to lie before the
+ * top-level tagged fields is spliced on; the loop peeks at the socket only when everything
+ * before the walk's position has left it. At the tagged fields: passed on when empty (one
+ * zero byte, or none), else read for the event loop once all before them has gone out. */
+static int step_walk(run_t *r, short *events_client, short *events_upstream)
+{
+    fwalk_t *w = &r->walk;
+    mover_t *m = &r->resp_mover;
+    int any = 0;
+    for (;;) {
+        if (m->remaining > 0 || m->held > 0) {
+            int progress, through = move_frame(r, m, events_upstream, events_client, &progress,
+                                               "broker's stream ended inside a response", "relaying a response failed");
+            if (through < 0)
+                return -1;
+            any |= progress;
+            if (m->remaining > 0)
+                return any; /* the socket's next bytes are not the walk's yet */
+        }
+        int64_t left = w->size - w->pos;
+        if (w->state == FW_TAIL && left == 0) {
+            if (m->held > 0)
+                return any;
+            return complete_response(r, w->size + 4) < 0 ? -1 : 1;
+        }
+        if (left == 0) /* a varint past the end */
+            return fail(r, R_PROTOCOL, 0, "Fetch response ends inside a field");
+        uint8_t win[WALK_WINDOW];
+        ssize_t n = recv(r->upstream, win, (size_t)(left < WALK_WINDOW ? left : WALK_WINDOW), MSG_PEEK | MSG_DONTWAIT);
+        lowat_restore(r);
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EINTR)
+                return fail(r, R_BROKEN, errno, "relaying a response failed");
+            *events_upstream |= POLLIN;
+            return any;
+        }
+        if (n == 0)
+            return fail(r, R_BROKEN, 0, "broker's stream ended inside a response");
+        if (w->state == FW_TAIL) {
+            if (left == 1 && win[0] == 0) { /* no tagged field: nothing to rewrite */
+                m->remaining = 1;
+                w->pos = w->size;
+                any = 1;
+                continue;
+            }
+            if (m->held > 0) /* what comes before it must have reached the client first */
+                return any;
+            r->buffer = malloc((size_t)(8 + left));
+            if (r->buffer == NULL)
+                return fail(r, R_BROKEN, ENOMEM, "out of memory");
+            memcpy(r->buffer, r->header, 8); /* its size and correlation id, then the tail */
+            r->buffer_size = 8 + left;
+            r->buffer_done = 8;
+            r->resp_state = RESP_TAIL;
+            return 1;
+        }
+        int64_t moved = fw_walk(w, win, n);
+        if (moved < 0)
+            return fail(r, R_PROTOCOL, 0, "malformed Fetch response");
+        if (moved > 0) {
+            m->remaining = moved;
+            any = 1;
+            continue;
+        }
+        if (r->upstream_hup) /* the varint it waits for will never be whole */
+            return fail(r, R_BROKEN, 0, "broker's stream ended inside a response");
+        lowat_above(r, n);
+        *events_upstream |= POLLIN | POLLRDHUP;
+        return any;
+    }
+}
+
 /* The response side: the next response of the oldest request in flight. */
 static int step_responses(run_t *r, short *events_client, short *events_upstream)
 {
@@ -749,9 +1264,26 @@ static int step_responses(run_t *r, short *events_client, short *events_upstream
             if (write(r->resp_pipe_w, r->header, 8) != 8)
                 return fail(r, R_BROKEN, errno, "writing to the splice pipe failed");
             r->resp_mover.held = 8;
-            r->resp_mover.remaining = size - 4;
-            r->resp_state = RESP_SPLICE;
+            if (f->cls == CLASS_FETCH) {
+                fw_start(&r->walk, f->version, size);
+                r->resp_mover.remaining = 0;
+                r->resp_state = RESP_WALK;
+            } else {
+                r->resp_mover.remaining = size - 4;
+                r->resp_state = RESP_SPLICE;
+            }
         }
+    }
+    if (r->resp_state == RESP_WALK)
+        return step_walk(r, events_client, events_upstream);
+    if (r->resp_state == RESP_TAIL) {
+        int progress, through = transfer_buffer(r, r->upstream, 0, events_upstream, &progress,
+                                                "broker's stream ended inside a response");
+        if (through <= 0)
+            return through < 0 ? -1 : progress;
+        r->resp_state = RESP_HOLD;
+        r->reason = R_PYTHON_RESPONSE; /* it must be handed back whatever else stopped the run */
+        return 1;
     }
     if (r->resp_state == RESP_SPLICE) {
         int progress, through = move_frame(r, &r->resp_mover, events_upstream, events_client, &progress,
@@ -847,6 +1379,8 @@ static void run_loop(run_t *r)
             fail(r, R_BROKEN, errno, "poll failed");
             return;
         }
+        if (ready > 0 && (fds[2].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            r->upstream_hup = 1;
         if (ready > 0 && (fds[0].revents & POLLIN)) {
             uint64_t value = 0;
             if (read(r->wake, &value, sizeof value) == (ssize_t)sizeof value && value >= 2) {
@@ -896,22 +1430,30 @@ static PyObject *done_list(const run_t *r)
     return list;
 }
 
+/* The guard of a run or a peek from its two optional arguments (absent: empty). */
+static guard_t guard_of(const Py_buffer *guard, const Py_buffer *known)
+{
+    return (guard_t){.blob = guard->buf, .len = guard->buf ? (size_t)guard->len : 0,
+                     .known = known->buf, .known_len = known->buf ? (size_t)known->len : 0};
+}
+
 static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"client", "upstream", "wake", "classes", "flights", "max_frame", "max_inflight",
-                               "slice_ms", "idle_ms", "request_pipe", "response_pipe", "guard", NULL};
+                               "slice_ms", "idle_ms", "request_pipe", "response_pipe", "guard", "known", NULL};
     run_t r;
     memset(&r, 0, sizeof r);
-    Py_buffer classes, guard = {0};
+    Py_buffer classes, guard = {0}, known = {0};
     PyObject *flights;
     long long slice_ms, idle_ms, max_frame;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiy*O!LiLL(iiL)(iiL)|y*", keywords, &r.client, &r.upstream,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiy*O!LiLL(iiL)(iiL)|y*y*", keywords, &r.client, &r.upstream,
                                      &r.wake, &classes, &PyList_Type, &flights, &max_frame, &r.max_inflight,
                                      &slice_ms, &idle_ms, &r.req_pipe_r, &r.req_pipe_w, &r.req_capacity,
-                                     &r.resp_pipe_r, &r.resp_pipe_w, &r.resp_capacity, &guard))
+                                     &r.resp_pipe_r, &r.resp_pipe_w, &r.resp_capacity, &guard, &known))
         return NULL;
     r.classes = classes.buf;
-    r.guard = (guard_t){.blob = guard.buf, .len = guard.buf ? (size_t)guard.len : 0};
+    r.guard = guard_of(&guard, &known);
+    r.lowat = -1;
     r.max_frame = max_frame;
     r.slice_ns = slice_ms * 1000000;
     r.idle_ns = idle_ms < 0 ? INT64_MAX : idle_ms * 1000000;
@@ -920,6 +1462,7 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
     if (classes.len != KEYS * VERSIONS || r.max_inflight < 1 || carried > r.max_inflight) {
         PyBuffer_Release(&classes);
         PyBuffer_Release(&guard);
+        PyBuffer_Release(&known);
         PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes; flights at most max_inflight");
         return NULL;
     }
@@ -927,6 +1470,7 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
     if (r.ring == NULL) {
         PyBuffer_Release(&classes);
         PyBuffer_Release(&guard);
+        PyBuffer_Release(&known);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < carried; i++) {
@@ -938,7 +1482,8 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
                               &request_bytes, &start_ns)) {
             free(r.ring);
             PyBuffer_Release(&classes);
-        PyBuffer_Release(&guard);
+            PyBuffer_Release(&guard);
+            PyBuffer_Release(&known);
             return NULL;
         }
         f->api_key = api_key;
@@ -956,15 +1501,20 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
 
     Py_BEGIN_ALLOW_THREADS
     run_loop(&r);
+    lowat_restore(&r);
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&classes);
-        PyBuffer_Release(&guard);
+    PyBuffer_Release(&guard);
+    PyBuffer_Release(&known);
     PyObject *held = Py_None;
     Py_INCREF(held);
     if (r.resp_state == RESP_HOLD && r.buffer != NULL) {
         Py_DECREF(held);
-        held = PyBytes_FromStringAndSize((const char *)r.buffer + 4, (Py_ssize_t)(r.buffer_size - 4));
+        if (r.ring[r.head].cls == CLASS_FETCH) /* size prefix, correlation id, top-level tagged fields */
+            held = PyBytes_FromStringAndSize((const char *)r.buffer, (Py_ssize_t)r.buffer_size);
+        else /* the whole response, after its size prefix */
+            held = PyBytes_FromStringAndSize((const char *)r.buffer + 4, (Py_ssize_t)(r.buffer_size - 4));
     }
     free(r.buffer);
     PyObject *in_flight = held ? flights_list(&r) : NULL;
@@ -983,16 +1533,16 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
 static PyObject *py_peek(PyObject *self, PyObject *args)
 {
     int fd;
-    Py_buffer classes, guard = {0};
+    Py_buffer classes, guard = {0}, known = {0};
     long long max_frame;
-    if (!PyArg_ParseTuple(args, "iy*L|y*", &fd, &classes, &max_frame, &guard))
+    if (!PyArg_ParseTuple(args, "iy*L|y*y*", &fd, &classes, &max_frame, &guard, &known))
         return NULL;
-    const guard_t checks = {.blob = guard.buf, .len = guard.buf ? (size_t)guard.len : 0};
+    const guard_t checks = guard_of(&guard, &known);
     int cls = CLASS_PYTHON;
     int nothing = 0;
     if (classes.len == KEYS * VERSIONS) {
-        uint8_t peek[PEEK_MAX];
-        ssize_t n = recv(fd, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
+        uint8_t peek[FETCH_PEEK_MAX];
+        ssize_t n = peek_request(fd, peek);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             nothing = 1;
         else if (n >= 0)
@@ -1001,6 +1551,7 @@ static PyObject *py_peek(PyObject *self, PyObject *args)
     int bad = classes.len != KEYS * VERSIONS;
     PyBuffer_Release(&classes);
     PyBuffer_Release(&guard);
+    PyBuffer_Release(&known);
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes");
         return NULL;
@@ -1012,24 +1563,80 @@ static PyObject *py_peek(PyObject *self, PyObject *args)
 
 static PyObject *py_classify(PyObject *self, PyObject *args)
 {
-    Py_buffer frame, classes, guard = {0};
+    Py_buffer frame, classes, guard = {0}, known = {0};
     long long max_frame;
-    if (!PyArg_ParseTuple(args, "y*y*L|y*", &frame, &classes, &max_frame, &guard))
+    if (!PyArg_ParseTuple(args, "y*y*L|y*y*", &frame, &classes, &max_frame, &guard, &known))
         return NULL;
-    const guard_t checks = {.blob = guard.buf, .len = guard.buf ? (size_t)guard.len : 0};
+    const guard_t checks = guard_of(&guard, &known);
     int cls = -1;
     if (classes.len == KEYS * VERSIONS) {
-        Py_ssize_t n = frame.len < PEEK_MAX ? frame.len : PEEK_MAX; /* as much as the loop peeks */
-        cls = classify(frame.buf, n, classes.buf, max_frame, &checks);
+        ssize_t span = peek_span(frame.buf, frame.len); /* as much as the loop peeks */
+        cls = classify(frame.buf, frame.len < span ? frame.len : span, classes.buf, max_frame, &checks);
     }
     PyBuffer_Release(&frame);
     PyBuffer_Release(&classes);
     PyBuffer_Release(&guard);
+    PyBuffer_Release(&known);
     if (cls < 0) {
         PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes");
         return NULL;
     }
     return PyLong_FromLong(cls);
+}
+
+static PyObject *py_fetch_request_plain(PyObject *self, PyObject *args)
+{
+    Py_buffer frame, guard = {0}, known = {0};
+    int version, guarded;
+    if (!PyArg_ParseTuple(args, "y*ip|y*y*", &frame, &version, &guarded, &guard, &known))
+        return NULL;
+    const guard_t checks = guard_of(&guard, &known);
+    int plain = frame.len >= 12 ? fetch_request_plain(frame.buf, (const uint8_t *)frame.buf + frame.len, version,
+                                                      guarded, &checks)
+                                : -1;
+    PyBuffer_Release(&frame);
+    PyBuffer_Release(&guard);
+    PyBuffer_Release(&known);
+    return PyLong_FromLong(plain);
+}
+
+static PyObject *py_fetch_response_tail(PyObject *self, PyObject *args)
+{
+    Py_buffer body;
+    int version;
+    Py_ssize_t arriving;
+    if (!PyArg_ParseTuple(args, "y*in", &body, &version, &arriving))
+        return NULL;
+    int64_t tail = -1;
+    if (body.len >= 4 && version >= FETCH_FIRST_FLEXIBLE && arriving >= 1) {
+        /* As the loop walks it: peeks of at most WALK_WINDOW bytes of what has arrived, the
+         * body arriving ``arriving`` bytes at a time, and a byte more when a varint is cut. */
+        fwalk_t w;
+        fw_start(&w, version, body.len);
+        int64_t arrived = arriving;
+        while (w.state != FW_TAIL) {
+            int64_t left = w.size - w.pos, n = arrived - w.pos;
+            if (left == 0)
+                break;
+            if (n <= 0) {
+                arrived = w.pos + arriving;
+                continue;
+            }
+            n = n < left ? n : left;
+            n = n < WALK_WINDOW ? n : WALK_WINDOW;
+            int64_t moved = fw_walk(&w, (const uint8_t *)body.buf + w.pos, n);
+            if (moved < 0)
+                break;
+            if (moved == 0)
+                arrived = w.pos + n + 1;
+        }
+        if (w.state == FW_TAIL)
+            tail = w.pos;
+    }
+    PyBuffer_Release(&body);
+    if (tail < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(tail);
 }
 
 static PyObject *py_produce_response_needs_python(PyObject *self, PyObject *args)
@@ -1061,10 +1668,16 @@ static PyMethodDef methods[] = {
      "Relay frames between two sockets until a frame needs the interpreter (see the module's comment)."},
     {"peek", py_peek, METH_VARARGS,
      "How the loop may carry the next request on a socket (0: it may not), or None if nothing has arrived; "
-     "guard: as relay's."},
+     "guard, known: as relay's."},
     {"classify", py_classify, METH_VARARGS,
-     "How the loop would carry a request frame (from its size prefix; its first 1 KiB as peeked): 0 if not; "
-     "guard: as relay's."},
+     "How the loop would carry a request frame (from its size prefix; its first 1 KiB as peeked, a Fetch's "
+     "first 16 KiB): 0 if not; guard, known: as relay's."},
+    {"fetch_request_plain", py_fetch_request_plain, METH_VARARGS,
+     "fetch_request_plain(frame, version, guarded, guard=b'', known=b''): 0 when the loop may carry this Fetch "
+     "request frame (from its size prefix, all of it), 1 when it is the event loop's, -1 when it does not parse."},
+    {"fetch_response_tail", py_fetch_response_tail, METH_VARARGS,
+     "fetch_response_tail(body, version, arriving): where the loop's walk finds the top-level tagged fields of a "
+     "Fetch response body (after its size prefix) arriving that many bytes at a time, or None if malformed."},
     {"produce_response_needs_python", py_produce_response_needs_python, METH_VARARGS,
      "Whether a Produce response body (after its size prefix) has top-level tagged fields or is malformed."},
     {"produce_acks", py_produce_acks, METH_VARARGS,
@@ -1097,6 +1710,7 @@ PyMODINIT_FUNC PyInit__cpump(void)
     PyModule_AddIntConstant(m, "CLASS_PYTHON", CLASS_PYTHON);
     PyModule_AddIntConstant(m, "CLASS_OPAQUE", CLASS_OPAQUE);
     PyModule_AddIntConstant(m, "CLASS_PRODUCE", CLASS_PRODUCE);
+    PyModule_AddIntConstant(m, "CLASS_FETCH", CLASS_FETCH);
     PyModule_AddIntConstant(m, "CLASS_FLEXIBLE_HEADER", CLASS_FLEXIBLE_HEADER);
     PyModule_AddIntConstant(m, "CLASS_GUARDED", CLASS_GUARDED);
     PyModule_AddIntConstant(m, "MAX_ARRAY_ELEMENTS", MAX_ARRAY_ELEMENTS);

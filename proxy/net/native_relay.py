@@ -13,7 +13,10 @@ the table flags Produce GUARDED, and each run (and each peek) gets the guard as 
 loop checks every Produce's topic names. An id handed out while a run goes on is in the
 next run's guard, at most ``slice_ms`` later; a Produce naming it before then reaches the
 broker, which knows no such id and answers UNKNOWN_TOPIC_ID, and the client's retry is
-refused.
+refused. A plain Fetch (no tagged field in its body) is carried the same way, and by topic
+id only when it names topics the proxy knows (``known``, also asked at each run's start);
+the table a run gets is the connection's (``classes``): a connection holding a fetch
+session of a feature's has its every Fetch read by the event loop.
 
 A run starts only when a thread of the shared ``NativeRelayThreads`` is free; a connection
 that finds none goes on in the event loop, which is never worse than before. A run lasts
@@ -42,6 +45,7 @@ from proxy.net import native_table
 from proxy.net.streams import FrameStream
 from proxy.protocol.constants import MAX_ARRAY_ELEMENTS, MAX_TAGGED_FIELDS
 
+STARTERS = (0, 1)  # Produce and Fetch: the API keys a run starts on (``NativeRelay.starters``)
 # How a run ended (``RunResult.reason``), as metric labels.
 ENDINGS = ("slice", "idle", "request", "response", "woken", "aborted", "upstream_closed", "protocol", "broken")
 SLICE, IDLE, PYTHON_REQUEST, PYTHON_RESPONSE, WOKEN, ABORTED, UPSTREAM_CLOSED, PROTOCOL, BROKEN = range(9)
@@ -78,7 +82,9 @@ class RunResult:
     flights: list = field(default_factory=list)
     # requests answered: (api_key, request_bytes, response_bytes, latency_ns)
     answered: list = field(default_factory=list)
-    held: bytes | None = None  # PYTHON_RESPONSE: the response body of flights[0]
+    # PYTHON_RESPONSE: the response body of flights[0]; of a FETCH one, its size prefix,
+    # correlation id and top-level tagged fields (the loop sent the rest)
+    held: bytes | None = None
     forwarded: int = 0
     spliced: int = 0  # of them, those of 64 KiB or more (counted as the event loop counts its splices)
     message: str = ""
@@ -121,23 +127,22 @@ def native_now_ns() -> int:
 class NativeRelay:
     """One connection's native runs: its client and upstream streams (plain TCP both)."""
 
-    def __init__(self, client: FrameStream, upstream: FrameStream, threads: NativeRelayThreads, classes: bytes,
-                 *, max_frame_bytes: int, max_inflight: int, guard: Callable[[], bytes] | None = None) -> None:
-        """``guard``: the current guard of requests ``classes`` flags GUARDED
-        (``native_table.guard_blob``); without one, the loop leaves every such request to
-        the event loop."""
+    def __init__(self, client: FrameStream, upstream: FrameStream, threads: NativeRelayThreads,
+                 classes: Callable[[], bytes], *, max_frame_bytes: int, max_inflight: int,
+                 guard: Callable[[], bytes] | None = None, known: Callable[[], bytes] | None = None) -> None:
+        """``classes``: the table for the connection's next run. ``guard``: the current guard
+        of requests the table flags GUARDED (``native_table.guard_blob``), and ``known``: the
+        ids of the topics the proxy knows (``native_table.known_blob``); without them, the
+        loop leaves every such request naming a topic (by id) to the event loop."""
         self.client = client
         self.upstream = upstream
         self.threads = threads
         self.classes = classes
         self.guard = guard
+        self.known = known
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
-        # Runs start only on a Produce: the traffic whose rate makes the event loop's cost
-        # per frame matter. Once running, a run carries every request ``classes`` allows, so
-        # a producer's occasional other requests do not end it. A connection that only
-        # heartbeats never takes a thread, a pipe or an eventfd.
-        self.starters = native_table.only_key(classes, 0)  # Produce is API key 0
+        self._starters: dict[bytes, bytes] = {}  # a table -> its starters (tables are the chain's, few)
         self._wake = -1  # the eventfd a run polls, made on the first run
         self.last: RunResult | None = None
 
@@ -154,13 +159,28 @@ class NativeRelay:
         """Neither stream holds bytes of a frame the event loop has begun to read."""
         return self.client.buffered == 0 and self.upstream.buffered == 0
 
+    def starters(self, table: bytes) -> bytes:
+        """The part of ``table`` a run may start on: Produce and Fetch, the traffic whose
+        rate makes the event loop's cost per frame matter (a consumer never produces). Once
+        running, a run carries every request the table allows, so a client's occasional
+        other requests do not end it. A connection that only heartbeats never takes a
+        thread, a pipe or an eventfd."""
+        starters = self._starters.get(table)
+        if starters is None:
+            starters = self._starters[table] = native_table.only_keys(table, STARTERS)
+        return starters
+
     def peek(self) -> int | None:
         """How the native loop may carry the client's next request (0: it may not), or
         None when nothing of it has arrived. Reads nothing from the socket."""
-        return _cpump.peek(self.client.socket.fileno(), self.starters, self.max_frame_bytes, self._guard())
+        return _cpump.peek(self.client.socket.fileno(), self.starters(self.classes()), self.max_frame_bytes,
+                           self._guard(), self._known())
 
     def _guard(self) -> bytes:
         return self.guard() if self.guard is not None else b""
+
+    def _known(self) -> bytes:
+        return self.known() if self.known is not None else b""
 
     async def run(self, flights: list, nursery: trio.Nursery) -> RunResult:
         """One run, carrying ``flights`` on. ``nursery``: the connection's (outside the
@@ -180,14 +200,14 @@ class NativeRelay:
         holder: list = []
         client_fd, upstream_fd = self.client.socket.fileno(), self.upstream.socket.fileno()
         threads = self.threads
-        guard = self._guard()
+        classes, guard, known = self.classes(), self._guard(), self._known()
 
         def relay() -> None:
             holder.append(_cpump.relay(client=client_fd, upstream=upstream_fd, wake=self._wake,
-                                       classes=self.classes, flights=flights, max_frame=self.max_frame_bytes,
+                                       classes=classes, flights=flights, max_frame=self.max_frame_bytes,
                                        max_inflight=self.max_inflight, slice_ms=threads.slice_ms,
                                        idle_ms=threads.idle_ms, request_pipe=request_pipe,
-                                       response_pipe=response_pipe, guard=guard))
+                                       response_pipe=response_pipe, guard=guard, known=known))
 
         aborts, stops = trio.CancelScope(), trio.CancelScope()
         nursery.start_soon(self._wake_when_cancelled, aborts, 2)

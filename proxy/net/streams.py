@@ -494,6 +494,13 @@ class FrameStream:
             return
         await send_buffers(self._socket, (prefix, body))
 
+    async def send_rest(self, data: bytes | bytearray | memoryview) -> None:
+        """The end of a frame whose start went out already (the native relay's), as it is."""
+        if self._socket is None:
+            await self.stream.send_all(data)
+            return
+        await send_buffers(self._socket, (data,))
+
     async def aclose(self) -> None:
         self._close_pipe()
         with trio.CancelScope(shield=True):

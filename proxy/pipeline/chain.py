@@ -18,9 +18,17 @@ from collections.abc import Sequence
 
 from proxy.net import native_table
 from proxy.net.native_table import NativeClass
-from proxy.net.streams import OPAQUE
+from proxy.net.streams import OPAQUE, Relay
 from proxy.pipeline.context import ConnectionContext
-from proxy.pipeline.feature import Feature, NativeGuard, RequestStage, ResponseReads, ResponseStage, ResponseStageSpec
+from proxy.pipeline.feature import (
+    Feature,
+    NativeGuard,
+    NativePass,
+    RequestStage,
+    ResponseReads,
+    ResponseStage,
+    ResponseStageSpec,
+)
 from proxy.pipeline.request import Request, ResponseHook
 from proxy.pipeline.route import DecodedResponse, LocalAnswer, Route
 from proxy.pipeline.versions import clamp_api_versions
@@ -30,10 +38,44 @@ from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import RequestHeaderPeek
 from proxy.protocol.message_types import ApiVersionsResponse
-from proxy.protocol.message_versions import API_VERSIONS_FIRST_SUPPORTED_FEATURES
+from proxy.protocol.message_versions import API_VERSIONS_FIRST_SUPPORTED_FEATURES, FETCH_FIRST_FLEXIBLE
 from proxy.protocol.peek import produce_acks
 
 ACKS_NONE = 0  # a Produce with acks=0 gets no response from the broker
+# What the native loop checks of a request, by API key (proxy/net/_cpump.c): a stage's
+# NativePass may declare these, and ``held``, which the connection answers.
+_LOOP_CHECKS: dict[int, frozenset[str]] = {
+    ApiKey.PRODUCE: frozenset({"guard"}),
+    ApiKey.FETCH: frozenset({"untagged", "guard", "known", "relay"}),
+}
+
+
+class _NativeTerms:
+    """The native relay's terms for one API key whose requests some feature reads: what
+    every stage of the key declared it passes on (``Feature.native_passes``), merged."""
+
+    __slots__ = ("guard", "known", "held", "relay")
+
+    def __init__(self, passes: Sequence[NativePass]) -> None:
+        guards = {p.guard for p in passes if p.guard is not None}
+        knowns = {p.known for p in passes if p.known is not None}
+        relays = [p.relay for p in passes if p.relay is not None]
+        if len(guards) > 1 or len(knowns) > 1 or len(relays) > 1:
+            raise ValueError("the native relay takes one guard, one list of known ids and one relay per API key")
+        self.guard: NativeGuard | None = next(iter(guards), None)
+        self.known: NativeGuard | None = next(iter(knowns), None)
+        self.held = tuple(p.held for p in passes if p.held is not None)
+        self.relay = relays[0] if relays else None
+
+    @staticmethod
+    def checked(api_key: int, passes: Sequence[NativePass]) -> bool:
+        """Whether the loop checks of ``api_key`` everything ``passes`` declare."""
+        checks = _LOOP_CHECKS.get(api_key, frozenset())
+        for declared in passes:
+            asked = {name for name in ("untagged", "guard", "known", "relay") if getattr(declared, name)}
+            if not asked <= checks:
+                return False
+        return True
 
 
 class FeatureChain:
@@ -42,16 +84,17 @@ class FeatureChain:
         self._request_stages: dict[int, list[RequestStage]] = {}
         self._response_stages: dict[int, list[ResponseStageSpec]] = {}
         self.advertised: dict[str, tuple[int, int]] = {}
-        unguarded: set[int] = set()  # API keys with a request stage that acts on any request
-        guards: dict[int, list[NativeGuard]] = {}
+        undeclared: set[int] = set()  # API keys with a request stage that acts on any request
+        passes: dict[int, list[NativePass]] = {}
         for feature in self.features:
-            guarded_by = feature.native_guards()
+            passing = {**{key: NativePass(guard=guard) for key, guard in feature.native_guards().items()},
+                       **feature.native_passes()}
             for api_key, stage in feature.request_stages().items():
                 self._request_stages.setdefault(api_key, []).append(stage)
-                if api_key in guarded_by:
-                    guards.setdefault(api_key, []).append(guarded_by[api_key])
+                if api_key in passing:
+                    passes.setdefault(api_key, []).append(passing[api_key])
                 else:
-                    unguarded.add(api_key)
+                    undeclared.add(api_key)
             for api_key, declared in feature.response_stages().items():
                 spec = declared if isinstance(declared, ResponseStageSpec) else ResponseStageSpec(*declared)
                 self._response_stages.setdefault(api_key, []).append(spec)
@@ -77,11 +120,19 @@ class FeatureChain:
                 self._known[key] = (low, min(high, newest))
         self._stages_by_version: dict[tuple[int, int], list[ResponseStage]] = {}
         self._native_classes: bytes | None = None
-        # Produce's guard, when its only request stage acts on requests naming a virtual topic
-        # alone: the native relay then carries the others (``native_classes``).
-        produce_guards = guards.get(ApiKey.PRODUCE, [])
-        self.native_guard: NativeGuard | None = (
-            produce_guards[0] if len(produce_guards) == 1 and ApiKey.PRODUCE not in unguarded else None)
+        self._native_held: dict[frozenset[int], bytes] = {}
+        # The keys some feature reads whose every stage passes on what the loop can tell
+        # apart (``native_classes``): the native relay carries those requests.
+        self._native_terms = {key: _NativeTerms(declared) for key, declared in passes.items()
+                              if key not in undeclared and _NativeTerms.checked(key, declared)}
+        guards = {terms.guard for terms in self._native_terms.values() if terms.guard is not None}
+        if len(guards) > 1:  # one guard a run: a key guarded by another is the event loop's
+            self._native_terms = {key: terms for key, terms in self._native_terms.items() if terms.guard is None}
+        # The guard of the runs (virtual topics' names and ids), and the ids of the topics the
+        # proxy knows (a guarded Fetch names only those): None when nothing is guarded.
+        self.native_guard: NativeGuard | None = next(iter(guards)) if len(guards) == 1 else None
+        fetch_terms = self._native_terms.get(ApiKey.FETCH)
+        self.native_known: NativeGuard | None = fetch_terms.known if fetch_terms is not None else None
 
     # -- what the chain decodes -------------------------------------------------------------
     def reads_requests(self, api_key: int) -> bool:
@@ -178,30 +229,57 @@ class FeatureChain:
         request they name) or the chain answers or checks it; OPAQUE when no stage reads
         its response; PRODUCE for Produce when its stages read only top-level tagged
         fields (``ResponseReads.TOP_LEVEL_TAGS``), so the loop relays every response
-        without any untouched. A Produce whose one request stage acts only on requests
-        naming a virtual topic (``native_guard``) is carried too, flagged GUARDED: the
-        loop checks each request's topic names and leaves those that may name one to the
-        event loop. Flexible request headers are flagged
-        (``messages.request_header_flexible``): the loop leaves a request whose header
-        declares more than MAX_TAGGED_FIELDS tagged fields to the event loop, which refuses
-        it. Made once: the chain does not change, and every connection asks."""
+        without any untouched. A key whose every request stage declares which requests it
+        passes on (``Feature.native_passes``), in terms the loop checks for that key, is
+        carried too, the loop carrying only the requests that pass: a guard flags it
+        GUARDED (the loop checks each request's topic names against ``native_guard``, a
+        Fetch's topic ids against ``native_known`` too), and a Fetch whose stage relays its
+        response (``NativePass.relay``: the leader hints' rewrite) is FETCH (the loop walks
+        the response and hands back its top-level tagged fields when it has any). Flexible
+        request headers are flagged (``messages.request_header_flexible``): the loop leaves
+        a request whose header declares more than MAX_TAGGED_FIELDS tagged fields to the
+        event loop, which refuses it. Made once: the chain does not change, and every
+        connection asks."""
         if self._native_classes is None:
             self._native_classes = self._make_native_classes()
         return self._native_classes
 
+    def native_classes_for(self, ctx: ConnectionContext) -> bytes:
+        """The table for a run on this connection now: ``native_classes`` without the keys
+        whose stages hold every request of this connection (``NativePass.held``: its state,
+        such as a key-range fetch session, makes even a plain Fetch a feature's business)."""
+        table = self.native_classes()
+        held = frozenset(key for key, terms in self._native_terms.items() if any(h(ctx) for h in terms.held))
+        if not held:
+            return table
+        without = self._native_held.get(held)
+        if without is None:
+            without = table
+            for key in held:
+                without = native_table.without_key(without, key)
+            self._native_held[held] = without
+        return without
+
     def _make_native_classes(self) -> bytes:
         table = native_table.new_table()
         for api_key in range(native_table.KEYS):
-            guarded = api_key == ApiKey.PRODUCE and self.native_guard is not None
-            if (api_key in self._request_stages and not guarded) or api_key == ApiKey.API_VERSIONS:
+            terms = self._native_terms.get(api_key)
+            if (api_key in self._request_stages and terms is None) or api_key == ApiKey.API_VERSIONS:
                 continue
+            guarded = terms is not None and terms.guard is not None
             for version in range(native_table.VERSIONS):
                 if api_key in self._decoded_keys:
                     low, high = self._known.get(api_key, (0, -1))
                     if not low <= version <= high:
                         continue
                 specs = [spec for spec in self._response_stages.get(api_key, ()) if version >= spec.first_version]
-                if not specs:
+                if self.native_relay(api_key, version) is not None:
+                    # the stage's relay takes the response, as on the event loop (its route
+                    # has a relay: no response stage runs); the loop knows Fetch's walk only
+                    if api_key != ApiKey.FETCH or version < FETCH_FIRST_FLEXIBLE:
+                        continue
+                    cls = NativeClass.FETCH
+                elif not specs:
                     cls = NativeClass.OPAQUE
                 elif api_key == ApiKey.PRODUCE and all(s.reads is ResponseReads.TOP_LEVEL_TAGS for s in specs):
                     cls = NativeClass.PRODUCE
@@ -214,9 +292,19 @@ class FeatureChain:
     def native_route(self, ctx: ConnectionContext, api_key: int, version: int) -> Route:
         """The route of a request the native relay forwarded and hands back unanswered: its
         response handled as ``route`` would have had it."""
+        relay = self.native_relay(api_key, version)
+        if relay is not None:
+            return Route(None, relay=relay)
         if not self.response_stages(api_key, version):
             return Route(None, relay=OPAQUE)
         return self._complete_for(ctx, api_key, version, Route(None))
+
+    def native_relay(self, api_key: int, version: int) -> Relay | None:
+        """The relay a stage declared for the responses of the requests the native relay
+        carries (``NativePass.relay``), whose ``finish`` rewrites a tail the loop hands back;
+        None when none did."""
+        terms = self._native_terms.get(api_key)
+        return terms.relay(version) if terms is not None and terms.relay is not None else None
 
     def decode_own_response(self, ctx: ConnectionContext, api_key: int, version: int,
                             raw: bytes | bytearray) -> tuple[bytes | bytearray, DecodedResponse]:

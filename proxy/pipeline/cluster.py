@@ -46,6 +46,7 @@ class ClusterView:
         self.nodes: dict[int, Address] = {}
         self.topics: dict[str, TopicView] = {}
         self._names_by_id: dict[uuid.UUID, str] = {}
+        self.ids_generation = 0  # moves whenever the topic ids known change
         self.reader: MetadataReader | None = None  # set by the server once it can read
         self.answered = trio.Event()  # set once any broker has answered a Metadata request
         self._lookup_interval = lookup_interval
@@ -78,13 +79,19 @@ class ClusterView:
                 if view.topic_id is not None and view.topic_id != topic_id:
                     self._names_by_id.pop(view.topic_id, None)  # deleted and created again
                 view.topic_id = topic_id
-                self._names_by_id[topic_id] = name
+                if self._names_by_id.get(topic_id) != name:
+                    self._names_by_id[topic_id] = name
+                    self.ids_generation += 1
             view.leaders = {part.partition_index: part.leader_id for part in topic.partitions or ()}
         self.answered.set()
 
     # -- reading -------------------------------------------------------------------------------
     def name_of(self, topic_id: uuid.UUID) -> str | None:
         return self._names_by_id.get(topic_id)
+
+    def known_ids(self) -> Iterable[uuid.UUID]:
+        """The topic ids the view can name (``ids_generation`` moves when they change)."""
+        return self._names_by_id.keys()
 
     def id_of(self, name: str) -> uuid.UUID | None:
         view = self.topics.get(name)

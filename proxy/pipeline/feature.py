@@ -14,7 +14,9 @@ A feature is one module with one class that says, by API key:
 - which entries it adds to ApiVersions' SupportedFeatures (``advertised``);
 - which of its request stages act only on requests naming a virtual topic
   (``native_guards``), so the native relay may carry the others after checking their
-  names itself.
+  names itself; and, more generally, which requests a request stage passes on untouched
+  (``native_passes``: a Fetch with no tagged field in its body, off a connection holding
+  fetch sessions, ...), so the native relay may carry those.
 
 Features are listed once, in order, where the server is built (``proxy.server.app``); a
 request goes through the request stages of its API key in that order, and a decoded
@@ -30,6 +32,7 @@ import enum
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from proxy.net.streams import Relay
 from proxy.pipeline.context import ConnectionContext
 from proxy.pipeline.request import Request
 from proxy.pipeline.route import DecodedResponse, Route
@@ -59,6 +62,32 @@ class ResponseStageSpec:
     reads: ResponseReads = ResponseReads.WHOLE
 
 
+@dataclass(frozen=True, slots=True)
+class NativePass:
+    """Which requests of one API key a feature's request stage passes on untouched (the
+    stage returns None for them), so that the native relay (``proxy/net/_cpump.c``) may
+    carry them instead of the event loop. The loop checks each request against what is
+    declared here, and what it cannot check (``held``) is asked of the connection when a
+    run starts. The chain carries a request only when every stage of its key declares one,
+    and only what the loop can check for that key (``FeatureChain.native_classes``)."""
+
+    # the request's body holds no tagged field (the proxy's extensions are tagged fields):
+    # the loop reads every Fetch to its end for this, and no other request
+    untagged: bool = False
+    # it names no topic that may be virtual by this guard (Produce, Fetch)
+    guard: NativeGuard | None = None
+    # by topic id, it names only topics of these ids (``native_table.known_blob``; Fetch)
+    known: NativeGuard | None = None
+    # none while this says True of the connection: its state (fetch sessions) makes every
+    # request of the key the stage's
+    held: Callable[[ConnectionContext], bool] | None = None
+    # the stage reads nothing of the request: version -> the relay of its response, or None
+    # (``Route.relay``, whose ``finish`` rewrites the response's top-level tagged fields);
+    # the loop walks the response as that relay would, and hands back the tail when it has
+    # tagged fields (Fetch, whose walk the loop knows)
+    relay: Callable[[int], Relay | None] | None = None
+
+
 class Feature:
     """Base class of features: override what the feature needs, leave the rest empty."""
 
@@ -83,7 +112,13 @@ class Feature:
         suffix followed by a digit 1-9, no topic id is one it lists) would pass the stage
         untouched. The native relay then carries such requests, checking their names in C
         (Produce only: ``proxy/net/_cpump.c``), instead of leaving every one of them to the
-        event loop."""
+        event loop. The same as ``native_passes`` declaring ``NativePass(guard=...)``."""
+        return {}
+
+    def native_passes(self) -> Mapping[int, NativePass]:
+        """API key -> which requests this feature's request stage of that key passes on
+        untouched (``NativePass``), so the native relay may carry them; a key it leaves
+        out has every request through the stage on the event loop."""
         return {}
 
     def version_limits(self) -> Mapping[int, int]:

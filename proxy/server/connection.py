@@ -67,7 +67,7 @@ from proxy.protocol.framing import (
     peek_request_header,
 )
 from proxy.protocol.messages import request_header_flexible
-from proxy.server.exchange import Exchange, InflightLedger, Local, Relayed, ToSink
+from proxy.server.exchange import Exchange, InflightLedger, Local, Relayed, Tail, ToSink
 from proxy.server.limits import AUTHENTICATION_APIS, LogThrottle
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.native_runs import NativeRuns
@@ -223,9 +223,10 @@ class ClientConnection:
             self._upstream, self._exchanges = upstream, send_exchanges
             threads = self._native_threads
             if threads is not None and NativeRelay.usable(self.client, upstream, threads):
-                relay = NativeRelay(self.client, upstream, threads, self.chain.native_classes(),
+                chain, context = self.chain, self.context
+                relay = NativeRelay(self.client, upstream, threads, lambda: chain.native_classes_for(context),
                                     max_frame_bytes=self.max_frame_bytes, max_inflight=self.max_inflight,
-                                    guard=self.chain.native_guard)
+                                    guard=chain.native_guard, known=chain.native_known)
                 self._native = NativeRuns(relay, ledger=self._ledger, metrics=self.metrics, chain=self.chain,
                                           context=self.context, sending=self._sending, watch=self.watch)
             async with trio.open_nursery() as nursery:
@@ -487,6 +488,10 @@ class ClientConnection:
                 elif isinstance(source, Relayed):
                     # Passed on while it arrives, rewritten (if at all) in place.
                     size = await upstream.relay_frame(self.client, exchange.correlation_id, source.relay)
+                elif isinstance(source, Tail):
+                    # The native relay sent the rest: the tail goes on, rewritten in place.
+                    await self.client.send_rest(source.rest())
+                    size = source.size
                 else:
                     response, source.prefetched = source.prefetched, None
                     if response is None:

@@ -1,11 +1,12 @@
 """One request on its way through the proxy, and how its response will be produced.
 
 A client connection keeps its exchanges in request order. Each one says where its
-response comes from (``response``, one of four kinds): the next frame of the upstream
+response comes from (``response``, one of five kinds): the next frame of the upstream
 connection passed on while it arrives (``Relayed``) or received whole and perhaps
-rewritten (``Received``), an answer the proxy computes itself (``Local``), or, for a
-request of the proxy's own, the next upstream frame handed to a sink in the proxy and
-never to the client (``ToSink``). The writer side takes exchanges in order, so responses
+rewritten (``Received``), an answer the proxy computes itself (``Local``), for a request
+of the proxy's own, the next upstream frame handed to a sink in the proxy and never to the
+client (``ToSink``), or the end of a response the native relay passed on up to its
+rewritable tail (``Tail``). The writer side takes exchanges in order, so responses
 leave in request order whatever their source, as Kafka requires.
 
 ``InflightLedger`` counts what a connection has in flight, in one place.
@@ -53,7 +54,31 @@ class ToSink:
     sink: ResponseSink
 
 
-ResponseSource = Relayed | Received | Local | ToSink
+@dataclass(slots=True)
+class Tail:
+    """The native relay passed the response on up to its top-level tagged fields, and read
+    them: ``held`` is the response's size prefix, correlation id, then those fields. They go
+    on through ``relay.finish``, in as many bytes, as ``Relayed`` would have sent them."""
+
+    relay: Relay
+    held: bytes
+
+    @property
+    def size(self) -> int:
+        """The whole response's size (its size prefix's)."""
+        return int.from_bytes(self.held[:4], "big", signed=True)
+
+    def rest(self) -> bytes:
+        """What is left to send: the tail as ``relay.finish`` rewrites it (given the frame's
+        correlation id and its tail, the tail starting at 4)."""
+        assert self.relay.finish is not None, "a tail is handed back only to a relay that rewrites it"
+        end = self.relay.finish(self.held[4:], 4)
+        if len(end) != len(self.held) - 8:
+            raise AssertionError("a relayed tail must keep its length")
+        return end
+
+
+ResponseSource = Relayed | Received | Local | ToSink | Tail
 
 
 @dataclass(slots=True, eq=False)
@@ -78,11 +103,15 @@ class Exchange:
 
     @classmethod
     def of_route(cls, route: Route, *, api_key: int, api_version: int, correlation_id: int, received_at: float,
-                 request_bytes: int, prefetched: bytes | None = None) -> Exchange:
-        """A client's request as ``route`` has it answered."""
+                 request_bytes: int, prefetched: bytes | None = None, tail: bytes | None = None) -> Exchange:
+        """A client's request as ``route`` has it answered. ``prefetched``: its response, read
+        whole already; ``tail``: the end of it (``Tail.held``), the rest sent already (both by
+        the native relay, which handed them back)."""
         response: ResponseSource
         if route.local is not None:
             response = Local(route.local)
+        elif route.relay is not None and tail is not None:
+            response = Tail(route.relay, tail)
         elif route.relay is not None:
             assert prefetched is None, "a response read already cannot be relayed as it arrives"
             response = Relayed(route.relay)

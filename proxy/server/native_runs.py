@@ -13,6 +13,7 @@ import trio
 
 from proxy.net import native_relay
 from proxy.net.native_relay import NativeRelay, native_now_ns
+from proxy.net.native_table import NativeClass
 from proxy.pipeline.chain import FeatureChain
 from proxy.pipeline.context import ConnectionContext
 from proxy.protocol.errors import ProtocolError
@@ -115,11 +116,13 @@ class NativeRuns:
             return
         metrics = self.metrics
         now, now_ns = trio.current_time(), native_now_ns()
-        for api_key, version, correlation_id, _, request_size, started_ns in flights:
+        for api_key, version, correlation_id, cls, request_size, started_ns in flights:
             route = self.chain.native_route(self.context, api_key, version)
+            # a held response: whole (PRODUCE), or the tail of one the loop sent the rest of (FETCH)
+            tail = held if cls == NativeClass.FETCH else None
             exchange = Exchange.of_route(route, api_key=api_key, api_version=version, correlation_id=correlation_id,
                                          received_at=now - (now_ns - started_ns) / 1e9, request_bytes=request_size,
-                                         prefetched=held)
+                                         prefetched=None if tail is not None else held, tail=tail)
             held = None
             requests, request_bytes, _, _ = metrics.for_api(api_key)
             requests.inc()

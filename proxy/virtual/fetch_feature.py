@@ -14,8 +14,10 @@ from typing import Any, Protocol
 
 import trio
 
+from proxy.net.native_table import known_blob
 from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
 from proxy.pipeline.context import StateKey
+from proxy.pipeline.feature import NativePass
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
@@ -63,6 +65,12 @@ class _Connection:
 STATE = StateKey("virtual-fetch", _Connection)
 
 
+def _holds_sessions(ctx: ConnectionContext) -> bool:
+    """Whether the connection holds a fetch session of the proxy's: its every Fetch is read."""
+    state = ctx.existing(STATE)
+    return state is not None and bool(state.sessions.sessions)
+
+
 class VirtualFetchFeature(Feature):
     name = "virtual-fetch"
 
@@ -80,10 +88,25 @@ class VirtualFetchFeature(Feature):
         metrics = metrics or VirtualTopicsMetrics()
         self._records, self._reads, self._bytes = metrics.records, metrics.broker_reads, metrics.broker_bytes
         self._hits, self._skips = metrics.cache_hits, metrics.control_batches
+        self._known: tuple[int, bytes] | None = None  # _known_ids': (the cluster's ids generation, blob)
 
     def request_stages(self) -> Mapping[int, RequestStage]:
-        # Unguarded: a connection's own sessions decide (see on_fetch).
         return {ApiKey.FETCH: self.on_fetch}
+
+    def native_passes(self) -> Mapping[int, NativePass]:
+        # What on_fetch passes on untouched: a Fetch naming no virtual topic, by name or by
+        # an id the proxy knows (an id it does not know may be a virtual topic's another
+        # instance handed out), on a connection holding none of the proxy's fetch sessions.
+        return {ApiKey.FETCH: NativePass(guard=self.resolver.precheck.native_guard, known=self._known_ids,
+                                         held=_holds_sessions)}
+
+    def _known_ids(self) -> bytes:
+        """The ids of the topics the proxy knows (``native_table.known_blob``), made again
+        only when they change."""
+        generation = self.cluster.ids_generation
+        if self._known is None or self._known[0] != generation:
+            self._known = (generation, known_blob(topic_id.bytes for topic_id in self.cluster.known_ids()))
+        return self._known[1]
 
     # -- Fetch -----------------------------------------------------------------------------------
     def _names_unknown_id(self, request: Request) -> bool:

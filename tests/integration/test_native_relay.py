@@ -1,25 +1,30 @@
 """The native relay against real brokers: a Produce answered with leader hints (KIP-951)
 while the native loop carries the connection comes back to the event loop, which points
-the hints at the proxy; the connection goes on natively afterwards."""
+the hints at the proxy; the connection goes on natively afterwards. Consumers' plain
+Fetches are carried too (librdkafka, Kafka's Java consumer), their responses' leader hints
+handed back likewise, and Fetches with the proxy's extensions still reach their features."""
 
 from __future__ import annotations
 
 import re
 import threading
 import urllib.request
+import uuid
 
 from harness import java_tools
-from harness.raw_client import RawClient
+from harness.raw_client import RawClient, records_of
 from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
+from proxy.ranges import KeyRange
 from proxy.records.builder import build_batch, encode_record
 
 from .conftest import proxy_ports, real_ports
 from .test_proxy_failover import _leader
 
 PRODUCE_VERSION = 11
+_FETCH = messages.body_class(ApiKey.FETCH, "request")
 
 
 def _metric(proxy, pattern: str) -> float:
@@ -135,3 +140,131 @@ def test_with_virtual_topics_on_produce_stays_native_and_only_a_virtual_name_rea
     wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 5, timeout=10,
                what="five Produce requests to the real topic carried natively")
     assert _log_end(kafka, topic) == 6
+
+
+# -- consumers' Fetch ---------------------------------------------------------------------------
+def _produce_direct(cluster, topic: str, count: int, partitions: int) -> list[tuple[bytes, bytes]]:
+    """``count`` keyed records written to the brokers directly (no Produce through the proxy),
+    acknowledged every one."""
+    from confluent_kafka import Producer
+
+    sent = [(f"k{i}".encode(), f"v{i}-".encode() + b"x" * 200) for i in range(count)]
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "linger.ms": 5, "acks": "all",
+                         "batch.size": 32768})  # batches of ~150 records: many Fetches to read them
+    failures: list = []
+    for i, (key, value) in enumerate(sent):
+        producer.produce(topic, key=key, value=value, partition=i % partitions,
+                         on_delivery=lambda err, msg: err and failures.append(err))
+        producer.poll(0)
+    assert producer.flush(60) == 0 and not failures
+    return sent
+
+
+def _fetches(proxy) -> float:
+    return _metric(proxy, r'kafka_proxy_requests_total\{api="Fetch"\}')
+
+
+def test_a_librdkafka_consumer_fetches_on_the_native_relay(kafka, proxy_factory, topic_factory):
+    """A plain consumer (virtual topics on: its Fetches by topic id are checked against the
+    ids the proxy knows) has its Fetches carried by the native loop, and gets every record."""
+    from confluent_kafka import Consumer
+
+    proxy = proxy_factory(kafka, metrics_port="0")
+    topic = topic_factory(kafka, partitions=2)
+    sent = _produce_direct(kafka, topic, 20_000, 2)
+    carried, fetches = _metric(proxy, "kafka_proxy_native_relay_requests_total"), _fetches(proxy)
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                         "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 65536})
+    consumer.subscribe([topic])
+    received: list[tuple[bytes, bytes]] = []
+
+    def drained() -> bool:
+        for message in consumer.consume(1000, 0.5):
+            if not message.error():
+                received.append((message.key(), message.value()))
+        return len(received) >= len(sent)
+
+    try:
+        wait_until(drained, timeout=90, interval=0, what="every record consumed through the proxy")
+    finally:
+        consumer.close()
+    assert sorted(received) == sorted(sent)  # each record once
+    wait_until(lambda: _fetches(proxy) - fetches >= 20, timeout=10,
+               what=lambda: f"the consumer's Fetches counted (so far {_fetches(proxy) - fetches})")
+    # counted when its runs end (the consumer closing ends them); most Fetches were native
+    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried
+               >= (_fetches(proxy) - fetches) / 2, timeout=10, what="most Fetches carried by the native relay")
+
+
+def test_a_java_consumer_fetches_on_the_native_relay(kafka, proxy_factory, topic_factory):
+    """ConsumerPerformance (Kafka 4's consumer: Fetch v17+, whose responses may carry leader
+    hints: the loop walks each one) reads every record through the native relay."""
+    proxy = proxy_factory(kafka, metrics_port="0")
+    topic = topic_factory(kafka, partitions=2)
+    records = 30_000
+    _produce_direct(kafka, topic, records, 2)
+    carried, fetches = _metric(proxy, "kafka_proxy_native_relay_requests_total"), _fetches(proxy)
+    result = java_tools.consumer_performance(proxy.bootstrap_servers, topic, records, timeout=120,
+                                             consumer_config={"max.partition.fetch.bytes": "65536"})
+    line = [row for row in result.stdout.splitlines() if re.match(r"^\d{4}-", row)][-1]
+    assert int(line.split(",")[4].strip()) == records  # data.consumed.in.nMsg
+    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried
+               >= (_fetches(proxy) - fetches) / 2 >= 2, timeout=10,
+               what=lambda: "most Fetches carried by the native relay (native "
+                            f"{_metric(proxy, 'kafka_proxy_native_relay_requests_total') - carried:g}, Fetches "
+                            f"{_fetches(proxy) - fetches:g})")
+
+
+def test_key_range_fetches_go_to_the_event_loop_between_native_plain_ones(kafka, proxy_factory, topic_factory):
+    """On one connection: plain Fetches are carried natively; a Fetch with key ranges (a
+    tagged field) stops the run and is filtered on the event loop; the next plain one is
+    native again."""
+    proxy = proxy_factory(kafka, metrics_port="0")
+    topic = topic_factory(kafka, partitions=1)
+    _produce_direct(kafka, topic, 200, 1)
+    node = kafka.nodes[0].node_id
+    carried = _metric(proxy, "kafka_proxy_native_relay_requests_total")
+    with RawClient("127.0.0.1", proxy.node_ports[node]) as client:
+        client.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
+        topic_id = client.topic_id(topic)  # ends the setup; the proxy learns the topic's id
+        outcomes = []
+        for ranges in (None, None, [KeyRange(0, (1 << 62) - 1)], None, None):
+            partition = client.range_fetch(topic_id, 0, 0, ranges)
+            delivered, _ = records_of(partition.records)
+            outcomes.append((partition.error_code, partition.key_ranges_applied is not None, len(delivered)))
+    half = [o for o in outcomes if o[1]]
+    assert [o[:2] for o in outcomes] == [(0, False), (0, False), (0, True), (0, False), (0, False)]
+    assert all(o[2] == 200 for o in outcomes if not o[1]) and 0 < half[0][2] < 200  # filtered: about half
+    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 4, timeout=10,
+               what="the four plain Fetches carried natively")
+
+
+def test_leader_hints_of_a_natively_relayed_fetch_point_at_the_proxy(kafka_cluster, proxy_factory, topic_factory):
+    """A Fetch v17 to a broker holding no replica of the partition (a follower would serve
+    it) is answered NOT_LEADER_OR_FOLLOWER with leader hints in the response's top-level
+    tagged fields: the loop passes the response on up to them and hands them back to the
+    event loop, which rewrites them in as many bytes."""
+    proxy = proxy_factory(kafka_cluster, metrics_port="0")
+    topic = topic_factory(kafka_cluster, partitions=1, replication_factor=1)
+    leader = _leader(kafka_cluster, topic)
+    other = next(node.node_id for node in kafka_cluster.nodes if node.node_id != leader)
+    handed_back = _metric(proxy, r'kafka_proxy_native_relay_runs_total\{ended="response"\}')
+    carried = _metric(proxy, "kafka_proxy_native_relay_requests_total")
+    with RawClient("127.0.0.1", proxy.node_ports[other]) as client:
+        client.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
+        topic_id = client.topic_id(topic)
+        for _ in range(3):
+            body = messages.new_body(ApiKey.FETCH, 17, "request", max_wait_ms=10, min_bytes=1, max_bytes=1 << 20,
+                                     isolation_level=0, session_id=0, session_epoch=-1, topics=[
+                                         _FETCH.FetchTopic(topic_id=topic_id, partitions=[_FETCH.FetchPartition(
+                                             partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+            response = client.request(ApiKey.FETCH, 17, body)
+            partition = response.responses[0].partitions[0]
+            assert partition.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+            assert partition.current_leader.leader_id == leader
+            endpoints = {e.node_id: e.port for e in response.node_endpoints}
+            assert endpoints.get(leader) == proxy.node_ports[leader]  # rewritten: the proxy's port
+            assert not set(endpoints.values()) & real_ports(kafka_cluster)
+    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 3, timeout=10,
+               what="the three Fetches carried natively")
+    assert _metric(proxy, r'kafka_proxy_native_relay_runs_total\{ended="response"\}') - handed_back == 3
