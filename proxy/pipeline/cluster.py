@@ -52,6 +52,7 @@ class ClusterView:
         self._lookup_interval = lookup_interval
         self._lookup_timeout = lookup_timeout
         self._last_lookup = -float("inf")
+        self._lookup: trio.Event | None = None  # set once the lookup on its way is over
 
     # -- learning ----------------------------------------------------------------------------
     def learn_node(self, node_id: int, host: str, port: int) -> None:
@@ -135,14 +136,26 @@ class ClusterView:
     async def look_up_ids(self, topic_ids: Iterable[uuid.UUID]) -> None:
         """Learn the names of ``topic_ids`` the view does not know, reading every topic's
         metadata at most once per lookup interval; failures are logged, not raised (the
-        caller treats a topic it cannot name as unknown)."""
+        caller treats a topic it cannot name as unknown). A caller that comes while a
+        lookup is on its way waits for it (clients reconnecting to a proxy that just
+        started all come at once, and the first one's lookup answers them all)."""
         unknown = [topic_id for topic_id in topic_ids if topic_id != _NO_TOPIC_ID and topic_id not in self._names_by_id]
-        now = trio.current_time()
-        if not unknown or self.reader is None or now - self._last_lookup < self._lookup_interval:
+        if not unknown or self.reader is None:
             return
-        self._last_lookup = now
-        with trio.move_on_after(self._lookup_timeout):
-            try:
-                await self.refresh(None)
-            except Exception as exc:  # noqa: BLE001 - logged; unknown ids stay unknown
-                log.warning("topic id lookup failed reason=%r", str(exc))
+        if self._lookup is not None:
+            with trio.move_on_after(self._lookup_timeout):
+                await self._lookup.wait()
+            return
+        now = trio.current_time()
+        if now - self._last_lookup < self._lookup_interval:
+            return
+        self._last_lookup, self._lookup = now, trio.Event()
+        try:
+            with trio.move_on_after(self._lookup_timeout):
+                try:
+                    await self.refresh(None)
+                except Exception as exc:  # noqa: BLE001 - logged; unknown ids stay unknown
+                    log.warning("topic id lookup failed reason=%r", str(exc))
+        finally:
+            self._lookup.set()
+            self._lookup = None

@@ -205,8 +205,13 @@ class VirtualFetchFeature(Feature):
         session it would stay, answered UNKNOWN_TOPIC_ID forever, since the client's
         incremental fetches no longer name it. Sessionless, each fetch names it again and
         is looked at again, until the lookup knows it. A real unknown id (a deleted topic)
-        only costs its client full fetches."""
-        if None not in described or body.session_id != fetch.NO_SESSION or body.session_epoch != fetch.INITIAL_EPOCH:
+        only costs its client full fetches.
+
+        Opening a session is any full fetch (epoch 0), also one naming the session it had:
+        a Java consumer whose connection closed (its proxy restarting) sends its session id
+        with epoch 0, to close that session and open a new one. Its epoch becomes -1: the
+        broker closes the session named, if it holds it, and opens none."""
+        if None not in described or body.session_epoch != fetch.INITIAL_EPOCH:
             return None
         body.session_epoch = fetch.FINAL_EPOCH
         return Route(messages.encode_request(header, body))

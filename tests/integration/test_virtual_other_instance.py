@@ -40,7 +40,9 @@ def test_a_fetch_session_is_never_opened_on_a_topic_id_the_proxy_cannot_name(kaf
     incremental fetches no longer name it, so the proxy could never take the partition
     over once it learns the id is a virtual topic's, and the broker would answer
     UNKNOWN_TOPIC_ID to every fetch (a Java consumer of a striped topic stalled so after a
-    sidecar restart). The fetch goes sessionless; a known topic's still opens a session."""
+    sidecar restart, and Java consumers of T.kr4 and T.coop4 after a rolling restart of the
+    sidecars: their full fetch named the session they had). The fetch goes sessionless; a
+    known topic's still opens a session."""
     import uuid
 
     from proxy.protocol import messages
@@ -51,10 +53,10 @@ def test_a_fetch_session_is_never_opened_on_a_topic_id_the_proxy_cannot_name(kaf
     with RawClient.connect(proxy.bootstrap_servers) as client:
         known = client.topic_id(topic)
 
-        def open_session(topic_id):
+        def open_session(topic_id, closing=0):
             body = messages.new_body(
                 ApiKey.FETCH, 17, "request", max_wait_ms=10, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                session_id=0, session_epoch=0,
+                session_id=closing, session_epoch=0,
                 topics=[cls.FetchTopic(topic_id=topic_id, partitions=[
                     cls.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
             return client.request(ApiKey.FETCH, 17, body)
@@ -62,4 +64,10 @@ def test_a_fetch_session_is_never_opened_on_a_topic_id_the_proxy_cannot_name(kaf
         unknown = open_session(uuid.uuid4())
         assert unknown.session_id == 0
         assert unknown.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_ID
-        assert open_session(known).session_id != 0
+        session = open_session(known).session_id
+        assert session != 0
+        # closing the session it had and opening another, as a Java consumer does after its
+        # connection closed (its proxy restarting): sessionless too, and the broker agrees
+        again = open_session(uuid.uuid4(), closing=session)
+        assert again.error_code == ErrorCode.NONE and again.session_id == 0
+        assert again.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_ID

@@ -7,9 +7,11 @@ level)."""
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pytest
 import trio
 import trio.testing
 
@@ -347,3 +349,64 @@ def test_a_refused_probe_is_not_sent_again():
         assert world.reads[1:] == [(5, READ_UNCOMMITTED), (0, READ_UNCOMMITTED)]
 
     trio.run(main)
+
+
+# -- a full fetch naming an id the proxy cannot name opens no broker session ------------------
+
+def _full_fetch_by_id(topic_id, session_id: int) -> Request:
+    cls = messages.body_class(ApiKey.FETCH, "request")
+    body = messages.new_body(ApiKey.FETCH, 13, "request", replica_id=-1, max_wait_ms=500, min_bytes=1,
+                             max_bytes=1 << 20, isolation_level=READ_UNCOMMITTED, session_id=session_id,
+                             session_epoch=0, topics=[cls.FetchTopic(topic_id=topic_id, partitions=[
+                                 cls.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+    frame = messages.encode_request(messages.new_request_header(ApiKey.FETCH, 13, 7, "c"), body)
+    return Request(peek_request_header(frame), frame)
+
+
+@pytest.mark.parametrize("session_id", [0, 1234], ids=["new", "closing-its-last"])
+def test_a_full_fetch_by_an_id_the_proxy_cannot_name_goes_sessionless(session_id):
+    """Epoch 0 opens a broker session, also with the id of the session it had: a Java
+    consumer whose proxy restarted sends that (its connection closed, it closes the session
+    and opens a new one). In a broker session a virtual topic's id, which a just started
+    instance may not know yet, would be answered UNKNOWN_TOPIC_ID for good (a rolling
+    restart of the sidecars stalled Java consumers of T.kr4 so). Sessionless (epoch -1,
+    which also closes the session named), the next fetch names the id again."""
+    async def main():
+        world = World()
+        route = await world.feature.on_fetch(world.connection(), _full_fetch_by_id(uuid.uuid4(), session_id))
+        assert route is not None and route.upstream_frame is not None
+        _, upstream = messages.decode_request(route.upstream_frame)
+        assert (upstream.session_id, upstream.session_epoch) == (session_id, -1)
+
+    trio.run(main)
+
+
+def test_fetches_coming_while_a_topic_id_lookup_is_on_its_way_wait_for_it():
+    """Clients reconnecting to a proxy that just started come at once: the first one's
+    lookup (every topic's metadata) answers them all, and no other is sent meanwhile."""
+    topic_id = uuid.uuid4()
+    meta = messages.body_class(ApiKey.METADATA, "response")
+    reads: list[float] = []
+
+    async def reader(topics):
+        reads.append(trio.current_time())
+        await trio.sleep(1.0)  # a slow broker
+        return messages.new_body(ApiKey.METADATA, 12, "response", brokers=[], topics=[meta.MetadataResponseTopic(
+            error_code=0, name="t", topic_id=topic_id, partitions=[
+                meta.MetadataResponsePartition(error_code=0, partition_index=0, leader_id=0)])])
+
+    async def main():
+        cluster = ClusterView()
+        cluster.reader = reader
+        named: list[str | None] = []
+
+        async def fetch_naming_the_id() -> None:
+            await cluster.look_up_ids([topic_id])
+            named.append(cluster.name_of(topic_id))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(fetch_naming_the_id)
+        assert named == ["t", "t", "t"] and len(reads) == 1
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
