@@ -36,14 +36,11 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from harness.balancer import Balancer, free_port_block
 from harness.kafka_cluster import KafkaCluster
 from harness.toxiproxy import Proxy, ToxiproxyServer
 from proxy.local_kafka import ProxyProcess, ProxyStartError
-
-if TYPE_CHECKING:
-    from harness.balancer import Balancer
 
 log = logging.getLogger("chaos")
 
@@ -163,8 +160,6 @@ class ChaosEnv:
             self.links[node.node_id].set_upstream(("127.0.0.1", slot.port))
 
     def _start_replicas(self) -> None:
-        from harness.balancer import Balancer, free_port_block  # the replicas topology's alone
-
         hosts = [f"127.0.0.{r + 1}" for r in range(1, self.replica_count + 1)]
         node_ids = self.node_ids()
         self.bootstrap_port, base = free_port_block([CLIENT_HOST, *hosts], max(node_ids))
