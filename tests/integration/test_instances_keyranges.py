@@ -10,9 +10,10 @@ records written while they read:
 
 Each test counts acknowledged against handed out: every record once, each key's records in
 offset order, the group's committed offsets (at the coordinator) at the log end. With one
-instance killed -9 mid-stream, its members reconnect through the balancer to another: nothing
-is lost, and what is handed out twice is only what they had been handed and had not got
-committed when it died.
+instance killed -9 mid-stream, its members reconnect through the balancer to another (or, in
+assign mode, drop their consumers as it dies and open new ones, which resume from what the
+group committed, read by the other instance): nothing is lost, and what is handed out twice
+is only what they had been handed and had not got committed when it died.
 """
 
 from __future__ import annotations
@@ -61,24 +62,27 @@ class Members:
 
 
 async def member(name: str, index: int, mode: str, bootstrap: str, group: str, topic: str, history: History,
-                 ledger: Ledger, members: Members, stop: trio.Event, again: trio.Event | None = None) -> None:
+                 ledger: Ledger, members: Members, stop: trio.Event,
+                 again: tuple[trio.Event, trio.Event] | None = None) -> None:
     """One member: hands out what each poll returns, processes it, marks it processed and
     commits it. Retriable errors (a rebalance completing, a connection its instance took
-    down) leave the marks pending for the next commit. With ``again``: once it is set, the
-    member drops its session at once, leaving what it holds uncommitted, and starts a new
-    one (a new consumer, through the balancer), which resumes from what the group committed."""
+    down) leave the marks pending for the next commit. With ``again`` (two events: its
+    instance dying, dead): as its instance dies the member drops its consumer wherever it is
+    (polling, processing, committing), leaving what it holds uncommitted, and once it is dead
+    opens a new one (through the balancer), which resumes from what the group committed."""
     settings = dict(group_id=group, client_id=name, auto_offset_reset="earliest", allow_individual_commit=True,
                     retry_backoff_ms=50)
     if mode == "group":
         settings.update(heartbeat_interval_ms=500, session_timeout_ms=10_000, max_poll_records=50)
-    while True:
+
+    async def session() -> None:
         async with Consumer(bootstrap, **settings) as consumer:
             if mode == "assign":
                 share = equal_shares(MEMBERS)[index]
                 consumer.assign({TopicPartition(topic, p): [share] for p in range(PARTITIONS[mode])})
             else:
                 consumer.subscribe([topic])
-            while not stop.is_set() and not (again is not None and again.is_set()):
+            while not stop.is_set():
                 try:
                     records = await consumer.poll(0.3)
                 except RetriableError as exc:
@@ -88,12 +92,8 @@ async def member(name: str, index: int, mode: str, bootstrap: str, group: str, t
                     history.deliver(name, record.topic, record.partition, record.offset, record.key)
                     ledger.hand(name, (record.topic, record.partition, record.offset))
                 for record in records:
-                    if again is not None and again.is_set():
-                        break  # the application gives up on its session: what it holds is not committed
                     await trio.sleep(WORK)  # the record's processing
                     consumer.mark_processed(record)
-                if again is not None and again.is_set():
-                    break
                 covered = ledger.count(name)
                 try:
                     await consumer.commit()
@@ -103,10 +103,23 @@ async def member(name: str, index: int, mode: str, bootstrap: str, group: str, t
                     ledger.committed(name, covered)
                 if mode == "group" and consumer.lost():
                     members.lost.append(f"{name} lost {sorted(consumer.lost())}")
-        if stop.is_set() or again is None:
+
+    if again is not None:
+        dying, dead = again
+        with trio.CancelScope() as dropped:
+            async with trio.open_nursery() as nursery:
+                async def drop() -> None:
+                    await dying.wait()
+                    dropped.cancel()
+
+                nursery.start_soon(drop)
+                await session()
+                nursery.cancel_scope.cancel()  # stopped without being dropped
+        if stop.is_set():
             return
         members.session_ended[name] = time.monotonic()
-        again = None
+        await dead.wait()
+    await session()
 
 
 async def _holding(ledger: Ledger, names: list[str], timeout: float) -> bool:
@@ -120,7 +133,8 @@ async def _holding(ledger: Ledger, names: list[str], timeout: float) -> bool:
 
 
 # kill: None, or how the killed instance's members go on: "reconnect" (the consumer reconnects
-# through the balancer by itself) or "start-again" (the application opens a new consumer)
+# through the balancer by itself) or "start-again" (the application drops its consumer as
+# the instance dies, what it holds uncommitted, and opens a new one)
 CASES = [pytest.param(2, mode, None, id=f"{mode}-2-instances") for mode in ("assign", "group")] + [
     pytest.param(3, "group", None, id="group-3-instances"),
     pytest.param(2, "assign", "reconnect", id="assign-2-instances-one-killed"),
@@ -143,12 +157,12 @@ async def test_key_range_members_spread_over_instances(kafka, proxy_factory, top
         producer = LiveProducer(kafka.bootstrap_servers, topic, history, records=RECORDS, seconds=SECONDS,
                                 seed=SEEDS[mode] + instances + (10 if kill else 0) + (kill == "start-again"))
         stop = trio.Event()
-        killed = trio.Event()
+        dying, dead = trio.Event(), trio.Event()
         busy, killed_at = False, 0  # a kill struck while records were held; records handed out by then
         async with trio.open_nursery() as nursery:
             producer.start()
             for index, name in enumerate(names):
-                again = killed if kill == "start-again" and name in replicas.members_of(0) else None
+                again = (dying, dead) if kill == "start-again" and name in replicas.members_of(0) else None
                 nursery.start_soon(member, name, index, mode, replicas.bootstrap, group, topic, history, ledger,
                                    members, stop, again)
                 if mode == "group":
@@ -156,8 +170,9 @@ async def test_key_range_members_spread_over_instances(kafka, proxy_factory, top
             if kill:
                 assert await _until(lambda: len(history.deliveries) > RECORDS // 3, 60), "no progress to kill into"
                 busy = await _holding(ledger, replicas.members_of(0), BUSY_TIMEOUT)
+                dying.set()  # members that start again drop their sessions as their instance dies
                 await trio.to_thread.run_sync(replicas.kill, 0)
-                killed.set()
+                dead.set()
                 killed_at = len(history.deliveries)
             await _until(lambda: producer.done and history.missing() == 0, SECONDS + DEADLINE)
             await _until(lambda: _at_log_end(kafka, group, topic, partitions), 60)
