@@ -29,6 +29,7 @@ from pathlib import Path
 
 from benchmarks import registry, results
 from benchmarks import report as tables
+from benchmarks.bench_builds import parse_build
 from benchmarks.benchmark import Benchmark
 from benchmarks.lock import bench_lock
 
@@ -66,6 +67,14 @@ def _display(plain: bool) -> Iterator[object]:
         yield display
 
 
+def _other_build(text: str) -> tuple[str, Path]:
+    """``--coop-build NAME=FOLDER``: as ``bench_builds --build``, with a name no contender has."""
+    name, folder = parse_build(text)
+    if name in ("coop", "share", "striped", "keyrange") or name.startswith("coop x"):
+        raise argparse.ArgumentTypeError(f"--coop-build: the name {name!r} is a contender's; choose another")
+    return name, folder
+
+
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,6 +109,14 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                              "records; half with the hot key)")
     parser.add_argument("--coop-batch-bytes", type=int, default=16_384,
                         help="coop: the producer's batch.size writing the topics (a chunk is at least one batch)")
+    parser.add_argument("--instances", type=int, nargs="+", default=[1, 2, 3],
+                        help="coop, keyrange_delivery: also spread the consumers over this many proxy instances "
+                             "(consumer i through instance i mod R)")
+    parser.add_argument("--coop-build", type=_other_build, metavar="NAME=FOLDER",
+                        help="coop: also run the cooperative consumers through one proxy of this checkout (its C "
+                             "kernels built in place), e.g. in-memory=/tmp/coop-before")
+    parser.add_argument("--coop-cases", nargs="+", choices=("delivery", "work", "hot"),
+                        help="coop: run only these cases (default: all)")
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)
@@ -116,8 +133,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         args.live_records, args.live_seconds = 3000, 4.0
         args.eos_window = 10.0
         args.coop_delivery_records, args.coop_seconds = 60_000, 3.0
-    if args.rounds < 1 or min(args.workers) < 1:
-        parser.error("--rounds and every --workers count must be at least 1")
+    if args.rounds < 1 or min(args.workers) < 1 or min(args.instances) < 1:
+        parser.error("--rounds and every --workers and --instances count must be at least 1")
     if args.coop_delivery_records < 1000 or args.coop_seconds <= 0 or args.coop_batch_bytes < 1024:
         parser.error("--coop-delivery-records and --coop-batch-bytes must be at least 1000 and 1024, "
                      "--coop-seconds > 0")

@@ -45,7 +45,8 @@ from proxy.local_kafka import ProxyProcess, scratch_dir
 DIRECT = "direct"
 
 
-def _build(text: str) -> tuple[str, Path]:
+def parse_build(text: str) -> tuple[str, Path]:
+    """``NAME=FOLDER`` of ``--build``: the name and the checkout's root."""
     name, sep, folder = text.partition("=")
     path = Path(folder).resolve()
     if not sep or not name or name == DIRECT:
@@ -55,14 +56,21 @@ def _build(text: str) -> tuple[str, Path]:
     return name, path
 
 
-def _revision(path: Path) -> str:
+def revision(path: Path) -> str:
     done = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
 
 
+def start_build(bootstrap_servers: str, folder: Path, **options) -> ProxyProcess:
+    """The proxy of the checkout ``folder`` (its C kernels built in place), run from that
+    folder with it first on the module path, so that none of this checkout's code runs in
+    it; ``options`` as ``ProxyProcess.start``'s."""
+    return ProxyProcess.start(bootstrap_servers, cwd=folder, env={**os.environ, "PYTHONPATH": str(folder)}, **options)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", type=_build, action="append", required=True, metavar="NAME=FOLDER",
+    parser.add_argument("--build", type=parse_build, action="append", required=True, metavar="NAME=FOLDER",
                         help="a checkout to run the proxy from (twice or more; the first is the CPU baseline)")
     parser.add_argument("--consume-mb", type=int, default=1024)
     parser.add_argument("--produce-mb", type=int, default=512)
@@ -84,14 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     produce_records = args.produce_mb * 1024 * 1024 // RECORD_SIZE
 
     report = results.new_report(
-        "builds", "Builds of the proxy side by side: " + ", ".join(f"{n} ({_revision(p)})" for n, p in builds.items()),
+        "builds", "Builds of the proxy side by side: " + ", ".join(f"{n} ({revision(p)})" for n, p in builds.items()),
         " ".join(["python -m benchmarks.bench_builds", *(sys.argv[1:] if argv is None else argv)]),
         "One broker, one proxy process per build. Each round runs ConsumerPerformance over the same topic "
         "and ProducerPerformance into a fresh topic, direct and through every build, in an order rotating from "
         "round to round, after one unrecorded consume each way. Ratios are per round, paired with that round's "
         "direct run (throughput) or first build (CPU per MB).",
         {"consume MB": args.consume_mb, "produce MB": args.produce_mb, "rounds": args.rounds,
-         "record bytes": RECORD_SIZE, "builds": {n: f"{p} ({_revision(p)})" for n, p in builds.items()}})
+         "record bytes": RECORD_SIZE, "builds": {n: f"{p} ({revision(p)})" for n, p in builds.items()}})
 
     consume: dict[str, list[float]] = {n: [] for n in [DIRECT, *names]}
     produce: dict[str, list[float]] = {n: [] for n in [DIRECT, *names]}
@@ -99,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = scratch_dir("bench-builds-")
     with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties={"num.partitions": "1"}) as cluster:
         # each build's own proxy: run from its root folder (C kernels built in place)
-        proxies = {n: ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / n, cwd=path,
-                                         env={**os.environ, "PYTHONPATH": str(path)})
-                   for n, path in builds.items()}
+        proxies = {n: start_build(cluster.bootstrap_servers, path, workdir=workdir / n) for n, path in builds.items()}
         try:
             processes = {n: psutil.Process(p.pid) for n, p in proxies.items()}
             bootstrap = {DIRECT: cluster.bootstrap_servers, **{n: p.bootstrap_servers for n, p in proxies.items()}}
@@ -152,14 +158,14 @@ def _delivery(builds: dict[str, Path], args: argparse.Namespace, argv: list[str]
     report = results.new_report(
         "builds_delivery",
         "Builds of the proxy side by side, key-range delivery: " + ", ".join(
-            f"{n} ({_revision(p)})" for n, p in builds.items()),
+            f"{n} ({revision(p)})" for n, p in builds.items()),
         " ".join(["python -m benchmarks.bench_builds", *(sys.argv[1:] if argv is None else argv)]),
         "One broker, one partition of 100-byte keyed records (10,007 keys). Each round reads it with one raw "
         "client direct and, for every N, with N raw clients of equal key ranges through a fresh proxy of every "
         "build (cached shares on), in an order rotating from round to round, after one unrecorded direct read. "
         "Ratios are per round, paired with that round's direct read (records/s) or first build (CPU per record).",
         {"partition MB": args.delivery_mb, "records": records, "consumers": args.consumers, "rounds": args.rounds,
-         "builds": {n: f"{p} ({_revision(p)})" for n, p in builds.items()}})
+         "builds": {n: f"{p} ({revision(p)})" for n, p in builds.items()}})
     contenders = [DIRECT, *(f"{name} N={n}" for n in args.consumers for name in names)]
     rates: dict[str, list[float]] = {c: [] for c in contenders}
     cpu: dict[str, list[float]] = {c: [] for c in contenders[1:]}
@@ -180,9 +186,8 @@ def _delivery(builds: dict[str, Path], args: argparse.Namespace, argv: list[str]
                     seconds, delivered = raw_clients(cluster.bootstrap_servers, None, records)
                 else:
                     name, _, n = contender.partition(" N=")
-                    proxy = ProxyProcess.start(cluster.bootstrap_servers, overrides=overrides,
-                                               workdir=workdir / f"{name}-{n}-{round_number}", cwd=builds[name],
-                                               env={**os.environ, "PYTHONPATH": str(builds[name])})
+                    proxy = start_build(cluster.bootstrap_servers, builds[name], overrides=overrides,
+                                        workdir=workdir / f"{name}-{n}-{round_number}")
                     try:
                         process = psutil.Process(proxy.pid)
                         before = _cpu_seconds(process)

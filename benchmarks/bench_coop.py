@@ -30,6 +30,16 @@ The contenders:
   (docs/cooperative-fetch.md#standard-clients-striped-virtual-topics), stripe i assigned to
   member i, positions committed asynchronously after each batch; N = 1 reads ``T`` itself
   through the proxy. The proxy runs with ``virtual.topics.enabled=true`` for every contender;
+- ``coop xR``: the ``coop`` consumers spread over R port-per-broker proxy instances in front
+  of the same broker (``--instances``, default 1 2 3; member i through instance i mod R, as
+  a load balancer in front of proxy replicas spreads a group's members), no work and 1 ms,
+  N = 4 and 16 (N >= R). The grants of every instance go through
+  ``__cooperative_fetch_grants`` (docs/high-availability.md); ``coop`` is one instance;
+- ``--coop-build NAME=FOLDER`` (e.g. ``in-memory=/tmp/coop-before``): the ``coop``
+  consumers through one proxy of another checkout, started from its own folder
+  (``bench_builds.start_build``), no work and 1 ms, every N: the build before the grants
+  were replicated through Kafka (1a3d1ea, grants in the proxy's memory) is the baseline of
+  the log's cost;
 - ``share``: N KafkaShareConsumers of one share group, one thread each, in one JVM
   (``benchmarks/java/share`` ShareBench, ``share.auto.offset.reset=earliest``). Without
   work Kafka's default ``share.acquire.mode`` (batch_optimized) and 500 records per poll;
@@ -63,7 +73,9 @@ duplicates are at least handed out - written. Each run also keeps the CPU of the
 consumers and the broker over the middle (cores used), the proxy's coop counters and mean
 Fetch and OffsetCommit latency, and per-member counts.
 
-    python -m benchmarks coop                 # 3 rounds: about 15-20 minutes on 2 cores
+    python -m benchmarks coop                 # 3 rounds: about 30 minutes on 2 cores
+    git worktree add /tmp/coop-before 1a3d1ea   # and build its C kernels in place
+    python -m benchmarks coop --coop-build in-memory=/tmp/coop-before   # about 40 minutes
     python -m benchmarks coop --quick         # 1 round, small topics: about 3-4 minutes
     python -m benchmarks coop --rounds 2 --coop-seconds 6
 
@@ -88,6 +100,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.bench_builds import revision, start_build
 from benchmarks.benchmark import Benchmark
 from benchmarks.peers import java_harness, share_groups
 from benchmarks.rounds import Row, goal, rotation
@@ -118,6 +131,9 @@ HOT_CAP = 2.0
 CASES = ("delivery", "work", "hot")
 CONTENDERS = {"delivery": ("coop", "share", "striped"), "work": ("coop", "share", "striped"),
               "hot": ("coop", "keyrange", "striped")}
+SPREAD_CASES = ("delivery", "work")  # the cases run on several instances and through another build
+GOAL_BUILD = 0.8  # one instance, grants through the log, against the build that kept them in memory
+GOAL_INSTANCES = 1.0  # R instances against one
 _LATENCY = re.compile(r'^kafka_proxy_request_latency_seconds_(sum|count)\{api="([A-Za-z]+)"\} ([0-9.e+-]+)$', re.M)
 _COOP = re.compile(r"^(kafka_proxy_coop_[a-z_]+_total)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 TITLE = "Cooperative fetch: N consumers of one partition against share groups (and key ranges with a hot key)"
@@ -127,12 +143,30 @@ METHOD = ("One partition, 100-byte keyed values written before the rounds (librd
           "consumers of the striped virtual topic T.coopN (a stripe and a process each), against N "
           "KafkaShareConsumers (one JVM), without work and with 1 ms of paced work per record (one record at a "
           "time per consumer, as the share harness); with half the records under one key, coop against N key-range "
-          "consumers. Every run drains its topic; records/s between 10 % and 90 % of the records handed out; "
+          "consumers. Without work and with 1 ms, the coop consumers also spread over R proxy instances "
+          "(member i through instance i mod R) and, with --coop-build, through one proxy of another checkout "
+          "(the build that kept the grants in memory). Every run drains its topic; records/s between 10 % and 90 % of the records handed out; "
           "coop/keyrange runs must hand out every offset (distinct offsets = records written). Rounds alternate "
           "the order; one consumer (coop N=1) is the baseline of the scaling goals.")
 
 
 # -- sizes --------------------------------------------------------------------------------------------------------
+
+def spread(contender: str) -> int:
+    """How many proxy instances the members of ``contender`` go through (``coop xR``: R)."""
+    return int(contender.removeprefix("coop x")) if contender.startswith("coop x") else 1
+
+
+def contenders(args, case: str, n: int) -> tuple[str, ...]:
+    """The contenders of ``case`` with N = ``n``: the base ones, then ``coop xR`` for every
+    R > 1 of ``--instances`` with N >= R, then the other build (``--coop-build``) by name."""
+    out = CONTENDERS[case]
+    if case in SPREAD_CASES:
+        out += tuple(f"coop x{r}" for r in sorted(set(args.instances)) if 1 < r <= n)
+        if args.coop_build:
+            out += (args.coop_build[0],)
+    return out
+
 
 def sizes(args) -> dict:
     workers = sorted(set([1, *args.workers]))
@@ -147,13 +181,18 @@ def sizes(args) -> dict:
     }
 
 
+def cases(args) -> tuple[str, ...]:
+    """The cases to run: every one, or those of ``--coop-cases`` (the others' rows and goals stay out)."""
+    return tuple(case for case in CASES if case in (args.coop_cases or CASES))
+
+
 def plan(args) -> list[tuple[str, int, str]]:
     """One round's runs in round 0's order: (case, N, contender)."""
     s = sizes(args)
     runs = []
-    for case in CASES:
+    for case in cases(args):
         for n in (s["hot_workers"] if case == "hot" else s["workers"]):
-            for contender in CONTENDERS[case]:
+            for contender in contenders(args, case, n):
                 runs.append((case, n, contender))
     return runs
 
@@ -162,10 +201,10 @@ def round_order(args, number: int) -> list[tuple[str, int, str]]:
     """The round's runs: the cases, the Ns and the contenders of each N rotate from round to round."""
     s = sizes(args)
     out = []
-    for case in rotation(CASES, number):
+    for case in rotation(cases(args), number):
         ns = s["hot_workers"] if case == "hot" else s["workers"]
         for i, n in enumerate(rotation(ns, number)):
-            for contender in rotation(CONTENDERS[case], number + i):
+            for contender in rotation(contenders(args, case, n), number + i):
                 out.append((case, n, contender))
     return out
 
@@ -247,8 +286,8 @@ class _Sampler:
     """CPU seconds of the proxy, the consumers and the broker, and the machine's busy and
     total seconds, sampled over a run; interpolated at any two moments."""
 
-    def __init__(self, proxy_pid: int | None, broker_pid: int | None) -> None:
-        self.proxy_pid, self.broker_pid = proxy_pid, broker_pid
+    def __init__(self, proxy_pids: list[int], broker_pid: int | None) -> None:
+        self.proxy_pids, self.broker_pid = proxy_pids, broker_pid
         self.consumer_pids: list[int] = []
         self.samples: list[tuple[float, dict[str, float]]] = []
         self.last = 0.0
@@ -274,7 +313,7 @@ class _Sampler:
         self.last = now
         machine = psutil.cpu_times()
         total = sum(machine)
-        self.samples.append((now, {"proxy": self._cpu([self.proxy_pid]),
+        self.samples.append((now, {"proxy": self._cpu(list(self.proxy_pids)),
                                    "consumers": self._cpu(self.consumer_pids),
                                    "broker": self._cpu([self.broker_pid]),
                                    "machine_busy": total - machine.idle - getattr(machine, "iowait", 0.0),
@@ -303,19 +342,21 @@ class _Sampler:
         return out
 
 
-def _scrape(proxy: ProxyProcess) -> dict:
-    if proxy.metrics_url is None:
-        return {}
-    try:
-        text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    except OSError:
-        return {}
+def _scrape(proxies: list[ProxyProcess]) -> dict:
+    """The proxies' request latencies and coop counters, summed over the instances."""
     out: dict = {"latency": {}, "coop": {}}
-    for kind, api, value in _LATENCY.findall(text):
-        out["latency"].setdefault(api, [0.0, 0.0])[0 if kind == "sum" else 1] = float(value)
-    for name, labels, value in _COOP.findall(text):
-        key = name.removeprefix("kafka_proxy_coop_").removesuffix("_total") + (labels or "")
-        out["coop"][key] = out["coop"].get(key, 0.0) + float(value)
+    for proxy in proxies:
+        if proxy.metrics_url is None:
+            continue
+        try:
+            text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
+        except OSError:
+            continue
+        for kind, api, value in _LATENCY.findall(text):
+            out["latency"].setdefault(api, [0.0, 0.0])[0 if kind == "sum" else 1] += float(value)
+        for name, labels, value in _COOP.findall(text):
+            key = name.removeprefix("kafka_proxy_coop_").removesuffix("_total") + (labels or "")
+            out["coop"][key] = out["coop"].get(key, 0.0) + float(value)
     return out
 
 
@@ -423,27 +464,30 @@ def consumers_per_process(mode: str, n: int, work_ms: float) -> int:
     return (n + 1) // 2
 
 
-def python_run(cluster: KafkaCluster, proxy: ProxyProcess, watch: _LogWatch, *, topic: str, records: int, n: int,
-               mode: str, work_ms: float, chunk_bytes: int, timeout: float) -> dict:
+def python_run(cluster: KafkaCluster, proxies: list[ProxyProcess], watches: list[_LogWatch], *, topic: str,
+               records: int, n: int, mode: str, work_ms: float, chunk_bytes: int, timeout: float) -> dict:
     """N worker processes draining ``topic``: ``coop_worker`` (``mode`` coop or keyrange) or
-    ``striped_worker`` (``mode`` striped)."""
+    ``striped_worker`` (``mode`` striped), through ``proxies`` (consumer i through
+    ``proxies[i mod len(proxies)]``; striped: the first)."""
     group = f"coop-{mode}-{n}-{uuid.uuid4().hex[:8]}"
     workdir = scratch_dir("bench-coop-workers-")
     prefixes = [workdir / f"w{i}" for i in range(n)]
     per_process = consumers_per_process(mode, n, work_ms)
-    result: dict = {"group": group, "records": records, "members": n, "consumers_per_process": per_process}
-    sampler = _Sampler(proxy.pid, cluster.running_nodes[0].pid)
+    result: dict = {"group": group, "records": records, "members": n, "consumers_per_process": per_process,
+                    "instances": len(proxies)}
+    sampler = _Sampler([proxy.pid for proxy in proxies], cluster.running_nodes[0].pid)
+    bootstraps = [a for proxy in proxies for a in ("--bootstrap", proxy.bootstrap_servers)]
     spawned = time.monotonic()
     processes = []
     owner = []  # consumer index -> its process's index
     for first in range(0, n, per_process):
         count = min(per_process, n - first)
-        common = ["--bootstrap", proxy.bootstrap_servers, "--topic", topic, "--group", group, "--index", str(first),
+        common = ["--topic", topic, "--group", group, "--index", str(first),
                   "--members", str(n), "--work-ms", str(work_ms), "--out", str(workdir / "w")]
         if mode == "striped":
-            command = [sys.executable, "-m", "benchmarks.workloads.striped_worker", *common]
+            command = [sys.executable, "-m", "benchmarks.workloads.striped_worker", *bootstraps[:2], *common]
         else:
-            command = [sys.executable, "-m", "benchmarks.workloads.coop_worker", *common, "--mode", mode,
+            command = [sys.executable, "-m", "benchmarks.workloads.coop_worker", *bootstraps, *common, "--mode", mode,
                        "--chunk-bytes", str(chunk_bytes), "--consumers", str(count)]
         with open(f"{prefixes[first]}.err", "wb") as err:
             processes.append(spawn(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err))
@@ -471,7 +515,7 @@ def python_run(cluster: KafkaCluster, proxy: ProxyProcess, watch: _LogWatch, *, 
                 raise TimeoutError(f"workers not ready after {READY_TIMEOUT_S:g} s")
             time.sleep(0.05)
         result["spawn_to_ready_s"] = round(time.monotonic() - spawned, 2)
-        before = _scrape(proxy)
+        before = _scrape(proxies)
         sampler.sample(force=True)
         go = time.monotonic()
         for process in processes:
@@ -504,7 +548,7 @@ def python_run(cluster: KafkaCluster, proxy: ProxyProcess, watch: _LogWatch, *, 
                 raise TimeoutError(f"not drained within {timeout:g} s: {distinct} of {records} distinct")
         drained = time.monotonic()
         sampler.sample(force=True)
-        after = _scrape(proxy)
+        after = _scrape(proxies)
         result["go_to_drained_s"] = round(drained - go, 2)
         # the members' last commits: the group's committed offset at the log end
         committed = None
@@ -517,8 +561,8 @@ def python_run(cluster: KafkaCluster, proxy: ProxyProcess, watch: _LogWatch, *, 
         result["commit_settled_s"] = round(time.monotonic() - drained, 2)
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
-        result["proxy_log"] = str(proxy.log_path)
-        result["proxy_log_tail"] = watch.tail()
+        result["proxy_log"] = [str(proxy.log_path) for proxy in proxies]
+        result["proxy_log_tail"] = [watch.tail() for watch in watches]
     finally:
         stop_processes(processes)
     for p in progress:
@@ -554,10 +598,10 @@ def python_run(cluster: KafkaCluster, proxy: ProxyProcess, watch: _LogWatch, *, 
         result["workers"] = {**totals, "metrics": metrics}
         if metrics.get("cooperative_chunks"):
             result["records_per_chunk"] = round(metrics.get("cooperative_records", 0) / metrics["cooperative_chunks"], 1)
-    problems = watch.new_problems()
+    problems = [line for watch in watches for line in watch.new_problems()]
     if problems:
         result["proxy_log_problems"] = problems
-        result["proxy_log"] = str(proxy.log_path)
+        result["proxy_log"] = [str(proxy.log_path) for proxy in proxies]
     return result
 
 
@@ -575,7 +619,7 @@ def share_run(cluster: KafkaCluster, *, topic: str, records: int, n: int, work_m
         args += ["--acquire-mode", "batch_optimized", "--max-poll-records", 500]
     result: dict = {"group": group, "records": records, "members": n,
                     "settings": " ".join(map(str, args[args.index("--acquire-mode"):]))}
-    sampler = _Sampler(None, cluster.running_nodes[0].pid)
+    sampler = _Sampler([], cluster.running_nodes[0].pid)
     out_path, err_path = workdir / "share.out", workdir / "share.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         began = time.monotonic()
@@ -651,7 +695,14 @@ def run(report: dict, progress, args) -> None:
         "coop chunk": f"{DELIVERY_CHUNK_BYTES or 1 << 20} B without work, {WORK_CHUNK_BYTES} B with",
         "share records per poll": f"500 (batch_optimized) without work, {SHARE_WORK_MAX_POLL} (record_limit) with",
         "measured": f"records/s between {MIDDLE[0]:.0%} and {MIDDLE[1]:.0%} of the records handed out",
+        "proxy instances (coop xR)": ", ".join(map(str, sorted(set([1, *args.instances])))),
     }
+    if args.coop_build:
+        name, folder = args.coop_build
+        report["sizes"]["other build"] = f"{name}: {folder} ({revision(folder)}), one instance"
+        report["notes"].append(f"The {name} build ({revision(folder)}) runs from its own checkout with its own "
+                               "defaults and the same settings as this build's instances (virtual.topics.enabled="
+                               "true), one process for the whole run.")
     workdir = scratch_dir("bench-coop-")
     progress.step("building the Java harness (if changed)")
     java_harness.build()
@@ -682,11 +733,25 @@ def run(report: dict, progress, args) -> None:
             written[topic] = _log_end(broker, topic)
         report["sizes"]["writing the topics"] = f"{time.monotonic() - began:.0f} s"
         report["hot_key_records"] = {f"N={n}": f"{k} of {s['hot_records'][n]}" for n, k in hot_records_of_key.items()}
+        # R instances of this build (the first serves every one-instance contender), and the
+        # other build's proxy; each for the whole run
+        overrides = {"metrics.port": "0", "virtual.topics.enabled": "true"}
         report["settings"] = {"virtual.topics.enabled": "true"}  # off by default; the striped rows read T.coopK
-        proxy = ProxyProcess.start(broker, overrides={"metrics.port": "0", "virtual.topics.enabled": "true"},
-                                   workdir=workdir / "proxy")
-        watch = _LogWatch(proxy)
-        report["proxy_log"] = str(proxy.log_path)
+        proxies: list[ProxyProcess] = []
+        other: ProxyProcess | None = None
+        try:
+            for number in range(max([1, *args.instances])):
+                proxies.append(ProxyProcess.start(broker, overrides=overrides, workdir=workdir / f"proxy-{number}"))
+            if args.coop_build:
+                name, folder = args.coop_build
+                other = start_build(broker, folder, overrides=overrides, workdir=workdir / f"proxy-{name}")
+        except BaseException:
+            for proxy in proxies:
+                proxy.stop()
+            raise
+        everyone = proxies + ([other] if other else [])
+        watches = {proxy.pid: _LogWatch(proxy) for proxy in everyone}
+        report["proxy_log"] = [str(proxy.log_path) for proxy in everyone]
         try:
             for number in range(rounds):
                 for case, n, contender in round_order(args, number):
@@ -701,8 +766,12 @@ def run(report: dict, progress, args) -> None:
                             result = share_run(cluster, topic=topic, records=records, n=n, work_ms=work_ms,
                                                timeout=timeout)
                         else:
-                            result = python_run(cluster, proxy, watch, topic=topic, records=records, n=n,
-                                                mode=contender, work_ms=work_ms,
+                            serving = [other] if other and contender == args.coop_build[0] else \
+                                proxies[:spread(contender)]
+                            result = python_run(cluster, serving, [watches[p.pid] for p in serving], topic=topic,
+                                                records=records, n=n,
+                                                mode=contender if contender in ("keyrange", "striped") else "coop",
+                                                work_ms=work_ms,
                                                 chunk_bytes=WORK_CHUNK_BYTES if work_ms else DELIVERY_CHUNK_BYTES,
                                                 timeout=timeout)
                     except Exception as exc:  # one run failing must not lose the others
@@ -717,12 +786,13 @@ def run(report: dict, progress, args) -> None:
                     if bad:
                         failures.append(line)
         finally:
-            proxy.stop()
-    _summarise(report, runs, failures, workers=workers, hot_workers=hot_workers, rounds=rounds)
+            for proxy in everyone:
+                proxy.stop()
+    _summarise(report, runs, failures, workers=workers, hot_workers=hot_workers, rounds=rounds, args=args)
 
 
 def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: list[int], hot_workers: list[int],
-               rounds: int) -> None:
+               rounds: int, args) -> None:
     def rates(case: str, contender: str, n: int) -> list[float | None]:
         out = []
         for number in range(1, rounds + 1):
@@ -782,6 +852,27 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
     for n in hot_workers:
         values, base = paired(rates("hot", "striped", n), one, n)
         rows.append(Row(group, f"striped N={n}, hot key", "records/s", values, f"{n} x coop N=1", base))
+    # The members spread over R instances, and the build that kept the grants in memory
+    instances = sorted(r for r in set(args.instances) if r > 1)
+    build = args.coop_build[0] if args.coop_build else None
+    for case in SPREAD_CASES:
+        group = f"proxy instances{' and builds' if build else ''}, {'no work' if case == 'delivery' else '1 ms per record'}, records/s"
+        for n in workers:
+            for r in instances:
+                if r <= n:
+                    values, base = paired(rates(case, f"coop x{r}", n), rates(case, "coop", n))
+                    rows.append(Row(group, f"coop N={n}, {r} instances", "records/s", values,
+                                    f"coop N={n}, 1 instance", base))
+        if build:
+            for n in workers:
+                values, base = paired(rates(case, "coop", n), rates(case, build, n))
+                rows.append(Row(group, f"coop N={n}, 1 instance", "records/s", values, f"{build} build N={n}", base))
+            for n in workers:
+                for r in instances:
+                    if r <= n:
+                        values, base = paired(rates(case, f"coop x{r}", n), rates(case, build, n))
+                        rows.append(Row(group, f"coop N={n}, {r} instances", "records/s", values,
+                                        f"{build} build N={n}", base))
     by = {(r.group, r.name, r.baseline): r for r in rows}
 
     def ratio(group_prefix: str, name: str, baseline: str) -> float | None:
@@ -818,17 +909,38 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
     for n in hot_workers:
         goals.append(goal(f"hot key: striped N={n} >= {GOAL_HOT:g} x {n} x one consumer",
                           ratio("standard", f"striped N={n}, hot key", f"{n} x coop N=1"), GOAL_HOT))
+    for case in SPREAD_CASES:
+        what = "no work" if case == "delivery" else "1 ms per record"
+        prefix = f"proxy instances{' and builds' if build else ''}, {what}"
+        if build:
+            for n in workers:
+                goals.append(goal(f"{what}: coop N={n}, grants through the log, 1 instance >= {GOAL_BUILD:g} x the "
+                                  f"{build} build", ratio(prefix, f"coop N={n}, 1 instance", f"{build} build N={n}"),
+                                  GOAL_BUILD))
+        for n in workers:
+            for r in instances:
+                if r <= n:
+                    goals.append(goal(f"{what}: coop N={n} on {r} instances >= on 1",
+                                      ratio(prefix, f"coop N={n}, {r} instances", f"coop N={n}, 1 instance"),
+                                      GOAL_INSTANCES))
+    if args.coop_cases:  # the cases left out measured nothing
+        goals = [g for g in goals if g["measured"] is not None]
     goals.append(goal("runs that failed, stalled, missed an offset or did not commit to the log end", len(failures), 0,
                       at_least=False))
     # CPU per record over the middle of the coop runs (where the time goes)
     for case in ("delivery", "work"):
         for n in workers:
             for side in ("proxy", "consumers", "broker"):
-                values = [r["cpu"][f"{side}_us_per_record"] for r in runs
-                          if (r["case"], r["contender"], r["n"]) == (case, "coop", n) and r.get("cpu")]
-                if values:
-                    rows.append(Row(f"coop CPU per record, {'no work' if case == 'delivery' else '1 ms'} "
-                                    f"(lower is better)", f"N={n}: {side}", "us", values, higher_is_better=False))
+                for contender in contenders(args, case, n):
+                    if contender in ("share", "striped") or (contender != "coop" and side != "proxy"):
+                        continue
+                    values = [r["cpu"][f"{side}_us_per_record"] for r in runs
+                              if (r["case"], r["contender"], r["n"]) == (case, contender, n) and r.get("cpu")]
+                    label = "" if contender == "coop" else f", {_label(contender, build)}"
+                    if values:
+                        rows.append(Row(f"coop CPU per record, {'no work' if case == 'delivery' else '1 ms'} "
+                                        f"(lower is better)", f"N={n}: {side}{label}", "us", values,
+                                        higher_is_better=False))
     report["rows"] = [row.as_dict() for row in rows if row.values]
     report["goals"] = goals
     report["runs"] = runs
@@ -849,8 +961,10 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
         "The one consumer of the scaling goals is coop N=1 with 1 ms per record in the same round (the hot-key rows "
         "use it too: one consumer's rate does not depend on the keys).")
     report["notes"].append(
-        "Everything shares 2 cores: the broker, the proxy (one process for the whole run), N Python consumer "
-        "processes or one share JVM. runs[].cpu has the cores each used over the middle of the run and the "
+        "Everything shares 2 cores: the broker, the proxies (one process per instance and build, each for the whole "
+        "run; idle ones follow the grants log they served), N Python consumer "
+        "processes or one share JVM. runs[].cpu has the cores each used over the middle of the run (proxy: "
+        "summed over the instances the run went through) and the "
         "machine's busy share; runs[].proxy the proxy's coop counters and mean Fetch/OffsetCommit latency; "
         "runs[].workers the consumers' seconds in poll, work and commit_processed.")
     loop = []
@@ -871,13 +985,18 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
                                "members; poll includes waiting for a chunk): " + "; ".join(loop) + ".")
     medians = {}
     for case in CASES:
-        for contender in CONTENDERS[case]:
-            for n in (hot_workers if case == "hot" else workers):
+        for n in (hot_workers if case == "hot" else workers):
+            for contender in contenders(args, case, n):
                 values = [v for v in rates(case, contender, n) if v is not None]
                 if values:
                     medians[f"{case} {contender} N={n}"] = {"median": statistics.median(values),
                                                             "spread": [min(values), max(values)], "values": values}
     report["medians"] = medians
+
+
+def _label(contender: str, build: str | None) -> str:
+    """How a row names a contender beside plain ``coop``: its instances, or its build."""
+    return f"{build} build" if contender == build else f"{spread(contender)} instances"
 
 
 BENCHMARK = Benchmark("coop", TITLE, method=METHOD, steps=steps, run=run, default=False)  # runs only when named

@@ -7,7 +7,9 @@ waking up, as the share harness runs its N consumers as threads of one JVM).
         --index 0 --consumers 8 --members 16 --mode coop --work-ms 1 --chunk-bytes 16384 --out /tmp/w
 
 Each a trio ``proxy.client.Consumer`` of group ``G`` (``allow_individual_commit``) on
-partition 0 of ``T``, with its own connections:
+partition 0 of ``T``, with its own connections. ``--bootstrap`` given R times names R proxy
+instances: consumer ``i`` (its index among the members) goes through instance ``i mod R``, as
+a load balancer in front of proxy replicas spreads the members of a group:
 
 - ``--mode coop``: ``assign([tp], cooperative=True)``, chunks of offsets handed out by the
   proxy (docs/cooperative-fetch.md), ``max_partition_fetch_bytes`` = ``--chunk-bytes``;
@@ -88,7 +90,7 @@ async def work(args: argparse.Namespace, index: int, stats: dict, start: trio.Ev
                 "allow_individual_commit": True}
     if args.chunk_bytes:
         settings["max_partition_fetch_bytes"] = args.chunk_bytes
-    async with Consumer(args.bootstrap, **settings) as consumer:
+    async with Consumer(args.bootstrap[index % len(args.bootstrap)], **settings) as consumer:
         os.write(progress, b"R %.6f\n" % time.monotonic())
         await start.wait()
         stats["started"] = time.monotonic()
@@ -158,7 +160,8 @@ async def main_async(args: argparse.Namespace, stats: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--bootstrap", required=True, action="append",
+                        help="a proxy instance; given R times, consumer i goes through instance i mod R")
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group", required=True)
     parser.add_argument("--index", type=int, required=True, help="the first consumer's index")

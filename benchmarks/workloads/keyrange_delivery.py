@@ -14,8 +14,14 @@ partition straight from the broker, in the same round:
   proxy must do), against the raw client direct; and the proxy's raw-client rows against
   that relay, round by round.
 
-Every range run gets a fresh proxy (cold records cache, ``reserve.message.value.range.fetch``
-on for the topic), so its broker read amplification (record bytes the proxy read from the
+- ``instances``: N raw clients of equal key ranges spread over R proxy instances (client
+  i through instance i mod R, as a load balancer in front of proxy replicas spreads them),
+  R from ``--instances`` (default 1, 2, 3), N = every ``--workers`` count above 1, against
+  one raw client direct. Each instance reads a batch once for the ranges it serves, so the
+  broker is read up to R times: the amplification summed over the instances is the figure.
+
+Every range run gets fresh proxies (cold records cache, ``reserve.message.value.range.fetch``
+on: the default), so its broker read amplification (record bytes the proxies read from the
 broker for the partition / the partition's size) is that run's alone.
 """
 
@@ -43,18 +49,20 @@ from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
 
 TOPIC = "krd-delivery"
-KINDS = ("trio Consumer", "raw client", "floor", "share group")
+KINDS = ("trio Consumer", "raw client", "floor", "share group", "instances")
 
 
-def raw_clients(bootstrap: str, n: int | None, end: int, *, max_bytes: int = 1 << 20) -> tuple[float, int]:
-    """``n`` raw clients (None: one, without ranges) reading offsets [0, end); (seconds, records)."""
+def raw_clients(bootstrap: str | list[str], n: int | None, end: int, *, max_bytes: int = 1 << 20) -> tuple[float, int]:
+    """``n`` raw clients (None: one, without ranges) reading offsets [0, end); (seconds, records).
+    Given several bootstrap addresses (proxy instances), client i goes through the (i mod R)-th."""
+    addresses = [bootstrap] if isinstance(bootstrap, str) else bootstrap
     shares = [None] if n is None else [[share] for share in equal_shares(n)]
     counts = [0] * len(shares)
     errors: list[BaseException] = []
 
     def read(slot: int, ranges) -> None:
         try:
-            with RawClient.connect(bootstrap, client_id=f"bench-{slot}") as client:
+            with RawClient.connect(addresses[slot % len(addresses)], client_id=f"bench-{slot}") as client:
                 topic_id = client.topic_id(TOPIC)
                 position = delivered = 0
                 while position < end:
@@ -127,17 +135,24 @@ def _partition_bytes(bootstrap: str, end: int) -> int:
 
 
 def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int], rounds: int,
-        share_records: int, kinds: list[str] | None = None) -> None:
+        share_records: int, kinds: list[str] | None = None, instances: list[int] | None = None) -> None:
     kinds = list(kinds or KINDS)
+    instances = sorted(set(instances or [1, 2, 3]))
+    spread = [n for n in consumers if n > 1]
+    if not spread or instances == [1]:
+        kinds = [kind for kind in kinds if kind != "instances"]
     records = mb * 2**20 // (value_size + 30)
     share_records = min(share_records, records)
     report["sizes"] = {"partition MB": mb, "records": records, "value bytes": value_size, "keys": 10007,
                        "consumers": consumers, "rounds": rounds,
                        "share group rows and their baseline read the first": f"{share_records:,} records"}
+    if "instances" in kinds:
+        report["sizes"]["proxy instances"] = instances
     workdir = scratch_dir("bench-keyrange-delivery-")
     progress.step("starting Kafka")
     values: dict[tuple[str, str], list[float]] = {}
     amplification: dict[int, list[float]] = {n: [] for n in consumers}
+    spread_amplification: dict[tuple[int, int], list[float]] = {(n, r): [] for n in spread for r in instances}
     relay_port = free_port()
     with KafkaCluster.start(1, workdir=workdir / "kafka", broker_properties=share_groups.BROKER_PROPERTIES,
                             **bare_relay.cluster_options(relay_port)) as cluster:
@@ -163,8 +178,24 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
                 raise RuntimeError(f"{kind} N={n} delivered {delivered} of {records} records")
             return delivered / seconds
 
+        def across(n: int, r: int) -> float:
+            """N raw clients over R fresh proxies; the amplification summed over them."""
+            proxies: list[ProxyProcess] = []
+            try:
+                for _ in range(r):
+                    proxies.append(ProxyProcess.start(cluster.bootstrap_servers, overrides=overrides,
+                                                      workdir=workdir / f"proxy-{uuid.uuid4().hex[:6]}"))
+                seconds, delivered = raw_clients([proxy.bootstrap_servers for proxy in proxies], n, records)
+                spread_amplification[(n, r)].append(sum(map(_broker_bytes, proxies)) / partition_bytes)
+            finally:
+                for proxy in proxies:
+                    proxy.stop()
+            if delivered != records:
+                raise RuntimeError(f"N={n} over {r} instances delivered {delivered} of {records} records")
+            return delivered / seconds
+
         def direct(kind: str) -> float:
-            if kind == "raw client":
+            if kind in ("raw client", "instances"):
                 seconds, delivered = raw_clients(cluster.bootstrap_servers, None, records)
             elif kind == "trio Consumer":
                 seconds, delivered = trio_consumers(cluster.bootstrap_servers, None, records)
@@ -192,11 +223,16 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
         direct("raw client")
         for number in range(rounds):
             for kind in kinds:
-                contenders = ["direct", *(["bare"] if kind == "floor" else []), *map(str, consumers)]
+                contenders = ["direct", *(["bare"] if kind == "floor" else []),
+                              *([f"{n}x{r}" for n in spread for r in instances] if kind == "instances"
+                                else map(str, consumers))]
                 for contender in rotation(contenders, number):
                     progress.step(f"round {number + 1}/{rounds}: {kind}, "
                                   f"{contender if contender in ('direct', 'bare') else 'N=' + contender}")
-                    if contender == "direct":
+                    if kind == "instances" and contender != "direct":
+                        n, _, r = contender.partition("x")
+                        rate = across(int(n), int(r))
+                    elif contender == "direct":
                         rate = direct("raw client" if kind == "floor" else kind)
                     elif kind == "floor":
                         rate = floor(contender)
@@ -221,6 +257,17 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
                                     values[("raw client", str(n))], f"relay splitting into N={n}",
                                     values[(kind, str(n))]))
             continue
+        if kind == "instances":  # N raw clients over R proxy instances
+            for n in spread:
+                for r in instances:
+                    rows.append(Row("raw clients over R proxy instances", f"N={n}, {r} instance{'s' * (r > 1)}",
+                                    "records/s", values[(kind, f"{n}x{r}")], "raw client direct",
+                                    values[(kind, "direct")]))
+                for r in instances[1:]:
+                    rows.append(Row("raw clients over R proxy instances", f"N={n}, {r} instances", "records/s",
+                                    values[(kind, f"{n}x{r}")], f"N={n}, {instances[0]} instance",
+                                    values[(kind, f"{n}x{instances[0]}")]))
+            continue
         baseline = "Java ConsumerPerformance direct" if kind == "share group" else f"{kind} direct"
         for n in consumers:
             rows.append(Row(kind, f"N={n}" + (" share consumers" if kind == "share group" else " range consumers"),
@@ -230,6 +277,11 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
             ones = [1.0] * len(amplification[n])
             rows.append(Row("broker read amplification (lower is better)", f"N={n}", "x", amplification[n],
                             "partition size", ones, higher_is_better=False))
+    for (n, r), measured in spread_amplification.items():
+        if measured:
+            rows.append(Row("broker read amplification over R instances (lower is better)",
+                            f"N={n}, {r} instance{'s' * (r > 1)}", "x", measured, "partition size",
+                            [1.0] * len(measured), higher_is_better=False))
     report["rows"] = [row.as_dict() for row in rows]
     by = {(r.group, r.name): r for r in rows}
     goals = []
@@ -247,7 +299,7 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
 
 def _from_args(report: dict, progress: Progress, args: argparse.Namespace) -> None:
     run(report, progress, mb=args.delivery_mb, value_size=100, consumers=args.workers, rounds=args.rounds,
-        share_records=args.share_records)
+        share_records=args.share_records, instances=args.instances)
 
 
 BENCHMARK = Benchmark(
@@ -255,4 +307,6 @@ BENCHMARK = Benchmark(
     method="No work per record. Same-kind pairs: N trio Consumers through the proxy against one trio Consumer "
            "direct; N raw header-counting clients against one direct; N share consumers "
            "(ShareConsumerPerformance) against Kafka's ConsumerPerformance. A fresh proxy per range run.",
-    steps=lambda args: 3 + args.rounds * (4 + 4 * len(args.workers)), run=_from_args, default=True)
+    steps=lambda args: 3 + args.rounds * (5 + 4 * len(args.workers) + len([n for n in args.workers if n > 1])
+                                          * len(set(args.instances))),
+    run=_from_args, default=True)

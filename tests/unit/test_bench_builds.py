@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_build_is_a_name_and_a_checkout():
-    assert bench_builds._build(f"after={REPO}") == ("after", REPO)
+    assert bench_builds.parse_build(f"after={REPO}") == ("after", REPO)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -24,7 +24,7 @@ def test_a_build_is_a_name_and_a_checkout():
 ])
 def test_a_bad_build_is_refused_with_what_was_expected(text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=message):
-        bench_builds._build(text)
+        bench_builds.parse_build(text)
 
 
 def test_one_build_is_not_a_comparison(capsys):
