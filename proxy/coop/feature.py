@@ -9,8 +9,12 @@ beyond the winner (a few times), else the partition is answered with no chunk. S
 never overlap, whichever instances the members reach.
 
 Fetches of one (group, topic, partition) through this instance take turns: a turn lasts
-from the decision to the verdict on its grant. A fetch that cannot have its turn within
-its ``MaxWaitMs`` is answered with no chunk, as the broker answers a fetch with nothing new.
+from the decision until its grant is on its way to the log, when the next fetch decides
+around it (``KeyGrants.hold``) without waiting for the verdict, so that grants of one
+partition follow each other at the pace of the broker's reads, not of the log's round trips.
+Offsets handed out again, a reset or a claim below the read keep the turn until their
+verdict. A fetch that cannot have its turn within its ``MaxWaitMs`` is answered with no
+chunk, as the broker answers a fetch with nothing new.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ class _Pending:
     error: int = 0  # answered by the proxy with this code (no broker read)
     held: bool = False  # holds the partition's turn
     done: bool = False
+    deadline: float = 0.0  # the fetch's MaxWaitMs from its arrival (trio time): how long it waits for a turn
 
 
 class CooperativeFetchFeature(Feature):
@@ -226,7 +231,7 @@ class CooperativeFetchFeature(Feature):
         if wait.cancelled_caught:
             self._refused.labels("turn").inc()
             return
-        item.state, item.held = state, True
+        item.state, item.held, item.deadline = state, True, deadline
         grants = state.grants
         group, topic, partition = item.key
         committed = self._known(item.key)
@@ -344,6 +349,9 @@ class CooperativeFetchFeature(Feature):
             grant = grants.propose(span, item.member, item.token, chunk.end, item.committed, lease_ms=self.lease_ms,
                                    instance=self.grants.instance, proposal=self.grants.next_proposal(),
                                    now_ms=_now_ms())
+            if item.held and not redelivery and not span.reset and span.claim_from is None:
+                grants.hold(grant)  # the next fetch decides around it: the turn passes on
+                self._release([item])
             try:
                 verdict = await self.grants.propose(item.key, grant)
             except CommitLogError as exc:
@@ -352,6 +360,8 @@ class CooperativeFetchFeature(Feature):
                 self._refused.labels("grants_unavailable").inc()
                 self._empty(part)
                 return
+            finally:
+                grants.settle(grant.proposal)
             if verdict is None:
                 if span.reset:
                     grants.reset_pending = False
@@ -361,6 +371,8 @@ class CooperativeFetchFeature(Feature):
                 self.metrics.leased_offsets.inc(chunk.end - grant.start + 1)
                 self._hand_out(part, grant.start, chunk)
                 return
+            if not item.held and not await self._retake(item, state):
+                break
             following = grants.next_span(item.member, item.token, item.committed, _now_ms(), self.max_leases)
             if following is None or following.lease is not None or following.reset or \
                     following.claim_from is not None or following.start < span.start:
@@ -368,6 +380,19 @@ class CooperativeFetchFeature(Feature):
             span = following
         self._refused.labels("conflict").inc()
         self._empty(part)
+
+    @staticmethod
+    async def _retake(item: _Pending, state: _Partition) -> bool:
+        """The partition's turn again, for a grant that lost (within the fetch's MaxWaitMs)."""
+        try:
+            state.turn.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.move_on_at(item.deadline):
+                await state.turn.acquire()
+                item.held = True
+            return item.held
+        item.held = True
+        return True
 
     @staticmethod
     def _hand_out(part: FetchResponse.PartitionData, start: int, chunk: Chunk) -> None:

@@ -319,6 +319,10 @@ class KeyGrants:
     floor: int = -1  # the highest committed floor carried by the records
     reset_pending: bool = False  # the broker said the read position is out of range
     counts: Counts = field(default_factory=Counts)
+    # this instance's proposals on their way through the log (proposal -> its chunk): its
+    # next spans go around them, so that it proposes the next chunk without waiting for the
+    # verdict on the last; a proposal, not a lease, that no other reader knows of
+    proposed: dict[int, OffsetRange] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._recent: list[Seen] = []
@@ -374,6 +378,16 @@ class KeyGrants:
             self.leases = kept
 
     # -- what this instance proposes ----------------------------------------------------------
+    def hold(self, grant: Grant) -> None:
+        """``grant``, proposed by this instance, is on its way: until ``settle``, the spans
+        this instance proposes next go around its chunk. The log still decides: a proposal
+        that loses leaves its offsets to the lowest-first rule of ``next_span``."""
+        self.proposed[grant.proposal] = (grant.start, grant.end)
+
+    def settle(self, proposal: int) -> None:
+        """The verdict on ``proposal`` is in (or will never come): its chunk is the log's."""
+        self.proposed.pop(proposal, None)
+
     def live(self, now_ms: int) -> list[Lease]:
         return [lease for lease in self.leases if lease.live_at(now_ms)]
 
@@ -411,10 +425,12 @@ class KeyGrants:
         if self.reset_pending:
             return Span(max(token, 0), None, claim_from=low, reset=True)
         live = self.live(now_ms)
-        if self.frontier is None and not live and committed.stable < 0 and self.floor < 0 and not committed.ranges:
+        if self.frontier is None and not live and not self.proposed and committed.stable < 0 and self.floor < 0 \
+                and not committed.ranges:
             # nothing handed out, nothing committed: start where the member's reset policy says
             return Span(max(token, 0), None, claim_from=0)
-        blocked = sorted([(lease.start, lease.end) for lease in live] + list(committed.ranges))
+        blocked = sorted([(lease.start, lease.end) for lease in live] + list(self.proposed.values())
+                         + list(committed.ranges))
         start = low
         for lo, hi in blocked:
             if hi < start:
