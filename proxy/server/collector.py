@@ -8,8 +8,9 @@ of them paused the proxy 0.4-0.9 s every few seconds under load (closed-loop req
 0.78 x and paced p99 2.2 x of a proxy holding none).
 
 ``CollectorTuner`` moves whatever has survived into the permanent generation every
-``memory.gc.freeze.interval.ms`` (``gc.freeze``, a list splice), so the collector's own
-collections walk only what was allocated since. Frozen objects are still freed by their
+``memory.gc.freeze.interval.ms`` (``gc.freeze``, a list splice, after a collection of
+what is not frozen yet, so no dead cycle is frozen), so the collector's own collections
+walk only what was allocated since. Frozen objects are still freed by their
 reference counts the moment they die; only cycles among them wait. Those are reclaimed by
 ``FullCollectionPolicy``: once the frozen heap has grown by a quarter (and at least
 ``FLOOR`` objects) since it was last walked, it is unfrozen, collected whole and frozen
@@ -92,7 +93,14 @@ class CollectorTuner:
             gc.callbacks.remove(self.clock)
 
     def step(self) -> bool:
-        """Freezes what survived; walks the whole heap first when due. True if it walked."""
+        """Freezes what survived; walks the whole heap first when due. True if it walked.
+
+        A collection of the unfrozen heap comes first: cycles that died since the last
+        freeze are still tracked until a collection finds them, and freezing them would
+        keep them until the next walk of the whole heap (measured: with 100 connections
+        opened and closed a second, 2,200 such objects a second, a walk every 100 s). It
+        walks only what was allocated since the last freeze."""
+        gc.collect()
         gc.freeze()
         frozen = gc.get_freeze_count()
         if not self.policy.due(frozen):
