@@ -8,6 +8,7 @@ chaos`` imports it); the Java programs are built on the first cell that needs th
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
@@ -72,7 +73,23 @@ class JavaConsumers(Workload):
             code = consumer.stop(timeout)
             if code not in (0, None):
                 notes.append(f"{consumer.name} exited with {code}: {consumer.stderr_tail(5)}")
-        return Outcome(self._handed(), killed=dict(self.killed), notes=notes)
+        return Outcome(self._handed(), killed=dict(self.killed), lost_members=self._lost_members(), notes=notes)
+
+    def _lost_members(self) -> dict[str, float]:
+        """The launches that wrote a ``lost`` line: their partitions were taken away
+        without a chance to commit (a session timeout, a fencing), so what they were
+        handed comes again to the next owner. The time is not known on this clock (the
+        line's is the JVM's elapsed milliseconds): NaN."""
+        lost: dict[str, float] = {}
+        for consumer in self.consumers:
+            for launch in range(1, consumer.launches + 1):
+                try:
+                    lines = (consumer.workdir / f"{consumer.name}-{launch}.out").read_text(errors="replace")
+                except FileNotFoundError:
+                    continue
+                if any(line.split("\t", 1)[0] == "lost" for line in lines.splitlines()):
+                    lost[self._member(consumer, launch)] = math.nan
+        return lost
 
     def close(self) -> None:
         for consumer in self.consumers:
