@@ -247,6 +247,13 @@ class VirtualCommitFeature(Feature):
             response.changed = True
             committed = {key: plan.edits[key] for key, code in outcome.items() if code == ErrorCode.NONE}
             if committed:
+                # Watched as a plain commit's partitions are (the proxy's own lift once quiet),
+                # but due at the first quiet heartbeat whatever was learnt: a transactional
+                # commit lifts only the shares it names, so another share's watermark may
+                # wait in a stretch Fetch proved before this commit (lag.txn_watch_marks).
+                self.watch.committed(plan.group, lag.txn_watch_marks(committed),
+                                     lag.Identity(generation, member, instance), trio.current_time(),
+                                     lag.unseen)
                 background = self.transactions.background
                 background.start(self._settle, background, plan.group, committed, generation, member, instance)
 

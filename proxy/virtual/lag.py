@@ -240,6 +240,18 @@ class LiftWatch:
                 watched.retry_at = now + self.retry
 
 
+def unseen(key: RealKey) -> int:
+    """A ``VersionOf`` no version equals: the partition is due at its first quiet moment."""
+    return -1
+
+
+def txn_watch_marks(committed: dict[RealKey, dict[int, dict[int, int]]]) -> dict[RealKey, set[int]]:
+    """The partitions (real partition -> its K) a transactional commit's accepted edits
+    (real partition -> K -> share -> W) have the proxy watch: every K named, whether or not
+    a share of it moved."""
+    return {key: set(by_k) for key, by_k in committed.items()}
+
+
 # -- the lifts a commit or an answer makes -------------------------------------------------------
 
 GapsOf = Callable[[RealKey, int], "dict[int, Gaps]"]  # (real partition, K) -> share -> its stretches

@@ -47,6 +47,7 @@ from harness.streams_app import FAST_FAILOVER, StreamsAppError, StreamsFleet, Tx
 from harness.txn_output import TxnVerdict, check_output, read_output
 from proxy.local_kafka import ProxyProcess
 from tests.integration.conftest import free_ports
+from tests.integration.test_live_tail import _committed, _log_end
 from tests.integration.test_live_tail_kills import _restart
 
 pytestmark = [pytest.mark.kafka]
@@ -71,6 +72,7 @@ STREAMS_CONFIGS = {**FAST_FAILOVER, "max.block.ms": "10000", "task.timeout.ms": 
 JOIN_TIMEOUT = 60.0  # the JVMs start and the group settles
 FIRST_COMMIT_TIMEOUT = 30.0  # every member commits a transaction once records flow
 OUTPUT_TIMEOUT = 45.0  # after the producer finished, until the committed output holds every record
+COMMITTED_TIMEOUT = 15.0  # after the output is complete, until T's committed offsets reach its log end
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +106,13 @@ def _input_partitions(topic: str, partitions: int, virtual: bool) -> tuple[str, 
 
 def _relay_run(cluster: KafkaCluster, proxy: ProxyProcess, topic_factory, tmp_path: Path, *,
                make: Callable[..., TxnFleet], virtual: bool, partitions: int = 1, replication: int = 1,
-               kill: bool = False, delay_ms: int = 0) -> TxnVerdict:
+               kill: bool = False, delay_ms: int = 0, at_end: bool = False) -> TxnVerdict:
     """Members of one group relay ``T`` (``T.kr4`` when ``virtual``) to an output topic while
     a producer writes ``RECORDS`` records live; with ``kill``, the busiest member is killed
     inside a transaction mid-stream and started again with the same transactional id. The
     verdict of the committed output against the acknowledged input, after every member
-    stopped cleanly."""
+    stopped cleanly. With ``at_end``, ``T``'s committed offsets at the coordinator reach its
+    log end while the members are still in the group (their last shares lifted)."""
     configs = {"min.insync.replicas": "2"} if replication >= 3 else None
     topic = topic_factory(cluster, partitions=partitions, replication_factor=replication, configs=configs)
     output = topic_factory(cluster, partitions=OUTPUT_PARTITIONS, replication_factor=replication, configs=configs)
@@ -180,6 +183,18 @@ def _relay_run(cluster: KafkaCluster, proxy: ProxyProcess, topic_factory, tmp_pa
                        f"({last[0].summary() if last else 'not read'}; {context()})",
                alive, interval=1.0)
         timeline.append(f"output complete at {time.monotonic() - began:.1f}s")
+        if at_end:
+            log_end = _log_end(cluster.bootstrap_servers, topic, partitions)
+            seen: list[dict[tuple[str, int], int]] = []
+
+            def at_log_end() -> bool:
+                seen[:] = [_committed(cluster.bootstrap_servers, group, topic, partitions)]
+                return seen[0] == log_end
+
+            _until(at_log_end, COMMITTED_TIMEOUT,
+                   lambda: f"{topic}'s committed offsets at the coordinator {seen[0] if seen else 'unread'} "
+                           f"at its log end {log_end} ({context()})", alive, interval=0.5)
+            timeline.append(f"{topic} committed at its log end {log_end} at {time.monotonic() - began:.1f}s")
         codes = fleet.stop()
         assert codes == [0] * len(fleet), f"exit codes on SIGTERM {codes}: {context()}"
     finally:
@@ -251,7 +266,7 @@ def test_java_relays_on_the_real_topic_write_each_record_once(kafka, proxy, topi
 
 @pytest.mark.timeout(150)
 def test_librdkafka_members_on_a_virtual_topic_write_each_record_once(kafka, proxy, topic_factory, tmp_path):
-    _relay_run(kafka, proxy, topic_factory, tmp_path, make=_rdkafka(3), virtual=True)
+    _relay_run(kafka, proxy, topic_factory, tmp_path, make=_rdkafka(3), virtual=True, at_end=True)
 
 
 # -- Kafka Streams exactly_once_v2 ------------------------------------------------------------

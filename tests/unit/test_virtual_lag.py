@@ -303,3 +303,17 @@ def test_lifts_anything_tells_whether_a_lift_would_move_a_watermark():
     marks = ((4, 0, 100, 1), (4, 1, 96, 2))
     assert lag.lifts_anything(marks, 90, {4: {1: ((96, 100),)}})
     assert not lag.lifts_anything(marks, 90, {4: {1: ((97, 100),)}})
+
+
+def test_a_transactional_commit_has_its_partition_lifted_at_the_first_quiet_heartbeat():
+    # Fetch learnt share 2's last stretch (version 4) before a transaction named only share 1:
+    # nothing new is learnt afterwards, yet the partition is due once quiet, for share 2.
+    watch = lag.LiftWatch(quiet=1.0, retry=5.0)
+    member = lag.Identity(7, "member-1")
+    marks = lag.txn_watch_marks({("t", 0): {4: {1: 100}}, ("t", 1): {4: {}}})
+    assert marks == {("t", 0): {4}, ("t", 1): {4}}
+    watch.committed("g", marks, member, 100.0, lag.unseen)
+    assert watch.due("g", 100.5, lambda key: 4) is None  # not quiet yet
+    assert watch.due("g", 101.5, lambda key: 4) == (member, {("t", 0): {4}, ("t", 1): {4}})
+    watch.done("g", [], 101.5)
+    assert watch.due("g", 200.0, lambda key: 4) is None  # lifted: nothing new since
