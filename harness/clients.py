@@ -50,3 +50,39 @@ def commit_consumed(consumer) -> None:
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError._NO_OFFSET:
             raise
+
+
+def rdkafka_virtual_member(bootstrap: str, group: str, virtual: str, topic: str, shares: int, history, name: str,
+                           stop, errors: list[str], *, skip_errors: bool = False) -> None:
+    """An unmodified librdkafka member of ``group`` on the virtual range topic ``virtual``
+    (``topic.kr<shares>``) until ``stop`` is set: each record handed out is recorded in
+    ``history`` under its real partition (virtual partition v is share v % K of real
+    partition v // K), and it commits synchronously after each batch and once a second
+    when idle (positions moved past other shares' records are committed too). A message
+    error goes to ``errors``, unless ``skip_errors`` (a test that breaks connections on
+    purpose: librdkafka reconnects by itself); an exception ends the member into ``errors``."""
+    import time
+
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, "session.timeout.ms": 10000, "heartbeat.interval.ms": 500,
+                         "fetch.wait.max.ms": 300})
+    consumer.subscribe([virtual], on_revoke=lambda c, _partitions: commit_consumed(c))
+    last_commit = time.monotonic()
+    try:
+        while not stop.is_set():
+            batch = consumer.consume(100, 0.3)
+            for message in batch:
+                if message.error():
+                    if not skip_errors:
+                        errors.append(str(message.error()))
+                    continue
+                history.deliver(name, topic, message.partition() // shares, message.offset(), message.key())
+            if batch or time.monotonic() - last_commit > 1.0:
+                commit_consumed(consumer)
+                last_commit = time.monotonic()
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        errors.append(repr(exc))
+    finally:
+        consumer.close()

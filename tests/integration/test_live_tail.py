@@ -18,7 +18,7 @@ import uuid
 import pytest
 import trio
 
-from harness.clients import commit_consumed
+from harness.clients import rdkafka_virtual_member
 from harness.history import History, check
 from harness.live import LiveProducer
 from proxy.client import Consumer, RetriableError, TopicPartition, equal_shares
@@ -253,8 +253,6 @@ VIRTUAL_PARTITIONS = 2
 
 def test_librdkafka_members_of_a_virtual_topic_hand_out_every_record_written_while_they_read(kafka, proxy,
                                                                                                topic_factory):
-    from confluent_kafka import Consumer as RdConsumer
-
     topic = topic_factory(kafka, partitions=VIRTUAL_PARTITIONS)
     virtual = f"{topic}.kr{SHARES}"
     group = f"live-{topic}"
@@ -263,33 +261,10 @@ def test_librdkafka_members_of_a_virtual_topic_hand_out_every_record_written_whi
     stop = threading.Event()
     errors: list[str] = []
 
-    def member(index: int) -> None:
-        consumer = RdConsumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": group,
-                               "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                               "session.timeout.ms": 10000, "heartbeat.interval.ms": 500,
-                               "fetch.wait.max.ms": 300})
-        consumer.subscribe([virtual], on_revoke=lambda c, _partitions: commit_consumed(c))
-        last_commit = time.monotonic()
-        try:
-            while not stop.is_set():
-                messages = consumer.consume(100, 0.3)
-                for message in messages:
-                    if message.error():
-                        errors.append(str(message.error()))
-                        continue
-                    # virtual partition v is share v % K of real partition v // K
-                    history.deliver(f"m{index}", topic, message.partition() // SHARES, message.offset(),
-                                    message.key())
-                if messages or time.monotonic() - last_commit > 1.0:
-                    # also when idle: positions moved past other shares' records are committed too
-                    commit_consumed(consumer)
-                    last_commit = time.monotonic()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(repr(exc))
-        finally:
-            consumer.close()
-
-    threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(3)]
+    threads = [threading.Thread(target=rdkafka_virtual_member, daemon=True,
+                                args=(proxy.bootstrap_servers, group, virtual, topic, SHARES, history, f"m{i}", stop,
+                                      errors))
+               for i in range(3)]
     producer.start()
     for thread in threads:
         thread.start()

@@ -13,12 +13,11 @@ import signal
 import socket
 import struct
 import threading
-import time
 import urllib.request
 
 import pytest
 
-from harness.clients import commit_consumed
+from harness.clients import rdkafka_virtual_member
 from harness.history import History
 from harness.live import LiveProducer
 from harness.wait import wait_until
@@ -84,8 +83,6 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_virtual_topic_group_through_two_workers_one_killed_loses_nothing(kafka, proxy_factory, topic_factory):
-    from confluent_kafka import Consumer as RdConsumer
-
     proxy = proxy_factory(kafka, workers="2", metrics_port="0")
     victim = proxy.info["workers"][1]["pid"]
     topic = topic_factory(kafka, partitions=PARTITIONS)
@@ -96,30 +93,10 @@ def test_a_virtual_topic_group_through_two_workers_one_killed_loses_nothing(kafk
     stop = threading.Event()
     errors: list[str] = []
 
-    def member(index: int) -> None:
-        consumer = RdConsumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": group,
-                               "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                               "session.timeout.ms": 10000, "heartbeat.interval.ms": 500,
-                               "fetch.wait.max.ms": 300})
-        consumer.subscribe([virtual], on_revoke=lambda c, _partitions: commit_consumed(c))
-        last_commit = time.monotonic()
-        try:
-            while not stop.is_set():
-                batch = consumer.consume(100, 0.3)
-                for message in batch:
-                    if message.error():
-                        continue  # a connection the kill broke: librdkafka reconnects by itself
-                    history.deliver(f"m{index}", topic, message.partition() // SHARES, message.offset(),
-                                    message.key())
-                if batch or time.monotonic() - last_commit > 1.0:
-                    commit_consumed(consumer)
-                    last_commit = time.monotonic()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(repr(exc))
-        finally:
-            consumer.close()
-
-    threads = [threading.Thread(target=member, args=(index,), daemon=True) for index in range(3)]
+    threads = [threading.Thread(target=rdkafka_virtual_member, daemon=True,
+                                args=(proxy.bootstrap_servers, group, virtual, topic, SHARES, history, f"m{index}",
+                                      stop, errors), kwargs={"skip_errors": True})  # the kill breaks connections
+               for index in range(3)]
     producer.start()
     for thread in threads:
         thread.start()
