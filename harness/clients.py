@@ -78,7 +78,9 @@ def rdkafka_virtual_member(bootstrap: str, group: str, virtual: str, topic: str,
                     if not skip_errors:
                         errors.append(str(message.error()))
                     continue
-                history.deliver(name, topic, message.partition() // shares, message.offset(), message.key())
+                virtual_partition, offset = message.partition(), message.offset()
+                assert virtual_partition is not None and offset is not None  # set on every record
+                history.deliver(name, topic, virtual_partition // shares, offset, message.key())
             if batch or time.monotonic() - last_commit > 1.0:
                 commit_consumed(consumer)
                 last_commit = time.monotonic()
