@@ -264,7 +264,7 @@ def test_help_says_what_the_settings_that_cost_most_cost():
 
     text = describe_settings()
     for name in ("reserve.message.value.range.fetch", "max.bytes.key.range.results", "key.range.prefetch.enabled",
-                 "fetch.prediction.enabled", "native.relay.threads"):
+                 "fetch.prediction.enabled", "virtual.topics.enabled", "native.relay.threads"):
         entry = re.search(rf"\n {{2,4}}{re.escape(name)} \(.*?(?=\n {{2,4}}[a-z]|\n\n|$)", text, re.S)
         assert entry is not None and re.search(r"\n +Cost: ", entry.group()), name
     assert "reserve.message.value.range.fetch (default true;" in text
