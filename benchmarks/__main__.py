@@ -7,7 +7,9 @@ table ``benchmarks/results/README.md`` is regenerated from every JSON file after
     python -m benchmarks --quick             # small sizes: checks the harness, not the figures
     python -m benchmarks --list
     python -m benchmarks eos                 # by name only (not in the default set): about 12-15 minutes
-    python -m benchmarks coop                # by name only: cooperative fetch against share groups, ~15-20 minutes
+    python -m benchmarks coop                # by name only: cooperative fetch against share groups and over
+                                             # 1-3 proxy instances, ~20 minutes (--coop-build: another checkout too)
+    python -m benchmarks keyrange_instances  # by name only: key ranges over 1-3 proxy instances, ~4 minutes
 
 Each benchmark holds ``/tmp/keyrange-bench.lock`` (flock) while it runs, so benchmarks
 started by different people on one machine never overlap (a second one waits).
@@ -110,7 +112,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--coop-batch-bytes", type=int, default=16_384,
                         help="coop: the producer's batch.size writing the topics (a chunk is at least one batch)")
     parser.add_argument("--instances", type=int, nargs="+", default=[1, 2, 3],
-                        help="coop, keyrange_delivery: also spread the consumers over this many proxy instances "
+                        help="coop, keyrange_instances: spread the consumers over this many proxy instances "
                              "(consumer i through instance i mod R)")
     parser.add_argument("--coop-build", type=_other_build, metavar="NAME=FOLDER",
                         help="coop: also run the cooperative consumers through one proxy of this checkout (its C "

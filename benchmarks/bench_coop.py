@@ -73,9 +73,10 @@ duplicates are at least handed out - written. Each run also keeps the CPU of the
 consumers and the broker over the middle (cores used), the proxy's coop counters and mean
 Fetch and OffsetCommit latency, and per-member counts.
 
-    python -m benchmarks coop                 # 3 rounds: about 30 minutes on 2 cores
-    git worktree add /tmp/coop-before 1a3d1ea   # and build its C kernels in place
-    python -m benchmarks coop --coop-build in-memory=/tmp/coop-before   # about 40 minutes
+    python -m benchmarks coop                 # 3 rounds: about 17 minutes on 2 cores
+    git worktree add /tmp/coop-before 1a3d1ea   # and build its C kernels in place, e.g. pip wheel
+    # --no-deps -w /tmp/w /tmp/coop-before, then unzip the wheel's three .so files into the folder
+    python -m benchmarks coop --coop-build in-memory=/tmp/coop-before   # about 20 minutes
     python -m benchmarks coop --quick         # 1 round, small topics: about 3-4 minutes
     python -m benchmarks coop --rounds 2 --coop-seconds 6
 

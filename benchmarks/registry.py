@@ -33,6 +33,7 @@ MODULES = (
     "benchmarks.workloads.live_tail",
     "benchmarks.bench_eos",
     "benchmarks.bench_coop",
+    "benchmarks.workloads.keyrange_instances",
     # their own command; the first eight also run under --all
     "benchmarks.bench_proxy",
     "benchmarks.bench_hop",

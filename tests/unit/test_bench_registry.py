@@ -14,7 +14,8 @@ from benchmarks import registry
 from benchmarks.benchmark import Benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPARISON = ["passthrough", "key_ordered", "keyrange_delivery", "virtual", "live_tail", "eos", "coop"]
+COMPARISON = ["passthrough", "key_ordered", "keyrange_delivery", "virtual", "live_tail", "eos", "coop",
+              "keyrange_instances"]
 WITH_ALL = ["bench_proxy", "bench_hop", "bench_keyrange", "bench_consumer", "bench_commits", "bench_codecs",
             "bench_split", "bench_groups"]
 
