@@ -145,8 +145,9 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
     records = mb * 2**20 // (value_size + 30)
     share_records = min(share_records, records)
     report["sizes"] = {"partition MB": mb, "records": records, "value bytes": value_size, "keys": 10007,
-                       "consumers": consumers, "rounds": rounds,
-                       "share group rows and their baseline read the first": f"{share_records:,} records"}
+                       "consumers": consumers, "rounds": rounds}
+    if "share group" in kinds:
+        report["sizes"]["share group rows and their baseline read the first"] = f"{share_records:,} records"
     if "instances" in kinds:
         report["sizes"]["proxy instances"] = instances
     workdir = scratch_dir("bench-keyrange-delivery-")
