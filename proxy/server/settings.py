@@ -146,8 +146,9 @@ class ConnectionLimits(Settings):
         reloadable=True)
     max_connections: int = integer("max.connections", 10000, "Client connections accepted at once.", at_least(1),
                                    reloadable=True,
-                                   cost="memory: about 23 KiB of the proxy's a connection that has sent a request "
-                                        "(a broker connection each), 9 KiB a silent one (docs/reliability.md).")
+                                   cost="proxy memory: about 23 KiB for each connection that has sent a request "
+                                        "(and has a broker connection), 9 KiB for each silent one "
+                                        "(docs/reliability.md).")
     max_inflight_requests: int = integer(
         "max.inflight.requests.per.connection", 64,
         "Requests awaiting a response per connection before the proxy stops reading from the client.", at_least(1),
