@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -35,7 +34,7 @@ import psutil
 from benchmarks import results
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
-from benchmarks.workloads.keyrange_delivery import TOPIC, _partition_bytes, raw_clients
+from benchmarks.workloads.keyrange_delivery import TOPIC, _partition_bytes, raw_clients, timed_threads
 
 WORKLOADS = ("key ranges N=4", "key ranges N=16", "plain x4")
 SETTINGS = ("1", "2")
@@ -74,15 +73,10 @@ def plain_readers(bootstrap: str, readers: int, end: int) -> tuple[float, int]:
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=one) for _ in range(readers)]
-    began = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    seconds = timed_threads([(one, ())] * readers)
     if errors:
         raise errors[0]
-    return time.perf_counter() - began, sum(delivered for _, delivered in outcomes)
+    return seconds, sum(delivered for _, delivered in outcomes)
 
 
 def one_run(cluster, workdir: Path, workers: str, workload: str, records: int, partition_bytes: int) -> dict:

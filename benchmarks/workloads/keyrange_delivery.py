@@ -79,15 +79,22 @@ def raw_clients(bootstrap: str | list[str], n: int | None, end: int, *, max_byte
         except BaseException as exc:  # reported by the caller
             errors.append(exc)
 
-    threads = [threading.Thread(target=read, args=(i, ranges)) for i, ranges in enumerate(shares)]
+    seconds = timed_threads([(read, (i, ranges)) for i, ranges in enumerate(shares)])
+    if errors:
+        raise errors[0]
+    return seconds, sum(counts)
+
+
+def timed_threads(calls) -> float:
+    """Runs each ``(function, args)`` of ``calls`` on a thread of its own, all at once;
+    the seconds from the first start to the last end."""
+    threads = [threading.Thread(target=function, args=args) for function, args in calls]
     began = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    if errors:
-        raise errors[0]
-    return time.perf_counter() - began, sum(counts)
+    return time.perf_counter() - began
 
 
 def trio_consumers(bootstrap: str, n: int | None, end: int, *, timeout: float = 600) -> tuple[float, int]:

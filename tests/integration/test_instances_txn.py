@@ -27,7 +27,7 @@ import pytest
 from harness.history import History
 from harness.live import LiveProducer
 from harness.rdkafka_txn_member import RdkafkaTxnMemberProcess
-from harness.streams_app import StreamsAppError, TxnFleet
+from harness.streams_app import TxnFleet
 from harness.txn_output import TxnVerdict, check_output, read_output
 from tests.integration.replicas import Replicas, replicas_behind_balancer
 from tests.integration.test_live_tail import _committed, _log_end
@@ -40,6 +40,7 @@ from tests.integration.test_txn_virtual import (
     OUTPUT_TIMEOUT,
     RDKAFKA_CONFIGS,
     SHARES,
+    _alive_check,
     _until,
 )
 
@@ -91,14 +92,7 @@ def _run(kafka, replicas: Replicas, topic_factory, tmp_path, *, kill: bool) -> T
         return (f"{len(history.acks)} acknowledged; connections per replica {replicas.connections()}; "
                 f"{fleet.summary()}; errors: {fleet.problems()}" + (f"; {'; '.join(timeline)}" if timeline else ""))
 
-    def alive() -> None:
-        try:
-            fleet.check_alive()
-        except StreamsAppError as exc:
-            failure = f"a member of {group} reading {source} exited: {exc}\n{context()}"
-        else:
-            return
-        pytest.fail(failure, pytrace=False)
+    alive = _alive_check(fleet, group, source, context)
 
     try:
         fleet.start()

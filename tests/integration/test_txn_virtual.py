@@ -97,6 +97,22 @@ def _until(condition: Callable[[], bool], timeout: float, what: Callable[[], str
         time.sleep(interval)
 
 
+def _alive_check(fleet, group: str, source: str, context: Callable[[], str]) -> Callable[[], None]:
+    """A ``check`` for ``_until``: fails the test at once, with ``context()``, when a member
+    of ``fleet`` has exited."""
+
+    def alive() -> None:
+        try:
+            fleet.check_alive()
+        except StreamsAppError as exc:
+            failure = f"a member of {group} reading {source} exited: {exc}\n{context()}"
+        else:
+            return
+        pytest.fail(failure, pytrace=False)
+
+    return alive
+
+
 def _input_partitions(topic: str, partitions: int, virtual: bool) -> tuple[str, set[tuple[str, int]]]:
     if virtual:
         name = f"{topic}.kr{SHARES}"
@@ -131,14 +147,7 @@ def _relay_run(cluster: KafkaCluster, proxy: ProxyProcess, topic_factory, tmp_pa
         return (f"{len(history.acks)} acknowledged; {fleet.summary()}; errors: {fleet.problems()}"
                 + (f"; {'; '.join(timeline)}" if timeline else ""))
 
-    def alive() -> None:
-        try:
-            fleet.check_alive()
-        except StreamsAppError as exc:
-            failure = f"a member of {group} reading {source} exited: {exc}\n{context()}"
-        else:
-            return
-        pytest.fail(failure, pytrace=False)
+    alive = _alive_check(fleet, group, source, context)
 
     try:
         fleet.start()
