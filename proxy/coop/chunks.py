@@ -76,3 +76,38 @@ def cut_chunk(blob, start: int, end: int | None = None) -> Chunk | None:
         last = end
     records = as_byte_view(blob)[first_at:end_at] if whole else b"".join(parts)
     return Chunk(records, start, last)
+
+
+def batch_bounds(blob, start: int, end: int | None = None) -> tuple[list[tuple[int, int]], int] | None:
+    """What an ask names of ``blob`` from ``start`` (to ``end`` inclusive; None: as far as
+    the complete batches go): the (last offset, bytes) of each complete batch reaching
+    ``start``, and the last offset a chunk cut from it may reach. None when ``cut_chunk``
+    would find no chunk there (the same rules: a batch beginning past ``end`` proves that
+    ``[..., end]`` holds no more records)."""
+    if not blob:
+        return None
+    batches: list[tuple[int, int]] = []
+    last: int | None = None
+    beyond = False
+    for entry in iter_batches(blob):
+        if isinstance(entry, PartialBatch):
+            break
+        if isinstance(entry, LegacyBatch):
+            base = top = entry.base_offset
+        else:
+            base, top = entry.header.base_offset, entry.header.last_offset
+        if top < start:
+            continue
+        if end is not None and base > end:
+            beyond = True
+            break
+        high = top if end is None else min(top, end)
+        batches.append((high, len(entry.data)))
+        last = high
+        if end is not None and high >= end:
+            break
+    if beyond and end is not None:
+        return batches, end
+    if last is None:
+        return None
+    return batches, last

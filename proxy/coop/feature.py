@@ -2,19 +2,23 @@
 partitions tagged ``Cooperative`` get the next chunk of offsets nobody has had, read on
 the client's own broker connection. The decisions are ``grants``' and ``chunks``' (sans-IO).
 
-Who holds which chunk is the log's (``proxy.coop.grant_log``): the read's chunk is proposed
-as a grant, and handed out only once this instance has applied its own record and found it
-valid; a grant that lost to another instance's is proposed again from what the read holds
-beyond the winner (a few times), else the partition is answered with no chunk. So chunks
-never overlap, whichever instances the members reach.
+Who holds which chunk is the log's (``proxy.coop.grant_log``): once the broker's answer is
+in, the fetch asks the log for the member's next chunk within what it read (an ask names no
+offsets of its own: every instance computes the same chunk as it applies the ask), and the
+chunk is handed out only once this instance has applied its own record. An ask whose whole
+range another instance's chunks took gets no chunk: the partition is answered with none.
+So chunks never overlap, whichever instances the members reach. So that asks of several
+instances made from the same state each find a chunk, a fetch reads ahead as many times the
+member's byte limit as instances asked for chunks of the partition lately (at most
+``_READ_AHEAD``); the chunk itself stays within the member's limit.
 
 Fetches of one (group, topic, partition) through this instance take turns: a turn lasts
-from the decision until its grant is on its way to the log, when the next fetch decides
-around it (``KeyGrants.hold``) without waiting for the verdict, so that grants of one
-partition follow each other at the pace of the broker's reads, not of the log's round trips.
-Offsets handed out again, a reset or a claim below the read keep the turn until their
-verdict. A fetch that cannot have its turn within its ``MaxWaitMs`` is answered with no
-chunk, as the broker answers a fetch with nothing new.
+from the decision until its ask is on its way to the log, when the next fetch decides
+around the chunk it expects (``KeyGrants.hold``) without waiting for it, so that chunks of
+one partition follow each other at the pace of the broker's reads, not of the log's round
+trips. Offsets handed out again, a reset or a claim below the read keep the turn until their
+chunk is known. A fetch that cannot have its turn within its ``MaxWaitMs`` is answered with
+no chunk, as the broker answers a fetch with nothing new.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ from prometheus_client import Gauge
 
 from proxy.commits.cluster import CommitLogError
 from proxy.commits.reads import CommittedReads
-from proxy.coop.chunks import Chunk, cut_chunk
+from proxy.coop.chunks import Chunk, batch_bounds, cut_chunk
 from proxy.coop.grant_log import GrantLog
-from proxy.coop.grants import Committed, KeyGrants, Span
+from proxy.coop.grants import TAKEN, Committed, KeyGrants, Span
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
@@ -51,7 +55,9 @@ COOPERATIVE_TAG_BYTES = b"\x91\x4e"  # tag 10001 as an unsigned varint
 _MAX_STATES = 10_000  # (group, topic, partition) states kept; the least recently used go first
 _MAX_GROUPS = 10_000  # groups whose newest generation is remembered
 _EMPTY = b""
-_PROPOSALS = 3  # grants proposed for one read before it is answered with no chunk
+_PROPOSALS = 3  # asks for one read before it is answered with no chunk
+_READ_AHEAD = 4  # the most times the member's byte limit a fetch reads (one per instance asking)
+_MAX_FETCH_BYTES = 0x7FFFFFFF
 
 GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 
@@ -92,6 +98,7 @@ class _Pending:
     held: bool = False  # holds the partition's turn
     done: bool = False
     deadline: float = 0.0  # the fetch's MaxWaitMs from its arrival (trio time): how long it waits for a turn
+    max_bytes: int = 0  # the member's PartitionMaxBytes: what a chunk holds at most (at least one batch)
 
 
 class CooperativeFetchFeature(Feature):
@@ -253,6 +260,10 @@ class CooperativeFetchFeature(Feature):
             self._refused.labels("lease_limit").inc()
             return
         item.span, item.committed = span, committed
+        item.max_bytes = item.part.partition_max_bytes
+        if span.lease is None:  # read beyond the chunk the asks of other instances may take first
+            ahead = min(grants.instances(), _READ_AHEAD)
+            item.part.partition_max_bytes = min(item.max_bytes * ahead, _MAX_FETCH_BYTES)
         item.part.fetch_offset = span.start
         item.part.last_fetched_epoch = -1
 
@@ -335,42 +346,55 @@ class CooperativeFetchFeature(Feature):
                 state.expired = grants.counts.expired
 
     async def _grant(self, item: _Pending, state: _Partition, part: FetchResponse.PartitionData) -> None:
-        """Propose the read's chunk as a grant; hand it out once the log says it is valid.
-        A grant that lost to another is proposed again from what the read holds beyond the
-        winner (a few times); otherwise no chunk."""
+        """Ask the log for the member's next chunk within the read; hand out the chunk it
+        assigns once this instance has applied the ask. An ask refused as stale is made
+        again (a few times); one whose range is all taken, or refused again, gets no chunk."""
         grants, span = state.grants, item.span
         assert span is not None
         blob = part.records
         for _attempt in range(_PROPOSALS):
-            chunk = cut_chunk(blob, span.start, span.end)
-            if chunk is None:
+            bounds = batch_bounds(blob, span.start, span.end)
+            if bounds is None:
                 break
-            redelivery = grants.redelivery(span)
-            grant = grants.propose(span, item.member, item.token, chunk.end, item.committed, lease_ms=self.lease_ms,
-                                   instance=self.grants.instance, proposal=self.grants.next_proposal(),
-                                   now_ms=_now_ms())
-            if item.held and not redelivery and not span.reset and span.claim_from is None:
-                grants.hold(grant)  # the next fetch decides around it: the turn passes on
+            batches, end = bounds
+            ask = grants.ask(span, item.member, item.token, batches, end, item.max_bytes, item.committed,
+                             lease_ms=self.lease_ms, instance=self.grants.instance,
+                             proposal=self.grants.next_proposal(), now_ms=_now_ms(),
+                             view=self.grants.view(item.key))
+            if item.held and not grants.redelivery(span) and not span.reset and span.claim_from is None:
+                expected = grants.expect(ask, _now_ms())
+                if expected is not None:
+                    grants.hold(ask.proposal, expected)  # the next fetch decides around it: the turn passes on
                 self._release([item])
             try:
-                verdict = await self.grants.propose(item.key, grant)
+                decision = await self.grants.propose(item.key, ask)
             except CommitLogError as exc:
-                log.warning("cooperative fetch: grant not written or not read back group=%s topic=%s partition=%s "
+                log.warning("cooperative fetch: ask not written or not read back group=%s topic=%s partition=%s "
                             "reason=%r", *item.key, str(exc))
                 self._refused.labels("grants_unavailable").inc()
                 self._empty(part)
                 return
             finally:
-                grants.settle(grant.proposal)
-            if verdict is None:
+                grants.settle(ask.proposal)
+            if decision.chunk is not None:
+                first, last = decision.chunk
+                chunk = cut_chunk(blob, max(first, span.start), last)
+                if chunk is None or chunk.end != last:  # cannot be: the ask named only what the read holds
+                    log.error("cooperative fetch: chunk [%d, %d] not in the read group=%s topic=%s partition=%s",
+                              first, last, *item.key)
+                    self._refused.labels("conflict").inc()
+                    self._empty(part)
+                    return
                 if span.reset:
                     grants.reset_pending = False
-                if redelivery:
+                if decision.redelivered:
                     self.metrics.redelivered.inc()
                 self.metrics.leased.inc()
-                self.metrics.leased_offsets.inc(chunk.end - grant.start + 1)
-                self._hand_out(part, grant.start, chunk)
+                self.metrics.leased_offsets.inc(last - first + 1)
+                self._hand_out(part, first, chunk)
                 return
+            if decision.reason == TAKEN:
+                break  # every offset the read holds is someone's
             if not item.held and not await self._retake(item, state):
                 break
             following = grants.next_span(item.member, item.token, item.committed, _now_ms(), self.max_leases)

@@ -10,8 +10,8 @@ partition it reads that partition from its start to its end, then keeps followin
 (long-polling Fetch): every record of every key of the partition is applied in log order,
 so the state of the keys it serves is never older than what it has read.
 
-A proposal is appended, then the proposer waits until its reader has applied it and takes
-the verdict the state machine gave. Proposals of one log partition that meet travel in one
+An ask is appended, then the proposer waits until its reader has applied it and takes
+the chunk the state machine assigned it (or none). Proposals of one log partition that meet travel in one
 batch. A log that cannot be written or read within ``timeout`` raises ``CommitLogError``:
 the caller hands out no chunk.
 """
@@ -29,6 +29,7 @@ import trio
 from proxy.commits.cluster import ClusterClient, CommitLogError, LogTopic
 from proxy.commits.producer import IdempotentProducer
 from proxy.coop.grants import (
+    Decision,
     Grant,
     GrantFormatError,
     GroupPartitionKey,
@@ -56,10 +57,10 @@ _ERRORS = (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError, Pr
 
 @dataclass
 class _Waiting:
-    """A proposal, between its append and its verdict."""
+    """An ask, between its append and its chunk."""
 
     done: trio.Event = field(default_factory=trio.Event)
-    verdict: str | None = None
+    decision: Decision | None = None
 
 
 @dataclass
@@ -76,6 +77,7 @@ class _Partition:
     """This instance's reader of one log partition."""
 
     position: int = 0  # every record below it is applied
+    applied: tuple[int, int] = (-1, -1)  # the offset and log-append time of the newest record applied
     loaded: trio.Event = field(default_factory=trio.Event)  # read to its end once
     healthy: bool = False  # the last read succeeded
     write_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -95,6 +97,7 @@ class GrantLog:
         self.producer = IdempotentProducer(self.topic)
         self.states: dict[GroupPartitionKey, KeyGrants] = {}
         self._parts: dict[int, _Partition] = {}
+        self._key_parts: dict[GroupPartitionKey, _Partition] = {}
         self._waiting: dict[int, _Waiting] = {}
         self._proposals = itertools.count(1)
         self._on_apply = on_apply or (lambda key, verdict: None)
@@ -119,7 +122,14 @@ class GrantLog:
         state = self.states.get(key)
         if state is None:
             state = self.states[key] = KeyGrants()
+        self._key_parts[key] = part
         return state
+
+    def view(self, key: GroupPartitionKey) -> tuple[int, int]:
+        """The offset and log-append time of the newest record applied of ``key``'s log
+        partition (any key's; (-1, -1): none): what an ask of ``key`` made now is based on."""
+        part = self._key_parts.get(key)
+        return (-1, -1) if part is None else part.applied
 
     async def _index(self, key: GroupPartitionKey, create: bool) -> int:
         try:
@@ -155,6 +165,7 @@ class GrantLog:
                 continue
             for offset, ms, key, value in read.records:
                 self._apply(offset, ms, key, value)
+                part.applied = (offset, ms)
             if read.after is not None:
                 part.position = max(part.position, read.after)
             if target is not None and part.position >= target:
@@ -176,19 +187,19 @@ class GrantLog:
             state = self.states[key] = KeyGrants()
         if offset <= state.offset:
             return
-        verdict = state.apply(offset, ms, grant)
-        self._on_apply(key, verdict)
+        decision = state.apply(offset, ms, grant)
+        self._on_apply(key, decision.reason)
         if grant.instance == self.instance:
             waiting = self._waiting.pop(grant.proposal, None)
             if waiting is not None:
-                waiting.verdict = verdict
+                waiting.decision = decision
                 waiting.done.set()
 
     # -- proposing -------------------------------------------------------------------------------
-    async def propose(self, key: GroupPartitionKey, grant: Grant) -> str | None:
-        """Append ``grant`` (acks=all) and wait for this instance to apply it: its verdict
-        (None: valid, the chunk may be handed out). Raises ``CommitLogError`` when it cannot
-        be written, or not read back, within ``timeout``."""
+    async def propose(self, key: GroupPartitionKey, grant: Grant) -> Decision:
+        """Append ``grant`` (acks=all) and wait for this instance to apply it: the chunk it
+        got, which may be handed out (or none, and why). Raises ``CommitLogError`` when it
+        cannot be written, or not read back, within ``timeout``."""
         index = await self._index(key, create=True)
         part = self._parts[index]
         waiting = self._waiting[grant.proposal] = _Waiting()
@@ -198,7 +209,8 @@ class GrantLog:
                 await waiting.done.wait()
             if scope.cancelled_caught:
                 raise CommitLogError(f"grant {grant.proposal} not read back from {GRANTS_TOPIC}-{index} in time")
-            return waiting.verdict
+            assert waiting.decision is not None
+            return waiting.decision
         finally:
             self._waiting.pop(grant.proposal, None)
 

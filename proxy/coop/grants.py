@@ -6,49 +6,66 @@ in as values; ``proxy.coop.grant_log`` reads and writes the topic.
 The log
 -------
 ``__cooperative_fetch_grants``, compacted, ``message.timestamp.type=LogAppendTime``, keyed
-by (group, topic, partition). An instance that wants to hand a chunk to a member appends a
-``Grant``: the member and its fetch token, the chunk [start, end], the lease length, and
-what the proposer knew when it proposed:
+by (group, topic, partition). An instance that wants a chunk for a member appends an *ask*
+(record version 1): the member and its fetch token, where its read began (``read_from``),
+how far it may go (``end``: the last offset of the complete batches the proposer read, or
+less), the batches it read there (their last offsets and sizes) and the most bytes a chunk
+may hold (``max_bytes``, the member's own limit), the lease length, and what the proposer
+knew when it asked:
 
 * ``base``, ``base_ms``: the offset and log-append time of the newest record of the key it
   had applied (-1: none);
-* ``held``: the live leases of the key as it had them after applying ``base`` (its snapshot);
+* ``held``, ``base_floor``: the leases and the committed floor of the key as it had them
+  after applying ``base`` (its snapshot);
 * ``floor``: the group's committed offset S as it had read it.
 
-Validity
---------
-Applied in log order, a grant at offset o with log-append time t is valid iff
+The chunk is not in the record: every reader computes it as it applies the ask (``assign``),
+so that asks of several instances made from the same state never name the same offsets.
 
-1. it is fresh: ``t - base_ms <= lease_ms`` (a proposer that stalled between reading and
-   appending proposes again);
-2. its chunk overlaps no lease of ``held`` live at t, and no chunk *proposed* by a record of
-   the key between ``base`` and o (valid or not) live at t; with no base, the records of the
-   key appended within ``lease_ms`` before t;
-3. it starts at or above every committed floor carried by those records and itself.
+Assignment
+----------
+Applied in log order, an ask at offset o with log-append time t gets a chunk iff it is
+fresh (``t - base_ms <= lease_ms``) and its range holds an offset nobody holds. Its base is
+the newest record the proposer had applied of the key's log partition, any key's (the key
+has none between its own newest and that one), so an ask after a quiet spell of the key is
+fresh; with no record in the partition at all, ``base_ms`` is the proposer's clock at its
+view and the records between are those of the key within the lease length before t. The state it is placed in is rebuilt
+from the ask alone: its snapshot (``held`` live at t, ``base_floor``), then every record of
+the key between ``base`` and o placed again in order the same way (``place``). The chunk
+then starts at the lowest offset at or above ``read_from`` and the floor that no live lease
+holds (expired leases are offsets nobody holds: they go out first), and ends before the next
+live lease, at ``end`` at most, on the last whole batch within ``max_bytes`` (at least one
+batch). An ask whose range is all held gets no chunk (``TAKEN``).
 
 A lease granted at t with length L is live at a record's time u iff u < t + L: expiry is a
 matter of log-append times, the same for every reader whatever its clock.
 
-Safety: ``held`` holds every valid lease live at ``base`` (the proposer's applied state,
-less only leases it has seen committed, which it never proposes again), and every valid
-lease granted after ``base`` is the proposal of a record between ``base`` and o. So a valid
-grant overlaps no valid live lease. Conflicts with invalid records only cost a new proposal.
+Safety: a snapshot holds every lease live at ``base`` (the proposer's applied state), and
+every lease granted after ``base`` is the chunk of a record between ``base`` and o, placed
+again from that snapshot exactly as it was placed when it was applied. So the rebuilt state
+is every lease live at t, and a chunk overlaps none of them.
 
-Determinism: a grant's verdict depends on the grant and on the records between its base and
-itself, nothing else (not on the reader's own state). Every reader that holds those records
-decides the same.
+Determinism: an ask's chunk depends on the ask and on the asks between its base and itself,
+nothing else (not on the reader's own state, nor on how the records between were placed
+when applied: they are placed again). Every reader that holds those records decides the
+same. A reader's state after an ask is the rebuilt one, so a reader that began on a
+compacted log holds the true leases from its first ask whose records it all holds.
+
+Version 0 records (a fixed chunk [start, end], written before version 1) still decode and
+are judged as they were (``judge``): valid iff they overlap no live lease of ``held`` nor
+any chunk of a record between their base and themselves, and start at or above the floor.
 
 Compaction
 ----------
 Compaction keeps only the newest record of a key, but never one younger than the topic's
 ``min.compaction.lag.ms`` (M), which the proxy sets to at least twice the lease length. A
-fresh grant's base lies within ``lease_ms`` before it, so the records its verdict needs are
-younger than M whenever the grant is younger than M - lease_ms >= lease_ms: a restarted
-instance reading the compacted log decides every grant that can still hold a live lease as
-the running instances did, and so reaches the same live leases. Older grants may be decided
+fresh ask's base lies within ``lease_ms`` before it, so the records its chunk needs are
+younger than M whenever the ask is younger than M - lease_ms >= lease_ms: a restarted
+instance reading the compacted log places every ask that can still hold a live lease as
+the running instances did, and so reaches the same live leases. Older asks may be placed
 otherwise after compaction; their leases have expired, and what they held is either
 committed or handed out again (offsets below the frontier that are neither committed nor
-leased are handed out again), so no later verdict depends on them. Each record also carries
+leased are handed out again), so no later chunk depends on them. Each record also carries
 the proposer's frontier (the next offset never handed out) and floor, so the one record
 left of a quiet key is enough to resume from.
 """
@@ -65,7 +82,7 @@ GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 OffsetRange = tuple[int, int]  # inclusive
 
 KEY_VERSION = 0
-VALUE_VERSION = 0
+VALUE_VERSION = 1  # 1: an ask, its chunk assigned as it is applied; 0: a fixed chunk (still read)
 
 _I16 = struct.Struct(">h")
 _U16 = struct.Struct(">H")
@@ -73,6 +90,8 @@ _I32 = struct.Struct(">i")
 _HEAD = struct.Struct(">hq")  # version, proposal
 _BODY = struct.Struct(">qqqqiqqqqBi")  # token start end read_from lease_ms base base_ms floor frontier reset held
 _HELD = struct.Struct(">Hqqqqi")  # member index, token, start, end, granted_ms, lease_ms
+_ASK = struct.Struct(">iqi")  # max_bytes base_floor batches (version 1)
+_BATCH = struct.Struct(">qi")  # a batch's last offset, its size in bytes
 
 
 @dataclass(frozen=True)
@@ -136,22 +155,32 @@ class Lease:
 
 @dataclass(frozen=True)
 class Grant:
-    """A proposal, as appended to the log (see the module docstring)."""
+    """A record of the log (see the module docstring): an ask (version 1), or a fixed chunk
+    (version 0)."""
 
-    proposal: int  # unique per proposing instance: how it finds its verdict
+    proposal: int  # unique per proposing instance: how it finds its chunk
     instance: str
     member: str
     token: int
-    start: int  # the chunk's first offset (it may claim offsets below ``read_from``)
-    end: int
+    start: int  # the chunk's first offset at the earliest (below ``read_from``: a claim of skipped offsets)
+    end: int  # version 1: the last offset the chunk may reach; version 0: the chunk's last offset
     read_from: int  # where the read began
     lease_ms: int
     base: int
     base_ms: int
     floor: int
-    frontier: int  # the proposer's next offset never handed out, this chunk included (-1: none)
+    frontier: int  # the proposer's next offset never handed out (-1: none)
     reset: bool = False  # the log moved away: leases ending below ``read_from`` are gone
     held: tuple[Lease, ...] = ()
+    max_bytes: int = 0  # version 1: the most bytes of whole batches a chunk holds (at least one batch)
+    base_floor: int = -1  # version 1: the highest floor of the records up to ``base``
+    batches: tuple[tuple[int, int], ...] = ()  # version 1: (last offset, bytes) of the batches read, in order
+    version: int = VALUE_VERSION
+
+    @property
+    def fixed(self) -> bool:
+        """A version 0 record: its chunk is [start, end], valid or not."""
+        return self.version == 0
 
 
 # -- the wire format ----------------------------------------------------------------------------
@@ -195,7 +224,7 @@ def decode_key(data: bytes | memoryview) -> GroupPartitionKey:
 def encode_grant(grant: Grant) -> bytes:
     members = list(dict.fromkeys(lease.member for lease in grant.held))
     index = {member: number for number, member in enumerate(members)}
-    out = [_HEAD.pack(VALUE_VERSION, grant.proposal)]
+    out = [_HEAD.pack(grant.version, grant.proposal)]
     _put_str(out, grant.instance)
     _put_str(out, grant.member)
     out.append(_BODY.pack(grant.token, grant.start, grant.end, grant.read_from, grant.lease_ms, grant.base,
@@ -205,13 +234,17 @@ def encode_grant(grant: Grant) -> bytes:
         _put_str(out, member)
     out.extend(_HELD.pack(index[lease.member], lease.token, lease.start, lease.end, lease.granted_ms, lease.lease_ms)
                for lease in grant.held)
+    if grant.version >= 1:
+        out.append(_ASK.pack(grant.max_bytes, grant.base_floor, len(grant.batches)))
+        out.extend(_BATCH.pack(last, size) for last, size in grant.batches)
     return b"".join(out)
 
 
 def decode_grant(data: bytes | memoryview) -> Grant:
+    """A record of either version (0: a fixed chunk; 1: an ask)."""
     try:
         version, proposal = _HEAD.unpack_from(data, 0)
-        if version != VALUE_VERSION:
+        if version not in (0, 1):
             raise GrantFormatError(f"grant value version {version}")
         instance, at = _get_str(data, _HEAD.size)
         member, at = _get_str(data, at)
@@ -224,7 +257,7 @@ def decode_grant(data: bytes | memoryview) -> Grant:
         for _ in range(names):
             name, at = _get_str(data, at)
             members.append(name)
-        if at + count * _HELD.size != len(data):
+        if at + count * _HELD.size > len(data) or (version == 0 and at + count * _HELD.size != len(data)):
             raise GrantFormatError("grant value of the wrong length")
         held = []
         for _ in range(count):
@@ -233,16 +266,23 @@ def decode_grant(data: bytes | memoryview) -> Grant:
             if who >= len(members):
                 raise GrantFormatError("lease of an unknown member")
             held.append(Lease(members[who], h_token, h_start, h_end, granted, h_lease))
+        max_bytes, base_floor, batches = 0, -1, []
+        if version == 1:
+            max_bytes, base_floor, number = _ASK.unpack_from(data, at)
+            at += _ASK.size
+            if number < 0 or at + number * _BATCH.size != len(data):
+                raise GrantFormatError("grant value of the wrong length")
+            batches = [_BATCH.unpack_from(data, at + n * _BATCH.size) for n in range(number)]
     except struct.error as exc:
         raise GrantFormatError(str(exc)) from exc
     return Grant(proposal, instance, member, token, start, end, read_from, lease_ms, base, base_ms, floor,
-                 frontier, bool(reset), tuple(held))
+                 frontier, bool(reset), tuple(held), max_bytes, base_floor, tuple(batches), version)
 
 
-# -- verdicts -----------------------------------------------------------------------------------
+# -- verdicts and assignment ---------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """A record of the key as a later verdict needs it: where, when, and what it proposed."""
+    """A record of the key as a version 0 verdict needs it: where, when, what it held."""
 
     offset: int
     ms: int
@@ -255,12 +295,13 @@ class Seen:
 STALE = "stale"
 LEASED = "leased"
 COMMITTED = "committed"
+TAKEN = "taken"  # an ask whose whole range was held when it was applied
 
 
 def judge(grant: Grant, ms: int, between: Iterable[Seen]) -> str | None:
-    """The verdict on ``grant`` appended at log time ``ms``: None if valid, else why not.
-    ``between``: the records of its key after its base and before it (for a grant with no
-    base, those appended within its lease length before it)."""
+    """The verdict on the version 0 record ``grant`` appended at log time ``ms``: None if
+    valid, else why not. ``between``: the records of its key after its base and before it
+    (for a grant with no base, those appended within its lease length before it)."""
     if grant.base >= 0 and ms - grant.base_ms > grant.lease_ms:
         return STALE
     start, end = grant.start, grant.end
@@ -277,6 +318,139 @@ def judge(grant: Grant, ms: int, between: Iterable[Seen]) -> str | None:
     if start < floor and not grant.reset:
         return COMMITTED
     return None
+
+
+def _cap(ask: Grant, start: int, limit: int) -> int:
+    """The chunk's last offset from ``start``: whole batches of ``ask.batches`` up to
+    ``ask.max_bytes`` (at least one) that end at ``limit`` at most; ``limit`` when the first
+    batch reaches past it."""
+    batches = ask.batches
+    first = bisect_right(batches, (start - 1, 1 << 62))  # the first batch whose last offset >= start
+    end, total = -1, 0
+    for last, size in itertools.islice(batches, first, None):
+        if last > limit:
+            break
+        total += size
+        if end >= 0 and total > ask.max_bytes:
+            break
+        end = last
+    return limit if end < 0 else end
+
+
+def _free(ranges: Sequence[OffsetRange], start: int, end: int) -> bool:
+    return not any(lo <= end and start <= hi for lo, hi in ranges)
+
+
+def place(ask: Grant, ms: int, leases: Iterable[Lease], floor: int) -> OffsetRange | None:
+    """The chunk of the version 1 ``ask`` appended at log time ``ms`` among ``leases`` (those
+    live at ``ms`` count) above the committed ``floor`` (the ask's own included): None when
+    nothing of its range is free.
+
+    * A reset claims [start, its first batches] whole, or nothing: the leases ending below
+      its read are gone, the floor does not hold (the log moved away from it).
+    * A claim (``start`` below ``read_from``: offsets the member's reset policy skipped)
+      claims from ``start`` when nothing from ``start`` to its read is held; otherwise it is
+      an ask from ``read_from``.
+    * Otherwise the chunk starts at the lowest offset at or above ``read_from`` and the
+      floor that no live lease holds, and ends before the next live lease (``_cap``)."""
+    low = ask.read_from if ask.reset else None
+    live = sorted((lease.start, lease.end) for lease in leases
+                  if lease.live_at(ms) and (low is None or lease.end >= low))
+    if ask.reset:
+        end = _cap(ask, ask.read_from, ask.end)
+        return (ask.start, end) if _free(live, ask.start, end) else None
+    start = max(ask.read_from, floor)
+    for lo, hi in live:
+        if hi < start:
+            continue
+        if lo > start:
+            break
+        start = hi + 1
+    if start > ask.end:
+        return None
+    limit = min([ask.end] + [lo - 1 for lo, _ in live if lo > start])
+    end = _cap(ask, start, limit)
+    if ask.start < ask.read_from and start == ask.read_from and ask.start >= floor and \
+            _free(live, ask.start, ask.read_from - 1):
+        return ask.start, end
+    return start, end
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A record of the key as it was applied: its log place and time, and its chunk."""
+
+    offset: int
+    ms: int
+    grant: Grant
+    chunk: OffsetRange | None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What applying a record decided: its chunk (None: no chunk, ``reason`` says why)."""
+
+    chunk: OffsetRange | None
+    reason: str | None = None
+    redelivered: bool = False  # the chunk starts below the frontier: offsets handed out before
+
+
+def _seen(record: Applied) -> Seen:
+    """A record as a version 0 verdict counts it: a version 0 record by the chunk it named
+    (valid or not), an ask by the chunk it got (if any)."""
+    grant = record.grant
+    start, end = (grant.start, grant.end) if grant.fixed else (record.chunk or (0, -1))
+    return Seen(record.offset, record.ms, start, end, grant.lease_ms, grant.floor)
+
+
+def _stale(ask: Grant, ms: int) -> bool:
+    """Whether ``ask``'s view is older than its lease length at ``ms`` (the records its chunk
+    needs might be gone from a compacted log). With no base (the log partition was empty
+    in the proposer's view) its ``base_ms`` is the proposer's clock at that view."""
+    return ask.base_ms >= 0 and ms - ask.base_ms > ask.lease_ms
+
+
+def _lease(grant: Grant, chunk: OffsetRange, ms: int) -> Lease:
+    return Lease(grant.member, grant.token, chunk[0], chunk[1], ms, grant.lease_ms)
+
+
+def _taking(leases: list[Lease], floor: int, grant: Grant, chunk: OffsetRange | None, ms: int) -> list[Lease]:
+    """``leases`` once ``grant`` at ``ms`` got ``chunk`` and raised the floor to ``floor``."""
+    if chunk is not None:
+        if grant.reset:
+            leases = [lease for lease in leases if lease.end >= grant.read_from]
+        leases = leases + [_lease(grant, chunk, ms)]
+    return [lease for lease in leases if lease.end >= floor]
+
+
+def assign(ask: Grant, ms: int, between: Sequence[Applied]) -> tuple[Decision, list[Lease] | None, int]:
+    """The chunk of the version 1 ``ask`` appended at log time ``ms``, with the leases live
+    then and the floor once it is applied (None: a stale ask, which rebuilds nothing: the
+    leases stay as the reader had them). ``between``: the records of its key after its
+    base and before it (with no base, those within its lease length before it). The state is
+    rebuilt from the ask's snapshot and those records, each placed again in order; records
+    of version 0 keep the chunk they were judged to hold, stale asks none."""
+    if _stale(ask, ms):
+        return Decision(None, STALE), None, ask.floor
+    leases = list(ask.held)  # each placement counts those live at its own time
+    floor = ask.base_floor
+    for record in between:
+        grant = record.grant
+        floor = max(floor, grant.floor)
+        if grant.fixed:
+            chunk = record.chunk
+        elif record.reason == STALE:  # decided from its own window: the same for every reader
+            chunk = None
+        else:
+            chunk = place(grant, record.ms, leases, floor)
+        leases = _taking(leases, floor, grant, chunk, record.ms)
+    floor = max(floor, ask.floor)
+    chunk = place(ask, ms, leases, floor)
+    leases = [lease for lease in leases if lease.live_at(ms)]
+    if chunk is None:
+        return Decision(None, TAKEN), _taking(leases, floor, ask, None, ms), floor
+    return Decision(chunk), _taking(leases, floor, ask, chunk, ms), floor
 
 
 @dataclass(frozen=True)
@@ -310,61 +484,72 @@ class Counts:
 
 @dataclass
 class KeyGrants:
-    """One key's grants as this instance applied them, and what it proposes next."""
+    """One key's grants as this instance applied them, and what it asks for next."""
 
-    leases: list[Lease] = field(default_factory=list)  # valid, not known committed or expired
+    leases: list[Lease] = field(default_factory=list)  # live by the newest record's time, as the log has them
     offset: int = -1  # the newest record applied
     ms: int = -1  # its log-append time
     frontier: int | None = None  # the next offset never handed out
     floor: int = -1  # the highest committed floor carried by the records
     reset_pending: bool = False  # the broker said the read position is out of range
     counts: Counts = field(default_factory=Counts)
-    # this instance's proposals on their way through the log (proposal -> its chunk): its
-    # next spans go around them, so that it proposes the next chunk without waiting for the
-    # verdict on the last; a proposal, not a lease, that no other reader knows of
+    # this instance's asks on their way through the log (proposal -> the chunk it expects):
+    # its next spans go around them, so that it asks for the next chunk without waiting for
+    # the last; an expectation, not a lease, that no other reader knows of
     proposed: dict[int, OffsetRange] = field(default_factory=dict)
+    done: Committed = field(default_factory=Committed)  # the group's commits as this instance last read them
 
     def __post_init__(self) -> None:
-        self._recent: list[Seen] = []
+        self._recent: list[Applied] = []
         self._keep_ms = 0
 
     # -- applying the log -------------------------------------------------------------------
-    def between(self, grant: Grant, offset: int, ms: int) -> list[Seen]:
+    def between(self, grant: Grant, offset: int, ms: int) -> list[Applied]:
         recent = self._recent
         if grant.base >= 0:
             first = bisect_right(recent, grant.base, key=lambda seen: seen.offset)
             return [seen for seen in recent[first:] if seen.offset < offset]
         return [seen for seen in recent if seen.offset < offset and seen.ms >= ms - grant.lease_ms]
 
-    def apply(self, offset: int, ms: int, grant: Grant) -> str | None:
-        """Apply the record at ``offset`` (log-append time ``ms``); its verdict (None: valid)."""
+    def apply(self, offset: int, ms: int, grant: Grant) -> Decision:
+        """Apply the record at ``offset`` (log-append time ``ms``): the chunk it gets, if any."""
         if offset <= self.offset:
             raise ValueError(f"record {offset} applied after {self.offset}")
-        verdict = judge(grant, ms, self.between(grant, offset, ms))
-        self._recent.append(Seen(offset, ms, grant.start, grant.end, grant.lease_ms, grant.floor))
+        between = self.between(grant, offset, ms)
+        frontier = self.frontier
+        expired = sum(1 for lease in self.leases if not lease.live_at(ms))
+        if grant.fixed:
+            verdict = judge(grant, ms, [_seen(record) for record in between])
+            decision = Decision(None if verdict is not None else (grant.start, grant.end), verdict)
+            floor = max(self.floor, grant.floor)
+            leases = _taking([lease for lease in self.leases if lease.live_at(ms)], floor, grant, decision.chunk, ms)
+        else:
+            decision, rebuilt, floor = assign(grant, ms, between)
+            leases = rebuilt if rebuilt is not None else \
+                [lease for lease in self.leases if lease.live_at(ms) and lease.end >= floor]
+        chunk = decision.chunk
+        if chunk is not None and frontier is not None and chunk[0] < frontier and not grant.reset:
+            decision = Decision(chunk, None, True)
+        self._recent.append(Applied(offset, ms, grant, chunk, decision.reason))
         self._keep_ms = max(self._keep_ms, grant.lease_ms)
         self.offset = offset
         self.ms = max(self.ms, ms)
         self._prune(ms)
+        self.counts.expired += expired
+        self.leases = leases
+        self.floor = max(self.floor, floor)
         if self.frontier is None and grant.frontier >= 0:
             self.frontier = grant.frontier  # a reader that starts here (a compacted log)
-        if verdict is None:
+        if chunk is not None:
             self.counts.valid += 1
-            if grant.reset:
-                self.leases = [lease for lease in self.leases if lease.end >= grant.read_from]
-                self.frontier = grant.end + 1
-            else:
-                self.frontier = max(self.frontier or 0, grant.end + 1)
-            self.leases.append(Lease(grant.member, grant.token, grant.start, grant.end, ms, grant.lease_ms))
+            self.counts.redelivered += decision.redelivered
+            self.frontier = chunk[1] + 1 if grant.reset else max(self.frontier or 0, chunk[1] + 1)
         else:
             self.counts.invalid += 1
-        if grant.floor > self.floor:
-            self.floor = grant.floor
-            self.leases = [lease for lease in self.leases if lease.end >= grant.floor]
-        return verdict
+        return decision
 
     def _prune(self, ms: int) -> None:
-        """Forget records no verdict can need any more, and leases past their time."""
+        """Forget records no assignment can need any more."""
         horizon = ms - 2 * self._keep_ms
         recent = self._recent
         drop = 0
@@ -372,45 +557,47 @@ class KeyGrants:
             drop += 1
         if drop:
             del recent[:drop]
-        if any(not lease.live_at(ms) for lease in self.leases):
-            kept = [lease for lease in self.leases if lease.live_at(ms)]
-            self.counts.expired += len(self.leases) - len(kept)
-            self.leases = kept
 
-    # -- what this instance proposes ----------------------------------------------------------
-    def hold(self, grant: Grant) -> None:
-        """``grant``, proposed by this instance, is on its way: until ``settle``, the spans
-        this instance proposes next go around its chunk. The log still decides: a proposal
-        that loses leaves its offsets to the lowest-first rule of ``next_span``."""
-        self.proposed[grant.proposal] = (grant.start, grant.end)
+    def instances(self) -> int:
+        """How many instances asked for chunks of the key lately (within twice the lease)."""
+        return len({record.grant.instance for record in self._recent}) or 1
+
+    # -- what this instance asks for ----------------------------------------------------------
+    def hold(self, proposal: int, expected: OffsetRange) -> None:
+        """The ask ``proposal`` of this instance is on its way and expects ``expected``:
+        until ``settle``, the spans this instance reads next go around it. The log still
+        decides: the chunk it gets may lie elsewhere, and offsets it does not get are left
+        to the lowest-first rule of ``next_span``."""
+        self.proposed[proposal] = expected
 
     def settle(self, proposal: int) -> None:
-        """The verdict on ``proposal`` is in (or will never come): its chunk is the log's."""
+        """The ask ``proposal`` is applied (or never will be): its chunk is the log's."""
         self.proposed.pop(proposal, None)
 
     def live(self, now_ms: int) -> list[Lease]:
-        return [lease for lease in self.leases if lease.live_at(now_ms)]
+        """The leases live at ``now_ms`` the group has not committed whole (as last read)."""
+        done = self.done
+        return [lease for lease in self.leases if lease.live_at(now_ms) and not done.covers(lease.start, lease.end)]
 
     def held_by(self, member: str, now_ms: int) -> int:
-        return sum(1 for lease in self.leases if lease.member == member and lease.live_at(now_ms))
+        return sum(1 for lease in self.live(now_ms) if lease.member == member)
 
     def retry_of(self, member: str, token: int, now_ms: int) -> Lease | None:
         """The chunk a fetch of ``member`` with FetchOffset ``token`` gets again: its latest
         live lease fetched with that token, unless that chunk ends right below the token
         (then the token follows the chunk's receipt: not a retry)."""
-        for lease in reversed(self.leases):
+        for lease in reversed(self.live(now_ms)):
             if lease.member == member:
-                if lease.token == token and lease.end + 1 != token and lease.live_at(now_ms):
+                if lease.token == token and lease.end + 1 != token:
                     return lease
                 return None
         return None
 
     def release(self, committed: Committed) -> int:
-        """Forget the leases ``committed`` covers whole (the group processed them)."""
-        kept = [lease for lease in self.leases if not committed.covers(lease.start, lease.end)]
-        dropped = len(self.leases) - len(kept)
-        self.leases = kept
-        return dropped
+        """The group committed ``committed``: the leases it covers whole are over here (they
+        stay in the snapshots this instance writes: the log's state is the log's)."""
+        self.done = committed
+        return sum(1 for lease in self.leases if committed.covers(lease.start, lease.end))
 
     def next_span(self, member: str, token: int, committed: Committed, now_ms: int,
                   max_leases: int) -> Span | None:
@@ -444,17 +631,33 @@ class KeyGrants:
         """Whether ``span`` hands out offsets handed out before."""
         return self.frontier is not None and span.chunk_start < self.frontier and not span.reset
 
-    def propose(self, span: Span, member: str, token: int, chunk_end: int, committed: Committed, *,
-                lease_ms: int, instance: str, proposal: int, now_ms: int) -> Grant:
-        """The record that asks the log for [span.chunk_start, chunk_end] for ``member``."""
-        start = span.chunk_start
-        if chunk_end < start or (span.end is not None and chunk_end > span.end):
-            raise ValueError(f"chunk end {chunk_end} outside its span {span}")
-        frontier = chunk_end + 1 if span.reset else max(self.frontier or 0, chunk_end + 1)
-        # every lease applied and not expired by log time: the proposer's clock may run ahead
-        # of the broker's, so its own idea of what expired must not thin the snapshot
-        return Grant(proposal, instance, member, token, start, chunk_end, span.start, lease_ms, self.offset,
-                     self.ms, max(committed.stable, self.floor, -1), frontier, span.reset, tuple(self.leases))
+    def ask(self, span: Span, member: str, token: int, batches: Sequence[tuple[int, int]], end: int,
+            max_bytes: int, committed: Committed, *, lease_ms: int, instance: str, proposal: int,
+            now_ms: int, view: tuple[int, int] = (-1, -1)) -> Grant:
+        """The record that asks the log for ``member``'s next chunk within what its read
+        holds: from ``span`` to ``end``, ``batches`` the (last offset, bytes) of the batches
+        read there, at most ``max_bytes`` of them (at least one). ``view``: the offset and
+        log-append time of the newest record this instance applied of the key's log
+        partition (any key): its base when newer than the key's own (the key has no record
+        between them), so that an ask after a quiet spell of the key is still fresh. With no
+        record in the partition at all, no base, and the time of the view is ``now_ms``,
+        this instance's clock."""
+        if end < span.start or (span.end is not None and end > span.end):
+            raise ValueError(f"ask end {end} outside its span {span}")
+        base, base_ms = max((self.offset, self.ms), view)
+        if base < 0:
+            base_ms = now_ms
+        # the snapshot: every lease applied, as the log has them (not thinned by the commits
+        # this instance read, nor by its clock, which may run ahead of the broker's)
+        return Grant(proposal, instance, member, token, span.chunk_start, end, span.start, lease_ms, base,
+                     base_ms, max(committed.stable, self.floor, -1), -1 if self.frontier is None else self.frontier,
+                     span.reset, tuple(self.leases), max_bytes, self.floor, tuple(batches))
+
+    def expect(self, ask: Grant, now_ms: int) -> OffsetRange | None:
+        """The chunk ``ask`` would get if nothing else reached the log first (what this
+        instance's next spans go around until it is applied)."""
+        others = [Lease("", -1, lo, hi, now_ms, 1) for lo, hi in self.proposed.values()]
+        return place(ask, now_ms, self.live(now_ms) + others, max(self.floor, ask.floor))
 
 
 def overlapping(leases: Sequence[Lease], ms: int) -> list[tuple[Lease, Lease]]:

@@ -171,23 +171,28 @@ DOOMED = ("m0", "m2")  # the members through the instance that dies; m1 goes thr
 
 @dataclass(frozen=True)
 class LoggedGrant:
-    """A record of the grants log for one key, with the verdict every instance gives it."""
+    """A record of the grants log for one key, with the chunk every instance assigns it."""
 
     offset: int
     ms: int  # log-append time
     grant: Grant
-    valid: bool
+    chunk: tuple[int, int] | None
+
+    @property
+    def valid(self) -> bool:
+        return self.chunk is not None
 
     def overlaps(self, other: LoggedGrant) -> bool:
-        return self.grant.start <= other.grant.end and other.grant.start <= self.grant.end
+        return self.chunk is not None and other.chunk is not None and \
+            self.chunk[0] <= other.chunk[1] and other.chunk[0] <= self.chunk[1]
 
     def holds(self, offset: int) -> bool:
-        return self.grant.start <= offset <= self.grant.end
+        return self.chunk is not None and self.chunk[0] <= offset <= self.chunk[1]
 
 
 def _logged_grants(bootstrap: str, group: str, topic: str) -> list[LoggedGrant]:
     """The grants of (group, topic, 0) in ``__cooperative_fetch_grants`` up to its end, read
-    straight from the broker and judged in log order as the proxy judges them."""
+    straight from the broker and assigned their chunks in log order as the proxy does."""
     from confluent_kafka import Consumer as RdConsumer
     from confluent_kafka import TopicPartition as RdPartition
 
@@ -211,7 +216,7 @@ def _logged_grants(bootstrap: str, group: str, topic: str) -> list[LoggedGrant]:
             if key is None or value is None or decode_key(key) != (group, topic, 0):
                 continue
             grant, ms = decode_grant(value), message.timestamp()[1]
-            out.append(LoggedGrant(offset, ms, grant, state.apply(offset, ms, grant) is None))
+            out.append(LoggedGrant(offset, ms, grant, state.apply(offset, ms, grant).chunk))
         return out
     finally:
         probe.close()
@@ -352,7 +357,7 @@ def test_transactional_members_on_two_instances_process_every_record_exactly_onc
         def grants_of(offset: int) -> str:
             grants = _logged_grants(kafka.bootstrap_servers, members.group, members.source)
             return "grants of it in the log: " + "; ".join(
-                f"{g.offset}@{g.ms % 1_000_000} {'valid' if g.valid else 'invalid'} {g.grant}"
+                f"{g.offset}@{g.ms % 1_000_000} {g.chunk or 'no chunk'} {g.grant}"
                 for g in grants if g.holds(offset))
 
         check_exactly_once(kafka, proxies[0].bootstrap_servers, members, history, threads, explain=grants_of)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.batches import Rec, control_batch, kafka_python_batch
-from proxy.coop.chunks import cut_chunk
+from proxy.coop.chunks import batch_bounds, cut_chunk
 from proxy.records.batch import PartialBatch, RecordBatch, iter_batches
 
 
@@ -75,3 +75,18 @@ def test_control_batches_come_with_the_chunk():
     chunk = cut_chunk(log, 0)
     assert (chunk.start, chunk.end) == (0, 5)
     assert chunk.records == log
+
+
+def test_an_ask_names_the_batches_the_read_holds_as_a_cut_would_find_them():
+    sizes = [len(batch(10, 5)), len(batch(15, 5)), len(batch(20, 5))]
+    assert batch_bounds(LOG, 10) == ([(14, sizes[0]), (19, sizes[1]), (24, sizes[2])], 24)
+    assert batch_bounds(LOG, 17) == ([(19, sizes[1]), (24, sizes[2])], 24)
+    assert batch_bounds(LOG, 10, 17) == ([(14, sizes[0]), (17, sizes[1])], 17)  # ends inside a batch
+    assert batch_bounds(LOG, 25) is None and batch_bounds(b"", 0) is None
+    assert batch_bounds(LOG[:-3], 20) is None  # the only batch there is cut short
+    # a batch past the span: the span has nothing more, as cut_chunk says
+    assert batch_bounds(batch(30, 5), 25, 28) == ([], 28)
+    for start, end in [(10, None), (12, 18), (15, 24), (25, 28)]:
+        blob = LOG if start < 25 else batch(30, 5)
+        bounds, last = batch_bounds(blob, start, end)
+        assert cut_chunk(blob, start, last).end == last

@@ -1,8 +1,9 @@
-"""Cooperative grants replicated through a log (proxy.coop.grants): any interleaving of
-proposals from several instances, applied in one log order, never yields two valid
-overlapping live leases; every reader, a restarted one and one that reads a compacted log
-included, decides the same. Instances propose their next chunk before the verdict on their
-last (``KeyGrants.hold``), as the proxy does."""
+"""Cooperative grants replicated through a log (proxy.coop.grants): asks name no offsets,
+every reader assigns their chunks as it applies them. Any interleaving of asks from several
+instances, applied in one log order, yields chunks that never overlap a live lease; every
+reader, a restarted one and one that reads a compacted log included, assigns the same.
+Instances ask for their next chunk before the last is assigned (``KeyGrants.hold``), as
+the proxy does. Records of version 0 (a fixed chunk) still decode and are judged as before."""
 
 from __future__ import annotations
 
@@ -17,26 +18,54 @@ from proxy.coop.grants import (
     COMMITTED,
     LEASED,
     STALE,
+    TAKEN,
     Committed,
     Grant,
     GrantFormatError,
     KeyGrants,
     Lease,
+    Span,
     decode_grant,
     decode_key,
     encode_grant,
     encode_key,
     overlapping,
+    place,
 )
 
 NOTHING = Committed()
 LEASE_MS = 1000
+BATCH = 4  # offsets per batch of the tests' partition: [4k, 4k + 3]
+BATCH_BYTES = 100
 
 
 def grant(start: int, end: int, *, base: int = -1, base_ms: int = -1, held=(), floor: int = -1, member="m",
           token: int = 0, proposal: int = 0, lease_ms: int = LEASE_MS, reset=False, read_from=None) -> Grant:
+    """A version 0 record: the fixed chunk [start, end]."""
     return Grant(proposal, "i", member, token, start, end, start if read_from is None else read_from, lease_ms,
-                 base, base_ms, floor, end + 1, reset, tuple(held))
+                 base, base_ms, floor, end + 1, reset, tuple(held), version=0)
+
+
+def verdict(state: KeyGrants, offset: int, ms: int, record: Grant) -> str | None:
+    return state.apply(offset, ms, record).reason
+
+
+def batches(start: int, end: int) -> list[tuple[int, int]]:
+    """The batches a read from ``start`` holds up to ``end`` (as ``chunks.batch_bounds``)."""
+    out, at = [], start
+    while at <= end:
+        last = min((at // BATCH + 1) * BATCH - 1, end)
+        out.append((last, BATCH_BYTES))
+        at = last + 1
+    return out
+
+
+def ask(state: KeyGrants, span: Span, end: int, *, member="m", token=0, batch_limit=2, committed=NOTHING,
+        instance="i", proposal=0, now_ms=1000) -> Grant:
+    """``state``'s ask for ``member`` from ``span``, its read holding batches up to ``end``,
+    chunks of ``batch_limit`` batches at most."""
+    return state.ask(span, member, token, batches(span.start, end), end, batch_limit * BATCH_BYTES, committed,
+                     lease_ms=LEASE_MS, instance=instance, proposal=proposal, now_ms=now_ms)
 
 
 def test_committed_uncommitted_parts():
@@ -58,81 +87,74 @@ def test_a_member_of_an_older_generation_is_refused():
 def test_key_and_value_round_trip():
     assert decode_key(encode_key("g", "orders", 7)) == ("g", "orders", 7)
     held = (Lease("a", 3, 0, 9, 100, 500), Lease("b", 10, 10, 19, 120, 500), Lease("a", 20, 20, 29, 130, 500))
-    record = Grant(42, "instance-1", "member-é", 30, 30, 39, 30, 45000, 17, 140, 5, 40, True, held)
-    assert decode_grant(encode_grant(record)) == record
+    record = Grant(42, "instance-1", "member-é", 30, 30, 39, 30, 45000, 17, 140, 5, 40, True, held,
+                   1 << 20, 3, ((31, 16384), (39, 9000)))
+    assert record.version == 1 and decode_grant(encode_grant(record)) == record
+    old = Grant(42, "instance-1", "member-é", 30, 30, 39, 30, 45000, 17, 140, 5, 40, True, held, version=0)
+    assert decode_grant(encode_grant(old)) == old and decode_grant(encode_grant(old)).fixed  # version 0 still reads
+    for value in (record, old):
+        with pytest.raises(GrantFormatError):
+            decode_grant(encode_grant(value)[:-1])
     with pytest.raises(GrantFormatError):
-        decode_grant(encode_grant(record)[:-1])
+        decode_grant(b"\x00\x02" + encode_grant(record)[2:])  # a version this build does not know
     with pytest.raises(GrantFormatError):
         decode_key(b"\x00\x07")
 
 
 def test_the_first_grant_is_valid_and_a_concurrent_overlap_is_not():
     state = KeyGrants()
-    assert state.apply(0, 1000, grant(0, 9)) is None
+    assert verdict(state, 0, 1000, grant(0, 9)) is None
     # proposed with the same (empty) view, appended after: overlaps the first
-    assert state.apply(1, 1001, grant(5, 14)) == LEASED
+    assert verdict(state, 1, 1001, grant(5, 14)) == LEASED
     # proposed before applying record 1: its proposal counts against it, valid or not
-    assert state.apply(2, 1002, grant(10, 19, base=0, base_ms=1000, held=state.leases)) == LEASED
+    assert verdict(state, 2, 1002, grant(10, 19, base=0, base_ms=1000, held=state.leases)) == LEASED
     # proposed after applying both: the snapshot holds the lease
-    assert state.apply(3, 1003, grant(10, 19, base=2, base_ms=1002, held=state.leases)) is None
+    assert verdict(state, 3, 1003, grant(10, 19, base=2, base_ms=1002, held=state.leases)) is None
     assert [(lease.start, lease.end) for lease in state.leases] == [(0, 9), (10, 19)]
     assert state.frontier == 20
 
 
 def test_expiry_is_decided_by_log_append_times():
     state = KeyGrants()
-    state.apply(0, 1000, grant(0, 9))
+    verdict(state, 0, 1000, grant(0, 9))
     held = list(state.leases)
     # the lease ends at 2000: a grant of its offsets appended at 1999 is refused, at 2000 valid
-    assert state.apply(1, 1999, grant(0, 9, base=0, base_ms=1000, held=held)) == LEASED
-    assert state.apply(2, 2000, grant(0, 9, base=1, base_ms=1999, held=held)) is None
+    assert verdict(state, 1, 1999, grant(0, 9, base=0, base_ms=1000, held=held)) == LEASED
+    assert verdict(state, 2, 2000, grant(0, 9, base=1, base_ms=1999, held=held)) is None
 
 
 def test_a_stale_proposal_is_refused():
     state = KeyGrants()
-    state.apply(0, 1000, grant(0, 9))
-    assert state.apply(1, 2001, grant(10, 19, base=0, base_ms=1000, held=state.leases)) == STALE
+    verdict(state, 0, 1000, grant(0, 9))
+    assert verdict(state, 1, 2001, grant(10, 19, base=0, base_ms=1000, held=state.leases)) == STALE
 
 
 def test_the_committed_floor_refuses_offsets_below_it_and_releases_leases():
     state = KeyGrants()
-    state.apply(0, 1000, grant(0, 9))
-    state.apply(1, 1001, grant(10, 19, base=0, base_ms=1000, held=state.leases, floor=10))
+    verdict(state, 0, 1000, grant(0, 9))
+    verdict(state, 1, 1001, grant(10, 19, base=0, base_ms=1000, held=state.leases, floor=10))
     assert [(lease.start, lease.end) for lease in state.leases] == [(10, 19)]  # [0, 9] committed
     # a proposer that read an older committed offset: refused by the floor the log carries
-    assert state.apply(2, 1002, grant(5, 9, base=0, base_ms=1000, floor=0)) == COMMITTED
+    assert verdict(state, 2, 1002, grant(5, 9, base=0, base_ms=1000, floor=0)) == COMMITTED
 
 
 def test_a_reset_drops_the_leases_below_its_read():
     state = KeyGrants()
-    state.apply(0, 1000, grant(0, 9))
-    assert state.apply(1, 1001, grant(0, 104, base=0, base_ms=1000, held=state.leases, reset=True,
+    verdict(state, 0, 1000, grant(0, 9))
+    assert verdict(state, 1, 1001, grant(0, 104, base=0, base_ms=1000, held=state.leases, reset=True,
                                       read_from=100)) is None
     assert [(lease.start, lease.end) for lease in state.leases] == [(0, 104)]
     assert state.frontier == 105
 
 
-def test_spans_go_around_proposals_on_their_way_until_their_verdict():
-    state = KeyGrants()
-    first = state.next_span("a", 50, NOTHING, 0, 10)
-    assert (first.start, first.claim_from) == (50, 0)
-    proposal = state.propose(first, "a", 50, 59, NOTHING, lease_ms=LEASE_MS, instance="i", proposal=1, now_ms=0)
-    state.hold(proposal)  # on its way: the next span starts beyond it, not at the reset policy's offset again
-    span = state.next_span("b", 0, NOTHING, 0, 10)
-    assert (span.start, span.end, span.claim_from) == (60, None, None) and not state.redelivery(span)
-    state.settle(1)  # lost (or never written): nothing is handed out, as before it
-    span = state.next_span("b", 70, NOTHING, 0, 10)
-    assert (span.start, span.claim_from) == (70, 0)
-
-
 def test_spans_skip_live_leases_and_committed_ranges_and_retries_get_their_chunk():
     state = KeyGrants()
     assert state.next_span("a", 50, NOTHING, 0, 10).start == 50  # nothing yet: the reset policy's offset
-    state.apply(0, 1000, grant(0, 9, member="a", token=50, read_from=50))
+    verdict(state, 0, 1000, grant(0, 9, member="a", token=50, read_from=50))
     span = state.next_span("b", 0, NOTHING, 1000, 10)
     assert (span.start, span.end) == (10, None)
-    state.apply(1, 1001, grant(10, 19, member="b", base=0, base_ms=1000, held=state.leases))
-    state.apply(2, 1002, grant(30, 39, member="c", base=1, base_ms=1001, held=state.leases))
+    verdict(state, 1, 1001, grant(10, 19, member="b", base=0, base_ms=1000, held=state.leases))
+    verdict(state, 2, 1002, grant(30, 39, member="c", base=1, base_ms=1001, held=state.leases))
     span = state.next_span("d", 0, Committed(-1, ((20, 24),)), 1002, 10)
     assert (span.start, span.end) == (25, 29)
     retry = state.next_span("a", 50, NOTHING, 1002, 10)
@@ -143,6 +165,144 @@ def test_spans_skip_live_leases_and_committed_ranges_and_retries_get_their_chunk
     assert (span.start, span.end) == (0, 9) and state.redelivery(span)
 
 
+# -- asks: chunks assigned as the log is applied -------------------------------------------------
+def chunk_of(state: KeyGrants, offset: int, ms: int, record: Grant):
+    return state.apply(offset, ms, record).chunk
+
+
+def test_two_instances_asking_from_the_same_state_get_chunks_that_never_overlap():
+    a, b = KeyGrants(), KeyGrants()
+    first = grant(0, 7, member="x")  # both instances applied the same record
+    for state in (a, b):
+        state.apply(0, 1000, first)
+    span_a, span_b = a.next_span("m1", 0, NOTHING, 1000, 10), b.next_span("m2", 0, NOTHING, 1000, 10)
+    assert span_a == span_b == Span(8, None)  # the same view: the same read
+    ask_a = ask(a, span_a, 31, member="m1", instance="a", proposal=1)
+    ask_b = ask(b, span_b, 31, member="m2", instance="b", proposal=1)
+    assert a.expect(ask_a, 1001) == b.expect(ask_b, 1001) == (8, 15)  # each expects the same chunk
+    log = KeyGrants()
+    log.apply(0, 1000, first)
+    assert chunk_of(log, 1, 1001, ask_a) == (8, 15)
+    assert chunk_of(log, 2, 1002, ask_b) == (16, 23)  # the next one: no conflict
+    # a third ask from the same read that reaches no further: everything it read is taken
+    ask_c = ask(b, span_b, 15, member="m3", instance="b", proposal=2)
+    decision = log.apply(3, 1003, ask_c)
+    assert decision.chunk is None and decision.reason == TAKEN
+    assert not overlapping(log.leases, 1003)
+
+
+def test_expired_leases_go_out_again_first():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(0, 7, member="a"))
+    state.apply(1, 1500, grant(8, 15, member="b", base=0, base_ms=1000, held=state.leases))
+    # at 2100 a's lease is over, b's is live: the read from the lowest free offset gets a's offsets
+    span = state.next_span("c", 0, NOTHING, 2100, 10)
+    assert (span.start, span.end) == (0, 7) and state.redelivery(span)
+    record = ask(state, span, 7, member="c", batch_limit=8)
+    decision = state.apply(2, 2100, record)
+    assert decision.chunk == (0, 7) and decision.redelivered
+    # an ask from above the expired lease (a proposer whose clock said it was live) gets what
+    # lies above the live ones
+    other = KeyGrants()
+    other.apply(0, 1000, grant(0, 7, member="a"))
+    other.apply(1, 1500, grant(8, 15, member="b", base=0, base_ms=1000, held=other.leases))
+    late = ask(other, Span(16, None), 23, member="d")
+    assert place(late, 2100, other.leases, -1) == (16, 23)
+
+
+def test_an_ask_placed_at_apply_time_skips_the_expired_lease_it_did_not_read():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(0, 7, member="a"))
+    record = ask(state, Span(8, None), 31, member="b")
+    # applied after a's lease ran out: still from its read (it has no records below 8)
+    assert chunk_of(state, 1, 2000, record) == (8, 15)
+
+
+def test_committed_offsets_are_skipped():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(0, 7, member="a"))
+    # the group committed below 20 and [24, 27]: the span stops before the range, the floor lifts the start
+    committed = Committed(20, ((24, 27),))
+    span = state.next_span("b", 0, committed, 1001, 10)
+    assert (span.start, span.end) == (20, 23)
+    record = ask(state, span, 23, member="b", committed=committed)
+    assert chunk_of(state, 1, 1001, record) == (20, 23)
+    # an ask of a proposer that read an older commit: the floor the log carries holds
+    stale_view = ask(state, Span(8, None), 31, member="c")
+    assert chunk_of(state, 2, 1002, stale_view)[0] >= 24 and state.floor == 20
+
+
+def test_chunks_are_whole_batches_within_the_byte_limit():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(0, 3, member="a"))
+    record = ask(state, Span(4, None), 31, member="b", batch_limit=3)
+    assert chunk_of(state, 1, 1001, record) == (4, 15)  # three batches of four
+    # one batch even when it alone is above the limit
+    big = state.ask(Span(16, None), "c", 0, [(19, 5000), (23, 5000)], 23, 100, NOTHING, lease_ms=LEASE_MS,
+                    instance="i", proposal=1, now_ms=1002)
+    assert chunk_of(state, 2, 1002, big) == (16, 19)
+    # a live lease inside a batch: the chunk ends on the last whole batch before it, and the
+    # next gets the rest of that batch (cut)
+    state.apply(3, 1003, grant(26, 29, member="x", base=2, base_ms=1002, held=state.leases))
+    whole = ask(state, Span(20, None), 31, member="d", batch_limit=4)
+    assert chunk_of(state, 4, 1004, whole) == (20, 23)
+    rest = ask(state, Span(24, None), 31, member="e", batch_limit=4)
+    assert chunk_of(state, 5, 1005, rest) == (24, 25)
+
+
+def test_a_claim_takes_the_skipped_offsets_only_when_nobody_holds_them():
+    a, b = KeyGrants(), KeyGrants()
+    span = a.next_span("m1", 40, NOTHING, 1000, 10)
+    assert (span.start, span.claim_from) == (40, 0)
+    claim = ask(a, span, 47, member="m1", token=40, batch_limit=8, instance="a")
+    again = ask(b, b.next_span("m2", 40, NOTHING, 1000, 10), 55, member="m2", token=40, batch_limit=8, instance="b")
+    log = KeyGrants()
+    assert chunk_of(log, 0, 1000, claim) == (0, 47)
+    assert chunk_of(log, 1, 1001, again) == (48, 55)  # no second claim of [0, 39]
+    # a claim whose skipped offsets someone holds asks from its read
+    other = ask(a, Span(40, None, claim_from=0), 55, member="m3", token=40, batch_limit=8, instance="a")
+    assert place(other, 1003, log.leases, -1) is None  # [40, 55] all held
+    wide = ask(a, Span(40, None, claim_from=0), 63, member="m3", token=40, batch_limit=8, instance="a")
+    assert place(wide, 1003, log.leases, -1) == (56, 63)
+
+
+def test_a_reset_claims_its_chunk_whole_or_nothing():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(0, 9))
+    state.reset_pending = True
+    span = state.next_span("m", 100, NOTHING, 1000, 10)
+    assert span.reset and (span.start, span.claim_from) == (100, 0)
+    record = ask(state, span, 107, batch_limit=8)
+    assert chunk_of(state, 1, 1001, record) == (0, 107)
+    assert [(lease.start, lease.end) for lease in state.leases] == [(0, 107)] and state.frontier == 108
+
+
+def test_stale_asks_get_nothing_and_fresh_views_of_the_partition_keep_asks_fresh():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(0, 7))
+    late = ask(state, Span(8, None), 15)
+    assert verdict(state, 1, 2001, late) == STALE  # its view (record 0) is older than the lease
+    # the same ask made after applying a record of another key of the partition, at 1900
+    fresh = state.ask(Span(8, None), "m", 0, batches(8, 15), 15, 200, NOTHING, lease_ms=LEASE_MS, instance="i",
+                      proposal=1, now_ms=1900, view=(5, 1900))
+    assert (fresh.base, fresh.base_ms) == (5, 1900)
+    assert state.apply(6, 2001, fresh).chunk == (8, 15)
+    # an empty partition: no base, the proposer's clock is the time of its view
+    blind = ask(KeyGrants(), Span(0, None), 15, now_ms=1000)
+    assert blind.base == -1 and verdict(KeyGrants(), 0, 2001, blind) == STALE
+    assert KeyGrants().apply(0, 1500, blind).chunk == (0, 7)
+
+
+def test_an_ask_after_version_0_records_goes_around_their_chunks():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(0, 7, member="a"))
+    state.apply(1, 1001, grant(8, 15, member="b", base=0, base_ms=1000, held=state.leases))
+    record = ask(state, Span(16, None), 31, member="c")
+    assert chunk_of(state, 2, 1002, record) == (16, 23)
+    # a version 0 record proposed alongside, judged by the ask's chunk
+    assert verdict(state, 3, 1003, grant(20, 27, base=1, base_ms=1001, held=())) == LEASED
+
+
 # -- several instances, any interleaving ---------------------------------------------------------
 @dataclass
 class Instance:
@@ -150,112 +310,117 @@ class Instance:
     state: KeyGrants = field(default_factory=KeyGrants)
     applied: int = 0  # log records applied
     proposals: int = 0
+    decisions: dict = field(default_factory=dict)  # offset -> the chunk it assigned
+    expected: dict = field(default_factory=dict)  # offset -> the chunk it expected for its own ask
 
 
-def replay(log: list[tuple[int, int, Grant]]) -> tuple[KeyGrants, dict[int, str | None]]:
+def replay(log: list[tuple[int, int, Grant]]) -> tuple[KeyGrants, dict]:
     state = KeyGrants()
-    verdicts = {offset: state.apply(offset, ms, record) for offset, ms, record in log}
-    return state, verdicts
+    decisions = {offset: state.apply(offset, ms, record) for offset, ms, record in log}
+    return state, decisions
 
 
 steps = st.lists(st.tuples(st.sampled_from(["propose", "read", "tick", "commit"]), st.integers(0, 2),
                            st.integers(0, 6), st.integers(1, 8), st.integers(0, 400)), min_size=1, max_size=80)
 
 
-def run(script, instances: int = 3, members: int = 4, retries: bool = True):
-    """The log a script makes: each step an instance proposes from what it has applied and
-    its own proposals still on their way, reads some more of the log, time passes, or it
-    learns of the group's commits. ``retries``: a member's retry proposes its chunk again
-    (the proxy hands it out again without a record)."""
+def read(node: Instance, log, upto: int) -> None:
+    for offset, ms, record in log[node.applied:upto]:
+        node.decisions[offset] = node.state.apply(offset, ms, record)
+        if record.instance == node.name:
+            node.state.settle(record.proposal)
+    node.applied = max(node.applied, upto)
+
+
+def run(script, instances: int = 3, members: int = 4):
+    """The log a script makes: each step an instance asks from what it has applied and its
+    own asks still on their way (its read holding ``size`` more offsets than the span's
+    start, chunks of at most two batches), reads some more of the log, time passes, or the
+    group commits a prefix of what was handed out."""
     fleet = [Instance(f"i{n}") for n in range(instances)]
     log: list[tuple[int, int, Grant]] = []
     now = 10_000
     committed = NOTHING
-    granted: list[tuple[int, Lease]] = []  # valid, for the commit step
     for action, who, member, size, amount in script:
         node = fleet[who % instances]
         if action == "read":
-            upto = min(len(log), node.applied + 1 + amount % 5)
-            for offset, ms, record in log[node.applied:upto]:
-                node.state.apply(offset, ms, record)
-                if record.instance == node.name:
-                    node.state.settle(record.proposal)
-            node.applied = upto
+            read(node, log, min(len(log), node.applied + 1 + amount % 5))
         elif action == "tick":
             now += amount
-        elif action == "commit" and granted:
-            # the group commits a prefix of what was handed out; instances read it at once
-            ends = sorted(lease.end for _, lease in granted)
-            committed = Committed(max(committed.stable, ends[amount % len(ends)] + 1 if amount % 3 == 0 else -1))
+        elif action == "commit":
+            handed = sorted(d.chunk[1] for d in replay(log)[1].values() if d.chunk is not None)
+            if handed and amount % 3 == 0:
+                committed = Committed(max(committed.stable, handed[amount % len(handed)] + 1))
+            for each in fleet:
+                each.state.release(committed)
         else:
             name = f"m{member % members}"
             span = node.state.next_span(name, 0, committed, now, 3)
-            if span is None or (span.lease is not None and not retries):
+            if span is None or span.lease is not None:  # a retry gets its chunk again: no record
                 continue
-            end = span.chunk_start + size - 1 if span.end is None else min(span.end, span.chunk_start + size - 1)
+            end = span.start + size * BATCH - 1 if span.end is None else min(span.end, span.start + size * BATCH - 1)
             node.proposals += 1
-            record = node.state.propose(span, name, 0, end, committed, lease_ms=LEASE_MS, instance=node.name,
-                                        proposal=node.proposals, now_ms=now)
+            record = ask(node.state, span, end, member=name, committed=committed, instance=node.name,
+                         proposal=node.proposals, now_ms=now)
             offset = len(log)
             log.append((offset, now, record))
+            node.expected[offset] = node.state.expect(record, now)
             if node.applied == offset and amount % 3:  # the proposer sometimes reads its own record at once
-                node.state.apply(offset, now, record)
-                node.applied += 1
-            else:  # on its way: the next proposals go around it
-                node.state.hold(record)
-        _, verdicts = replay(log)
-        granted = [(offset, Lease(r.member, r.token, r.start, r.end, ms, r.lease_ms))
-                   for offset, ms, r in log if verdicts[offset] is None]
+                read(node, log, offset + 1)
+            elif node.expected[offset] is not None:  # on its way: the next asks go around it
+                node.state.hold(record.proposal, node.expected[offset])
+    for node in fleet:
+        read(node, log, len(log))
     return fleet, log, now
 
 
-def valid_leases(log, verdicts) -> list[Lease]:
-    return [Lease(r.member, r.token, r.start, r.end, ms, r.lease_ms) for offset, ms, r in log
-            if verdicts[offset] is None]
+def granted(log, decisions) -> list[Lease]:
+    return [Lease(r.member, r.token, *decisions[offset].chunk, ms, r.lease_ms) for offset, ms, r in log
+            if decisions[offset].chunk is not None]
 
 
 @settings(max_examples=300, deadline=None)
 @given(steps)
-def test_no_two_valid_live_leases_overlap_whatever_the_interleaving(script):
+def test_no_chunk_overlaps_a_live_lease_whatever_the_interleaving(script):
     fleet, log, _ = run(script)
-    _, verdicts = replay(log)
-    valid = valid_leases(log, verdicts)
-    for number, lease in enumerate(valid):  # at each grant's time, against everything granted before
-        assert not [other for other in valid[:number]
+    final, decisions = replay(log)
+    leases = granted(log, decisions)
+    for number, lease in enumerate(leases):  # at each grant's time, against everything granted before
+        assert not [other for other in leases[:number]
                     if other.live_at(lease.granted_ms) and other.overlaps(lease.start, lease.end)], (lease, log)
-    for node in fleet:  # every instance decided as the replay does
-        for offset, ms, record in log[node.applied:]:
-            node.state.apply(offset, ms, record)
-        assert node.state.leases == replay(log)[0].leases or all(
-            lease in valid for lease in node.state.leases)
-        assert not overlapping(node.state.leases, node.state.ms)
+    for offset, _ms, record in log:  # within what the proposer read (a claim reaches below it)
+        chunk = decisions[offset].chunk
+        if chunk is not None:
+            assert (record.start if chunk[0] < record.read_from else record.read_from) <= chunk[0] <= chunk[1]
+            assert chunk[1] <= record.end
+    for node in fleet:  # every instance assigned as the replay does, in the same order
+        assert node.decisions == decisions
+        assert node.state.leases == final.leases and not overlapping(node.state.leases, node.state.ms)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["propose", "read"]), st.just(0), st.integers(0, 6), st.integers(1, 8),
-                          st.integers(0, 400)), min_size=1, max_size=80))
-def test_one_instance_proposing_ahead_of_its_verdicts_loses_none(script):
-    """Alone, an instance whose proposals go around those still on their way has every one
-    found valid: proposing ahead costs no conflicts."""
-    _, log, _ = run(script, instances=1, retries=False)
-    _, verdicts = replay(log)
-    assert all(verdict is None for verdict in verdicts.values()), (verdicts, log)
+@given(st.lists(st.tuples(st.sampled_from(["propose", "read", "tick"]), st.just(0), st.integers(0, 6),
+                          st.integers(1, 8), st.integers(0, 400)), min_size=1, max_size=80))
+def test_one_instance_asking_ahead_gets_the_chunks_it_expects(script):
+    """Alone, an instance whose asks go around those still on their way gets every one the
+    chunk it expected: asking ahead costs nothing (only an ask whose view is older than the
+    lease, the proposer having stalled, is refused)."""
+    fleet, log, _ = run(script, instances=1)
+    _, decisions = replay(log)
+    expected = fleet[0].expected
+    assert all(decisions[offset].chunk == expected[offset] or decisions[offset].reason == STALE
+               for offset in expected), (decisions, expected, log)
+    assert all(decision.reason != TAKEN for decision in decisions.values())
 
 
 @settings(max_examples=300, deadline=None)
 @given(steps)
-def test_every_reader_decides_the_same(script):
-    fleet, log, _ = run(script)
-    first, verdicts = replay(log)
-    for node in fleet:
-        state = node.state
-        for offset, ms, record in log[node.applied:]:
-            state.apply(offset, ms, record)
-        # what it decided while running equals what a restarted instance decides
-        again = KeyGrants()
-        assert [again.apply(offset, ms, record) for offset, ms, record in log] == list(verdicts.values())
-        assert {(lease.start, lease.end, lease.granted_ms) for lease in state.live(state.ms)} <= \
-            {(lease.start, lease.end, lease.granted_ms) for lease in again.live(again.ms)}
+def test_every_reader_assigns_the_same(script):
+    _, log, _ = run(script)
+    _, decisions = replay(log)
+    again, twice = replay(log)  # a restarted instance, the whole log
+    assert twice == decisions
+    assert [d.chunk for d in replay(list(log))[1].values()] == [d.chunk for d in decisions.values()]
 
 
 @settings(max_examples=300, deadline=None)
@@ -264,15 +429,14 @@ def test_a_reader_of_the_compacted_log_reaches_the_same_live_leases(script, late
     _, log, now = run(script)
     if not log:
         return
-    _, verdicts = replay(log)
+    _, decisions = replay(log)
     # compaction keeps the newest record and every record younger than the lag (2 x lease)
     lag = 2 * LEASE_MS
     at = now + later * 200
     kept = [entry for entry in log[:-1] if entry[1] >= at - lag] + [log[-1]]
-    compacted_state = KeyGrants()
-    compacted = {offset: compacted_state.apply(offset, ms, record) for offset, ms, record in kept}
+    _, compacted = replay(kept)
     for offset, ms, _record in kept:
         if ms >= at - lag + LEASE_MS:  # young enough that its lease may still be live
-            assert compacted[offset] == verdicts[offset], (offset, log)
-    full_live = {lease for lease in valid_leases(log, verdicts) if lease.live_at(at)}
-    assert {lease for lease in valid_leases(kept, compacted) if lease.live_at(at)} == full_live
+            assert compacted[offset].chunk == decisions[offset].chunk, (offset, log)
+    full_live = {lease for lease in granted(log, decisions) if lease.live_at(at)}
+    assert {lease for lease in granted(kept, compacted) if lease.live_at(at)} == full_live
