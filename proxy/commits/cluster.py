@@ -225,6 +225,34 @@ class ClusterClient:
                 for topic in response.topics for part in topic.partitions}
 
 
+    async def read_partition(self, topic: str, partition: int, offset: int, max_bytes: int, *,
+                             timeout: float | None = None) -> tuple[bytes, int]:
+        """One Fetch (read_uncommitted, no wait) of ``topic``/``partition`` from ``offset``
+        at its leader: the Records bytes (up to ``max_bytes``, a batch the broker cut short
+        at the end) and the high watermark. Raises CommitLogError on the partition's error
+        or when no leader answers."""
+        cls = FetchRequest
+        body = cls(
+            max_wait_ms=0, min_bytes=1, max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[cls.FetchTopic(topic=topic, partitions=[
+                cls.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes)])],
+        )
+        leader = self.view.leader(topic, partition)
+        try:
+            if leader is None or leader not in self.nodes:
+                await self.metadata([topic])
+                leader = self.view.leader(topic, partition)
+            if leader is None or leader not in self.nodes:
+                raise CommitLogError(f"{topic}-{partition} has no leader")
+            response: FetchResponse = await self.request(self.nodes[leader], ApiKey.FETCH, FETCH_VERSION, body,
+                                                         timeout=timeout)
+        except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
+            raise CommitLogError(f"Fetch {topic}-{partition} from the proxy failed: {exc}") from exc
+        data = response.responses[0].partitions[0]
+        if data.error_code != ErrorCode.NONE:
+            raise CommitLogError(f"Fetch {topic}-{partition} at {offset} error {ErrorCode.name_of(data.error_code)}")
+        return bytes(data.records or b""), data.high_watermark
+
     async def groups_beside(self, group: str) -> list[str]:
         """Every group ``group``'s coordinator holds (ListGroups at that broker): groups on
         its ``__consumer_offsets`` partition are among them."""

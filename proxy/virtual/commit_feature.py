@@ -20,8 +20,9 @@ from typing import Any
 import trio
 
 from proxy.commits import shadows
-from proxy.commits.gaps import Gaps
+from proxy.commits.gaps import Gaps, lift
 from proxy.commits.service import CommitService
+from proxy.commits.state import share_count
 from proxy.commits.writes import ShareEdits
 from proxy.pipeline import ConnectionContext, DecodedResponse, Feature, Request, RequestStage, ResponseStage, Route
 from proxy.pipeline.background import Background
@@ -40,13 +41,14 @@ from proxy.protocol.message_types import (
     TxnOffsetCommitResponse,
 )
 from proxy.protocol.message_versions import OFFSET_FETCH_FIRST_GROUPS
-from proxy.virtual import commits, lag, txn
+from proxy.virtual import commits, lag, scan, txn
 from proxy.virtual.metrics import VirtualTopicsMetrics
 from proxy.virtual.resolver import VirtualResolver
 
 log = logging.getLogger("proxy.virtual")
 
 NEWEST_COMMIT_BY_NAME = 9  # OffsetCommit / OffsetFetch v10 name topics by id only
+_STALE = (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID)
 
 
 class VirtualCommitFeature(Feature):
@@ -63,6 +65,7 @@ class VirtualCommitFeature(Feature):
         self._lifts = metrics.lifts
         self.gaps = resolver.gaps  # what Fetch learnt: the stretches holding no record of a share
         self.watch = lag.LiftWatch()  # the partitions the proxy lifts by itself
+        self._ticking = False
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         guarded = self.resolver.guarded
@@ -102,9 +105,8 @@ class VirtualCommitFeature(Feature):
         # watermarks of every share of the partitions are lifted over what Fetch learnt.
         named = {key: set(by_k) for key, by_k in plan.edits.items()}
         gaps = lag.commit_gaps([(key, mark_k) for key, ks in named.items() for mark_k in ks], self._gaps_of)
-        self.watch.committed(plan.group, named, lag.Identity(body.generation_id_or_member_epoch, body.member_id,
-                                                             body.group_instance_id),
-                             trio.current_time(), self._version_of)
+        self._watch(plan.group, named, lag.Identity(body.generation_id_or_member_epoch, body.member_id,
+                                                    body.group_instance_id))
         shares = await self.writes.begin_shares(ctx, plan.group, plan.edits, plan.plain, gaps=gaps)
         refused = {**plan.refused, **shares.refused}
         for _name, vt, parts in plan.topics:
@@ -251,9 +253,7 @@ class VirtualCommitFeature(Feature):
                 # but due at the first quiet heartbeat whatever was learnt: a transactional
                 # commit lifts only the shares it names, so another share's watermark may
                 # wait in a stretch Fetch proved before this commit (lag.txn_watch_marks).
-                self.watch.committed(plan.group, lag.txn_watch_marks(committed),
-                                     lag.Identity(generation, member, instance), trio.current_time(),
-                                     lag.unseen)
+                self._watch(plan.group, lag.txn_watch_marks(committed), lag.Identity(generation, member, instance))
                 background = self.transactions.background
                 background.start(self._settle, background, plan.group, committed, generation, member, instance)
 
@@ -268,9 +268,12 @@ class VirtualCommitFeature(Feature):
 
     async def _settle(self, ctx: Background, group: str, keys: dict[Any, Any], generation: int, member: str,
                       instance: str | None) -> None:
-        """Once the transaction has ended, fold its committed share shadows into the log."""
+        """Once the transaction has ended, fold its committed share shadows into the log;
+        the partitions are then watched again, so that a lift over what Fetch learnt before
+        the fold (it had nothing to lift yet) follows once quiet."""
         if await self.transactions.settle_marks(ctx, group, keys, generation, member, instance):
             self._settles.inc()
+        self._watch(group, lag.txn_watch_marks(keys), lag.Identity(generation, member, instance))
 
     # -- lifts the proxy makes by itself ---------------------------------------------------------------
     def _gaps_of(self, key: tuple[str, int], mark_k: int) -> dict[int, Gaps]:
@@ -279,6 +282,33 @@ class VirtualCommitFeature(Feature):
 
     def _version_of(self, key: tuple[str, int]) -> int:
         return self.gaps.version(*key)
+
+    def _watch(self, group: str, marks: dict[tuple[str, int], set[int]], identity: lag.Identity) -> None:
+        """A member committed ``marks`` (real partition -> K) of ``group`` through this
+        instance: lifted by the proxy itself once quiet (``_tick`` looks every half quiet
+        period, a heartbeat at once)."""
+        self.watch.committed(group, marks, identity, trio.current_time(), self._version_of)
+        if not self._ticking:
+            self._ticking = self.transactions.background.start(self._tick)
+
+    async def _tick(self) -> None:
+        """Lifts due without a heartbeat through this instance: members whose coordinator
+        connection reaches another instance, or that left once caught up (their last
+        commit often comes just before they close)."""
+        try:
+            while self.watch:
+                await trio.sleep(self.watch.quiet / 2)
+                for group in self.watch.groups():
+                    self._lift_due(group)
+        finally:
+            self._ticking = False
+
+    def _lift_due(self, group: str) -> None:
+        due = self.watch.due(group, trio.current_time(), self._version_of)
+        if due is not None:
+            identity, keys = due
+            if not self.transactions.background.start(self._lift, group, identity, keys):
+                self.watch.done(group, keys, trio.current_time())
 
     async def on_heartbeat(self, ctx: ConnectionContext, request: Request[HeartbeatRequest]) -> Route | None:
         """A member of a group whose partitions this instance lifts is alive in the current
@@ -290,34 +320,50 @@ class VirtualCommitFeature(Feature):
         if not self.watch.watches(group):
             return None
         self.watch.heard(group, lag.Identity(body.generation_id, body.member_id, body.group_instance_id))
-        due = self.watch.due(group, trio.current_time(), self._version_of)
-        if due is not None:
-            identity, keys = due
-            background = self.transactions.background
-            if not background.start(self._lift, group, identity, keys):
-                self.watch.done(group, keys, trio.current_time())
+        self._lift_due(group)
         return None
 
     async def _lift(self, group: str, identity: lag.Identity, keys: dict[tuple[str, int], set[int]]) -> None:
         """Lift the watermarks of ``keys`` (real partition -> K) of ``group`` over what
-        Fetch learnt since, as a virtual commit goes: planned under the keys' locks (the
-        lift applies to the state it meets there), the coordinator's OffsetCommit as
-        ``identity``, then the log for what it accepted."""
+        this instance knows holds no record of their shares, as a virtual commit goes:
+        planned under the keys' locks (the lift applies to the state it meets there), the
+        coordinator's OffsetCommit as ``identity`` (as nobody once the group is empty),
+        then the log for what it accepted. What it knows: what its Fetches learnt, and,
+        once per committed state, a read of the partition's tail (``_scan``), which is all
+        it knows of shares whose fetches reach another instance. A key whose S at the
+        coordinator is behind the log's (a commit of S refused after the log took the
+        watermarks, e.g. the members had left) has S committed again."""
         refused: set[tuple[str, int]] = set()  # tried again later
         began = trio.current_time()
         try:
-            # What this instance holds of the log decides whether anything would move; the
-            # plan reads the log's end before anything is committed.
+            await self.reads.read(group)  # the log up to its end: other instances write it too
             records = self.writes.log.records(group)
+            read: list[tuple[str, int]] = []
+            for key, ks in keys.items():
+                record = records.get(key)
+                if record is None:
+                    continue
+                state = (record[1].marks, record[1].stable)
+                wait = self.watch.scan_wait(group, key, state, trio.current_time())
+                if wait is None:
+                    continue
+                if wait > 0:
+                    self.watch.later(group, key, trio.current_time() + wait)
+                    continue
+                self.watch.scanned(group, key, state, trio.current_time())
+                await self._scan(key, ks, record[1])
+                read.append(key)
             gaps = lag.commit_gaps([(key, mark_k) for key, ks in keys.items() for mark_k in ks], self._gaps_of)
             for key in list(gaps):
                 record = records.get(key)
                 if record is not None and not lag.lifts_anything(record[1].marks, record[1].stable, gaps[key]):
                     del gaps[key]  # nothing would move: no commit
-            if not gaps:
+            behind = await self._behind(group, [key for key in read if key not in gaps], records)
+            if not gaps and not behind:
                 return
-            refused = set(gaps)
+            refused = set(gaps) | set(behind)
             edits: ShareEdits = {key: {mark_k: {} for mark_k in by_k} for key, by_k in gaps.items()}
+            edits.update({key: {mark_k: {} for mark_k in keys[key]} for key in behind})
             plan = await self.writes.begin_shares(self.transactions.background, group, edits, {}, gaps=gaps)
             try:
                 if self.writes.deleted_since(group, began):
@@ -325,8 +371,7 @@ class VirtualCommitFeature(Feature):
                 offsets = {key: value for key, value in plan.offsets.items() if key not in plan.refused}
                 if not offsets:
                     return
-                answered = await self.writes.log.cluster.commit_offsets(group, identity.generation, identity.member,
-                                                                        identity.instance, offsets)
+                identity, answered = await self._commit_as_member(group, identity, offsets)
                 errors = await self.writes.finish_shares(plan, identity.generation, identity.member,
                                                          identity.instance, list(answered.items()))
                 lifted = {key for key in offsets if answered.get(key) == ErrorCode.NONE
@@ -341,8 +386,62 @@ class VirtualCommitFeature(Feature):
                               for t, p in offsets if (t, p) not in lifted})
             finally:
                 self.writes.abandon(plan)
-        except Exception as exc:  # noqa: BLE001 - CommitLogError: tried again at a later heartbeat
+        except Exception as exc:  # noqa: BLE001 - CommitLogError: tried again once quiet
             log.info("share watermarks not lifted group=%s reason=%r", group, str(exc))
             refused = set(keys)
         finally:
             self.watch.done(group, refused, trio.current_time())
+
+    async def _scan(self, key: tuple[str, int], ks: set[int], state: Any) -> None:
+        """Read the tail of ``key`` from its shares' lowest committed offsets up (a few
+        bounded reads) and learn the stretches holding none of their records, as a Fetch
+        through this instance would have (``proxy.virtual.scan``)."""
+        real, partition = key
+        topic_id = self.resolver.cluster.id_of(real)
+        if topic_id is None:
+            return
+        cluster = self.writes.log.cluster
+        for mark_k in ks:
+            width = share_count(mark_k)
+            marks = {mark[1]: mark[2] for mark in state.marks if mark[0] == mark_k}
+            found = self.gaps.of(real, topic_id, partition, mark_k)
+            waiting = sorted({lift(marks.get(share, state.stable), found.get(share, ())) for share in range(width)}
+                             - {-1})
+            for _ in range(lag.SCAN_READS):
+                if not waiting:
+                    break
+                start = waiting[0]
+                blob, high_watermark = await cluster.read_partition(real, partition, start, lag.SCAN_BYTES,
+                                                                    timeout=self.writes.log.topic.timeout)
+                self.gaps.high_watermark(real, partition, high_watermark)
+                if start >= high_watermark:
+                    break
+                by_share, end = scan.read_gaps(blob, start, mark_k, self.gaps.per_share)
+                if end is None:
+                    break
+                for share, stretches in by_share.items():
+                    for low, high in stretches:
+                        self.gaps.learn(real, topic_id, partition, mark_k, share, low, high)
+                waiting = [offset for offset in waiting if offset >= end]
+
+    async def _behind(self, group: str, keys: list[tuple[str, int]], records: Mapping[Any, Any]) -> set[tuple[str, int]]:
+        """Of ``keys``, those whose committed offset at the coordinator is below the log's S."""
+        wanted = [key for key in keys if key in records and records[key][1].stable >= 0]
+        if not wanted:
+            return set()
+        committed = await self.writes.log.cluster.committed_offsets(group, wanted)
+        return {key for key in wanted if committed.get(key, -1) < records[key][1].stable}
+
+    async def _commit_as_member(self, group: str, identity: lag.Identity, offsets: dict[Any, Any]
+                                ) -> tuple[lag.Identity, dict[tuple[str, int], int]]:
+        """The proxy's own OffsetCommit as ``identity``; when the coordinator no longer knows
+        it (the member left, or the generation moved on), as nobody, which it accepts while
+        the group is empty (as an admin tool's commit). The identity that answered, and the
+        error per key."""
+        cluster = self.writes.log.cluster
+        answered = await cluster.commit_offsets(group, identity.generation, identity.member, identity.instance,
+                                                offsets)
+        if answered and identity.generation >= 0 and all(code in _STALE for code in answered.values()):
+            nobody = lag.Identity(-1, "")
+            return nobody, await cluster.commit_offsets(group, -1, "", None, offsets)
+        return identity, answered

@@ -40,6 +40,9 @@ MAX_GAPS = 100_000  # stretches kept in all (about 120 bytes each), the least re
 MAX_GROUPS = 10_000  # groups an instance lifts by itself, least recently committed dropped
 QUIET_S = 1.0  # a partition's commits quiet this long: the proxy lifts it itself
 RETRY_S = 5.0  # a lift the coordinator refused is tried again after this long (with a fresh identity)
+SCAN_INTERVAL_S = 5.0  # a partition's tail is read for a group at most this often
+SCAN_BYTES = 256 << 10  # one read of a partition's tail
+SCAN_READS = 3  # reads of one partition in one lift (from the lowest committed offsets up)
 
 
 @dataclass(slots=True)
@@ -146,6 +149,9 @@ class _Watched:
     committed_at: float  # a member's last commit of it through this instance
     seen: int  # ShareGaps.version when its watermarks were last lifted (or committed)
     retry_at: float = 0.0  # a refused lift waits until then
+    pending: bool = True  # committed since its last lift: due once quiet, whatever was learnt
+    scanned: object = None  # the committed state its tail was last read for
+    scanned_at: float = float("-inf")
 
 
 @dataclass(slots=True)
@@ -163,15 +169,19 @@ class LiftWatch:
 
     A partition is watched once a member commits a virtual partition of it through this
     instance. It is due for a lift when its commits have been quiet for ``quiet`` seconds
-    (an active member's next commit carries the lift anyway) and the proxy learnt
-    something of the partition since its last commit or lift; one lift of a group at a
-    time. Lifts go as the member whose heartbeat or commit came last (``identity``).
+    (an active member's next commit carries the lift anyway) and it was committed, or the
+    proxy learnt something of it, since its last lift; one lift of a group at a time.
+    Lifts go as the member whose heartbeat or commit came last (``identity``). A lift may
+    read the partition's tail (what this instance's Fetches did not show it): once per
+    committed state, at most every ``scan_interval`` seconds (``scan_wait``).
     Pure: the caller passes the clock and what was learnt (``ShareGaps.version``).
     Bounded: ``max_groups`` groups, the least recently committed dropped."""
 
-    def __init__(self, quiet: float = QUIET_S, retry: float = RETRY_S, max_groups: int = MAX_GROUPS) -> None:
+    def __init__(self, quiet: float = QUIET_S, retry: float = RETRY_S, max_groups: int = MAX_GROUPS,
+                 scan_interval: float = SCAN_INTERVAL_S) -> None:
         self.quiet = quiet
         self.retry = retry
+        self.scan_interval = scan_interval
         self.max_groups = max_groups
         self._groups: OrderedDict[str, _Group] = OrderedDict()
 
@@ -197,8 +207,12 @@ class LiftWatch:
             watched.marks |= ks
             watched.committed_at = now
             watched.seen = version_of(key)
+            watched.pending = True
         while len(self._groups) > self.max_groups:
             self._groups.popitem(last=False)
+
+    def groups(self) -> list[str]:
+        return list(self._groups)
 
     def heard(self, group: str, identity: Identity) -> None:
         """A member of ``group`` heartbeat: lifts go as it (it is in the current generation)."""
@@ -218,8 +232,9 @@ class LiftWatch:
             if now - watched.committed_at < self.quiet or now < watched.retry_at:
                 continue
             version = version_of(key)
-            if version != watched.seen:
+            if version != watched.seen or watched.pending:
                 watched.seen = version
+                watched.pending = False
                 out[key] = set(watched.marks)
         if not out:
             return None
@@ -236,13 +251,32 @@ class LiftWatch:
         for key in refused:
             watched = entry.partitions.get(key)
             if watched is not None:
-                watched.seen = -1  # differs from every version: due again
+                watched.pending = True
                 watched.retry_at = now + self.retry
 
+    def scan_wait(self, group: str, key: RealKey, state: object, now: float) -> float | None:
+        """Whether the tail of ``key`` is to be read for ``group``, whose committed state
+        is ``state``: None when it was read for that state already, else how long to
+        wait first (0: now; at most one read per ``scan_interval``)."""
+        entry = self._groups.get(group)
+        watched = entry.partitions.get(key) if entry is not None else None
+        if watched is None or watched.scanned == state:
+            return None
+        return max(0.0, watched.scanned_at + self.scan_interval - now)
 
-def unseen(key: RealKey) -> int:
-    """A ``VersionOf`` no version equals: the partition is due at its first quiet moment."""
-    return -1
+    def scanned(self, group: str, key: RealKey, state: object, now: float) -> None:
+        entry = self._groups.get(group)
+        watched = entry.partitions.get(key) if entry is not None else None
+        if watched is not None:
+            watched.scanned, watched.scanned_at = state, now
+
+    def later(self, group: str, key: RealKey, at: float) -> None:
+        """``key`` of ``group`` is due again at ``at`` (a read of its tail waits until then)."""
+        entry = self._groups.get(group)
+        watched = entry.partitions.get(key) if entry is not None else None
+        if watched is not None:
+            watched.pending = True
+            watched.retry_at = max(watched.retry_at, at)
 
 
 def txn_watch_marks(committed: dict[RealKey, dict[int, dict[int, int]]]) -> dict[RealKey, set[int]]:

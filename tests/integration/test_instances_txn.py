@@ -131,13 +131,21 @@ def _run(kafka, replicas: Replicas, topic_factory, tmp_path, *, kill: bool) -> T
                        f"({last[0].summary() if last else 'not read'}; {context()})",
                alive, interval=1.0)
         timeline.append(f"output complete at {time.monotonic() - began:.1f}s")
-        # Reported, not asserted: lag is lifted to the log end by what the instance that
-        # served a share's fetches learnt (docs/virtual-topics.md, Limits), and a balancer
-        # sends a member's fetches and its group's OffsetFetch to any replica.
+        # The members keep polling, caught up: each share's committed offset is lifted to the
+        # log end by whichever replica sees the group's commits, reading the partition's tail
+        # where another replica served the share's fetches (docs/virtual-topics.md#lag).
         (log_end,) = _log_end(kafka.bootstrap_servers, topic, 1).values()
+        at_end: list[int] = []
+
+        def committed_at_end() -> bool:
+            at_end[:] = [_committed(kafka.bootstrap_servers, group, topic, 1)[(topic, 0)]]
+            return at_end[0] == log_end
+
+        _until(committed_at_end, 30, lambda: f"{topic} committed at its log end {log_end} at the coordinator "
+                                             f"(committed {at_end}; {context()})", alive, interval=1.0)
         timeline.append(f"log end {log_end}, committed through the proxy "
                         f"{_virtual_committed(replicas.bootstrap_servers, group, source)}, {topic} at the "
-                        f"coordinator {_committed(kafka.bootstrap_servers, group, topic, 1)[(topic, 0)]}")
+                        f"coordinator {at_end[0]} at {time.monotonic() - began:.1f}s")
         codes = fleet.stop()
         assert codes == [0] * len(fleet), f"exit codes on SIGTERM {codes}: {context()}"
     finally:

@@ -289,3 +289,80 @@ def test_franz_go_group_shows_no_lag_when_caught_up(kafka, proxy, topic_factory)
         codes = [member.stop() for member in members]
     assert codes == [0] * len(members), [member.errors[-5:] for member in members]
     checks.check_delivery(sent, [member.received for member in members])
+
+
+def _group_coordinated_away_from(bootstrap: str, leader: int) -> str:
+    """A new group's name whose coordinator is not broker ``leader`` (FindCoordinator,
+    asked again while ``__consumer_offsets`` is being created)."""
+    from harness.raw_client import RawClient
+    from proxy.protocol.api_keys import ApiKey
+
+    found: list[str] = []
+
+    def away() -> bool:
+        group = f"vlag-side-{uuid.uuid4().hex[:8]}"
+        (answer,) = client.call(ApiKey.FIND_COORDINATOR, 4, key_type=0, coordinator_keys=[group]).coordinators
+        if answer.error_code == 0 and answer.node_id != leader:
+            found.append(group)
+        return bool(found)
+
+    with RawClient.connect(bootstrap) as client:
+        wait_until(away, timeout=30, interval=0.2, what=f"a group coordinated by another broker than {leader}")
+    return found[0]
+
+
+def test_sidecars_lift_the_shares_another_sidecar_served(kafka_cluster, proxy_factory, topic_factory):
+    """A sidecar per broker: the members fetch partition 0 through its leader's sidecar and
+    commit through the group coordinator's, another one. The coordinator's sidecar never
+    sees a Fetch of the partition, so it reads the partition's tail itself once the commits
+    go quiet: a caught-up group shows lag 0 and the partition is committed at its log end."""
+    from confluent_kafka.admin import AdminClient
+
+    from .conftest import free_ports
+
+    nodes = sorted(kafka_cluster.nodes, key=lambda node: node.node_id)
+    ports = free_ports(len(nodes))
+    mapping = ",".join(f"{node.node_id}@127.0.0.1:{port}" for node, port in zip(nodes, ports))
+    sidecars = [proxy_factory(kafka_cluster, bootstrap=f"127.0.0.1:{node.port}", listen_port=port,
+                              topology="sidecar", sidecar_node_addresses=mapping, metrics_port="0")
+                for node, port in zip(nodes, ports)]
+    topic = topic_factory(kafka_cluster, partitions=PARTITIONS, replication_factor=3)
+    virtual = f"{topic}.kr{SHARES}"
+    metadata = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers}).list_topics(topic, timeout=10)
+    leader = metadata.topics[topic].partitions[0].leader
+    group = _group_coordinated_away_from(kafka_cluster.bootstrap_servers, leader)
+    bootstrap = sidecars[0].bootstrap_servers
+    # every broker knows the new topic (its sidecar answers the virtual topic's metadata)
+    # before a member asks: kafka-python does not ask again for minutes
+    for sidecar in sidecars:
+        admin = AdminClient({"bootstrap.servers": sidecar.bootstrap_servers})
+        wait_until(lambda admin=admin: len(admin.list_topics(virtual, timeout=10).topics[virtual].partitions)
+                   == SHARES * PARTITIONS, timeout=30, interval=0.2, what=f"{virtual} through {sidecar.port}")
+    deadline = time.monotonic() + 240
+    fleet = ExplicitCommitters(bootstrap, virtual, group, MEMBERS, per_record=False, deadline=deadline)
+    fleet.start()
+    try:
+        sent = _produce_while_reading(bootstrap, topic)
+        checks.wait_until_count(lambda: fleet.acknowledged, len(sent), deadline)
+        assert not fleet.failures, fleet.failures
+        assert fleet.delivered == fleet.acknowledged == len(sent)
+        checks.check_delivery(sent, fleet.results)
+        seen: dict[str, object] = {}
+
+        def caught_up() -> bool:
+            rows = seen["rows"] = java_tools.describe_group(bootstrap, group)
+            at_broker = seen["broker"] = _broker_committed_and_ends(kafka_cluster.bootstrap_servers, topic, group)
+            lags = {int(row["PARTITION"]): row["LAG"] for row in rows if row["TOPIC"] == virtual}
+            return (lags == {p: "0" for p in range(SHARES * PARTITIONS)}
+                    and all(committed == end for committed, end in at_broker.values()))
+
+        wait_until(caught_up, timeout=30, interval=1.0,
+                   what=lambda: f"group {group} (partition 0 led by broker {leader}):\n"
+                                f"{_lag_table(seen.get('rows', []))}\n"  # type: ignore[arg-type]
+                                f"at the broker (committed, log end): {seen.get('broker')}")
+        lifted = {sidecar.port: _lifts(sidecar, topic) for sidecar in sidecars}
+        print(f"\nsidecars caught up:\n{_lag_table(seen['rows'])}\n"  # type: ignore[arg-type]
+              f"at the broker (committed, log end): {seen['broker']}\nlifts per sidecar: {lifted}")
+    finally:
+        fleet.stop()
+    assert not fleet.failures, fleet.failures

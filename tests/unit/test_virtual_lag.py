@@ -261,19 +261,20 @@ def test_a_transactional_commit_is_lifted_before_its_shadow_holds_it():
     assert lifted == {("t", 0): {4: {1: 100, 2: 50}}}
 
 
-def test_the_proxy_lifts_a_partition_once_its_commits_are_quiet_and_something_is_new():
+def test_the_proxy_lifts_a_partition_once_its_commits_are_quiet_then_whenever_something_is_new():
     watch = lag.LiftWatch(quiet=1.0, retry=5.0)
     versions = {("t", 0): 3}
     me = lag.Identity(7, "member-1")
     assert not watch
     watch.committed("g", {("t", 0): {4}}, me, 100.0, lambda key: versions.get(key, 0))
     assert watch.due("g", 100.5, lambda key: versions.get(key, 0)) is None  # not quiet yet
-    assert watch.due("g", 102.0, lambda key: versions.get(key, 0)) is None  # nothing learnt since
+    assert watch.due("g", 102.0, lambda key: versions.get(key, 0)) == (me, {("t", 0): {4}})  # committed since
+    watch.done("g", [], 102.0)
+    assert watch.due("g", 102.5, lambda key: versions.get(key, 0)) is None  # nothing new since
     versions[("t", 0)] = 4
-    assert watch.due("g", 100.5, lambda key: versions.get(key, 0)) is None
     heartbeat = lag.Identity(8, "member-2")
     watch.heard("g", heartbeat)
-    assert watch.due("g", 102.0, lambda key: versions.get(key, 0)) == (heartbeat, {("t", 0): {4}})
+    assert watch.due("g", 103.0, lambda key: versions.get(key, 0)) == (heartbeat, {("t", 0): {4}})
     versions[("t", 0)] = 5
     assert watch.due("g", 103.0, lambda key: versions.get(key, 0)) is None  # one lift of a group at a time
     watch.done("g", [("t", 0)], 103.0)  # refused: tried again after the retry time
@@ -281,8 +282,23 @@ def test_the_proxy_lifts_a_partition_once_its_commits_are_quiet_and_something_is
     assert watch.due("g", 108.5, lambda key: versions.get(key, 0)) == (heartbeat, {("t", 0): {4}})
     watch.done("g", [], 108.5)
     assert watch.due("g", 200.0, lambda key: versions.get(key, 0)) is None  # lifted: nothing new
+    assert watch.groups() == ["g"]
     watch.heard("other", me)
     assert not watch.watches("other")
+
+
+def test_a_partition_s_tail_is_read_once_per_committed_state_and_not_too_often():
+    watch = lag.LiftWatch(quiet=1.0, retry=5.0, scan_interval=5.0)
+    watch.committed("g", {("t", 0): {4}}, lag.Identity(7, "m"), 100.0, lambda key: 0)
+    assert watch.scan_wait("g", ("t", 0), "state-1", 101.0) == 0
+    watch.scanned("g", ("t", 0), "state-1", 101.0)
+    assert watch.scan_wait("g", ("t", 0), "state-1", 102.0) is None  # read for this state already
+    assert watch.scan_wait("g", ("t", 0), "state-2", 102.0) == 4.0  # a new state, read at 106
+    watch.done("g", [], 102.0)
+    watch.later("g", ("t", 0), 106.0)
+    assert watch.due("g", 105.0, lambda key: 0) is None
+    assert watch.due("g", 106.0, lambda key: 0) is not None
+    assert watch.scan_wait("g", ("u", 0), "state-1", 101.0) is None  # not watched
 
 
 def test_the_watch_is_bounded():
@@ -305,14 +321,14 @@ def test_lifts_anything_tells_whether_a_lift_would_move_a_watermark():
     assert not lag.lifts_anything(marks, 90, {4: {1: ((97, 100),)}})
 
 
-def test_a_transactional_commit_has_its_partition_lifted_at_the_first_quiet_heartbeat():
+def test_a_transactional_commit_has_its_partition_lifted_once_quiet():
     # Fetch learnt share 2's last stretch (version 4) before a transaction named only share 1:
     # nothing new is learnt afterwards, yet the partition is due once quiet, for share 2.
     watch = lag.LiftWatch(quiet=1.0, retry=5.0)
     member = lag.Identity(7, "member-1")
     marks = lag.txn_watch_marks({("t", 0): {4: {1: 100}}, ("t", 1): {4: {}}})
     assert marks == {("t", 0): {4}, ("t", 1): {4}}
-    watch.committed("g", marks, member, 100.0, lag.unseen)
+    watch.committed("g", marks, member, 100.0, lambda key: 4)
     assert watch.due("g", 100.5, lambda key: 4) is None  # not quiet yet
     assert watch.due("g", 101.5, lambda key: 4) == (member, {("t", 0): {4}, ("t", 1): {4}})
     watch.done("g", [], 101.5)
