@@ -16,6 +16,7 @@ from proxy.settings import (
     choice,
     flag,
     integer,
+    one_of,
     port,
     setting,
     text,
@@ -57,6 +58,10 @@ def parse_node_addresses(text: str) -> dict[int, tuple[str, int]]:
 
 def _send_buffer(value: int) -> str | None:
     return None if value == -1 or value >= 4096 else "must be -1 (the operating system's default) or at least 4096"
+
+
+def _upper(text: str) -> str:
+    return text.strip().upper()
 
 
 def _metrics_port(value: int) -> str | None:
@@ -187,8 +192,8 @@ class OperationsSettings(Settings):
                                 "Prometheus metrics HTTP port on listen.host; -1 disables, 0 picks a free port.",
                                 _metrics_port)
     log_format: str = choice("log.format", "logfmt", ("logfmt", "json"), "logfmt or json.")
-    log_level: str = choice("log.level", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"), "Python logging level.",
-                            reloadable=True)
+    log_level: str = setting("log.level", "INFO", "Python logging level: DEBUG, INFO, WARNING or ERROR (any case).",
+                             _upper, one_of("DEBUG", "INFO", "WARNING", "ERROR"), reloadable=True)
     memory_trim_interval_ms: int = integer(
         "memory.trim.interval.ms", 30000,
         "How often freed heap memory is given back to the operating system (glibc malloc_trim); 0 never. Between "

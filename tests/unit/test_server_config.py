@@ -277,3 +277,13 @@ def test_every_settings_field_is_declared_once():
     assert [spec.name for spec in settings_of(KeyRangeTopicSettings)] == [
         "key.range.fetch.enabled", "reserve.message.value.range.fetch"]
     assert topic_groups_of(KeyRangeSettings) == (("topics", KeyRangeTopicSettings),)
+
+
+@pytest.mark.parametrize("given", ["debug", "Debug", " DEBUG "])
+def test_log_level_is_read_in_any_case(given):
+    assert build_config({"bootstrap.servers": "127.0.0.1:9092", "log.level": given}).operations.log_level == "DEBUG"
+
+
+def test_an_unknown_log_level_is_refused_naming_the_choices():
+    with pytest.raises(ConfigError, match="log.level: must be one of DEBUG, INFO, WARNING, ERROR"):
+        build_config({"bootstrap.servers": "127.0.0.1:9092", "log.level": "verbose"})
