@@ -16,14 +16,19 @@ import threading
 import urllib.request
 
 import pytest
+import trio
 
 from harness.clients import rdkafka_virtual_member
-from harness.history import History
+from harness.history import History, check
 from harness.live import LiveProducer
 from harness.wait import wait_until
+from proxy.client import Consumer, TopicPartition
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
-from tests.integration.test_live_tail import _at_log_end, _verdict
+from tests.integration import test_instances_keyranges as ha
+from tests.integration.instance_checks import Ledger, member_names
+from tests.integration.test_coop_instances import hot_key
+from tests.integration.test_live_tail import _at_log_end, _until, _verdict
 
 pytestmark = pytest.mark.kafka
 
@@ -120,3 +125,92 @@ def test_a_virtual_topic_group_through_two_workers_one_killed_loses_nothing(kafk
     verdict = _verdict(kafka, history, topic, PARTITIONS, group)
     assert verdict.acknowledged == RECORDS
     assert verdict.ok(allow_duplicates=True), verdict.summary()  # a killed worker's members get theirs again
+
+
+def _connections_on_each(workers: list[dict]) -> list[float]:
+    return [_connections(worker["metrics_port"]) for worker in workers]
+
+
+async def test_key_range_group_members_through_two_workers_lose_nothing(kafka, proxy_factory, topic_factory):
+    """The high-availability test of key-range groups (test_instances_keyranges.py, ranges
+    split: 4 members on 3 partitions) through one proxy of two workers: each member's
+    connections (bootstrap, fetch, coordinator) land on either worker as the kernel spreads
+    them, as on replicas behind a balancer."""
+    proxy = proxy_factory(kafka, workers="2", metrics_port="0")
+    workers = proxy.info["workers"]
+    partitions = ha.PARTITIONS["group"]
+    topic = topic_factory(kafka, partitions=partitions)
+    group = f"workers-ranges-{topic}"
+    names = member_names(ha.MEMBERS)
+    history, ledger, members = History(), Ledger(), ha.Members()
+    producer = LiveProducer(kafka.bootstrap_servers, topic, history, records=ha.RECORDS, seconds=ha.SECONDS, seed=79)
+    stop = trio.Event()
+    spread: list[float] = []
+    async with trio.open_nursery() as nursery:
+        producer.start()
+        for index, name in enumerate(names):
+            nursery.start_soon(ha.member, name, index, "group", proxy.bootstrap_servers, group, topic, history,
+                               ledger, members, stop)
+            await trio.sleep(0.5)  # members join one by one, while the producer writes
+        spread = await trio.to_thread.run_sync(_connections_on_each, workers)
+        assert await _until(lambda: producer.done and history.missing() == 0, ha.SECONDS + ha.DEADLINE)
+        assert await _until(lambda: _at_log_end(kafka, group, topic, partitions), 60)
+        stop.set()
+    producer.join()
+    assert producer.failed == 0, producer.errors
+    verdict = _verdict(kafka, history, topic, partitions, group)
+    handed = {name: ledger.count(name) for name in names}
+    message = f"{verdict.summary()}; handed out per member {handed}; connections per worker {spread}"
+    print(f"\nkey-range group through 2 workers: {message}")
+    assert verdict.acknowledged == ha.RECORDS
+    assert min(spread) > 0, f"every connection on one worker: {message}"
+    assert verdict.ok(), message
+    assert all(handed.values()), message
+
+
+async def test_cooperative_members_through_two_workers_get_no_record_twice(kafka, proxy_factory, topic_factory):
+    """Cooperative members of one partition (half its records under one key) through one
+    proxy of two workers: the grants go through the log as between instances, and no
+    record is handed out twice."""
+    proxy = proxy_factory(kafka, workers="2", metrics_port="0")
+    workers = proxy.info["workers"]
+    topic = topic_factory(kafka, partitions=1)
+    tp = TopicPartition(topic, 0)
+    group = f"workers-coop-{topic}"
+    history = History()
+    producer = LiveProducer(kafka.bootstrap_servers, topic, history, records=RECORDS, seconds=SECONDS, seed=83,
+                            key_of=hot_key)
+    stop = trio.Event()
+    handed: dict[str, int] = {}
+
+    async def member(name: str) -> None:
+        async with Consumer(proxy.bootstrap_servers, group_id=group, client_id=name, auto_offset_reset="earliest",
+                            allow_individual_commit=True, max_partition_fetch_bytes=2048) as consumer:
+            consumer.assign([tp], cooperative=True)
+            while not stop.is_set():
+                for record in await consumer.poll(0.3):
+                    history.deliver(name, record.topic, record.partition, record.offset, record.key)
+                    handed[name] = handed.get(name, 0) + 1
+                    await trio.sleep(0.0002)  # the work
+                    consumer.mark_processed(record)
+                await consumer.commit_processed()
+
+    spread: list[float] = []
+    async with trio.open_nursery() as nursery:
+        for number in range(4):
+            nursery.start_soon(member, f"m{number}")
+        producer.start()
+        assert await _until(lambda: len(handed) == 4, 30)
+        spread = await trio.to_thread.run_sync(_connections_on_each, workers)
+        assert await _until(lambda: producer.done and history.missing() == 0, SECONDS + DEADLINE)
+        assert await _until(lambda: _at_log_end(kafka, group, topic, 1), 60)
+        stop.set()
+    producer.join()
+    assert producer.failed == 0, producer.errors
+    verdict = check(history, keyed_order=False)
+    message = f"{verdict.summary()}; handed out per member {handed}; connections per worker {spread}"
+    print(f"\ncooperative members through 2 workers: {message}")
+    assert verdict.acknowledged == RECORDS
+    assert min(spread) > 0, f"every connection on one worker: {message}"
+    assert not verdict.lost and not verdict.strays, message
+    assert verdict.redelivered == 0, message
