@@ -190,6 +190,9 @@ def test_a_rotated_certificate_is_served_to_new_connections_while_traffic_goes_o
     assert acknowledged <= set(traffic.received), (
         f"{len(acknowledged - set(traffic.received))} acknowledged records never delivered")
     assert _metric(proxy, "kafka_proxy_connection_errors_total", '{kind="tls_handshake"}') == 0
+    print(f"\ncertificate rotated under live TLS traffic: serial {OLD_SERIAL:#x} -> {NEW_SERIAL:#x} on the bootstrap "
+          f"and {len(proxy.node_ports)} node port(s); a mismatched key refused, the new certificate kept; "
+          f"{len(acknowledged)} records acknowledged, all delivered, 0 client errors, 0 failed handshakes")
 
 
 def _handshake_failure(proxy, count: int) -> None:
