@@ -5,14 +5,13 @@ Every test counts acknowledged against handed-out records."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import trio
 
 from harness.history import History, check
 from harness.live import LiveProducer
 from proxy.client import Consumer, RetriableError, TopicPartition
+from tests.integration.coop_members import hot_key
 from tests.integration.test_live_tail import _at_log_end, _until
 
 pytestmark = pytest.mark.kafka
@@ -20,11 +19,6 @@ pytestmark = pytest.mark.kafka
 RECORDS = 3000
 SECONDS = 8.0
 DEADLINE = 90.0
-
-
-def hot_key(seq: int, rng: random.Random, keys: int) -> bytes:
-    """Half the records have one key."""
-    return b"hot" if rng.random() < 0.5 else f"user-{rng.randrange(keys)}".encode()
 
 
 async def test_members_share_a_live_partition_evenly_whatever_the_keys(kafka, proxy, topic_factory):

@@ -16,7 +16,6 @@ one session (``-k 3-instances`` picks one of them)."""
 from __future__ import annotations
 
 import os
-import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from proxy.client import Consumer, TopicPartition
 from proxy.coop.grant_log import GRANTS_TOPIC
 from proxy.coop.grants import Grant, KeyGrants, decode_grant, decode_key
 from proxy.protocol.groups import group_partition
+from tests.integration.coop_members import cooperative_member, hot_key
 from tests.integration.test_coop_wire import TransactionalMembers, check_exactly_once
 from tests.integration.test_live_tail import _at_log_end, _until
 
@@ -40,11 +40,6 @@ SECONDS = 8.0
 DEADLINE = 120.0
 MEMBERS = 3
 RUNS = int(os.environ.get("COOP_INSTANCE_RUNS", "1"))
-
-
-def hot_key(seq: int, rng: random.Random, keys: int) -> bytes:
-    """Half the records have one key."""
-    return b"hot" if rng.random() < 0.5 else f"user-{rng.randrange(keys)}".encode()
 
 
 def _cases() -> list:
@@ -66,21 +61,10 @@ async def test_members_spread_over_instances_get_no_record_twice(kafka, proxy_fa
         stop = trio.Event()
         handed: dict[str, int] = {}
 
-        async def member(name: str, bootstrap: str) -> None:
-            async with Consumer(bootstrap, group_id=group, client_id=name, auto_offset_reset="earliest",
-                                allow_individual_commit=True, max_partition_fetch_bytes=2048) as consumer:
-                consumer.assign([tp], cooperative=True)
-                while not stop.is_set():
-                    for record in await consumer.poll(0.3):
-                        history.deliver(name, record.topic, record.partition, record.offset, record.key)
-                        handed[name] = handed.get(name, 0) + 1
-                        await trio.sleep(0.0002)  # the work
-                        consumer.mark_processed(record)
-                    await consumer.commit_processed()
-
         async with trio.open_nursery() as nursery:
             for number in range(MEMBERS):  # 2 instances: m0, m2 on the first, m1 on the second
-                nursery.start_soon(member, f"m{number}", proxies[number % instances].bootstrap_servers)
+                nursery.start_soon(cooperative_member, proxies[number % instances].bootstrap_servers, group, tp,
+                                   f"m{number}", history, handed, stop)
             producer.start()
             await _until(lambda: producer.done and history.missing() == 0, SECONDS + DEADLINE)
             await _until(lambda: _at_log_end(kafka, group, topic, 1), 60)

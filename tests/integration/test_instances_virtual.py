@@ -20,7 +20,6 @@ died.
 from __future__ import annotations
 
 import math
-import random
 import threading
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from harness.history import History, check
 from harness.live import LiveProducer, default_key
 from harness.streams_app import PlainConsumerProcess, real_partition
 from harness.wait import wait_until
+from tests.integration.coop_members import hot_key
 from tests.integration.instance_checks import (
     Ledger,
     assert_kill_bound,
@@ -54,11 +54,6 @@ SHARES = 4
 PARTITIONS = 2
 SEEDS = {"kr": 81, "coop": 83}
 WORK = 0.0005  # seconds each record takes in a librdkafka member, before the batch's commit
-
-
-def hot_key(seq: int, rng: random.Random, keys: int) -> bytes:
-    """Half the records under one key: stripes spread it over a partition's virtual partitions."""
-    return b"hot" if rng.random() < 0.5 else f"user-{rng.randrange(keys)}".encode()
 
 
 class RdkafkaMembers:

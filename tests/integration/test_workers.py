@@ -22,12 +22,12 @@ from harness.clients import rdkafka_virtual_member
 from harness.history import History, check
 from harness.live import LiveProducer
 from harness.wait import wait_until
-from proxy.client import Consumer, TopicPartition
+from proxy.client import TopicPartition
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from tests.integration import test_instances_keyranges as ha
+from tests.integration.coop_members import cooperative_member, hot_key
 from tests.integration.instance_checks import Ledger, member_names
-from tests.integration.test_coop_instances import hot_key
 from tests.integration.test_live_tail import _at_log_end, _until, _verdict
 
 pytestmark = pytest.mark.kafka
@@ -183,22 +183,11 @@ async def test_cooperative_members_through_two_workers_get_no_record_twice(kafka
     stop = trio.Event()
     handed: dict[str, int] = {}
 
-    async def member(name: str) -> None:
-        async with Consumer(proxy.bootstrap_servers, group_id=group, client_id=name, auto_offset_reset="earliest",
-                            allow_individual_commit=True, max_partition_fetch_bytes=2048) as consumer:
-            consumer.assign([tp], cooperative=True)
-            while not stop.is_set():
-                for record in await consumer.poll(0.3):
-                    history.deliver(name, record.topic, record.partition, record.offset, record.key)
-                    handed[name] = handed.get(name, 0) + 1
-                    await trio.sleep(0.0002)  # the work
-                    consumer.mark_processed(record)
-                await consumer.commit_processed()
-
     spread: list[float] = []
     async with trio.open_nursery() as nursery:
         for number in range(4):
-            nursery.start_soon(member, f"m{number}")
+            nursery.start_soon(cooperative_member, proxy.bootstrap_servers, group, tp, f"m{number}", history, handed,
+                               stop)
         producer.start()
         assert await _until(lambda: len(handed) == 4, 30)
         spread = await trio.to_thread.run_sync(_connections_on_each, workers)
