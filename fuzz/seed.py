@@ -314,6 +314,21 @@ def _fetch_requests() -> Iterator[tuple[str, bytes]]:
             body.key_ranges = extension.get("top")
             header = messages.new_request_header(ApiKey.FETCH, version, 21, "seed")
             yield f"fetch-v{version}-{label}", messages.encode_request(header, body)
+    # sessionless key-range Fetches as range consumers send them: the native relay answers
+    # these from its table when their shares are cached
+    two = [request.KeyRange(start=0, end=99), request.KeyRange(start=1 << 40, end=(1 << 62) - 1)]
+    for version in (13, 15, 17):
+        for label, own, top in (("one", ranges, None), ("top", None, two), ("mixed", two, ranges)):
+            partitions = [request.FetchPartition(partition=p, fetch_offset=40 + p, partition_max_bytes=1 << 20,
+                                                 key_ranges=own if p != 2 else None) for p in range(3)]
+            body = messages.new_body(
+                ApiKey.FETCH, version, "request", max_wait_ms=100, min_bytes=1, max_bytes=1 << 20,
+                isolation_level=version % 2, session_id=0, session_epoch=-1, key_ranges=top,
+                topics=[topic(request.FetchTopic, version, "orders", partitions=partitions[:1 if label == "one" else 3]),
+                        *([topic(request.FetchTopic, version, "old", partitions=partitions[1:])] if label == "mixed"
+                          else [])])
+            header = messages.new_request_header(ApiKey.FETCH, version, 22, "range-consumer")
+            yield f"fetch-v{version}-sessionless-{label}", messages.encode_request(header, body)
 
 
 def _commit_request(version: int, ranges: list[tuple[int, int]] | None, metadata: str | None = None) -> bytes:

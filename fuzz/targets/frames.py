@@ -24,7 +24,11 @@ the rewritable tail starts while the rest of the frame streams past the proxy. S
   (``proxy.net.native_checks``) says it may, with and without the virtual-topic guard,
   and never one the codec finds an extension in (key ranges, a cooperative partition) or
   a name that may be a virtual topic's; and its walk over a Fetch response, arriving in
-  pieces, finds the tail where the Python walk does, and refuses what it refuses.
+  pieces, finds the tail where the Python walk does, and refuses what it refuses;
+* the native relay answers a key-range Fetch from its table exactly when its Python
+  reference (``native_checks.answer_keys``) says it may, only one the codec decodes, by the
+  keys the cache holds its shares under, and with those shares cached its answer is the
+  event loop's, byte for byte.
 
 Input: three control bytes, then the byte stream of size-prefixed frames. The first
 control byte holds the frame size limit (bits 0-1), the Fetch version the frames are read
@@ -39,6 +43,11 @@ import uuid
 
 from fuzz.common import Choices, InvariantBroken, check_not_internal
 from proxy.features.addresses import rewrite_fetch_tail
+from proxy.keyrange.cache import CachedShare
+from proxy.keyrange.engine import ConnectionRanges, KeyRangeEngine
+from proxy.keyrange.native import NativeShares, answer_key, served_entry
+from proxy.keyrange.requests import FetchRangeSessions, topic_key
+from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.net import native_checks, native_table
 from proxy.net.native_relay import _cpump
 from proxy.protocol import messages
@@ -52,6 +61,7 @@ from proxy.protocol.framing import (
     peek_correlation_id,
     peek_request_header,
 )
+from proxy.protocol.message_types import FetchResponse as FetchResponseBody
 from proxy.protocol.message_versions import (
     FETCH_FIRST_FLEXIBLE,
     FETCH_FIRST_NODE_ENDPOINTS,
@@ -72,6 +82,7 @@ FRAME_LIMITS = (DEFAULT_MAX_FRAME_BYTES, 1024, 4096, 1 << 16)
 FIRST_FLEXIBLE_FETCH = FETCH_FIRST_FLEXIBLE
 FIRST_HINTED_PRODUCE = PRODUCE_FIRST_NODE_ENDPOINTS  # 10..13: the Produce versions whose responses may carry leader hints
 FETCH_VERSIONS = 7  # 12..18
+_TOPIC_SETTINGS = KeyRangeTopicSettings()
 MAX_FRAMES = 8  # frames past these add time, not coverage
 LIMIT = "exceeds the limit"  # the reason of every refusal of a count over MAX_ARRAY_ELEMENTS or MAX_TAGGED_FIELDS
 NATIVE_PEEK = 1024  # how many bytes of a request (size prefix included) the native relay peeks at
@@ -298,6 +309,82 @@ def _check_native_fetch(frame: bytes, version: int, body) -> None:
             raise InvariantBroken(f"the native relay would carry a Fetch v{version} naming a virtual topic")
 
 
+_ANSWERS = _cpump is not None and hasattr(_cpump, "Answers")
+_SERVED = b"".join(served_entry(uuid.UUID(bytes=_KNOWN[i:i + 16]), p) for i in range(0, len(_KNOWN), 16)
+                   for p in range(4))
+
+
+def _check_native_answer(frame: bytes, version: int, body) -> None:
+    """The loop's read of a key-range Fetch it may answer against its Python reference, and
+    against the codec and the event loop: the keys it looks up are the cache's for what the
+    codec decodes, and with those shares cached, its answer is the event loop's, byte for
+    byte."""
+    if not _ANSWERS:
+        return
+    peeked = SIZE_PREFIX.pack(len(frame)) + frame
+    served = _SERVED
+    if body is not None and version >= FETCH_FIRST_TOPIC_ID:
+        served += b"".join(served_entry(t.topic_id, p.partition) for t in body.topics for p in t.partitions)
+    for guarded in (False, True):
+        native = _cpump.answer_keys(peeked, guarded, served, _GUARD, _KNOWN)
+        python = native_checks.answer_keys(peeked, guarded, served, _GUARD, _KNOWN)
+        if native != python:
+            raise InvariantBroken(f"the native relay reads a Fetch v{version} for an answer as {native}, "
+                                  f"its reference as {python}")
+    keys = _cpump.answer_keys(peeked, False, served)
+    if not isinstance(keys, list):
+        return
+    if body is None:
+        raise InvariantBroken(f"the native relay would answer a Fetch v{version} the codec refuses")
+    ranges = FetchRangeSessions().resolve(body)
+    if ranges.invalid:
+        return  # ranges the cache never holds: no answer is ever published for them
+    chosen = [ranges.filtered.get((topic_key(t), p.partition)) for t in body.topics for p in t.partitions]
+    if any(c is None for c in chosen):
+        raise InvariantBroken(f"the native relay would answer a Fetch v{version} with a partition the cache never "
+                              "holds a share of")
+    wanted = [answer_key(t.topic_id, p.partition, body.isolation_level, p.fetch_offset, c)
+              for (t, p), c in zip([(t, p) for t in body.topics for p in t.partitions], chosen)]
+    if keys != wanted:
+        raise InvariantBroken(f"the native relay looks a Fetch v{version} up as {keys}, the cache as {wanted}")
+    if any(t.topic_id.int == 0 for t in body.topics):
+        return  # a topic by the zero id is looked up by name: the cache publishes no share of it
+    # Those shares cached and published: the loop's answer is the event loop's.
+    names = {t.topic_id: f"topic-{t.topic_id}" for t in body.topics}
+    engine = KeyRangeEngine(cache_bytes=1 << 30, topic_settings=lambda name: _TOPIC_SETTINGS, topic_name=names.get)
+    ids = {name: topic_id for topic_id, name in names.items()}
+    native = NativeShares(_cpump.Answers(), engine.cache, topic_id=ids.get, topic_settings=engine.topic_settings,
+                          reads_ahead=False, in_flight=lambda key: False)
+    engine.cache.listener = native
+    conn = ConnectionRanges()
+    for n, topic in enumerate(body.topics):
+        for partition in topic.partitions:
+            pk = (topic.topic_id, partition.partition)
+            conn.served.add((names[topic.topic_id], partition.partition))
+            conn.served_ids.add(served_entry(*pk))
+            engine.cache.put(CachedShare((names[topic.topic_id], partition.partition), ranges.filtered[pk],
+                                         partition.fetch_offset, partition.fetch_offset + 1 + n,
+                                         body.isolation_level, records=frame[:n * 7], high_watermark=n,
+                                         last_stable_offset=-n, log_start_offset=partition.partition,
+                                         aborted_transactions=[FetchResponseBody.AbortedTransaction(
+                                             producer_id=n, first_offset=-1)] * (n % 3)))
+    answer = _cpump.answer(peeked, native.table, conn.served_blob())
+    if answer is None:
+        raise InvariantBroken(f"the native relay does not answer a Fetch v{version} whose shares are cached")
+    header, again = messages.decode_request(frame)
+    plan = engine.plan(conn, version, again, 0.0)
+    if plan is None:
+        raise InvariantBroken(f"the native relay answers a Fetch v{version} the event loop forwards")
+    engine.upstream_reads(plan)
+    engine.finish(plan)
+    if plan.upstream_body is not None:
+        raise InvariantBroken(f"the native relay answers a Fetch v{version} the event loop reads the broker for")
+    encoded = messages.encode_response(ApiKey.FETCH, version, messages.new_response_header(header.correlation_id),
+                                       engine.complete(conn, plan, None, 0.0))
+    if answer != SIZE_PREFIX.pack(len(encoded)) + encoded:
+        raise InvariantBroken(f"the native relay's answer to a Fetch v{version} is not the event loop's")
+
+
 def _check_request(frame: bytes) -> None:
     try:
         peek = peek_request_header(frame)
@@ -319,6 +406,7 @@ def _check_request(frame: bytes) -> None:
     _check_header_tags(frame, peek.api_key, peek.api_version, header, refusal)
     if peek.api_key == ApiKey.FETCH:
         _check_native_fetch(frame, peek.api_version, body)
+        _check_native_answer(frame, peek.api_version, body)
     if peek.api_key != ApiKey.PRODUCE:
         return
     try:

@@ -123,7 +123,8 @@ class CooperativeFetchFeature(Feature):
         return {ApiKey.FETCH: self.on_fetch}
 
     def native_passes(self) -> Mapping[int, NativePass]:
-        return {ApiKey.FETCH: NativePass(untagged=True)}  # Cooperative is a tagged field of a partition
+        # Cooperative is a tagged field of a partition: a Fetch with key ranges alone passes too
+        return {ApiKey.FETCH: NativePass(untagged=True, key_ranges=True)}
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:
         return {FEATURE: (1, 1)}

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from proxy.protocol.message_types import FetchResponse
 from proxy.ranges import KeyRange
@@ -129,17 +130,44 @@ class CacheStats:
     expired: int = 0  # dropped with their range set, nobody having asked for it for the interest time
 
 
+class CacheListener(Protocol):
+    """Told of every share the cache keeps and lets go of (``proxy.keyrange.native``: the
+    native relay's table follows the cache), and what holding it there costs on top."""
+
+    def charge(self, share: CachedShare) -> int: ...
+
+    def stored(self, key: Hashable, share: CachedShare) -> None: ...
+
+    def removed(self, key: Hashable, share: CachedShare) -> None: ...
+
+
 class ShareCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes_held = 0  # the shares' sizes and SET_ENTRY_BYTES for each set in the index
         self.stats = CacheStats()
+        self._listener: CacheListener | None = None
         self._lru: OrderedDict[Hashable, CachedShare] = OrderedDict()
         # (partition, ranges, isolation level) -> keys of its shares, for lookup by position
         self._by_set: dict[tuple[PartitionId, RangeSet, int], dict[int, Hashable]] = {}
 
     def __len__(self) -> int:
         return len(self._lru)
+
+    @property
+    def listener(self) -> CacheListener | None:
+        return self._listener
+
+    @listener.setter
+    def listener(self, listener: CacheListener | None) -> None:
+        """Set while the cache is empty: what a share is charged must not change while it is held."""
+        if self._lru:
+            raise ValueError("a cache's listener is set while it holds no share")
+        self._listener = listener
+
+    def _size(self, share: CachedShare) -> int:
+        listener = self._listener
+        return share.size if listener is None else share.size + listener.charge(share)
 
     def resize(self, max_bytes: int) -> None:
         """A new cap (a reload): the least recently used shares leave until what is held fits."""
@@ -151,7 +179,7 @@ class ShareCache:
     def put(self, share: CachedShare) -> bool:
         """Keep ``share``, evicting the least recently used as needed. False if it alone
         (with an index entry for its set) is larger than the cap."""
-        size = share.size
+        size = self._size(share)
         if size + SET_ENTRY_BYTES > self.max_bytes:
             self.stats.rejected_too_large += 1
             return False
@@ -172,6 +200,8 @@ class ShareCache:
         per_set[share.start_offset] = key
         self.bytes_held += size
         self.stats.stored += 1
+        if self._listener is not None:
+            self._listener.stored(key, share)
         return True
 
     def take(self, partition: PartitionId, ranges: RangeSet, position: int, isolation_level: int) -> CachedShare | None:
@@ -203,9 +233,18 @@ class ShareCache:
                 return True
         return False
 
+    def served(self, key: Hashable, share: CachedShare) -> None:
+        """``share`` (cached under ``key``) was served elsewhere (the native relay): it leaves
+        the cache if it is still there, and counts as a hit."""
+        if self._lru.get(key) is share:
+            self._remove(key)
+        self.stats.hits += 1
+
     def _remove(self, key: Hashable) -> None:
         share = self._lru.pop(key)
-        self.bytes_held -= share.size
+        self.bytes_held -= self._size(share)
+        if self._listener is not None:
+            self._listener.removed(key, share)
         set_key = (share.partition, share.ranges, share.isolation_level)
         per_set = self._by_set.get(set_key)
         if per_set is not None:

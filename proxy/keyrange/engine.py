@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from proxy.keyrange.cache import ActiveRangeSets, CachedShare, RangeSet, ShareCache, copy_metadata
+from proxy.keyrange.native import served_blob, served_entry
 from proxy.keyrange.requests import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
@@ -137,6 +138,18 @@ class ConnectionRanges:
     def __init__(self) -> None:
         self.sessions = FetchRangeSessions()
         self.served: set[tuple[str, int]] = set()
+        # the same partitions named by topic id (``native.served_entry``), as the native relay
+        # reads them: it answers from the cache only for partitions the broker served here
+        self.served_ids: set[bytes] = set()
+        self._served_blob = (0, b"")
+
+    def served_blob(self) -> bytes:
+        """``served_ids`` as the native relay reads them (``native.served_blob``)."""
+        count, blob = self._served_blob
+        if count != len(self.served_ids):
+            blob = served_blob(self.served_ids)
+            self._served_blob = (len(self.served_ids), blob)
+        return blob
 
 
 class KeyRangeEngine:
@@ -295,6 +308,8 @@ class KeyRangeEngine:
                 name = plan.names.get(pk) or self._name(key)
                 if partition.error_code == ErrorCode.NONE:
                     conn.served.add((name, pk[1]))
+                    if isinstance(key, uuid.UUID):
+                        conn.served_ids.add(served_entry(key, pk[1]))
                 if pk in ranges.invalid:
                     self._refuse(partition)
                     continue

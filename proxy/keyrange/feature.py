@@ -12,8 +12,11 @@ import trio
 
 from proxy.keyrange.engine import ConnectionRanges, FetchPlan, KeyRangeEngine, Prefetch
 from proxy.keyrange.metrics import KeyRangeMetrics
+from proxy.keyrange.native import NativeShares
 from proxy.keyrange.settings import KeyRangeSettings
 from proxy.keyrange.workers import SplitWorkers
+from proxy.net import native_relay
+from proxy.net.native_relay import NativeAnswers
 from proxy.pipeline import (
     ClusterView,
     ConnectionContext,
@@ -87,12 +90,23 @@ class KeyRangeFetchFeature(Feature):
         self._inflight: dict[tuple[str, int, int, int], _Read] = {}
         self._last = (0, 0, 0, 0, 0)
         self._last_bytes: dict = {}
+        # The shares the native relay may hand out itself (``native``): None without the
+        # setting, or without a build of the relay that answers.
+        self.native: NativeShares | None = None
+        if settings.native_answers and native_relay.ANSWERS:
+            engine = self.engine
+            self.native = NativeShares(native_relay.answers_table(), engine.cache, topic_id=cluster.id_of,
+                                       topic_settings=lambda name: engine.topic_settings(name),
+                                       reads_ahead=self.prefetch_enabled, in_flight=self._inflight.__contains__)
+            engine.cache.listener = self.native
 
     def reconfigure(self, settings: KeyRangeSettings) -> None:
         """Take reloaded settings: the per-topic ones from the next fetch on, the cache's cap
         at once (a lower one evicts the least recently used shares). The others are read at
         start only."""
         self.engine.topic_settings = settings.topics.of
+        if self.native is not None:
+            self.native.withdraw()  # published under the old settings (a topic may refuse range fetches now)
         self.engine.cache.resize(settings.cache_bytes)
         self.metrics.cache_bytes.set(self.engine.cache.bytes_held)
 
@@ -102,10 +116,32 @@ class KeyRangeFetchFeature(Feature):
     def native_passes(self) -> Mapping[int, NativePass]:
         # Its ranges are tagged fields of the request; on a connection holding a key-range
         # fetch session, a plain incremental Fetch keeps the session's ranges.
-        return {ApiKey.FETCH: NativePass(untagged=True, held=_holds_sessions)}
+        return {ApiKey.FETCH: NativePass(untagged=True, held=_holds_sessions, key_ranges=True)}
 
     def advertised(self) -> Mapping[str, tuple[int, int]]:
         return {FEATURE: (1, 1)}
+
+    # -- answers the native relay sends (proxy.keyrange.native) -----------------------------------
+    def native_answers(self) -> NativeAnswers | None:
+        return self if self.native is not None else None
+
+    @property
+    def table(self) -> object:
+        assert self.native is not None
+        return self.native.table
+
+    def served(self, ctx: ConnectionContext) -> bytes:
+        state = ctx.existing(RANGES)
+        return state.served_blob() if state is not None else b""
+
+    def taken(self, handles: list[int]) -> None:
+        """The shares the native relay sent (a run's report): served as the event loop
+        serves a cached share."""
+        native = self.native
+        if native is None or not handles:
+            return
+        self.metrics.native_answers.inc(native.taken(handles, self.engine.active.touch, trio.current_time()))
+        self._export()
 
     async def on_fetch(self, ctx: ConnectionContext, request: Request[FetchRequest]) -> Route | None:
         version = request.version
@@ -229,11 +265,15 @@ class KeyRangeFetchFeature(Feature):
             stale = [key for key, event in self._inflight.items() if now - event.started > _STALE_READ_SECONDS]
             for key in stale:
                 self._inflight.pop(key).set()
+        native = self.native
         for key in reads:
             if key not in self._inflight:
                 event = _Read(now)
                 self._inflight[key] = event
                 events.append((key, event))
+                if native is not None:  # the shares that end where this read begins need no read-ahead now
+                    name, partition, position, level = key
+                    native.covered((name, partition), level, position)
         return events
 
     def _settle(self, events: list[tuple[ReadKey, _Read]]) -> None:

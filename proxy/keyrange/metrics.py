@@ -14,6 +14,9 @@ class KeyRangeMetrics:
         self.prefetch_shares = Counter("kafka_proxy_keyrange_prefetch_shares",
                                        "Shares the key-range prefetches cached for consumers.", registry=r)
         self.cache_hits = Counter("kafka_proxy_keyrange_cache_hits", "Shares served from the cache.", registry=r)
+        self.native_answers = Counter("kafka_proxy_keyrange_native_answers",
+                                      "Shares served from the cache by the native relay (counted in cache_hits "
+                                      "too).", registry=r)
         self.cache_misses = Counter("kafka_proxy_keyrange_cache_misses", "Cache lookups that found nothing.",
                                     registry=r)
         self.cache_evictions = Counter("kafka_proxy_keyrange_cache_evictions",

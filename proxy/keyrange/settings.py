@@ -49,6 +49,12 @@ class KeyRangeSettings(Settings):
         "reserve.message.value.range.fetch=true).", aliases=("key.range.readahead.enabled",),
         cost="one broker read per shared partition ahead of its foremost consumer, its shares held in the cache "
              "(within max.bytes.key.range.results); false: every consumer waits for each read and its split.")
+    native_answers: bool = flag(
+        "key.range.native.answers.enabled", True,
+        "The native relay answers a sessionless key-range Fetch (v13-v17, topics by id) whose every partition's "
+        "share is cached and needs no read-ahead, without the event loop (docs/proxy.md#key-range-fetch).",
+        cost="each share the relay may hand out is charged about 0.7 KB more within max.bytes.key.range.results; "
+             "false: every key-range Fetch goes through the event loop.")
     split_threads: int = integer("key.range.split.threads", 0,
                                  "Worker threads that split large broker reads by key range off the event loop (needs "
                                  "the C kernels; 0: on the event loop, measured faster on 2 cores, docs/proxy.md).",

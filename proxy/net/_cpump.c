@@ -41,6 +41,13 @@
  *   empty; otherwise, with everything before them sent, it reads them and hands them
  *   back (size prefix and correlation id first), and the event loop sends them rewritten
  *   in as many bytes.
+ * - A key-range Fetch (tagged KeyRanges) whose every partition's answer is in ``answers``
+ *   (a table the event loop fills with cached shares; see "answers from the key-range
+ *   cache" below) is answered by the loop itself when the table carries Fetches of its
+ *   version, after the responses still owed (responses keep request order): the request is
+ *   taken from the socket, its answers out of the table, and the response is written from
+ *   their bytes (the records from the share's own buffer). The run hands back the handles
+ *   of what it took, for the event loop's bookkeeping.
  * - It stops only at frame boundaries (except when aborted): at the end of its time slice,
  *   after ``idle_ms`` with nothing to do, when woken through ``wake_fd`` (an eventfd: a
  *   total of 1 asks for a stop at the boundaries, 2 or more aborts at once), and at the
@@ -58,11 +65,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -884,6 +893,620 @@ static int64_t fw_walk(fwalk_t *w, const uint8_t *win, int64_t n)
     return w->pos - start;
 }
 
+/* ------------------------------------------------------------------ answers from the key-range cache
+ * A key-range Fetch whose every partition's answer is a share the key-range cache holds is
+ * answered here, without the event loop: the event loop publishes those shares in an
+ * ``Answers`` table (proxy/keyrange/native.py: which shares, when, and what each one's
+ * answer says), the loop looks the request's partitions up in it, takes them out, and sends
+ * the response built of their bytes; the run hands back what it took (each share's handle)
+ * for the event loop's bookkeeping (the cache, the ranges' interest, the metrics).
+ *
+ * The request shape answered (anything else, or any partition missing, is the event
+ * loop's, exactly as before): Fetch v13-v17, sessionless (session id 0, epoch -1), topics
+ * by id, each named once, each partition once, at most ANSWER_MAX_PARTITIONS in all, no
+ * forgotten topics, no tagged field but KeyRanges (tag 10000) on partitions and at the top
+ * level, every partition's effective ranges (its own, else the top level's) a non-empty
+ * list of at most ANSWER_MAX_RANGES ranges, each with no tagged field; every partition one
+ * the broker served this connection before (``served``). With the guard on, every topic
+ * must also be one a plain Fetch could name (id_is_plain). The table is the proxy's, shared
+ * by every run: a mutex guards it. proxy/net/native_checks.py (answer_keys) is the
+ * request's read in Python, proxy/keyrange/native.py the answer's bytes. */
+
+#define ANSWER_TAG 10000
+#define ANSWER_FIRST_VERSION 13
+#define ANSWER_LAST_VERSION 17
+#define ANSWER_MAX_PARTITIONS 32
+#define ANSWER_MAX_RANGES 16
+#define ANSWER_KEY_FIXED (TOPIC_ID_BYTES + 4 + 1 + 8) /* topic id, partition, isolation level, fetch offset */
+#define ANSWER_KEY_MAX (ANSWER_KEY_FIXED + 16 * ANSWER_MAX_RANGES)
+#define SERVED_BYTES (TOPIC_ID_BYTES + 4)
+
+typedef struct answer_entry {
+    struct answer_entry *next;
+    uint64_t hash;
+    int64_t handle;
+    PyObject *records; /* bytes: a reference of the table's, then of the run that took the entry */
+    const uint8_t *records_at;
+    int64_t records_len;
+    uint32_t key_len, prefix_len, suffix_len;
+    uint8_t data[]; /* the key, the partition's bytes before its records, after them */
+} answer_entry;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t lock;
+    answer_entry **buckets;
+    size_t mask; /* buckets - 1, a power of two less one */
+    size_t count;
+    int64_t bytes; /* what the entries and the buckets take (malloc'd), records aside */
+} answers_t;
+
+static uint64_t answer_hash(const uint8_t *key, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ key[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* The entry of ``key`` (its link in the chain, so it can be unlinked), or NULL; lock held. */
+static answer_entry **answer_find(answers_t *t, const uint8_t *key, uint32_t n, uint64_t h)
+{
+    answer_entry **at = &t->buckets[h & t->mask];
+    for (; *at != NULL; at = &(*at)->next)
+        if ((*at)->hash == h && (*at)->key_len == n && memcmp((*at)->data, key, n) == 0)
+            return at;
+    return NULL;
+}
+
+static int answer_grow(answers_t *t)
+{
+    size_t size = (t->mask + 1) * 2;
+    answer_entry **buckets = calloc(size, sizeof *buckets);
+    if (buckets == NULL)
+        return -1;
+    for (size_t i = 0; i <= t->mask; i++) {
+        answer_entry *e = t->buckets[i];
+        while (e != NULL) {
+            answer_entry *next = e->next;
+            e->next = buckets[e->hash & (size - 1)];
+            buckets[e->hash & (size - 1)] = e;
+            e = next;
+        }
+    }
+    t->bytes += (int64_t)((size - t->mask - 1) * sizeof *buckets);
+    free(t->buckets);
+    t->buckets = buckets;
+    t->mask = size - 1;
+    return 0;
+}
+
+static int64_t entry_bytes(const answer_entry *e)
+{
+    return (int64_t)(sizeof *e + e->key_len + e->prefix_len + e->suffix_len);
+}
+
+/* Free an entry no table holds any more; the GIL held (its records' reference). */
+static void answer_free(answer_entry *e)
+{
+    Py_XDECREF(e->records);
+    free(e);
+}
+
+static PyObject *answers_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    answers_t *t = (answers_t *)type->tp_alloc(type, 0);
+    if (t == NULL)
+        return NULL;
+    t->buckets = calloc(64, sizeof *t->buckets);
+    if (t->buckets == NULL) {
+        Py_DECREF(t);
+        return PyErr_NoMemory();
+    }
+    t->mask = 63;
+    t->bytes = 64 * (int64_t)sizeof *t->buckets;
+    pthread_mutex_init(&t->lock, NULL);
+    return (PyObject *)t;
+}
+
+static void answers_clear_locked(answers_t *t, answer_entry **out)
+{
+    for (size_t i = 0; i <= t->mask; i++) {
+        answer_entry *e = t->buckets[i];
+        while (e != NULL) {
+            answer_entry *next = e->next;
+            t->bytes -= entry_bytes(e);
+            e->next = *out;
+            *out = e;
+            e = next;
+        }
+        t->buckets[i] = NULL;
+    }
+    t->count = 0;
+}
+
+static void free_chain(answer_entry *e)
+{
+    while (e != NULL) {
+        answer_entry *next = e->next;
+        answer_free(e);
+        e = next;
+    }
+}
+
+static void answers_dealloc(answers_t *t)
+{
+    answer_entry *dropped = NULL;
+    if (t->buckets != NULL) {
+        answers_clear_locked(t, &dropped);
+        free(t->buckets);
+    }
+    free_chain(dropped);
+    pthread_mutex_destroy(&t->lock);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+/* put(key, handle, prefix, records, suffix): publish (or replace) the answer of ``key``. */
+static PyObject *answers_put(answers_t *t, PyObject *args)
+{
+    Py_buffer key, prefix, suffix;
+    long long handle;
+    PyObject *records;
+    if (!PyArg_ParseTuple(args, "y*Ly*O!y*", &key, &handle, &prefix, &PyBytes_Type, &records, &suffix))
+        return NULL;
+    answer_entry *e = NULL;
+    if (key.len < ANSWER_KEY_FIXED + 16 || key.len > ANSWER_KEY_MAX || (key.len - ANSWER_KEY_FIXED) % 16 ||
+        prefix.len > 1 << 20 || suffix.len > 1 << 20) {
+        PyErr_SetString(PyExc_ValueError, "an answer's key holds a topic id, partition, isolation level, fetch "
+                                          "offset and 1-16 ranges; its parts at most 1 MiB");
+    } else if ((e = malloc(sizeof *e + (size_t)(key.len + prefix.len + suffix.len))) == NULL) {
+        PyErr_NoMemory();
+    }
+    if (e == NULL) {
+        PyBuffer_Release(&key);
+        PyBuffer_Release(&prefix);
+        PyBuffer_Release(&suffix);
+        return NULL;
+    }
+    e->key_len = (uint32_t)key.len;
+    e->prefix_len = (uint32_t)prefix.len;
+    e->suffix_len = (uint32_t)suffix.len;
+    memcpy(e->data, key.buf, (size_t)key.len);
+    memcpy(e->data + key.len, prefix.buf, (size_t)prefix.len);
+    memcpy(e->data + key.len + prefix.len, suffix.buf, (size_t)suffix.len);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&suffix);
+    Py_INCREF(records);
+    e->records = records;
+    e->records_at = (const uint8_t *)PyBytes_AS_STRING(records);
+    e->records_len = PyBytes_GET_SIZE(records);
+    e->handle = handle;
+    e->hash = answer_hash(e->data, e->key_len);
+    answer_entry *replaced = NULL;
+    pthread_mutex_lock(&t->lock);
+    answer_entry **at = answer_find(t, e->data, e->key_len, e->hash);
+    if (at != NULL) {
+        replaced = *at;
+        *at = replaced->next;
+        t->bytes -= entry_bytes(replaced);
+        t->count--;
+    }
+    if (t->count >= t->mask + 1 && answer_grow(t) < 0) {
+        pthread_mutex_unlock(&t->lock);
+        if (replaced != NULL)
+            answer_free(replaced);
+        answer_free(e);
+        return PyErr_NoMemory();
+    }
+    answer_entry **bucket = &t->buckets[e->hash & t->mask];
+    e->next = *bucket;
+    *bucket = e;
+    t->count++;
+    t->bytes += entry_bytes(e);
+    pthread_mutex_unlock(&t->lock);
+    if (replaced != NULL)
+        answer_free(replaced);
+    Py_RETURN_NONE;
+}
+
+/* remove(key): the handle of the answer of ``key`` taken out of the table, or None. */
+static PyObject *answers_remove(answers_t *t, PyObject *args)
+{
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "y*", &key))
+        return NULL;
+    answer_entry *e = NULL;
+    if (key.len <= ANSWER_KEY_MAX) {
+        uint64_t h = answer_hash(key.buf, (size_t)key.len);
+        pthread_mutex_lock(&t->lock);
+        answer_entry **at = answer_find(t, key.buf, (uint32_t)key.len, h);
+        if (at != NULL) {
+            e = *at;
+            *at = e->next;
+            t->count--;
+            t->bytes -= entry_bytes(e);
+        }
+        pthread_mutex_unlock(&t->lock);
+    }
+    PyBuffer_Release(&key);
+    if (e == NULL)
+        Py_RETURN_NONE;
+    long long handle = e->handle;
+    answer_free(e);
+    return PyLong_FromLongLong(handle);
+}
+
+static PyObject *answers_clear(answers_t *t, PyObject *unused)
+{
+    answer_entry *dropped = NULL;
+    pthread_mutex_lock(&t->lock);
+    answers_clear_locked(t, &dropped);
+    pthread_mutex_unlock(&t->lock);
+    free_chain(dropped);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t answers_len(answers_t *t)
+{
+    pthread_mutex_lock(&t->lock);
+    Py_ssize_t n = (Py_ssize_t)t->count;
+    pthread_mutex_unlock(&t->lock);
+    return n;
+}
+
+static PyObject *answers_get_bytes(answers_t *t, void *closure)
+{
+    pthread_mutex_lock(&t->lock);
+    long long n = t->bytes;
+    pthread_mutex_unlock(&t->lock);
+    return PyLong_FromLongLong(n);
+}
+
+/* A request's read for an answer: the keys of its partitions, in the order of its topics and
+ * theirs (the order of the answer), and where each topic's partitions begin. */
+typedef struct {
+    int version;
+    int32_t correlation_id;
+    int64_t request_bytes;
+    int topics, partitions;
+    int topic_first[ANSWER_MAX_PARTITIONS + 1]; /* topic t's partitions: [first[t], first[t + 1]) */
+    const uint8_t *topic_id[ANSWER_MAX_PARTITIONS];
+    int32_t partition[ANSWER_MAX_PARTITIONS];
+    uint8_t key[ANSWER_MAX_PARTITIONS][ANSWER_KEY_MAX];
+    uint32_t key_len[ANSWER_MAX_PARTITIONS];
+} answer_req_t;
+
+/* A KeyRanges field's value (``p``..``end``, the whole field): 1 with ``ranges`` and ``count`` set
+ * (count 0: null), 0 when it is not one the loop reads (more than ANSWER_MAX_RANGES, a
+ * range with tagged fields, bytes left over), -1 when it does not parse. */
+static int answer_ranges(const uint8_t *p, const uint8_t *end, const uint8_t **ranges, uint32_t *count)
+{
+    uint32_t length;
+    if ((p = read_canonical(p, end, &length)) == NULL)
+        return -1;
+    if (length == 0) {
+        *count = 0;
+        *ranges = NULL;
+        return p == end ? 1 : 0;
+    }
+    if (length - 1 > ANSWER_MAX_RANGES)
+        return 0;
+    *ranges = p;
+    *count = length - 1;
+    for (uint32_t i = 0; i < length - 1; i++) {
+        if ((p = skip(p, end, 16)) == NULL)
+            return -1;
+        if (p >= end || *p != 0) /* a range's tagged fields: none */
+            return p >= end ? -1 : 0;
+        p++;
+    }
+    return p == end ? 1 : 0;
+}
+
+/* A tagged-field section (``*pp``: at its count) that may hold KeyRanges alone: 1 with
+ * ``ranges`` and ``count`` set (``present`` 0: absent), 0 when it holds another field or more than one,
+ * -1 when it does not parse. */
+static int answer_tags(const uint8_t **pp, const uint8_t *end, int *present, const uint8_t **ranges,
+                       uint32_t *count)
+{
+    uint32_t fields, tag, size;
+    const uint8_t *p = *pp;
+    *present = 0;
+    if ((p = read_canonical(p, end, &fields)) == NULL || fields > MAX_TAGGED_FIELDS)
+        return -1;
+    if (fields > 1)
+        return 0;
+    if (fields == 1) {
+        if ((p = read_canonical(read_canonical(p, end, &tag), end, &size)) == NULL)
+            return -1;
+        const uint8_t *value = p;
+        if ((p = skip(p, end, size)) == NULL)
+            return -1;
+        if (tag != ANSWER_TAG)
+            return 0;
+        int read = answer_ranges(value, p, ranges, count);
+        if (read <= 0)
+            return read;
+        *present = 1;
+    }
+    *pp = p;
+    return 1;
+}
+
+static int served_holds(const uint8_t *served, size_t len, const uint8_t *id, const uint8_t *partition)
+{
+    for (size_t at = 0; at + SERVED_BYTES <= len; at += SERVED_BYTES)
+        if (memcmp(served + at, id, TOPIC_ID_BYTES) == 0 && memcmp(served + at + TOPIC_ID_BYTES, partition, 4) == 0)
+            return 1;
+    return 0;
+}
+
+/* Read a Fetch request (``frame``: from its size prefix, up to ``end``) for an answer: 0 with
+ * ``q`` filled when it has the shape the loop answers and every partition is ``served``; 1
+ * when it is the event loop's; -1 when these bytes end first or do not parse. */
+static int answer_request(const uint8_t *frame, const uint8_t *end, int guarded, const guard_t *guard,
+                          const uint8_t *served, size_t served_len, answer_req_t *q)
+{
+    if (end - frame < 12)
+        return -1;
+    int64_t size = (int32_t)be32(frame);
+    if (size < 8 || end - frame < size + 4)
+        return -1;
+    end = frame + 4 + size;
+    if (be16(frame + 4) != API_FETCH)
+        return 1;
+    int version = be16(frame + 6);
+    if (version < ANSWER_FIRST_VERSION || version > ANSWER_LAST_VERSION)
+        return 1;
+    q->version = version;
+    q->correlation_id = (int32_t)be32(frame + 8);
+    q->request_bytes = size + 4;
+    const uint8_t *p = frame + 12;
+    if (end - p < 2)
+        return -1;
+    int16_t client_len = be16(p);
+    p += 2;
+    if (client_len < -1 || (client_len > 0 && (p = skip(p, end, (uint64_t)client_len)) == NULL))
+        return -1;
+    uint32_t count, tag, length;
+    if ((p = read_canonical(p, end, &count)) == NULL || count > MAX_TAGGED_FIELDS)
+        return -1;
+    for (uint32_t i = 0; i < count; i++) {
+        p = read_canonical(read_canonical(p, end, &tag), end, &length);
+        if ((p = skip(p, end, length)) == NULL)
+            return -1;
+    }
+    /* replica id (to v14), max wait, min bytes, max bytes */
+    if ((p = skip(p, end, (uint64_t)((version <= FETCH_LAST_REPLICA_ID ? 4 : 0) + 12))) == NULL || end - p < 9)
+        return -1;
+    const uint8_t level = p[0];
+    int32_t session_id = (int32_t)be32(p + 1), epoch = (int32_t)be32(p + 5);
+    p += 9;
+    if (session_id != 0 || epoch != -1 || level > 1)
+        return 1;
+    uint32_t topics, partitions;
+    if ((p = fetch_count(p, end, 1, &topics)) == NULL)
+        return -1;
+    if (topics == 0 || topics > ANSWER_MAX_PARTITIONS)
+        return 1;
+    const uint8_t *own[ANSWER_MAX_PARTITIONS];
+    uint32_t own_count[ANSWER_MAX_PARTITIONS];
+    int own_present[ANSWER_MAX_PARTITIONS];
+    const uint8_t *offset_at[ANSWER_MAX_PARTITIONS];
+    int n = 0;
+    q->topics = (int)topics;
+    for (uint32_t t = 0; t < topics; t++) {
+        if (end - p < TOPIC_ID_BYTES)
+            return -1;
+        const uint8_t *id = p;
+        p += TOPIC_ID_BYTES;
+        for (uint32_t u = 0; u < t; u++)
+            if (memcmp(q->topic_id[u], id, TOPIC_ID_BYTES) == 0)
+                return 1;
+        if (guarded && !id_is_plain(id, guard))
+            return 1;
+        q->topic_id[t] = id;
+        q->topic_first[t] = n;
+        if ((p = fetch_count(p, end, 1, &partitions)) == NULL)
+            return -1;
+        if (partitions == 0 || partitions > (uint32_t)(ANSWER_MAX_PARTITIONS - n))
+            return 1;
+        for (uint32_t i = 0; i < partitions; i++) {
+            /* partition, current leader epoch, fetch offset, last fetched epoch, log start
+             * offset, partition max bytes */
+            if (end - p < 32)
+                return -1;
+            for (int j = q->topic_first[t]; j < n; j++)
+                if (memcmp(offset_at[j] - 8, p, 4) == 0)
+                    return 1; /* a partition named twice */
+            q->partition[n] = (int32_t)be32(p);
+            offset_at[n] = p + 8;
+            p += 32;
+            int read = answer_tags(&p, end, &own_present[n], &own[n], &own_count[n]);
+            if (read <= 0)
+                return read < 0 ? -1 : 1;
+            n++;
+        }
+        if ((p = read_canonical(p, end, &count)) == NULL)
+            return -1;
+        if (count != 0) /* the topic's tagged fields: none */
+            return 1;
+    }
+    q->topic_first[topics] = n;
+    q->partitions = n;
+    if ((p = fetch_count(p, end, 1, &topics)) == NULL)
+        return -1;
+    if (topics != 0) /* forgotten topics: none */
+        return 1;
+    const uint8_t *rack;
+    uint64_t rack_len;
+    if ((p = fetch_string(p, end, 1, &rack, &rack_len)) == NULL)
+        return -1;
+    int top_present;
+    const uint8_t *top;
+    uint32_t top_count;
+    int read = answer_tags(&p, end, &top_present, &top, &top_count);
+    if (read <= 0)
+        return read < 0 ? -1 : 1;
+    if (p != end)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *ranges = own_present[i] && own_count[i] ? own[i] : NULL;
+        uint32_t ranges_count = own_present[i] ? own_count[i] : 0;
+        if (own_present[i] && own[i] == NULL && top_present) { /* its own null: the top level's */
+            ranges = top;
+            ranges_count = top_count;
+        } else if (!own_present[i] && top_present) {
+            ranges = top;
+            ranges_count = top_count;
+        }
+        if (ranges == NULL || ranges_count == 0)
+            return 1; /* the whole partition */
+        int t = 0;
+        while (q->topic_first[t + 1] <= i)
+            t++;
+        const uint8_t *partition = offset_at[i] - 8;
+        if (!served_holds(served, served_len, q->topic_id[t], partition))
+            return 1;
+        uint8_t *key = q->key[i];
+        memcpy(key, q->topic_id[t], TOPIC_ID_BYTES);
+        memcpy(key + TOPIC_ID_BYTES, partition, 4);
+        key[TOPIC_ID_BYTES + 4] = level;
+        memcpy(key + TOPIC_ID_BYTES + 5, offset_at[i], 8);
+        uint8_t *at = key + ANSWER_KEY_FIXED;
+        for (uint32_t r = 0; r < ranges_count; r++, at += 16)
+            memcpy(at, ranges + 17 * r, 16); /* start, end; the range's empty tagged fields after */
+        q->key_len[i] = ANSWER_KEY_FIXED + 16 * ranges_count;
+    }
+    return 0;
+}
+
+/* Whether the table holds every partition's answer; with ``taken`` (ANSWER_MAX_PARTITIONS
+ * places), each is also taken out of it, all or none. */
+static int answers_take(answers_t *t, const answer_req_t *q, answer_entry **taken)
+{
+    uint64_t hashes[ANSWER_MAX_PARTITIONS];
+    for (int i = 0; i < q->partitions; i++)
+        hashes[i] = answer_hash(q->key[i], q->key_len[i]);
+    int all = 1;
+    pthread_mutex_lock(&t->lock);
+    for (int i = 0; i < q->partitions && all; i++)
+        all = answer_find(t, q->key[i], q->key_len[i], hashes[i]) != NULL;
+    if (all && taken != NULL) {
+        for (int i = 0; i < q->partitions; i++) {
+            answer_entry **at = answer_find(t, q->key[i], q->key_len[i], hashes[i]);
+            answer_entry *e = *at;
+            *at = e->next;
+            e->next = NULL;
+            t->count--;
+            t->bytes -= entry_bytes(e);
+            taken[i] = e;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    return all;
+}
+
+static inline uint8_t *put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+    return p + 4;
+}
+
+static uint8_t *put_uvarint(uint8_t *p, uint32_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* An answer's bytes, as the event loop's codec writes the response: size, correlation id,
+ * the header's tagged fields (none); throttle time 0, error 0, session id 0; each topic (its
+ * id, its partitions: index, then the share's bytes, records and tagged fields; no tagged
+ * field of its own); no top-level tagged field. ``meta``: room for the bytes around the
+ * records (answer_meta_bytes); ``iov``: 2 + 3 x partitions places. Returns the iovecs used. */
+#define ANSWER_META_FIXED (4 + 4 + 1 + 4 + 2 + 4 + 5 + 1)
+static size_t answer_meta_bytes(const answer_req_t *q, answer_entry *const *taken)
+{
+    size_t n = ANSWER_META_FIXED + (size_t)q->topics * (TOPIC_ID_BYTES + 5 + 1);
+    for (int i = 0; i < q->partitions; i++)
+        n += 4 + taken[i]->prefix_len + taken[i]->suffix_len;
+    return n;
+}
+
+static int answer_iov(const answer_req_t *q, answer_entry *const *taken, uint8_t *meta, struct iovec *iov,
+                      int64_t *total)
+{
+    int used = 0;
+    uint8_t *p = meta + 4, *segment = meta;
+    p = put_be32(p, (uint32_t)q->correlation_id);
+    *p++ = 0;                         /* header tagged fields */
+    p = put_be32(p, 0);               /* throttle time */
+    *p++ = 0, *p++ = 0;               /* error code */
+    p = put_be32(p, 0);               /* session id */
+    p = put_uvarint(p, (uint32_t)q->topics + 1);
+    int64_t records = 0;
+    for (int t = 0; t < q->topics; t++) {
+        memcpy(p, q->topic_id[t], TOPIC_ID_BYTES);
+        p += TOPIC_ID_BYTES;
+        p = put_uvarint(p, (uint32_t)(q->topic_first[t + 1] - q->topic_first[t]) + 1);
+        for (int i = q->topic_first[t]; i < q->topic_first[t + 1]; i++) {
+            const answer_entry *e = taken[i];
+            p = put_be32(p, (uint32_t)q->partition[i]);
+            memcpy(p, e->data + e->key_len, e->prefix_len);
+            p += e->prefix_len;
+            iov[used++] = (struct iovec){.iov_base = segment, .iov_len = (size_t)(p - segment)};
+            iov[used++] = (struct iovec){.iov_base = (void *)e->records_at, .iov_len = (size_t)e->records_len};
+            records += e->records_len;
+            segment = p;
+            memcpy(p, e->data + e->key_len + e->prefix_len, e->suffix_len);
+            p += e->suffix_len;
+        }
+        *p++ = 0; /* the topic's tagged fields */
+    }
+    *p++ = 0; /* top-level tagged fields */
+    iov[used++] = (struct iovec){.iov_base = segment, .iov_len = (size_t)(p - segment)};
+    *total = (int64_t)(p - meta) + records;
+    put_be32(meta, (uint32_t)(*total - 4));
+    return used;
+}
+
+static PyMethodDef answers_methods[] = {
+    {"put", (PyCFunction)answers_put, METH_VARARGS,
+     "put(key, handle, prefix, records, suffix): publish the answer of key (replacing one of the same key)."},
+    {"remove", (PyCFunction)answers_remove, METH_VARARGS,
+     "remove(key): the handle of the answer of key, taken out of the table; None if it holds none."},
+    {"clear", (PyCFunction)answers_clear, METH_NOARGS, "Drop every answer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef answers_getset[] = {
+    {"bytes", (getter)answers_get_bytes, NULL, "What the table's entries and buckets take, records aside.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods answers_sequence = {.sq_length = (lenfunc)answers_len};
+
+static PyTypeObject answers_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proxy.net._cpump.Answers",
+    .tp_basicsize = sizeof(answers_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Answers of key-range Fetches the loop sends itself: key -> a partition's bytes (see the module).",
+    .tp_new = answers_new,
+    .tp_dealloc = (destructor)answers_dealloc,
+    .tp_methods = answers_methods,
+    .tp_getset = answers_getset,
+    .tp_as_sequence = &answers_sequence,
+};
+
 /* ------------------------------------------------------------------ moving bytes */
 
 /* Splice what can move now. Sets *want_src / *want_dst to what it waits for; returns 1 when
@@ -939,7 +1562,7 @@ static int mover_step(mover_t *m, int *want_src, int *want_dst)
 
 /* ------------------------------------------------------------------ the run */
 
-enum { REQ_PEEK, REQ_FORWARD };
+enum { REQ_PEEK, REQ_FORWARD, REQ_ANSWER };
 enum { RESP_IDLE, RESP_HEAD, RESP_SPLICE, RESP_READ, RESP_WRITE, RESP_HOLD, RESP_WALK, RESP_TAIL };
 
 typedef struct {
@@ -973,6 +1596,17 @@ typedef struct {
     int reason;
     char message[160];
     int error;
+    /* answers (REQ_ANSWER): the table, the partitions the broker served this connection */
+    answers_t *answers;
+    const uint8_t *served;
+    size_t served_len;
+    uint8_t *answer_meta;
+    struct iovec answer_iov[2 * ANSWER_MAX_PARTITIONS + 1];
+    int answer_iovcnt, answer_iov_at;
+    flight_t answer_flight;
+    int64_t answer_bytes;
+    answer_entry **taken; /* every entry the run took, in order: handed back, then freed */
+    int taken_count, taken_cap;
 } run_t;
 
 static void stop(run_t *r, int reason)
@@ -1029,10 +1663,110 @@ static int move_frame(run_t *r, mover_t *m, short *src_events, short *dst_events
     return m->remaining == 0 && m->held == 0;
 }
 
-/* The request side: peek at the next request, and forward it when the run may. Returns 1
- * on progress, 0 when waiting (events in *events_client / *events_upstream), -1 to end. */
+/* Whether the table lets a Fetch of ``version`` be answered (``peek``: its first ``n``
+ * bytes), and how: 0 it is not, 1 it is, with the request taken from the socket and the
+ * answer begun (REQ_ANSWER), 2 its answers are all there but a response is still owed
+ * (the answer waits for it, responses keep their order), -1 on a failure. */
+static int try_answer(run_t *r, const uint8_t *peek, ssize_t n)
+{
+    if (r->answers == NULL || n < 12 || be16(peek + 4) != API_FETCH)
+        return 0;
+    int version = be16(peek + 6);
+    if (version < 0 || version >= VERSIONS)
+        return 0;
+    int entry = r->classes[API_FETCH * VERSIONS + version];
+    if ((entry & CLASS_MASK) == CLASS_PYTHON)
+        return 0;
+    answer_req_t q;
+    if (answer_request(peek, peek + n, entry & CLASS_GUARDED, &r->guard, r->served, r->served_len, &q) != 0)
+        return 0;
+    if (r->count > 0 || r->resp_state != RESP_IDLE || r->header_filled)
+        return answers_take(r->answers, &q, NULL) ? 2 : 0;
+    if (r->taken_count + q.partitions > r->taken_cap) {
+        int cap = r->taken_cap ? r->taken_cap * 2 : 256;
+        while (cap < r->taken_count + q.partitions)
+            cap *= 2;
+        answer_entry **grown = realloc(r->taken, sizeof *grown * (size_t)cap);
+        if (grown == NULL)
+            return fail(r, R_BROKEN, ENOMEM, "out of memory");
+        r->taken = grown;
+        r->taken_cap = cap;
+    }
+    answer_entry **taken = r->taken + r->taken_count;
+    if (!answers_take(r->answers, &q, taken))
+        return 0;
+    r->taken_count += q.partitions; /* the run's now, whatever follows */
+    uint8_t *meta = malloc(answer_meta_bytes(&q, taken));
+    if (meta == NULL)
+        return fail(r, R_BROKEN, ENOMEM, "out of memory");
+    /* The request is in the socket whole (it was peeked whole): take it out. */
+    uint8_t discard[FETCH_PEEK_MAX];
+    int64_t left = q.request_bytes;
+    while (left > 0) {
+        ssize_t got = recv(r->client, discard, (size_t)left, MSG_DONTWAIT);
+        if (got > 0) {
+            left -= got;
+        } else if (!(got < 0 && errno == EINTR)) {
+            free(meta);
+            return fail(r, R_BROKEN, got < 0 ? errno : 0, "reading a request the loop answers failed");
+        }
+    }
+    r->answer_meta = meta;
+    r->answer_iovcnt = answer_iov(&q, taken, meta, r->answer_iov, &r->answer_bytes);
+    r->answer_iov_at = 0;
+    r->answer_flight = (flight_t){.api_key = API_FETCH, .version = (int16_t)version,
+                                  .correlation_id = q.correlation_id, .cls = CLASS_FETCH,
+                                  .request_bytes = q.request_bytes, .start_ns = now_ns()};
+    r->req_state = REQ_ANSWER;
+    return 1;
+}
+
+/* Send what is left of the answer begun: 1 once sent, 0 while the socket is full, -1 on a
+ * failure. */
+static int send_answer(run_t *r, short *events_client, int *progress)
+{
+    *progress = 0;
+    while (r->answer_iov_at < r->answer_iovcnt) {
+        struct msghdr message = {.msg_iov = r->answer_iov + r->answer_iov_at,
+                                 .msg_iovlen = (size_t)(r->answer_iovcnt - r->answer_iov_at)};
+        ssize_t sent = sendmsg(r->client, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EAGAIN || errno == EINTR) {
+                *events_client |= POLLOUT;
+                return 0;
+            }
+            return fail(r, R_BROKEN, errno, "sending an answer failed");
+        }
+        *progress = 1;
+        while (sent > 0 && r->answer_iov_at < r->answer_iovcnt) {
+            struct iovec *v = &r->answer_iov[r->answer_iov_at];
+            if ((size_t)sent >= v->iov_len) {
+                sent -= (ssize_t)v->iov_len;
+                r->answer_iov_at++;
+            } else {
+                v->iov_base = (uint8_t *)v->iov_base + sent;
+                v->iov_len -= (size_t)sent;
+                sent = 0;
+            }
+        }
+        while (r->answer_iov_at < r->answer_iovcnt && r->answer_iov[r->answer_iov_at].iov_len == 0)
+            r->answer_iov_at++;
+    }
+    free(r->answer_meta);
+    r->answer_meta = NULL;
+    r->req_state = REQ_PEEK;
+    return done_push(r, &r->answer_flight, r->answer_bytes, now_ns()) < 0 ? -1 : 1;
+}
+
+/* The request side: peek at the next request, and forward it when the run may (or answer
+ * it, when the table holds its answer). Returns 1 on progress, 0 when waiting (events in
+ * *events_client / *events_upstream), -1 to end. */
 static int step_requests(run_t *r, short *events_client, short *events_upstream, int *dry)
 {
+    if (r->req_state == REQ_ANSWER) {
+        int progress, sent = send_answer(r, events_client, &progress);
+        return sent < 0 ? -1 : (sent > 0 ? 1 : progress);
+    }
     if (r->req_state == REQ_PEEK) {
         if (r->reason != R_NONE || r->count >= r->max_inflight)
             return 0;
@@ -1049,6 +1783,15 @@ static int step_requests(run_t *r, short *events_client, short *events_upstream,
         }
         int cls = classify(peek, n, r->classes, r->max_frame, &r->guard);
         if (cls == CLASS_PYTHON) {
+            int answered = try_answer(r, peek, n);
+            if (answered < 0)
+                return -1;
+            if (answered == 1) {
+                int progress, sent = send_answer(r, events_client, &progress);
+                return sent < 0 ? -1 : 1;
+            }
+            if (answered == 2)
+                return 0; /* the response owed comes first: the response side waits for it */
             stop(r, R_PYTHON_REQUEST);
             return 0;
         }
@@ -1440,17 +2183,30 @@ static guard_t guard_of(const Py_buffer *guard, const Py_buffer *known)
 static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"client", "upstream", "wake", "classes", "flights", "max_frame", "max_inflight",
-                               "slice_ms", "idle_ms", "request_pipe", "response_pipe", "guard", "known", NULL};
+                               "slice_ms", "idle_ms", "request_pipe", "response_pipe", "guard", "known",
+                               "answers", "served", NULL};
     run_t r;
     memset(&r, 0, sizeof r);
-    Py_buffer classes, guard = {0}, known = {0};
-    PyObject *flights;
+    Py_buffer classes, guard = {0}, known = {0}, served = {0};
+    PyObject *flights, *answers = Py_None;
     long long slice_ms, idle_ms, max_frame;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiy*O!LiLL(iiL)(iiL)|y*y*", keywords, &r.client, &r.upstream,
-                                     &r.wake, &classes, &PyList_Type, &flights, &max_frame, &r.max_inflight,
-                                     &slice_ms, &idle_ms, &r.req_pipe_r, &r.req_pipe_w, &r.req_capacity,
-                                     &r.resp_pipe_r, &r.resp_pipe_w, &r.resp_capacity, &guard, &known))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiy*O!LiLL(iiL)(iiL)|y*y*Oy*", keywords, &r.client,
+                                     &r.upstream, &r.wake, &classes, &PyList_Type, &flights, &max_frame,
+                                     &r.max_inflight, &slice_ms, &idle_ms, &r.req_pipe_r, &r.req_pipe_w,
+                                     &r.req_capacity, &r.resp_pipe_r, &r.resp_pipe_w, &r.resp_capacity, &guard,
+                                     &known, &answers, &served))
         return NULL;
+    if (answers != Py_None && !PyObject_TypeCheck(answers, &answers_type)) {
+        PyBuffer_Release(&classes);
+        PyBuffer_Release(&guard);
+        PyBuffer_Release(&known);
+        PyBuffer_Release(&served);
+        PyErr_SetString(PyExc_TypeError, "answers must be an Answers table or None");
+        return NULL;
+    }
+    r.answers = answers == Py_None ? NULL : (answers_t *)answers;
+    r.served = served.buf;
+    r.served_len = served.buf ? (size_t)served.len : 0;
     r.classes = classes.buf;
     r.guard = guard_of(&guard, &known);
     r.lowat = -1;
@@ -1463,6 +2219,7 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
         PyBuffer_Release(&classes);
         PyBuffer_Release(&guard);
         PyBuffer_Release(&known);
+        PyBuffer_Release(&served);
         PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes; flights at most max_inflight");
         return NULL;
     }
@@ -1471,6 +2228,7 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
         PyBuffer_Release(&classes);
         PyBuffer_Release(&guard);
         PyBuffer_Release(&known);
+        PyBuffer_Release(&served);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < carried; i++) {
@@ -1484,6 +2242,7 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
             PyBuffer_Release(&classes);
             PyBuffer_Release(&guard);
             PyBuffer_Release(&known);
+            PyBuffer_Release(&served);
             return NULL;
         }
         f->api_key = api_key;
@@ -1507,6 +2266,20 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
     PyBuffer_Release(&classes);
     PyBuffer_Release(&guard);
     PyBuffer_Release(&known);
+    PyBuffer_Release(&served);
+    free(r.answer_meta); /* an answer cut short (an abort, a failure) */
+    PyObject *taken = PyList_New(r.taken_count);
+    for (int i = 0; i < r.taken_count; i++) {
+        if (taken != NULL) {
+            PyObject *handle = PyLong_FromLongLong(r.taken[i]->handle);
+            if (handle == NULL)
+                Py_CLEAR(taken);
+            else
+                PyList_SET_ITEM(taken, i, handle);
+        }
+        answer_free(r.taken[i]);
+    }
+    free(r.taken);
     PyObject *held = Py_None;
     Py_INCREF(held);
     if (r.resp_state == RESP_HOLD && r.buffer != NULL) {
@@ -1521,39 +2294,54 @@ static PyObject *py_relay(PyObject *self, PyObject *args, PyObject *kwargs)
     PyObject *answered = in_flight ? done_list(&r) : NULL;
     free(r.ring);
     free(r.done);
-    if (answered == NULL) {
+    if (answered == NULL || taken == NULL) {
         Py_XDECREF(held);
         Py_XDECREF(in_flight);
+        Py_XDECREF(answered);
+        Py_XDECREF(taken);
         return NULL;
     }
-    return Py_BuildValue("(iNNNLLis)", r.reason, in_flight, answered, held, (long long)r.requests,
-                         (long long)r.spliced, r.error, r.message);
+    return Py_BuildValue("(iNNNLLisN)", r.reason, in_flight, answered, held, (long long)r.requests,
+                         (long long)r.spliced, r.error, r.message, taken);
 }
 
 static PyObject *py_peek(PyObject *self, PyObject *args)
 {
     int fd;
-    Py_buffer classes, guard = {0}, known = {0};
+    Py_buffer classes, guard = {0}, known = {0}, served = {0};
     long long max_frame;
-    if (!PyArg_ParseTuple(args, "iy*L|y*y*", &fd, &classes, &max_frame, &guard, &known))
+    PyObject *answers = Py_None;
+    if (!PyArg_ParseTuple(args, "iy*L|y*y*Oy*", &fd, &classes, &max_frame, &guard, &known, &answers, &served))
         return NULL;
     const guard_t checks = guard_of(&guard, &known);
     int cls = CLASS_PYTHON;
     int nothing = 0;
-    if (classes.len == KEYS * VERSIONS) {
+    int bad = classes.len != KEYS * VERSIONS || (answers != Py_None && !PyObject_TypeCheck(answers, &answers_type));
+    if (!bad) {
         uint8_t peek[FETCH_PEEK_MAX];
         ssize_t n = peek_request(fd, peek);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             nothing = 1;
         else if (n >= 0)
             cls = classify(peek, n, classes.buf, max_frame, &checks);
+        if (n >= 12 && cls == CLASS_PYTHON && answers != Py_None && be16(peek + 4) == API_FETCH) {
+            /* a key-range Fetch the table answers whole: a run starts on it too */
+            int version = be16(peek + 6);
+            int entry = version >= 0 && version < VERSIONS ? ((const uint8_t *)classes.buf)[API_FETCH * VERSIONS + version] : 0;
+            answer_req_t q;
+            if ((entry & CLASS_MASK) != CLASS_PYTHON &&
+                answer_request(peek, peek + n, entry & CLASS_GUARDED, &checks, served.buf,
+                               served.buf ? (size_t)served.len : 0, &q) == 0 &&
+                answers_take((answers_t *)answers, &q, NULL))
+                cls = entry & CLASS_MASK;
+        }
     }
-    int bad = classes.len != KEYS * VERSIONS;
     PyBuffer_Release(&classes);
     PyBuffer_Release(&guard);
     PyBuffer_Release(&known);
+    PyBuffer_Release(&served);
     if (bad) {
-        PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes");
+        PyErr_SetString(PyExc_ValueError, "classes must hold 128 x 32 bytes; answers an Answers table or None");
         return NULL;
     }
     if (nothing)
@@ -1663,6 +2451,110 @@ static PyObject *py_produce_acks(PyObject *self, PyObject *args)
     return PyLong_FromLong(acks);
 }
 
+static PyObject *py_answer_keys(PyObject *self, PyObject *args)
+{
+    Py_buffer frame, served, guard = {0}, known = {0};
+    int guarded;
+    if (!PyArg_ParseTuple(args, "y*py*|y*y*", &frame, &guarded, &served, &guard, &known))
+        return NULL;
+    const guard_t checks = guard_of(&guard, &known);
+    answer_req_t *q = malloc(sizeof *q);
+    PyObject *out = NULL;
+    if (q == NULL) {
+        PyErr_NoMemory();
+    } else {
+        int read = answer_request(frame.buf, (const uint8_t *)frame.buf + frame.len, guarded, &checks, served.buf,
+                                  (size_t)served.len, q);
+        if (read != 0) {
+            out = PyLong_FromLong(read);
+        } else if ((out = PyList_New(q->partitions)) != NULL) {
+            for (int i = 0; i < q->partitions; i++) {
+                PyObject *key = PyBytes_FromStringAndSize((const char *)q->key[i], q->key_len[i]);
+                if (key == NULL) {
+                    Py_CLEAR(out);
+                    break;
+                }
+                PyList_SET_ITEM(out, i, key);
+            }
+        }
+    }
+    free(q);
+    PyBuffer_Release(&frame);
+    PyBuffer_Release(&served);
+    PyBuffer_Release(&guard);
+    PyBuffer_Release(&known);
+    return out;
+}
+
+static PyObject *py_answer(PyObject *self, PyObject *args)
+{
+    Py_buffer frame, served;
+    PyObject *table;
+    int take = 0;
+    if (!PyArg_ParseTuple(args, "y*O!y*|p", &frame, &answers_type, &table, &served, &take))
+        return NULL;
+    guard_t none = {0};
+    answer_req_t *q = malloc(sizeof *q);
+    PyObject *out = NULL;
+    answer_entry *taken[ANSWER_MAX_PARTITIONS];
+    if (q == NULL) {
+        PyErr_NoMemory();
+    } else if (answer_request(frame.buf, (const uint8_t *)frame.buf + frame.len, 0, &none, served.buf,
+                              (size_t)served.len, q) != 0 || !answers_take((answers_t *)table, q, NULL)) {
+        out = Py_None;
+        Py_INCREF(out);
+    } else {
+        answers_t *t = (answers_t *)table;
+        int all = 1;
+        if (take) {
+            all = answers_take(t, q, taken);
+        } else { /* the same bytes without taking: look each up under the lock */
+            pthread_mutex_lock(&t->lock);
+            for (int i = 0; i < q->partitions; i++) {
+                answer_entry **at = answer_find(t, q->key[i], q->key_len[i], answer_hash(q->key[i], q->key_len[i]));
+                if (at == NULL) {
+                    all = 0;
+                    break;
+                }
+                taken[i] = *at;
+            }
+            if (!all)
+                pthread_mutex_unlock(&t->lock);
+        }
+        if (all) {
+            uint8_t *meta = malloc(answer_meta_bytes(q, taken));
+            struct iovec iov[2 * ANSWER_MAX_PARTITIONS + 1];
+            int64_t total = 0;
+            if (meta != NULL) {
+                int used = answer_iov(q, taken, meta, iov, &total);
+                out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+                if (out != NULL) {
+                    uint8_t *at = (uint8_t *)PyBytes_AS_STRING(out);
+                    for (int i = 0; i < used; i++) {
+                        memcpy(at, iov[i].iov_base, iov[i].iov_len);
+                        at += iov[i].iov_len;
+                    }
+                }
+                free(meta);
+            } else {
+                PyErr_NoMemory();
+            }
+            if (!take)
+                pthread_mutex_unlock(&t->lock);
+            else
+                for (int i = 0; i < q->partitions; i++)
+                    answer_free(taken[i]);
+        } else {
+            out = Py_None;
+            Py_INCREF(out);
+        }
+    }
+    free(q);
+    PyBuffer_Release(&frame);
+    PyBuffer_Release(&served);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"relay", (PyCFunction)(void (*)(void))py_relay, METH_VARARGS | METH_KEYWORDS,
      "Relay frames between two sockets until a frame needs the interpreter (see the module's comment)."},
@@ -1680,6 +2572,12 @@ static PyMethodDef methods[] = {
      "Fetch response body (after its size prefix) arriving that many bytes at a time, or None if malformed."},
     {"produce_response_needs_python", py_produce_response_needs_python, METH_VARARGS,
      "Whether a Produce response body (after its size prefix) has top-level tagged fields or is malformed."},
+    {"answer_keys", py_answer_keys, METH_VARARGS,
+     "answer_keys(frame, guarded, served, guard=b'', known=b''): the keys of a Fetch request's partitions (frame: "
+     "from its size prefix, all of it) when the loop may answer it, else 1 (the event loop's) or -1 (unreadable)."},
+    {"answer", py_answer, METH_VARARGS,
+     "answer(frame, answers, served, take=False): the response (size prefix first) the loop sends for a Fetch "
+     "request frame, or None when it would not answer it; take: take its answers out of the table."},
     {"produce_acks", py_produce_acks, METH_VARARGS,
      "The acks of a Produce request frame (from its size prefix), or None if its bytes end first."},
     {NULL, NULL, 0, NULL},
@@ -1695,9 +2593,22 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__cpump(void)
 {
+    if (PyType_Ready(&answers_type) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    Py_INCREF(&answers_type);
+    if (PyModule_AddObject(m, "Answers", (PyObject *)&answers_type) < 0) {
+        Py_DECREF(&answers_type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "ANSWER_TAG", ANSWER_TAG);
+    PyModule_AddIntConstant(m, "ANSWER_FIRST_VERSION", ANSWER_FIRST_VERSION);
+    PyModule_AddIntConstant(m, "ANSWER_LAST_VERSION", ANSWER_LAST_VERSION);
+    PyModule_AddIntConstant(m, "ANSWER_MAX_PARTITIONS", ANSWER_MAX_PARTITIONS);
+    PyModule_AddIntConstant(m, "ANSWER_MAX_RANGES", ANSWER_MAX_RANGES);
     PyModule_AddIntConstant(m, "SLICE", R_SLICE);
     PyModule_AddIntConstant(m, "IDLE", R_IDLE);
     PyModule_AddIntConstant(m, "PYTHON_REQUEST", R_PYTHON_REQUEST);

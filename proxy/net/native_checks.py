@@ -262,5 +262,159 @@ def classify_fetch(frame: bytes, classes: bytes, max_frame: int, guard: bytes = 
     return cls
 
 
-__all__ = ["EVENT_LOOP", "PLAIN", "UNREADABLE", "classify_fetch", "fetch_request_plain", "id_is_plain",
+# -- a key-range Fetch the loop answers (proxy/keyrange/native.py) ---------------------------------
+ANSWER_TAG = 10000  # KeyRanges
+ANSWER_VERSIONS = range(13, 18)
+ANSWER_MAX_PARTITIONS = 32
+ANSWER_MAX_RANGES = 16
+_SERVED_BYTES = TOPIC_ID_BYTES + 4
+_NULL = object()  # a KeyRanges field holding null
+
+
+class _Refused(Exception):
+    """Not a shape the loop answers: the event loop's."""
+
+
+def answer_keys(frame: bytes, guarded: bool, served: bytes, guard: bytes = b"", known: bytes = b"") -> list[bytes] | int:
+    """What ``_cpump.answer_keys`` says of a Fetch request frame (from its size prefix): the
+    table keys of its partitions (``proxy.keyrange.native.answer_key``), in order, when the
+    loop may answer it from the table; EVENT_LOOP (1) when its shape is not one the loop
+    answers (not sessionless v13-v17 by topic id; a topic or partition named twice; more than
+    ANSWER_MAX_PARTITIONS; forgotten topics; a tagged field but KeyRanges; a partition whose
+    effective ranges are none, empty or more than ANSWER_MAX_RANGES, or one ``served`` does
+    not list; with ``guarded``, a topic a plain Fetch could not name); UNREADABLE (-1) when
+    the bytes end first or do not parse. Read in order: the answer is the first one met."""
+    try:
+        return _answer_keys(frame, guarded, served, guard, known)
+    except _Unreadable:
+        return UNREADABLE
+    except _Refused:
+        return EVENT_LOOP
+
+
+def _canonical(read: _Reader) -> int:
+    start = read.pos
+    value = read.uvarint()
+    if read.pos - start > 1 and read.data[read.pos - 1] == 0:
+        raise _Unreadable
+    return value
+
+
+def _ranges_field(value: bytes) -> object:
+    """A KeyRanges field's value: the ranges' bytes (16 each), or _NULL."""
+    read = _Reader(value, 0)
+    length = _canonical(read)
+    if length == 0:
+        if read.pos != len(value):
+            raise _Refused
+        return _NULL
+    if length - 1 > ANSWER_MAX_RANGES:
+        raise _Refused
+    out = []
+    for _ in range(length - 1):
+        out.append(read.skip(16))
+        if read.pos >= len(value):
+            raise _Unreadable
+        if value[read.pos] != 0:  # a range's tagged fields: none
+            raise _Refused
+        read.pos += 1
+    if read.pos != len(value):
+        raise _Refused
+    return b"".join(out)
+
+
+def _answer_tags(read: _Reader) -> object | None:
+    """A tagged-field section that may hold KeyRanges alone: its value, or None when absent."""
+    fields = _canonical(read)
+    if fields > MAX_TAGGED_FIELDS:
+        raise _Unreadable
+    if fields > 1:
+        raise _Refused
+    if fields == 0:
+        return None
+    tag = _canonical(read)
+    size = _canonical(read)
+    value = read.skip(size)
+    if tag != ANSWER_TAG:
+        raise _Refused
+    return _ranges_field(value)
+
+
+def _answer_keys(frame: bytes, guarded: bool, served: bytes, guard: bytes, known: bytes) -> list[bytes]:
+    if len(frame) < 12:
+        raise _Unreadable
+    size = _INT32.unpack_from(frame, 0)[0]
+    if size < 8 or len(frame) < size + 4:
+        raise _Unreadable
+    api_key, version = _INT16.unpack_from(frame, 4)[0], _INT16.unpack_from(frame, 6)[0]
+    if api_key != ApiKey.FETCH or version not in ANSWER_VERSIONS:
+        raise _Refused
+    read = _Reader(frame[:size + 4], 12)
+    client_len = read.int16()
+    if client_len < -1:
+        raise _Unreadable
+    read.skip(max(client_len, 0))
+    count = _canonical(read)
+    if count > MAX_TAGGED_FIELDS:
+        raise _Unreadable
+    for _ in range(count):
+        _canonical(read)
+        read.skip(_canonical(read))
+    read.skip((4 if version <= FETCH_LAST_REPLICA_ID else 0) + 12)
+    if len(read.data) - read.pos < 9:
+        raise _Unreadable
+    level = read.data[read.pos]
+    session_id, epoch = struct.unpack_from(">ii", read.data, read.pos + 1)
+    read.pos += 9
+    if session_id != 0 or epoch != -1 or level > 1:
+        raise _Refused
+    topics = _count(read)
+    if topics == 0 or topics > ANSWER_MAX_PARTITIONS:
+        raise _Refused
+    partitions: list[tuple[bytes, bytes, bytes, object | None]] = []  # id, partition, offset, own ranges
+    ids: list[bytes] = []
+    for _ in range(topics):
+        topic_id = read.skip(TOPIC_ID_BYTES)
+        if topic_id in ids or (guarded and not id_is_plain(topic_id, guard, known)):
+            raise _Refused
+        ids.append(topic_id)
+        count = _count(read)
+        if count == 0 or count > ANSWER_MAX_PARTITIONS - len(partitions):
+            raise _Refused
+        mine: list[bytes] = []
+        for _ in range(count):
+            fixed = read.skip(32)
+            if fixed[:4] in mine:
+                raise _Refused
+            mine.append(fixed[:4])
+            partitions.append((topic_id, fixed[:4], fixed[8:16], _answer_tags(read)))
+        if _canonical(read) != 0:
+            raise _Refused
+    if _count(read) != 0:  # ForgottenTopicsData
+        raise _Refused
+    read.string(True)  # RackId
+    top = _answer_tags(read)
+    if read.pos != len(read.data):
+        raise _Unreadable
+    served_entries = {served[i:i + _SERVED_BYTES] for i in range(0, len(served) - _SERVED_BYTES + 1, _SERVED_BYTES)}
+    keys = []
+    for topic_id, partition, offset, own in partitions:
+        chosen = top if own is None or own is _NULL else own
+        if chosen is None or chosen is _NULL or not chosen:
+            raise _Refused
+        if topic_id + partition not in served_entries:
+            raise _Refused
+        keys.append(topic_id + partition + bytes([level]) + offset + chosen)  # type: ignore[operator]
+    return keys
+
+
+def _count(read: _Reader) -> int:
+    """A compact array's element count, never null, within MAX_ARRAY_ELEMENTS."""
+    length = _canonical(read)
+    if length == 0 or length - 1 > MAX_ARRAY_ELEMENTS:
+        raise _Unreadable
+    return length - 1
+
+
+__all__ = ["EVENT_LOOP", "PLAIN", "UNREADABLE", "answer_keys", "classify_fetch", "fetch_request_plain", "id_is_plain",
            "id_is_virtual", "name_may_be_virtual", "peek_span"]

@@ -18,6 +18,12 @@ id only when it names topics the proxy knows (``known``, also asked at each run'
 the table a run gets is the connection's (``classes``): a connection holding a fetch
 session of a feature's has its every Fetch read by the event loop.
 
+A key-range Fetch whose every partition's share the cache holds (and the key-range feature
+published in the loop's answers table, ``NativeAnswers``: ``proxy.keyrange.native``) is
+answered by the loop itself; the handles of the shares it took come back with the run
+(``RunResult.taken``) for the feature's bookkeeping, and a peek says such a request may
+start a run too.
+
 A run starts only when a thread of the shared ``NativeRelayThreads`` is free; a connection
 that finds none goes on in the event loop, which is never worse than before. A run lasts
 at most ``slice_ms`` (so counters and the idle clock move on) and is continued only if no
@@ -36,7 +42,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -72,6 +78,27 @@ def _load() -> Any:
 
 _cpump: Any = _load()
 AVAILABLE = _cpump is not None and hasattr(os, "eventfd") and hasattr(os, "splice")
+# The loop answers key-range Fetches from a table the event loop fills (a build from before
+# that has no ``Answers``: every such Fetch stays the event loop's).
+ANSWERS = AVAILABLE and hasattr(_cpump, "Answers")
+
+
+def answers_table() -> Any:
+    """A new, empty table of answers (``_cpump.Answers``); only when ``ANSWERS``."""
+    return _cpump.Answers()
+
+
+class NativeAnswers(Protocol):
+    """What a run needs to answer key-range Fetches itself (``proxy.keyrange.native``):
+    the table (``_cpump.Answers``), the partitions the broker served a connection (the
+    loop answers only for those), and where the handles of the answers it sent go."""
+
+    @property
+    def table(self) -> Any: ...
+
+    def served(self, ctx: Any) -> bytes: ...
+
+    def taken(self, handles: list[int]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -88,6 +115,8 @@ class RunResult:
     forwarded: int = 0
     spliced: int = 0  # of them, those of 64 KiB or more (counted as the event loop counts its splices)
     message: str = ""
+    # the handles of the answers the loop sent from the answers table (``NativeAnswers``), in order
+    taken: list = field(default_factory=list)
 
 
 class NativeRelayThreads:
@@ -129,12 +158,17 @@ class NativeRelay:
 
     def __init__(self, client: FrameStream, upstream: FrameStream, threads: NativeRelayThreads,
                  classes: Callable[[], bytes], *, max_frame_bytes: int, max_inflight: int,
-                 guard: Callable[[], bytes] | None = None, known: Callable[[], bytes] | None = None) -> None:
+                 guard: Callable[[], bytes] | None = None, known: Callable[[], bytes] | None = None,
+                 answers: NativeAnswers | None = None, served: Callable[[], bytes] | None = None) -> None:
         """``classes``: the table for the connection's next run. ``guard``: the current guard
         of requests the table flags GUARDED (``native_table.guard_blob``), and ``known``: the
         ids of the topics the proxy knows (``native_table.known_blob``); without them, the
-        loop leaves every such request naming a topic (by id) to the event loop."""
+        loop leaves every such request naming a topic (by id) to the event loop.
+        ``answers``: the key-range answers the loop may send itself, and ``served``: the
+        partitions the broker served this connection (``NativeAnswers.served``)."""
         self.client = client
+        self.answers = answers if ANSWERS else None
+        self.served = served
         self.upstream = upstream
         self.threads = threads
         self.classes = classes
@@ -173,8 +207,14 @@ class NativeRelay:
     def peek(self) -> int | None:
         """How the native loop may carry the client's next request (0: it may not), or
         None when nothing of it has arrived. Reads nothing from the socket."""
+        if self.answers is None:
+            return _cpump.peek(self.client.socket.fileno(), self.starters(self.classes()), self.max_frame_bytes,
+                               self._guard(), self._known())
         return _cpump.peek(self.client.socket.fileno(), self.starters(self.classes()), self.max_frame_bytes,
-                           self._guard(), self._known())
+                           self._guard(), self._known(), self.answers.table, self._served())
+
+    def _served(self) -> bytes:
+        return self.served() if self.served is not None else b""
 
     def _guard(self) -> bytes:
         return self.guard() if self.guard is not None else b""
@@ -201,13 +241,14 @@ class NativeRelay:
         client_fd, upstream_fd = self.client.socket.fileno(), self.upstream.socket.fileno()
         threads = self.threads
         classes, guard, known = self.classes(), self._guard(), self._known()
+        extra = {} if self.answers is None else {"answers": self.answers.table, "served": self._served()}
 
         def relay() -> None:
             holder.append(_cpump.relay(client=client_fd, upstream=upstream_fd, wake=self._wake,
                                        classes=classes, flights=flights, max_frame=self.max_frame_bytes,
                                        max_inflight=self.max_inflight, slice_ms=threads.slice_ms,
                                        idle_ms=threads.idle_ms, request_pipe=request_pipe,
-                                       response_pipe=response_pipe, guard=guard, known=known))
+                                       response_pipe=response_pipe, guard=guard, known=known, **extra))
 
         aborts, stops = trio.CancelScope(), trio.CancelScope()
         nursery.start_soon(self._wake_when_cancelled, aborts, 2)
@@ -221,8 +262,9 @@ class NativeRelay:
         finally:
             aborts.cancel()
             if holder:
-                reason, left, answered, held, forwarded, spliced, _, message = holder[0]
-                result = RunResult(reason, left, answered, held, forwarded, spliced, message)
+                reason, left, answered, held, forwarded, spliced, _, message, *rest = holder[0]
+                result = RunResult(reason, left, answered, held, forwarded, spliced, message,
+                                   rest[0] if rest else [])
                 if reason in (ABORTED, BROKEN, PROTOCOL):
                     self.client.drop_pipe()  # they may hold part of a frame
                     self.upstream.drop_pipe()

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.net import native_table
+from proxy.net.native_relay import NativeAnswers
 from proxy.net.native_table import NativeClass
 from proxy.net.streams import OPAQUE, Relay
 from proxy.pipeline.context import ConnectionContext
@@ -133,6 +134,22 @@ class FeatureChain:
         self.native_guard: NativeGuard | None = next(iter(guards)) if len(guards) == 1 else None
         fetch_terms = self._native_terms.get(ApiKey.FETCH)
         self.native_known: NativeGuard | None = fetch_terms.known if fetch_terms is not None else None
+        self.native_answers: NativeAnswers | None = self._native_answers(passes.get(ApiKey.FETCH, []))
+
+    def _native_answers(self, fetch_passes: Sequence[NativePass]) -> NativeAnswers | None:
+        """The answers the native relay may send itself (``Feature.native_answers``): the one
+        feature's that offers them, when the loop carries Fetches at all and every Fetch stage
+        passes on a request whose only tagged fields are key ranges (``NativePass.key_ranges``,
+        a relay that reads nothing of it, or a guard the loop checks); the loop still answers
+        only requests the run's table carries (``native_classes_for``: none on a connection
+        holding a feature's fetch session)."""
+        offered = [answers for feature in self.features if (answers := feature.native_answers()) is not None]
+        stages = len(self._request_stages.get(ApiKey.FETCH, ()))
+        if len(offered) != 1 or ApiKey.FETCH not in self._native_terms or len(fetch_passes) != stages:
+            return None
+        if all(p.key_ranges or p.relay is not None or p.guard is not None for p in fetch_passes):
+            return offered[0]
+        return None
 
     # -- what the chain decodes -------------------------------------------------------------
     def reads_requests(self, api_key: int) -> bool:

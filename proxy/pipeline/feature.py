@@ -32,6 +32,7 @@ import enum
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from proxy.net.native_relay import NativeAnswers
 from proxy.net.streams import Relay
 from proxy.pipeline.context import ConnectionContext
 from proxy.pipeline.request import Request
@@ -86,6 +87,10 @@ class NativePass:
     # the loop walks the response as that relay would, and hands back the tail when it has
     # tagged fields (Fetch, whose walk the loop knows)
     relay: Callable[[int], Relay | None] | None = None
+    # Fetch: it also passes on a request whose only tagged fields are KeyRanges (at the top
+    # level and on partitions), so the native relay may answer such a request itself from
+    # the answers a feature publishes (``Feature.native_answers``)
+    key_ranges: bool = False
 
 
 class Feature:
@@ -120,6 +125,13 @@ class Feature:
         untouched (``NativePass``), so the native relay may carry them; a key it leaves
         out has every request through the stage on the event loop."""
         return {}
+
+    def native_answers(self) -> NativeAnswers | None:
+        """The answers of Fetch requests the native relay may send itself
+        (``proxy.net.native_relay.NativeAnswers``: the key-range cache's shares), or None.
+        The chain hands them to the relay only when every other Fetch stage passes such a
+        request on (``NativePass.key_ranges``, or a relay that reads nothing of it)."""
+        return None
 
     def version_limits(self) -> Mapping[int, int]:
         """API key -> the newest version this feature can serve; ApiVersions advertises no

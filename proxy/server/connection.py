@@ -224,9 +224,11 @@ class ClientConnection:
             threads = self._native_threads
             if threads is not None and NativeRelay.usable(self.client, upstream, threads):
                 chain, context = self.chain, self.context
+                answers = chain.native_answers
                 relay = NativeRelay(self.client, upstream, threads, lambda: chain.native_classes_for(context),
                                     max_frame_bytes=self.max_frame_bytes, max_inflight=self.max_inflight,
-                                    guard=chain.native_guard, known=chain.native_known)
+                                    guard=chain.native_guard, known=chain.native_known, answers=answers,
+                                    served=None if answers is None else lambda: answers.served(context))
                 self._native = NativeRuns(relay, ledger=self._ledger, metrics=self.metrics, chain=self.chain,
                                           context=self.context, sending=self._sending, watch=self.watch)
             async with trio.open_nursery() as nursery:

@@ -105,6 +105,9 @@ class NativeRuns:
             request_bytes.inc(request_size)
             response_bytes.inc(response_size)
             latency.observe(latency_ns / 1e9)
+        answers = self.relay_loop.answers
+        if result.taken and answers is not None:  # the cached shares the loop sent: the cache's bookkeeping
+            answers.taken(result.taken)
         if result.forwarded or result.answered or result.flights:  # a request in flight is not idleness
             self.watch.last_activity = trio.current_time()
 

@@ -268,3 +268,78 @@ def test_leader_hints_of_a_natively_relayed_fetch_point_at_the_proxy(kafka_clust
     wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 3, timeout=10,
                what="the three Fetches carried natively")
     assert _metric(proxy, r'kafka_proxy_native_relay_runs_total\{ended="response"\}') - handed_back == 3
+
+
+def _range_consumers(proxy, topic: str, end: int, count: int) -> list[list[tuple[int, bytes]]]:
+    """``count`` raw clients of equal key ranges, one thread and connection each, reading
+    offsets [0, end) of partition 0 sessionless as the range benchmark's clients do: what
+    each was delivered, (offset, key) in order."""
+    from proxy.ranges import contains, equal_shares
+    from proxy.records.keyhash import key_hash
+
+    shares = equal_shares(count)
+    delivered: list[list[tuple[int, bytes]]] = [[] for _ in shares]
+    errors: list[BaseException] = []
+    start = threading.Barrier(count, timeout=60)  # every range set known before anyone reads on
+
+    def read(slot: int) -> None:
+        try:
+            with RawClient.connect(proxy.bootstrap_servers, client_id=f"range-{slot}") as client:
+                topic_id = client.topic_id(topic)
+                client.range_fetch(topic_id, 0, 0, [shares[slot]], max_bytes=1, max_wait_ms=0)
+                start.wait()
+                position = 0
+                for _ in range(10_000):  # bounded: a few hundred fetches read it all
+                    if position >= end:
+                        return
+                    entry = client.range_fetch(topic_id, 0, position, [shares[slot]], max_bytes=16384,
+                                               max_wait_ms=100)
+                    assert entry.error_code == 0, entry.error_code
+                    assert [(r.start, r.end) for r in entry.key_ranges_applied] == \
+                        [(shares[slot].start, shares[slot].end)]
+                    records, next_offset = records_of(entry.records)
+                    for record in records:
+                        if record.offset >= position:
+                            assert record.key is not None and contains([shares[slot]], key_hash(record.key, record.offset))
+                            delivered[slot].append((record.offset, record.key))
+                    if next_offset is not None:
+                        position = max(position, next_offset)
+                raise AssertionError(f"consumer {slot} stopped at {position} of {end}")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read, args=(slot,)) for slot in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors[0]
+    return delivered
+
+
+def test_range_consumers_get_their_cached_shares_from_the_native_relay(kafka, proxy_factory, topic_factory):
+    """Four range consumers share one partition: with read-ahead, most of their Fetches find
+    their share cached, and the native relay answers those itself. Every acknowledged record
+    reaches the one consumer whose range holds its key, once and in offset order, exactly as
+    through a proxy whose event loop answers every Fetch; the relay's answers are counted as
+    the cache's hits."""
+    topic = topic_factory(kafka, partitions=1)
+    sent = _produce_direct(kafka, topic, 6000, 1)
+    native = proxy_factory(kafka, metrics_port="0")
+    plain = proxy_factory(kafka, metrics_port="0", key_range_native_answers_enabled="false")
+    through_native = _range_consumers(native, topic, len(sent), 4)
+    through_plain = _range_consumers(plain, topic, len(sent), 4)
+    assert through_native == through_plain
+    for delivered in through_native:
+        offsets = [offset for offset, _ in delivered]
+        assert offsets == sorted(set(offsets))  # once each, in order
+    got = sorted(offset for delivered in through_native for offset, _ in delivered)
+    assert got == list(range(len(sent)))  # every acknowledged record, by exactly one consumer
+    assert {key for delivered in through_native for _, key in delivered} == {key for key, _ in sent}
+    wait_until(lambda: _metric(native, "kafka_proxy_keyrange_native_answers_total") > 0, timeout=10,
+               what="answers the native relay sent")
+    answers = _metric(native, "kafka_proxy_keyrange_native_answers_total")
+    fetches = _metric(native, r'kafka_proxy_requests_total\{api="Fetch"\}')
+    assert answers > fetches / 4, (answers, fetches)  # most of them
+    assert _metric(native, "kafka_proxy_keyrange_cache_hits_total") >= answers
+    assert _metric(plain, "kafka_proxy_keyrange_native_answers_total") == 0

@@ -148,10 +148,13 @@ class Relay:
         return self
 
     def join(self):
+        """The run's result, but for the answers it took from a table (none here:
+        tests/unit/test_native_answers.py)."""
         assert self.thread is not None
         self.thread.join(timeout=20)
         assert not self.thread.is_alive(), "the loop did not stop"
-        return self.result
+        assert self.result is not None and self.result[8] == []
+        return self.result[:8]
 
     def close(self) -> None:
         for sock in (self.client_near, self.client, self.upstream_near, self.broker):
