@@ -8,9 +8,11 @@ offsets of its own: every instance computes the same chunk as it applies the ask
 chunk is handed out only once this instance has applied its own record. An ask whose whole
 range another instance's chunks took gets no chunk: the partition is answered with none.
 So chunks never overlap, whichever instances the members reach. So that asks of several
-instances made from the same state each find a chunk, a fetch reads ahead as many times the
-member's byte limit as instances asked for chunks of the partition lately (at most
-``_READ_AHEAD``); the chunk itself stays within the member's limit.
+instances made from the same state each find a chunk, a fetch reads ahead: one more time
+the member's byte limit than the most chunks that took offsets of the read of one of this
+instance's latest asks before it was applied (``KeyGrants.ahead``; at most ``_READ_AHEAD``
+times, 8 MiB); the chunk itself stays within the limit. Alone, an instance reads what the
+member asked for.
 
 Fetches of one (group, topic, partition) through this instance take turns: a turn lasts
 from the decision until its ask is on its way to the log, when the next fetch decides
@@ -56,8 +58,8 @@ _MAX_STATES = 10_000  # (group, topic, partition) states kept; the least recentl
 _MAX_GROUPS = 10_000  # groups whose newest generation is remembered
 _EMPTY = b""
 _PROPOSALS = 3  # asks for one read before it is answered with no chunk
-_READ_AHEAD = 4  # the most times the member's byte limit a fetch reads (one per instance asking)
-_MAX_FETCH_BYTES = 0x7FFFFFFF
+_READ_AHEAD = 16  # the most times the member's byte limit a fetch reads (``KeyGrants.ahead``)
+_READ_AHEAD_BYTES = 8 << 20  # and the most bytes it reads ahead (never less than the member's limit)
 
 GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 
@@ -262,9 +264,11 @@ class CooperativeFetchFeature(Feature):
             return
         item.span, item.committed = span, committed
         item.max_bytes = item.part.partition_max_bytes
-        if span.lease is None:  # read beyond the chunk the asks of other instances may take first
-            ahead = min(grants.instances(), _READ_AHEAD)
-            item.part.partition_max_bytes = min(item.max_bytes * ahead, _MAX_FETCH_BYTES)
+        if span.lease is None:  # read beyond the chunks the asks of other instances may take first
+            ahead = min(grants.ahead(self.grants.instance), _READ_AHEAD)
+            if ahead > 1:  # and half a limit more: a batch may be a little larger than the limit
+                wanted = item.max_bytes * ahead + item.max_bytes // 2
+                item.part.partition_max_bytes = max(item.max_bytes, min(wanted, _READ_AHEAD_BYTES))
         item.part.fetch_offset = span.start
         item.part.last_fetched_epoch = -1
 
@@ -390,12 +394,16 @@ class CooperativeFetchFeature(Feature):
                     grants.reset_pending = False
                 if decision.redelivered:
                     self.metrics.redelivered.inc()
+                if first > span.start:
+                    self.metrics.moved.inc()
                 self.metrics.leased.inc()
                 self.metrics.leased_offsets.inc(last - first + 1)
                 self._hand_out(part, first, chunk)
                 return
             if decision.reason == TAKEN:
-                break  # every offset the read holds is someone's
+                self._refused.labels("taken").inc()
+                self._empty(part)
+                return  # every offset the read holds is someone's
             if not item.held and not await self._retake(item, state):
                 break
             following = grants.next_span(item.member, item.token, item.committed, _now_ms(), self.max_leases)

@@ -75,11 +75,14 @@ from __future__ import annotations
 import itertools
 import struct
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 OffsetRange = tuple[int, int]  # inclusive
+
+_CROWD = 8  # the asks of an instance ``KeyGrants.ahead`` looks back on
 
 KEY_VERSION = 0
 VALUE_VERSION = 1  # 1: an ask, its chunk assigned as it is applied; 0: a fixed chunk (still read)
@@ -502,6 +505,10 @@ class KeyGrants:
     def __post_init__(self) -> None:
         self._recent: list[Applied] = []
         self._keep_ms = 0
+        # per instance, for its latest asks: how many live leases took offsets of its read
+        # below its own chunk (all of it: no chunk), all placed since the read was decided
+        # around what was held then: how many chunks further a read must reach to find one
+        self._crowd: dict[str, deque[int]] = {}
 
     # -- applying the log -------------------------------------------------------------------
     def between(self, grant: Grant, offset: int, ms: int) -> list[Applied]:
@@ -525,6 +532,14 @@ class KeyGrants:
             leases = _taking([lease for lease in self.leases if lease.live_at(ms)], floor, grant, decision.chunk, ms)
         else:
             decision, rebuilt, floor = assign(grant, ms, between)
+            crowd = self._crowd.get(grant.instance)
+            if crowd is None:
+                crowd = self._crowd[grant.instance] = deque(maxlen=_CROWD)
+            if rebuilt is not None:  # the leases over its read: placed since the read was decided
+                top = grant.end if decision.chunk is None else decision.chunk[0] - 1
+                # all of it taken: at least one more than that was needed
+                crowd.append(sum(1 for lease in rebuilt if lease.overlaps(grant.read_from, top))
+                             + (decision.chunk is None))
             leases = rebuilt if rebuilt is not None else \
                 [lease for lease in self.leases if lease.live_at(ms) and lease.end >= floor]
         chunk = decision.chunk
@@ -561,6 +576,16 @@ class KeyGrants:
     def instances(self) -> int:
         """How many instances asked for chunks of the key lately (within twice the lease)."""
         return len({record.grant.instance for record in self._recent}) or 1
+
+    def ahead(self, instance: str) -> int:
+        """How many chunks a read of ``instance`` should hold so that its ask finds one free:
+        one more than the most chunks that took offsets of the read of one of its latest
+        asks before it was applied (one when none did, as when an instance is alone); before
+        it asked, one per instance asking lately."""
+        crowd = self._crowd.get(instance)
+        if not crowd:
+            return self.instances()
+        return 1 + max(crowd)
 
     # -- what this instance asks for ----------------------------------------------------------
     def hold(self, proposal: int, expected: OffsetRange) -> None:

@@ -16,6 +16,9 @@ class CooperativeFetchMetrics:
         self.redelivered = Counter("kafka_proxy_coop_chunks_redelivered",
                                    "Chunks of offsets handed out again (expired leases, gaps after a restart).",
                                    registry=r)
+        self.moved = Counter("kafka_proxy_coop_chunks_moved",
+                             "Chunks the grants log placed above the start of their read: chunks of other asks "
+                             "took those offsets first.", registry=r)
         self.retried = Counter("kafka_proxy_coop_chunks_retried",
                                "Retried fetches that got their outstanding chunk again.", registry=r)
         self.refused = Counter("kafka_proxy_coop_fetches_refused",

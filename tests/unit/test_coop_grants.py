@@ -440,3 +440,19 @@ def test_a_reader_of_the_compacted_log_reaches_the_same_live_leases(script, late
             assert compacted[offset].chunk == decisions[offset].chunk, (offset, log)
     full_live = {lease for lease in granted(log, decisions) if lease.live_at(at)}
     assert {lease for lease in granted(kept, compacted) if lease.live_at(at)} == full_live
+
+
+def test_reads_reach_as_far_ahead_as_other_instances_took_chunks_lately():
+    alone = KeyGrants()
+    alone.apply(0, 1000, ask(alone, Span(0, None), 7, instance="a", now_ms=1000))
+    alone.apply(1, 1001, ask(alone, Span(8, None), 15, instance="a", proposal=1))
+    assert alone.ahead("a") == 1  # one instance reads what the member asked for
+    a, b = KeyGrants(), KeyGrants()
+    log = KeyGrants()
+    asks = [ask(b, Span(0, None), 63, member=f"b{n}", instance="b", proposal=n, now_ms=1000) for n in range(3)]
+    asks.append(ask(a, Span(0, None), 63, member="a0", instance="a", now_ms=1000))
+    for offset, record in enumerate(asks):
+        log.apply(offset, 1000 + offset, record)
+    # three chunks of b took a's read before it was applied: a's next read holds four chunks
+    assert log.ahead("a") == 4 and log.ahead("b") == 3  # b's second and third asks were pushed too
+    assert log.ahead("c") == 2  # not asked yet: one per instance asking
