@@ -122,7 +122,7 @@ def test_cache_serves_only_connections_the_broker_served(kafka, proxy_factory, t
         fresh = three.range_fetch(topic_id, 0, 0, [a])  # three was never served: not from the cache
         assert _metric(cached, hits) == before
         again = one.range_fetch(topic_id, 0, 0, [a])  # one was served before: from the cache
-        # (by the native relay, whose answers are counted when its run ends)
+        # (with key.range.native.answers.enabled, by the native relay: counted when its run ends)
         wait_until(lambda: _metric(cached, hits) == before + 1, timeout=10, what="the cache hit counted")
     expected = [i for i, (k, _v) in enumerate(sent) if contains([a], key_hash(k, i))]
     for entry in (first, fresh, again):

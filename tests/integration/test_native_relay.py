@@ -321,12 +321,12 @@ def test_range_consumers_get_their_cached_shares_from_the_native_relay(kafka, pr
     """Four range consumers share one partition: with read-ahead, most of their Fetches find
     their share cached, and the native relay answers those itself. Every acknowledged record
     reaches the one consumer whose range holds its key, once and in offset order, exactly as
-    through a proxy whose event loop answers every Fetch; the relay's answers are counted as
-    the cache's hits."""
+    through a proxy whose event loop answers every Fetch (the default); the relay's answers
+    are counted as the cache's hits."""
     topic = topic_factory(kafka, partitions=1)
     sent = _produce_direct(kafka, topic, 6000, 1)
-    native = proxy_factory(kafka, metrics_port="0")
-    plain = proxy_factory(kafka, metrics_port="0", key_range_native_answers_enabled="false")
+    native = proxy_factory(kafka, metrics_port="0", key_range_native_answers_enabled="true")
+    plain = proxy_factory(kafka, metrics_port="0")  # the default: every key-range Fetch on the event loop
     through_native = _range_consumers(native, topic, len(sent), 4)
     through_plain = _range_consumers(plain, topic, len(sent), 4)
     assert through_native == through_plain
