@@ -360,6 +360,9 @@ class CooperativeFetchFeature(Feature):
         for _attempt in range(_PROPOSALS):
             bounds = batch_bounds(blob, span.start, span.end)
             if bounds is None:
+                if not _attempt:  # the read holds nothing complete (the log end): nothing to ask for
+                    self._empty(part)
+                    return
                 break
             batches, end = bounds
             ask = grants.ask(span, item.member, item.token, batches, end, item.max_bytes, item.committed,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.batches import Rec, control_batch, kafka_python_batch
 from proxy.coop.chunks import batch_bounds, cut_chunk
+from proxy.coop.grants import Grant, Lease, place
 from proxy.records.batch import PartialBatch, RecordBatch, iter_batches
 
 
@@ -90,3 +93,30 @@ def test_an_ask_names_the_batches_the_read_holds_as_a_cut_would_find_them():
         blob = LOG if start < 25 else batch(30, 5)
         bounds, last = batch_bounds(blob, start, end)
         assert cut_chunk(blob, start, last).end == last
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6)), min_size=1, max_size=6), st.integers(0, 30),
+       st.one_of(st.none(), st.integers(0, 40)), st.integers(0, 400),
+       st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6)), max_size=3))
+def test_the_chunk_an_ask_gets_is_always_cut_whole_from_its_read(layout, start, end, max_bytes, held):
+    """Whatever the log assigns an ask within what ``batch_bounds`` named, ``cut_chunk``
+    finds exactly that chunk in the read (so the proxy never hands out less than it leased)."""
+    blob, at = b"", 0
+    for gap, count in layout:  # batches with gaps between them (compacted offsets)
+        at += gap
+        blob += batch(at, count)
+        at += count
+    if end is not None and end < start:
+        return
+    named = batch_bounds(blob, start, end)
+    if named is None:
+        return
+    batches, last = named
+    ask = Grant(1, "i", "m", start, start, last, start, 1000, 0, 0, -1, -1, False,
+                tuple(Lease("o", 0, lo, lo + size, 0, 1000) for lo, size in held), max_bytes, -1, tuple(batches))
+    chunk = place(ask, 0, ask.held, -1)
+    if chunk is None:
+        return
+    cut = cut_chunk(blob, max(chunk[0], start), chunk[1])
+    assert cut is not None and cut.end == chunk[1], (chunk, batches, last, held)
