@@ -119,7 +119,7 @@ class CooperativeFetchFeature(Feature):
         self._refused = metrics.refused
         self._marker_lag = metrics.marker_lag
         metrics.partitions.set_function(lambda: len(self._states))
-        metrics.leases.set_function(lambda: sum(len(p.grants.leases) for p in self._states.values()))
+        metrics.leases.set_function(lambda: sum(p.grants.uncommitted() for p in self._states.values()))
 
     def request_stages(self) -> Mapping[int, RequestStage]:
         return {ApiKey.FETCH: self.on_fetch}

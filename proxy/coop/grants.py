@@ -604,6 +604,11 @@ class KeyGrants:
         done = self.done
         return [lease for lease in self.leases if lease.live_at(now_ms) and not done.covers(lease.start, lease.end)]
 
+    def uncommitted(self) -> int:
+        """The leases as the log has them that the group has not committed whole (as last read)."""
+        done = self.done
+        return sum(1 for lease in self.leases if not done.covers(lease.start, lease.end))
+
     def held_by(self, member: str, now_ms: int) -> int:
         return sum(1 for lease in self.live(now_ms) if lease.member == member)
 

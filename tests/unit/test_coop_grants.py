@@ -456,3 +456,15 @@ def test_reads_reach_as_far_ahead_as_other_instances_took_chunks_lately():
     # three chunks of b took a's read before it was applied: a's next read holds four chunks
     assert log.ahead("a") == 4 and log.ahead("b") == 3  # b's second and third asks were pushed too
     assert log.ahead("c") == 2  # not asked yet: one per instance asking
+
+
+def test_commits_end_leases_here_but_not_in_the_snapshots_this_instance_writes():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(0, 7, member="a"))
+    state.apply(1, 1001, grant(8, 15, member="b", base=0, base_ms=1000, held=state.leases))
+    state.release(Committed(8))  # a's chunk is committed
+    assert state.uncommitted() == 1 and [lease.member for lease in state.live(1002)] == ["b"]
+    assert state.held_by("a", 1002) == 0
+    # the snapshot stays the log's: another reader may not have read the commit yet
+    record = ask(state, Span(16, None), 23, member="c")
+    assert [(lease.start, lease.end) for lease in record.held] == [(0, 7), (8, 15)]
