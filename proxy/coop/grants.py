@@ -13,8 +13,9 @@ less), the batches it read there (their last offsets and sizes) and the most byt
 may hold (``max_bytes``, the member's own limit), the lease length, and what the proposer
 knew when it asked:
 
-* ``base``, ``base_ms``: the offset and log-append time of the newest record of the key it
-  had applied (-1: none);
+* ``base``, ``base_ms``: the offset and log-append time of the newest record it had applied
+  of the key's log partition, any key's (the key has none between its own newest and that
+  one); -1 when the partition had none, and then ``base_ms`` is the proposer's clock;
 * ``held``, ``base_floor``: the leases and the committed floor of the key as it had them
   after applying ``base`` (its snapshot);
 * ``floor``: the group's committed offset S as it had read it.
@@ -25,13 +26,12 @@ so that asks of several instances made from the same state never name the same o
 Assignment
 ----------
 Applied in log order, an ask at offset o with log-append time t gets a chunk iff it is
-fresh (``t - base_ms <= lease_ms``) and its range holds an offset nobody holds. Its base is
-the newest record the proposer had applied of the key's log partition, any key's (the key
-has none between its own newest and that one), so an ask after a quiet spell of the key is
-fresh; with no record in the partition at all, ``base_ms`` is the proposer's clock at its
-view and the records between are those of the key within the lease length before t. The state it is placed in is rebuilt
-from the ask alone: its snapshot (``held`` live at t, ``base_floor``), then every record of
-the key between ``base`` and o placed again in order the same way (``place``). The chunk
+fresh (``t - base_ms <= lease_ms``: an ask after a quiet spell of its key is fresh as long
+as its log partition is not quiet) and its range holds an offset nobody holds. The state
+it is placed in is rebuilt from the ask alone: its snapshot (``held``, ``base_floor``),
+then every record of the key between ``base`` and o (with no base: within the lease
+length before t) placed again in order the same way (``place``), each placement counting
+the leases live at its own record's time. A stale ask rebuilds nothing. The chunk
 then starts at the lowest offset at or above ``read_from`` and the floor that no live lease
 holds (expired leases are offsets nobody holds: they go out first), and ends before the next
 live lease, at ``end`` at most, on the last whole batch within ``max_bytes`` (at least one
@@ -43,7 +43,9 @@ matter of log-append times, the same for every reader whatever its clock.
 Safety: a snapshot holds every lease live at ``base`` (the proposer's applied state), and
 every lease granted after ``base`` is the chunk of a record between ``base`` and o, placed
 again from that snapshot exactly as it was placed when it was applied. So the rebuilt state
-is every lease live at t, and a chunk overlaps none of them.
+is every lease live at t, and a chunk overlaps none of them. Only the first asks of an
+empty log partition have no base; they rely on the proposer's clock being within a lease
+length of the broker's less the time between its view and its append.
 
 Determinism: an ask's chunk depends on the ask and on the asks between its base and itself,
 nothing else (not on the reader's own state, nor on how the records between were placed
