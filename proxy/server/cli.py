@@ -170,7 +170,8 @@ def _supervise(count: int, config, argv: list[str], ready_file: str | None) -> i
         with tempfile.TemporaryDirectory(prefix="keyrange-proxy-workers-") as rundir:
             command = [sys.executable, "-m", "proxy.server.cli", *argv]
             return Supervisor(count, command, cluster.listen_host, cluster.listen_port,
-                              config.operations.metrics_port, ready_file, Path(rundir)).run()
+                              config.operations.metrics_port, ready_file, Path(rundir),
+                              node_port_base=cluster.node_port_base).run()
     except OSError as exc:
         print(f"keyrange-proxy: cannot start: cannot listen on {cluster.listen_host}:{cluster.listen_port}: "
               f"{exc.strerror or exc}", file=sys.stderr)

@@ -37,6 +37,7 @@ from pathlib import Path
 log = logging.getLogger("proxy.workers")
 
 AUTO_LIMIT = 16  # workers=0 starts one per core, at most this many
+HELD_NODE_PORTS = 16  # node ids 0-15 get a port held for them when the system picks the bootstrap port
 RESTART_BACKOFF = (1.0, 30.0)  # seconds: first restart delay, longest
 STEADY_SECONDS = 60.0  # a worker that ran this long restarts at the first delay again
 
@@ -77,6 +78,30 @@ def merge_ready(infos: Sequence[dict]) -> dict:
         "workers": [{"pid": info["pid"], "node_ports": info["node_ports"], "metrics_port": info["metrics_port"]}
                     for info in infos],
     }
+
+
+def reserve_block(host: str, nodes: int, attempts: int = 50) -> tuple[list[socket.socket], int]:
+    """A free port P and P + 1 .. P + ``nodes``, each held as ``reserve_port`` holds one:
+    with ``listen.port=0`` a worker's node N listens on P + 1 + N (``node.port.base`` 0
+    means ``listen.port`` + 1), and a port the supervisor did not hold may be taken by then
+    (any connection's ephemeral port), which stops the worker. Node ids from 0 to
+    ``nodes`` - 1 are covered. Raises OSError when no such block is found."""
+    last: OSError | None = None
+    for _ in range(attempts):
+        held: list[socket.socket] = []
+        try:
+            first, port = reserve_port(host, 0)
+            held.append(first)
+            if port + nodes >= 65536:
+                raise OSError(f"port {port} leaves no room for {nodes} node ports")
+            for offset in range(1, nodes + 1):
+                held.append(reserve_port(host, port + offset)[0])
+            return held, port
+        except OSError as exc:
+            last = exc
+            for sock in held:
+                sock.close()
+    raise OSError(f"no block of {nodes + 1} free ports on {host} after {attempts} attempts: {last}")
 
 
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
@@ -129,10 +154,15 @@ class Supervisor:
     """Starts the workers, keeps them running, forwards signals; see the module docstring."""
 
     def __init__(self, count: int, command: Sequence[str], host: str, port: int, metrics_port: int,
-                 ready_file: str | None, rundir: Path) -> None:
+                 ready_file: str | None, rundir: Path, *, node_port_base: int = 0) -> None:
         """``command``: the proxy's command line as the supervisor was started (a worker's
-        own options are added to it)."""
-        self.reserved, self.port = reserve_port(host, port)
+        own options are added to it); ``port`` and ``node_port_base`` as configured (0: the
+        system picks the port, and node N listens on it + 1 + N)."""
+        if port == 0 and node_port_base == 0:
+            self.reserved, self.port = reserve_block(host, HELD_NODE_PORTS)
+        else:
+            sock, self.port = reserve_port(host, port)
+            self.reserved = [sock]
         self.ready_file = ready_file
         self.stopping = False
         self.workers = [
@@ -160,7 +190,8 @@ class Supervisor:
                 break
             self._reap()
             time.sleep(0.05)
-        self.reserved.close()
+        for sock in self.reserved:
+            sock.close()
         log.info("supervisor stopped")
         return 0
 

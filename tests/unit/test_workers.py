@@ -3,6 +3,10 @@ and the merged ready file."""
 
 from __future__ import annotations
 
+import socket
+
+import pytest
+
 from proxy.server.workers import (
     AUTO_LIMIT,
     RESTART_BACKOFF,
@@ -50,3 +54,19 @@ def test_the_ready_file_names_the_shared_ports_and_every_worker():
     assert merged["port"] == 9192 and merged["metrics_port"] == 9404
     assert [w["pid"] for w in merged["workers"]] == [11, 12]
     assert [w["metrics_port"] for w in merged["workers"]] == [9404, 9405]
+
+
+def test_a_block_of_ports_is_held_for_the_bootstrap_and_the_node_listeners():
+    from proxy.server.workers import reserve_block
+
+    held, port = reserve_block("127.0.0.1", 4)
+    try:
+        assert [sock.getsockname()[1] for sock in held] == list(range(port, port + 5))
+        for taken in range(port, port + 5):  # a program that does not share them cannot take them
+            other = socket.socket()
+            with pytest.raises(OSError):
+                other.bind(("127.0.0.1", taken))
+            other.close()
+    finally:
+        for sock in held:
+            sock.close()
