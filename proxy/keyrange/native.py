@@ -35,6 +35,7 @@ from typing import Any
 
 from proxy.keyrange.cache import CachedShare, PartitionId, ShareCache
 from proxy.keyrange.settings import KeyRangeTopicSettings
+from proxy.protocol.primitives import uvarint_bytes
 
 READ_COMMITTED = 1
 TOPIC_ID_BYTES = 16
@@ -65,15 +66,6 @@ def native_bytes(share: CachedShare) -> int:
     return _NATIVE_BYTES + _NATIVE_RANGE_BYTES * count + _NATIVE_ABORTED_BYTES * len(share.aborted_transactions)
 
 
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def answer_key(topic_id: uuid.UUID, partition: int, isolation_level: int, fetch_offset: int, ranges) -> bytes:
     """The table's key of an answer, as the loop makes it from a request."""
     return _KEY.pack(topic_id.bytes, partition, isolation_level, fetch_offset) + b"".join(
@@ -90,13 +82,13 @@ def answer_pieces(share: CachedShare) -> tuple[bytes, bytes, bytes]:
     aborted = share.aborted_transactions
     prefix = b"".join((
         _PARTITION.pack(0, share.high_watermark, share.last_stable_offset, share.log_start_offset),
-        uvarint(len(aborted) + 1),
+        uvarint_bytes(len(aborted) + 1),
         *(_ABORTED.pack(a.producer_id, a.first_offset, 0) for a in aborted),
         _NO_PREFERRED_REPLICA,
-        uvarint(len(records) + 1),
+        uvarint_bytes(len(records) + 1),
     ))
-    applied = uvarint(len(share.ranges) + 1) + b"".join(_RANGE.pack(r.start, r.end) + b"\x00" for r in share.ranges)
-    suffix = b"\x01" + _EXTENSION_TAG + uvarint(len(applied)) + applied
+    applied = uvarint_bytes(len(share.ranges) + 1) + b"".join(_RANGE.pack(r.start, r.end) + b"\x00" for r in share.ranges)
+    suffix = b"\x01" + _EXTENSION_TAG + uvarint_bytes(len(applied)) + applied
     return prefix, bytes(records), suffix
 
 
