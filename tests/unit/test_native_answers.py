@@ -25,6 +25,7 @@ from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.message_types import FetchRequest, FetchResponse
 from proxy.ranges import KeyRange
+from tests.unit.test_native_relay import _read_exactly
 
 _cpump = pytest.importorskip("proxy.net._cpump")
 if not hasattr(_cpump, "Answers"):
@@ -305,16 +306,6 @@ def _pair() -> tuple[socket.socket, socket.socket]:
         far, _ = listener.accept()
     near.setblocking(False)
     return near, far
-
-
-def _read_exactly(sock: socket.socket, count: int) -> bytes:
-    sock.settimeout(10)
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        assert chunk, f"closed after {len(data)} of {count} bytes"
-        data += chunk
-    return data
 
 
 def _fetch_table(guarded: bool = False) -> bytes:
