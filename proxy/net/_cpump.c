@@ -574,6 +574,30 @@ static const uint8_t *fetch_topic(const uint8_t *p, const uint8_t *end, int vers
     return p;
 }
 
+/* ``p`` past a request header's client id and (``flexible``) its tagged fields, whose
+ * contents no feature of the loop reads; NULL when the bytes end first or a count is beyond
+ * the limits. */
+static const uint8_t *skip_header_rest(const uint8_t *p, const uint8_t *end, int flexible)
+{
+    if (end - p < 2)
+        return NULL;
+    int16_t client_len = be16(p);
+    p += 2;
+    if (client_len < -1 || (client_len > 0 && (p = skip(p, end, (uint64_t)client_len)) == NULL))
+        return NULL;
+    if (flexible) {
+        uint32_t count, tag, length;
+        if ((p = read_canonical(p, end, &count)) == NULL || count > MAX_TAGGED_FIELDS)
+            return NULL;
+        for (uint32_t i = 0; i < count; i++) {
+            p = read_canonical(read_canonical(p, end, &tag), end, &length);
+            if ((p = skip(p, end, length)) == NULL)
+                return NULL;
+        }
+    }
+    return p;
+}
+
 /* Whether the loop may carry a Fetch request (``frame``: from its size prefix, peeked up to
  * ``end``): 0 when all of it is in these bytes, it parses to its last byte with every count
  * within the limits, no tagged-field section of its body (top level, topics, partitions,
@@ -589,23 +613,10 @@ static int fetch_request_plain(const uint8_t *frame, const uint8_t *end, int ver
     if (size < 8 || end - frame < size + 4)
         return -1;
     end = frame + 4 + size;
-    const uint8_t *p = frame + 12; /* size, api key, version, correlation id */
-    if (end - p < 2)
+    /* size, api key, version, correlation id; the header's tagged fields: the features read the body's */
+    const uint8_t *p = skip_header_rest(frame + 12, end, flexible);
+    if (p == NULL)
         return -1;
-    int16_t client_len = be16(p);
-    p += 2;
-    if (client_len < -1 || (client_len > 0 && (p = skip(p, end, (uint64_t)client_len)) == NULL))
-        return -1;
-    if (flexible) { /* the header's tagged fields: the features read the body's */
-        uint32_t count, tag, length;
-        if ((p = read_canonical(p, end, &count)) == NULL || count > MAX_TAGGED_FIELDS)
-            return -1;
-        for (uint32_t i = 0; i < count; i++) {
-            p = read_canonical(read_canonical(p, end, &tag), end, &length);
-            if ((p = skip(p, end, length)) == NULL)
-                return -1;
-        }
-    }
     /* replica id (to v14), max wait, min bytes, max bytes (v3+), isolation level (v4+),
      * session id and epoch (v7+) */
     p = skip(p, end, (uint64_t)((version <= FETCH_LAST_REPLICA_ID ? 4 : 0) + 4 + 4 + (version >= 3 ? 4 : 0) +
@@ -1262,21 +1273,10 @@ static int answer_request(const uint8_t *frame, const uint8_t *end, int guarded,
     q->version = version;
     q->correlation_id = (int32_t)be32(frame + 8);
     q->request_bytes = size + 4;
-    const uint8_t *p = frame + 12;
-    if (end - p < 2)
+    const uint8_t *p = skip_header_rest(frame + 12, end, 1); /* every version answered is flexible */
+    if (p == NULL)
         return -1;
-    int16_t client_len = be16(p);
-    p += 2;
-    if (client_len < -1 || (client_len > 0 && (p = skip(p, end, (uint64_t)client_len)) == NULL))
-        return -1;
-    uint32_t count, tag, length;
-    if ((p = read_canonical(p, end, &count)) == NULL || count > MAX_TAGGED_FIELDS)
-        return -1;
-    for (uint32_t i = 0; i < count; i++) {
-        p = read_canonical(read_canonical(p, end, &tag), end, &length);
-        if ((p = skip(p, end, length)) == NULL)
-            return -1;
-    }
+    uint32_t count;
     /* replica id (to v14), max wait, min bytes, max bytes */
     if ((p = skip(p, end, (uint64_t)((version <= FETCH_LAST_REPLICA_ID ? 4 : 0) + 12))) == NULL || end - p < 9)
         return -1;
