@@ -11,6 +11,7 @@ handed out again stop where the group's commits begin) is rebuilt with the chunk
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.records.batch import LegacyBatch, PartialBatch, as_byte_view, iter_batches
 from proxy.records.split import filter_by_offsets
@@ -27,6 +28,28 @@ class Chunk:
     end: int
 
 
+def _reaching(blob, start: int, end: int | None) -> tuple[list[tuple[Any, int, int]], bool]:
+    """The complete batches of ``blob`` reaching ``[start, end]`` (None: no end), each with
+    its base and last offset (a legacy entry's offset is the last it holds), up to the first
+    that reaches ``end``; and whether a batch beginning past ``end`` came first."""
+    reaching: list[tuple[Any, int, int]] = []
+    for entry in iter_batches(blob):
+        if isinstance(entry, PartialBatch):
+            break
+        if isinstance(entry, LegacyBatch):
+            base = top = entry.base_offset
+        else:
+            base, top = entry.header.base_offset, entry.header.last_offset
+        if top < start:
+            continue
+        if end is not None and base > end:
+            return reaching, True
+        reaching.append((entry, base, top))
+        if end is not None and top >= end:
+            break
+    return reaching, False
+
+
 def cut_chunk(blob, start: int, end: int | None = None) -> Chunk | None:
     """The chunk of ``blob`` (a Records field) from ``start`` to ``end`` (inclusive; None:
     as far as the complete batches go). None when ``blob`` tells nothing of the offsets
@@ -39,22 +62,10 @@ def cut_chunk(blob, start: int, end: int | None = None) -> Chunk | None:
         return None
     parts: list = []
     last: int | None = None
-    beyond = False
     whole = True  # every part an unchanged batch, one after another: a slice of ``blob``
     first_at = end_at = 0
-    for entry in iter_batches(blob):
-        if isinstance(entry, PartialBatch):
-            break
-        if isinstance(entry, LegacyBatch):
-            # magic 0/1: its offset is the (last) offset it holds; passed on whole
-            base = top = entry.base_offset
-        else:
-            base, top = entry.header.base_offset, entry.header.last_offset
-        if top < start:
-            continue
-        if end is not None and base > end:
-            beyond = True
-            break
+    reaching, beyond = _reaching(blob, start, end)
+    for entry, base, top in reaching:
         low = max(base, start)
         high = top if end is None else min(top, end)
         if (low > base or high < top) and not isinstance(entry, LegacyBatch) and not entry.header.is_control:
@@ -66,15 +77,11 @@ def cut_chunk(blob, start: int, end: int | None = None) -> Chunk | None:
             parts.append(entry.data)
             end_at = entry.position + len(entry.data)
         last = high
-        if end is not None and high >= end:
-            break
-    if last is None:
-        if beyond and end is not None:
-            return Chunk(b"", start, end)
-        return None
     if beyond and end is not None:
-        last = end
-    records = as_byte_view(blob)[first_at:end_at] if whole else b"".join(parts)
+        last = end  # a batch past ``end``: [..., end] holds no more records
+    elif last is None:
+        return None
+    records = b"" if not parts else as_byte_view(blob)[first_at:end_at] if whole else b"".join(parts)
     return Chunk(records, start, last)
 
 
@@ -86,28 +93,10 @@ def batch_bounds(blob, start: int, end: int | None = None) -> tuple[list[tuple[i
     ``[..., end]`` holds no more records)."""
     if not blob:
         return None
-    batches: list[tuple[int, int]] = []
-    last: int | None = None
-    beyond = False
-    for entry in iter_batches(blob):
-        if isinstance(entry, PartialBatch):
-            break
-        if isinstance(entry, LegacyBatch):
-            base = top = entry.base_offset
-        else:
-            base, top = entry.header.base_offset, entry.header.last_offset
-        if top < start:
-            continue
-        if end is not None and base > end:
-            beyond = True
-            break
-        high = top if end is None else min(top, end)
-        batches.append((high, len(entry.data)))
-        last = high
-        if end is not None and high >= end:
-            break
-    if beyond and end is not None:
+    reaching, beyond = _reaching(blob, start, end)
+    batches = [(top if end is None else min(top, end), len(entry.data)) for entry, _base, top in reaching]
+    if end is not None and beyond:
         return batches, end
-    if last is None:
+    if not batches:
         return None
-    return batches, last
+    return batches, batches[-1][0]
