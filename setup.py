@@ -5,7 +5,9 @@
 ``proxy.net._cpump`` (the native relay) need nothing but a C compiler. All are optional:
 a kernel that cannot be built is replaced by its pure-Python reference with identical
 results, only slower, and without the native relay every frame goes through the event
-loop. ``make venv`` builds them in place (through ``pip install -e``).
+loop. ``make venv`` builds them in place (through ``pip install -e``) with
+``KEYRANGE_ACCELERATORS=required`` when a C compiler is there: a source that no longer
+compiles then fails the build, instead of leaving the previous build in place for the tests.
 
 The native relay's numbers (its table of API keys and versions, the protocol's count
 limits) are declared once, in Python (``proxy/net/native_table.py``,
@@ -13,6 +15,7 @@ limits) are declared once, in Python (``proxy/net/native_table.py``,
 here, before the build.
 """
 
+import os
 import runpy
 from pathlib import Path
 
@@ -41,6 +44,7 @@ def _write_native_header() -> None:
 
 
 _write_native_header()
+_OPTIONAL = os.environ.get("KEYRANGE_ACCELERATORS", "optional") != "required"
 
 setup(
     ext_modules=[
@@ -48,19 +52,19 @@ setup(
             "proxy.records._ckernels",
             sources=["proxy/records/_ckernels.c"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-            optional=True,
+            optional=_OPTIONAL,
         ),
         Extension(
             "proxy.net._cpump",
             sources=["proxy/net/_cpump.c"],
             extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-            optional=True,
+            optional=_OPTIONAL,
         ),
         Extension(
             "proxy.commits._cpacked",
             sources=["proxy/commits/_cpacked.c"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-            optional=True,
+            optional=_OPTIONAL,
         ),
     ]
 )
