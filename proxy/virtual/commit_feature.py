@@ -300,6 +300,7 @@ class VirtualCommitFeature(Feature):
                 await trio.sleep(self.watch.quiet / 2)
                 for group in self.watch.groups():
                     self._lift_due(group)
+                self.watch.forget_idle(trio.current_time(), self._version_of)
         finally:
             self._ticking = False
 

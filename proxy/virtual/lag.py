@@ -38,6 +38,7 @@ RealKey = tuple[str, int]  # (real topic, partition)
 GAPS_PER_SHARE = 4  # the highest stretches of a share kept: committed offsets wait near the log end
 MAX_GAPS = 100_000  # stretches kept in all (about 120 bytes each), the least recently learnt partitions dropped
 MAX_GROUPS = 10_000  # groups an instance lifts by itself, least recently committed dropped
+IDLE_S = 300.0  # a partition neither committed nor learnt about this long, nothing pending: no longer watched
 QUIET_S = 1.0  # a partition's commits quiet this long: the proxy lifts it itself
 RETRY_S = 5.0  # a lift the coordinator refused is tried again after this long (with a fresh identity)
 SCAN_INTERVAL_S = 5.0  # a partition's tail is read for a group at most this often
@@ -213,6 +214,25 @@ class LiftWatch:
 
     def groups(self) -> list[str]:
         return list(self._groups)
+
+    def forget_idle(self, now: float, version_of: VersionOf, idle: float = IDLE_S) -> int:
+        """Stop watching partitions with nothing pending whose last commit through this
+        instance is ``idle`` seconds old and of which nothing was learnt since their last
+        lift (a group gone quiet for good, or whose commits now reach another instance),
+        and groups left with none, so that what the proxy looks at stays what is alive.
+        How many partitions were dropped."""
+        dropped = 0
+        for group, entry in list(self._groups.items()):
+            if entry.lifting:
+                continue
+            for key, watched in list(entry.partitions.items()):
+                if (not watched.pending and now - watched.committed_at >= idle
+                        and version_of(key) == watched.seen):
+                    del entry.partitions[key]
+                    dropped += 1
+            if not entry.partitions:
+                del self._groups[group]
+        return dropped
 
     def heard(self, group: str, identity: Identity) -> None:
         """A member of ``group`` heartbeat: lifts go as it (it is in the current generation)."""

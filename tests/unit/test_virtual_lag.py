@@ -333,3 +333,22 @@ def test_a_transactional_commit_has_its_partition_lifted_once_quiet():
     assert watch.due("g", 101.5, lambda key: 4) == (member, {("t", 0): {4}, ("t", 1): {4}})
     watch.done("g", [], 101.5)
     assert watch.due("g", 200.0, lambda key: 4) is None  # lifted: nothing new since
+
+
+def test_partitions_idle_for_long_are_no_longer_watched():
+    watch = lag.LiftWatch(quiet=1.0)
+    versions = {("t", 0): 1, ("t", 1): 1}
+    watch.committed("g", {("t", 0): {4}, ("t", 1): {4}}, lag.Identity(1, "m"), 0.0, lambda key: versions[key])
+    assert watch.due("g", 2.0, lambda key: versions[key]) is not None
+    watch.done("g", [], 2.0)
+    watch.committed("g", {("t", 1): {4}}, lag.Identity(1, "m"), 200.0, lambda key: versions[key])
+    assert watch.forget_idle(250.0, lambda key: versions[key], idle=300.0) == 0  # neither idle long enough
+    versions[("t", 0)] = 2  # learnt since its last lift: kept until lifted
+    assert watch.forget_idle(400.0, lambda key: versions[key], idle=300.0) == 0
+    versions[("t", 0)] = 1
+    assert watch.forget_idle(400.0, lambda key: versions[key], idle=300.0) == 1  # t-0; t-1 is pending still
+    assert watch.watches("g")
+    assert watch.due("g", 400.0, lambda key: versions[key]) == (lag.Identity(1, "m"), {("t", 1): {4}})
+    watch.done("g", [], 400.0)
+    assert watch.forget_idle(600.0, lambda key: versions[key], idle=300.0) == 1
+    assert not watch.watches("g") and not watch
