@@ -236,11 +236,14 @@ class CooperativeFetchFeature(Feature):
             self._refused.labels("grants_unavailable").inc()
             item.error = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return
-        with trio.move_on_at(deadline) as wait:
-            await state.turn.acquire()
-        if wait.cancelled_caught:
-            self._refused.labels("turn").inc()
-            return
+        try:
+            state.turn.acquire_nowait()  # a free turn is had at once, however long reading the state took
+        except trio.WouldBlock:
+            with trio.move_on_at(deadline) as wait:
+                await state.turn.acquire()
+            if wait.cancelled_caught:
+                self._refused.labels("turn").inc()
+                return
         item.state, item.held, item.deadline = state, True, deadline
         grants = state.grants
         group, topic, partition = item.key
