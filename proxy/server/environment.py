@@ -28,6 +28,7 @@ PREFIX = "KEYRANGE_"
 # Variables under the prefix that are not settings, and what reads them.
 NOT_SETTINGS: dict[str, str] = {
     "KEYRANGE_PURE_PYTHON": "the accelerators: run every pure-Python reference (proxy/accelerators.py)",
+    "KEYRANGE_ACCELERATORS": "the accelerators' build: 'required' fails it when one does not compile (setup.py)",
     "KEYRANGE_CACHE": "where the local Kafka's jars and the tools are cached (proxy/local_kafka.py)",
     "KEYRANGE_KAFKA_DIST": "the Kafka distribution of the local Kafka (proxy/local_kafka.py)",
     "KEYRANGE_MAVEN_SETTINGS": "Maven's settings for fetching the jars (proxy/local_kafka.py)",
