@@ -39,7 +39,7 @@ from proxy.commits.cluster import CommitLogError
 from proxy.commits.reads import CommittedReads
 from proxy.coop.chunks import Chunk, batch_bounds, cut_chunk
 from proxy.coop.grant_log import GrantLog
-from proxy.coop.grants import TAKEN, Committed, KeyGrants, Span
+from proxy.coop.grants import STALE, TAKEN, Committed, KeyGrants, Span
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
@@ -356,7 +356,8 @@ class CooperativeFetchFeature(Feature):
     async def _grant(self, item: _Pending, state: _Partition, part: FetchResponse.PartitionData) -> None:
         """Ask the log for the member's next chunk within the read; hand out the chunk it
         assigns once this instance has applied the ask. An ask refused as stale is made
-        again (a few times); one whose range is all taken, or refused again, gets no chunk."""
+        again as it was, an ask that lost its offsets to others from the offsets left (a few
+        times in all); one whose range is all taken, or refused again, gets no chunk."""
         grants, span = state.grants, item.span
         assert span is not None
         blob = part.records
@@ -412,6 +413,8 @@ class CooperativeFetchFeature(Feature):
                 return  # every offset the read holds is someone's
             if not item.held and not await self._retake(item, state):
                 break
+            if decision.reason == STALE:  # asked from a view older than the lease (a quiet log
+                continue  # partition): the same again, from the view its own record gave
             following = grants.next_span(item.member, item.token, item.committed, _now_ms(), self.max_leases)
             if following is None or following.lease is not None or following.reset or \
                     following.claim_from is not None or following.start < span.start:

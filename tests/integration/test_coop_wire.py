@@ -216,6 +216,31 @@ def test_retry_zombie_and_refusals(kafka, proxy, topic_factory):
         assert records_of(entry.records)[0][0].offset == 0
 
 
+def test_the_first_fetch_after_a_quiet_spell_of_the_grants_log_gets_its_chunk(kafka, proxy_factory, topic_factory):
+    """An ask made from a view of its grants log partition older than the lease is refused
+    by the log as stale; the proxy asks again, from the view its refused record gave it, a
+    group's first fetch (a claim of the offsets before it) included."""
+    proxy = proxy_factory(kafka, **{"cooperative.fetch.lease.ms": "1000"})
+    topic = topic_factory(kafka, partitions=1)
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=0)
+    for i in range(10):
+        producer.send(topic, key=b"k%d" % i, value=b"v%d" % i, partition=0).get(30)
+    producer.close()
+    group = _group()
+    first, second = group + "Aa", group + "BB"  # one Java hash code: one partition of the grants log
+    with RawClient.connect(proxy.bootstrap_servers) as raw:
+        topic_id = raw.topic_id(topic)
+        assert raw.coop_fetch(topic_id, 0, 0, first, "a", max_bytes=300).cooperative_chunk.chunk_start == 0
+        quiet_until = time.monotonic() + 1.3  # the log partition stays quiet for longer than the lease
+        while time.monotonic() < quiet_until:
+            time.sleep(0.05)
+        answer = raw.coop_fetch(topic_id, 0, 0, second, "b", max_bytes=300, max_wait_ms=500)
+        assert answer.error_code == 0 and answer.cooperative_chunk is not None, answer
+        assert answer.cooperative_chunk.chunk_start == 0 and records_of(answer.records)
+
+
 def test_a_proxy_restart_resumes_the_leases_and_loses_nothing(kafka, proxy_factory, topic_factory):
     """The grants live in __cooperative_fetch_grants: the instance started after the kill
     resumes the leases from the log, and what was leased and not committed is handed out
