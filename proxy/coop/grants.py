@@ -28,13 +28,13 @@ Assignment
 Applied in log order, an ask at offset o with log-append time t gets a chunk iff it is
 fresh (``t - base_ms <= lease_ms``: an ask after a quiet spell of its key is fresh as long
 as its log partition is not quiet) and its range holds an offset nobody holds. An ask with
-no base is fresh only as the key's first record: its proposer had applied nothing of the
-key, so it has no snapshot to rebuild from (placing the key's recent records again from
-nothing would place them otherwise than they were placed, around records older than the
-window). The state it is placed in is rebuilt from the ask alone: its snapshot (``held``,
-``base_floor``), then every record of the key between ``base`` and o placed again in order
-the same way (``place``), each placement counting the leases live at its own record's
-time. A stale ask rebuilds nothing. The chunk
+no base (its proposer had applied nothing of the log partition) is fresh only when its key
+has no record within the lease length before it: it carries no snapshot, and placing the
+key's recent records again from nothing would place them otherwise than they were placed,
+around records older than that. The state an ask is placed in is rebuilt from the ask
+alone: its snapshot (``held``, ``base_floor``), then every record of the key between
+``base`` and o placed again in order the same way (``place``), each placement counting
+the leases live at its own record's time. A stale ask rebuilds nothing. The chunk
 then starts at the lowest offset at or above ``read_from`` and the floor that no live lease
 holds (expired leases are offsets nobody holds: they go out first), and ends before the next
 live lease, at ``end`` at most, on the last whole batch within ``max_bytes`` (at least one
@@ -46,10 +46,13 @@ matter of log-append times, the same for every reader whatever its clock.
 Safety: a snapshot holds every lease live at ``base`` (the proposer's applied state), and
 every lease granted after ``base`` is the chunk of a record between ``base`` and o, placed
 again from that snapshot exactly as it was placed when it was applied. So the rebuilt state
-is every lease live at t, and a chunk overlaps none of them. Only a key's first record
-gets a chunk without a base (there is nothing to rebuild); its freshness relies on the
-proposer's clock being within a lease length of the broker's less the time between its
-view and its append.
+is every lease live at t, and a chunk overlaps none of them. An ask with no base gets a
+chunk only when no record of its key lies within a lease length before it, so no lease is
+live (with one lease length for the group: a lease longer than the ask's, from a record
+older than the ask's lease length, is not seen); its freshness relies on the proposer's
+clock being within a lease length of the broker's less the time between its view and its
+append. Records within a lease length of an ask young enough to matter are never
+compacted away, so every reader judges it the same.
 
 Determinism: an ask's chunk depends on the ask and on the asks between its base and itself,
 nothing else (not on the reader's own state, nor on how the records between were placed
@@ -440,8 +443,7 @@ def assign(ask: Grant, ms: int, between: Sequence[Applied]) -> tuple[Decision, l
     base and before it (with no base, those within its lease length before it). The state is
     rebuilt from the ask's snapshot and those records, each placed again in order; records
     of version 0 keep the chunk they were judged to hold, stale asks none. An ask with no
-    base is stale unless it is its key's first record (``between`` is every record before
-    it then)."""
+    base is stale when ``between`` holds any record."""
     if _stale(ask, ms) or (ask.base < 0 and between):
         return Decision(None, STALE), None, ask.floor
     leases = list(ask.held)  # each placement counts those live at its own time
@@ -520,15 +522,13 @@ class KeyGrants:
 
     # -- applying the log -------------------------------------------------------------------
     def between(self, grant: Grant, offset: int, ms: int) -> list[Applied]:
-        """The records of the key ``grant`` needs: those after its base; with no base, for
-        an ask every record kept (none: it is the key's first), for a version 0 record those
-        within its lease length."""
+        """The records of the key ``grant`` needs: those after its base; with no base,
+        those within its lease length before it (an ask with no base gets a chunk only when
+        there are none)."""
         recent = self._recent
         if grant.base >= 0:
             first = bisect_right(recent, grant.base, key=lambda seen: seen.offset)
             return [seen for seen in recent[first:] if seen.offset < offset]
-        if not grant.fixed:
-            return [seen for seen in recent if seen.offset < offset]
         return [seen for seen in recent if seen.offset < offset and seen.ms >= ms - grant.lease_ms]
 
     def apply(self, offset: int, ms: int, grant: Grant) -> Decision:
