@@ -338,6 +338,7 @@ class CooperativeFetchFeature(Feature):
                 continue
             if part.error_code != ErrorCode.NONE:
                 continue
+            self.metrics.read_bytes.inc(len(part.records or _EMPTY))
             if span.lease is not None:  # a retry: the member's own chunk again, no new grant
                 chunk = cut_chunk(part.records, span.start, span.end)
                 if chunk is None:
@@ -436,8 +437,8 @@ class CooperativeFetchFeature(Feature):
         item.held = True
         return True
 
-    @staticmethod
-    def _hand_out(part: FetchResponse.PartitionData, start: int, chunk: Chunk) -> None:
+    def _hand_out(self, part: FetchResponse.PartitionData, start: int, chunk: Chunk) -> None:
+        self.metrics.chunk_bytes.inc(len(chunk.records))
         part.records = chunk.records
         part.cooperative_chunk = FetchResponse.CooperativeChunk(chunk_start=start, chunk_end=chunk.end)
 

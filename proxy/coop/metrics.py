@@ -19,6 +19,11 @@ class CooperativeFetchMetrics:
         self.moved = Counter("kafka_proxy_coop_chunks_moved",
                              "Chunks the grants log placed above the start of their read: chunks of other asks "
                              "took those offsets first.", registry=r)
+        self.read_bytes = Counter("kafka_proxy_coop_read_bytes",
+                                  "Record bytes the broker returned to cooperative fetches: the chunk handed out and "
+                                  "what was read ahead around it.", registry=r)
+        self.chunk_bytes = Counter("kafka_proxy_coop_chunk_bytes", "Record bytes in the chunks handed out.",
+                                   registry=r)
         self.retried = Counter("kafka_proxy_coop_chunks_retried",
                                "Retried fetches that got their outstanding chunk again.", registry=r)
         self.refused = Counter("kafka_proxy_coop_fetches_refused",

@@ -10,6 +10,7 @@ import pytest
 from harness.commit_client import CommitClient
 from harness.java_tools import describe_group
 from harness.raw_client import RawClient
+from harness.threads import in_threads
 from proxy.commits.state import CommitState, apply_ranges
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
@@ -19,27 +20,6 @@ INVALID_REQUEST = 42
 
 def _group() -> str:
     return f"ic-{uuid.uuid4().hex[:10]}"
-
-
-def _in_threads(worker, count: int = 2) -> None:
-    """``worker(0)`` ... ``worker(count - 1)`` at the same time; the first exception any of
-    them raises is raised here."""
-    errors: list[BaseException] = []
-
-    def run(index: int) -> None:
-        try:
-            worker(index)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-        assert not thread.is_alive()
-    if errors:
-        raise errors[0]
 
 
 def test_seed_example_through_the_proxy_and_s_reaches_the_coordinator(kafka, proxy, topic_factory):
@@ -181,7 +161,6 @@ def _random_commit(rng, span: int) -> list[tuple[int, int]]:
 
 def test_interleaved_range_commits_from_several_connections(kafka_cluster, cluster_proxy, topic_factory):
     import random
-    import threading
 
     topic = topic_factory(kafka_cluster, partitions=2, replication_factor=3)
     group = _group()
@@ -222,7 +201,7 @@ def test_interleaved_range_commits_from_several_connections(kafka_cluster, clust
                         assert not before[p].processed(offset) or got.processed(offset), (p, offset, got)
                         assert not got.processed(offset) or after[p].processed(offset), (p, offset, got)
 
-    _in_threads(worker, 4)
+    in_threads(worker, 4)
     with lock:
         expected = {p: _model(applied[p]) for p in (0, 1)}
     assert expected == {0: CommitState(400), 1: CommitState(400)}
@@ -243,7 +222,6 @@ def test_interleaved_range_commits_from_several_connections(kafka_cluster, clust
 
 
 def test_kill_proxy_mid_commits_keeps_every_acknowledged_range(kafka_cluster, proxy_factory, topic_factory):
-    import threading
 
     from harness.wait import wait_until
 
@@ -405,7 +383,7 @@ def test_two_instances_committing_one_partition_at_once_lose_no_acknowledged_ran
             if result[0][0] == 0:
                 acked[index].append(offset)
 
-    _in_threads(worker)
+    in_threads(worker, 2)
     for client in clients:
         client.close()
     assert len(acked[0]) + len(acked[1]) > per_client  # most commits were acknowledged
@@ -441,7 +419,7 @@ def test_two_instances_moving_s_together_leave_s_at_the_coordinator(kafka, proxy
             else:
                 raise AssertionError(f"offset {offset} refused 20 times: {refused[-20:]}")
 
-    _in_threads(worker)
+    in_threads(worker, 2)
     assert set(refused) <= {15}, refused  # COORDINATOR_NOT_AVAILABLE only (retriable)
     for client in clients:
         client.close()

@@ -13,6 +13,7 @@ import uuid
 
 from harness import java_tools
 from harness.raw_client import RawClient, records_of
+from harness.threads import in_threads
 from harness.wait import wait_until
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
@@ -279,41 +280,32 @@ def _range_consumers(proxy, topic: str, end: int, count: int) -> list[list[tuple
 
     shares = equal_shares(count)
     delivered: list[list[tuple[int, bytes]]] = [[] for _ in shares]
-    errors: list[BaseException] = []
     start = threading.Barrier(count, timeout=60)  # every range set known before anyone reads on
 
     def read(slot: int) -> None:
-        try:
-            with RawClient.connect(proxy.bootstrap_servers, client_id=f"range-{slot}") as client:
-                topic_id = client.topic_id(topic)
-                client.range_fetch(topic_id, 0, 0, [shares[slot]], max_bytes=1, max_wait_ms=0)
-                start.wait()
-                position = 0
-                for _ in range(10_000):  # bounded: a few hundred fetches read it all
-                    if position >= end:
-                        return
-                    entry = client.range_fetch(topic_id, 0, position, [shares[slot]], max_bytes=16384,
-                                               max_wait_ms=100)
-                    assert entry.error_code == 0, entry.error_code
-                    assert [(r.start, r.end) for r in entry.key_ranges_applied] == \
-                        [(shares[slot].start, shares[slot].end)]
-                    records, next_offset = records_of(entry.records)
-                    for record in records:
-                        if record.offset >= position:
-                            assert record.key is not None and contains([shares[slot]], key_hash(record.key, record.offset))
-                            delivered[slot].append((record.offset, record.key))
-                    if next_offset is not None:
-                        position = max(position, next_offset)
-                raise AssertionError(f"consumer {slot} stopped at {position} of {end}")
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        with RawClient.connect(proxy.bootstrap_servers, client_id=f"range-{slot}") as client:
+            topic_id = client.topic_id(topic)
+            client.range_fetch(topic_id, 0, 0, [shares[slot]], max_bytes=1, max_wait_ms=0)
+            start.wait()
+            position = 0
+            for _ in range(10_000):  # bounded: a few hundred fetches read it all
+                if position >= end:
+                    return
+                entry = client.range_fetch(topic_id, 0, position, [shares[slot]], max_bytes=16384,
+                                           max_wait_ms=100)
+                assert entry.error_code == 0, entry.error_code
+                assert [(r.start, r.end) for r in entry.key_ranges_applied] == \
+                    [(shares[slot].start, shares[slot].end)]
+                records, next_offset = records_of(entry.records)
+                for record in records:
+                    if record.offset >= position:
+                        assert record.key is not None and contains([shares[slot]], key_hash(record.key, record.offset))
+                        delivered[slot].append((record.offset, record.key))
+                if next_offset is not None:
+                    position = max(position, next_offset)
+            raise AssertionError(f"consumer {slot} stopped at {position} of {end}")
 
-    threads = [threading.Thread(target=read, args=(slot,)) for slot in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors[0]
+    in_threads(read, count)
     return delivered
 
 
