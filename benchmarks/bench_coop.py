@@ -314,7 +314,8 @@ class _Sampler:
         self.last = now
         machine = psutil.cpu_times()
         total = sum(machine)
-        self.samples.append((now, {"proxy": self._cpu(list(self.proxy_pids)),
+        each = {f"proxy {number}": self._cpu([pid]) for number, pid in enumerate(self.proxy_pids)}
+        self.samples.append((now, {**each, "proxy": sum(each.values()),
                                    "consumers": self._cpu(self.consumer_pids),
                                    "broker": self._cpu([self.broker_pid]),
                                    "machine_busy": total - machine.idle - getattr(machine, "iowait", 0.0),
@@ -340,6 +341,9 @@ class _Sampler:
         if records:
             out.update({f"{k}_us_per_record": round((b[k] - a[k]) * 1e6 / records, 1)
                         for k in ("proxy", "consumers", "broker")})
+        if len(self.proxy_pids) > 1:  # what each instance used: the busiest bounds what one machine each serves
+            out["proxy_cores_each"] = [round((b[f"proxy {n}"] - a[f"proxy {n}"]) / seconds, 3)
+                                       for n in range(len(self.proxy_pids))]
         return out
 
 
@@ -942,6 +946,31 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
                         rows.append(Row(f"coop CPU per record, {'no work' if case == 'delivery' else '1 ms'} "
                                         f"(lower is better)", f"N={n}: {side}{label}", "us", values,
                                         higher_is_better=False))
+    # what each instance spends (the busiest: the core one machine of a deployment must
+    # have) and what reading ahead costs, against one instance serving every member
+    for case in SPREAD_CASES:
+        what = "no work" if case == "delivery" else "1 ms"
+        for n in workers:
+            for r in instances:
+                if 1 < r <= n:
+                    spread_runs = {x["round"]: x for x in runs if (x["case"], x["contender"], x["n"]) ==
+                                   (case, f"coop x{r}", n) and x.get("cpu", {}).get("proxy_cores_each")}
+                    one = {x["round"]: x for x in runs if (x["case"], x["contender"], x["n"]) == (case, "coop", n)
+                           and x.get("cpu")}
+                    paired_rounds = sorted(set(spread_runs) & set(one))
+                    if paired_rounds:
+                        rows.append(Row(f"proxy cores of the busiest instance, {what} (lower is better)",
+                                        f"coop N={n}, busiest of {r} instances", "cores",
+                                        [max(spread_runs[k]["cpu"]["proxy_cores_each"]) for k in paired_rounds],
+                                        f"coop N={n}, 1 instance",
+                                        [one[k]["cpu"]["proxy_cores"] for k in paired_rounds],
+                                        higher_is_better=False))
+                    counters = [x.get("proxy", {}).get("coop_counters", {}) for x in spread_runs.values()]
+                    amplification = [c["read_bytes"] / c["chunk_bytes"] for c in counters
+                                     if c.get("read_bytes") and c.get("chunk_bytes")]
+                    if amplification:
+                        rows.append(Row(f"broker bytes read per byte handed out, {what} (lower is better)",
+                                        f"coop N={n}, {r} instances", "x", amplification, higher_is_better=False))
     report["rows"] = [row.as_dict() for row in rows if row.values]
     report["goals"] = goals
     report["runs"] = runs
