@@ -115,7 +115,11 @@ public final class PlainConsumer {
                     continue;
                 }
                 if (records.isEmpty()) {
-                    commitIdlePositions(consumer);
+                    try {
+                        commitIdlePositions(consumer);
+                    } catch (WakeupException e) {
+                        break; // stopped while committing the idle positions: a stop, not an error
+                    }
                     continue;
                 }
                 List<String> lines = new ArrayList<>(records.count());
