@@ -946,31 +946,11 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
                         rows.append(Row(f"coop CPU per record, {'no work' if case == 'delivery' else '1 ms'} "
                                         f"(lower is better)", f"N={n}: {side}{label}", "us", values,
                                         higher_is_better=False))
-    # what each instance spends (the busiest: the core one machine of a deployment must
-    # have) and what reading ahead costs, against one instance serving every member
     for case in SPREAD_CASES:
-        what = "no work" if case == "delivery" else "1 ms"
         for n in workers:
             for r in instances:
                 if 1 < r <= n:
-                    spread_runs = {x["round"]: x for x in runs if (x["case"], x["contender"], x["n"]) ==
-                                   (case, f"coop x{r}", n) and x.get("cpu", {}).get("proxy_cores_each")}
-                    one = {x["round"]: x for x in runs if (x["case"], x["contender"], x["n"]) == (case, "coop", n)
-                           and x.get("cpu")}
-                    paired_rounds = sorted(set(spread_runs) & set(one))
-                    if paired_rounds:
-                        rows.append(Row(f"proxy cores of the busiest instance, {what} (lower is better)",
-                                        f"coop N={n}, busiest of {r} instances", "cores",
-                                        [max(spread_runs[k]["cpu"]["proxy_cores_each"]) for k in paired_rounds],
-                                        f"coop N={n}, 1 instance",
-                                        [one[k]["cpu"]["proxy_cores"] for k in paired_rounds],
-                                        higher_is_better=False))
-                    counters = [x.get("proxy", {}).get("coop_counters", {}) for x in spread_runs.values()]
-                    amplification = [c["read_bytes"] / c["chunk_bytes"] for c in counters
-                                     if c.get("read_bytes") and c.get("chunk_bytes")]
-                    if amplification:
-                        rows.append(Row(f"broker bytes read per byte handed out, {what} (lower is better)",
-                                        f"coop N={n}, {r} instances", "x", amplification, higher_is_better=False))
+                    rows += _spread_rows(runs, case, n, r)
     report["rows"] = [row.as_dict() for row in rows if row.values]
     report["goals"] = goals
     report["runs"] = runs
@@ -1022,6 +1002,33 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
                     medians[f"{case} {contender} N={n}"] = {"median": statistics.median(values),
                                                             "spread": [min(values), max(values)], "values": values}
     report["medians"] = medians
+
+
+def _spread_rows(runs: list[dict], case: str, n: int, r: int) -> list[Row]:
+    """What each of ``r`` instances spends (the busiest: the core one machine of a deployment
+    must have), against one instance serving every member in the same round, and what
+    reading ahead costs (broker bytes read per byte handed out)."""
+    what = "no work" if case == "delivery" else "1 ms"
+
+    def by_round(contender: str) -> dict[int, dict]:
+        return {x["round"]: x for x in runs
+                if (x["case"], x["contender"], x["n"]) == (case, contender, n) and x.get("cpu")}
+
+    spread_runs = {k: x for k, x in by_round(f"coop x{r}").items() if x["cpu"].get("proxy_cores_each")}
+    one = by_round("coop")
+    paired = sorted(set(spread_runs) & set(one))
+    out = []
+    if paired:
+        out.append(Row(f"proxy cores of the busiest instance, {what} (lower is better)",
+                       f"coop N={n}, busiest of {r} instances", "cores",
+                       [max(spread_runs[k]["cpu"]["proxy_cores_each"]) for k in paired], f"coop N={n}, 1 instance",
+                       [one[k]["cpu"]["proxy_cores"] for k in paired], higher_is_better=False))
+    counters = [x.get("proxy", {}).get("coop_counters", {}) for x in spread_runs.values()]
+    amplification = [c["read_bytes"] / c["chunk_bytes"] for c in counters if c.get("read_bytes") and c.get("chunk_bytes")]
+    if amplification:
+        out.append(Row(f"broker bytes read per byte handed out, {what} (lower is better)",
+                       f"coop N={n}, {r} instances", "x", amplification, higher_is_better=False))
+    return out
 
 
 def _label(contender: str, build: str | None) -> str:

@@ -236,14 +236,9 @@ class CooperativeFetchFeature(Feature):
             self._refused.labels("grants_unavailable").inc()
             item.error = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return
-        try:
-            state.turn.acquire_nowait()  # a free turn is had at once, however long reading the state took
-        except trio.WouldBlock:
-            with trio.move_on_at(deadline) as wait:
-                await state.turn.acquire()
-            if wait.cancelled_caught:
-                self._refused.labels("turn").inc()
-                return
+        if not await self._take_turn(state, deadline):
+            self._refused.labels("turn").inc()
+            return
         item.state, item.held, item.deadline = state, True, deadline
         grants = state.grants
         group, topic, partition = item.key
@@ -412,8 +407,10 @@ class CooperativeFetchFeature(Feature):
                 self._refused.labels("taken").inc()
                 self._empty(part)
                 return  # every offset the read holds is someone's
-            if not item.held and not await self._retake(item, state):
-                break
+            if not item.held:  # the turn again, for a grant that lost
+                item.held = await self._take_turn(state, item.deadline)
+                if not item.held:
+                    break
             if decision.reason == STALE:  # asked from a view older than the lease (a quiet log
                 continue  # partition): the same again, from the view its own record gave
             following = grants.next_span(item.member, item.token, item.committed, _now_ms(), self.max_leases)
@@ -425,17 +422,17 @@ class CooperativeFetchFeature(Feature):
         self._empty(part)
 
     @staticmethod
-    async def _retake(item: _Pending, state: _Partition) -> bool:
-        """The partition's turn again, for a grant that lost (within the fetch's MaxWaitMs)."""
+    async def _take_turn(state: _Partition, deadline: float) -> bool:
+        """The partition's turn: at once when it is free, however late (reading the state may
+        have taken longer than the fetch's MaxWaitMs), else if it frees up by ``deadline``."""
         try:
             state.turn.acquire_nowait()
+            return True
         except trio.WouldBlock:
-            with trio.move_on_at(item.deadline):
+            with trio.move_on_at(deadline):
                 await state.turn.acquire()
-                item.held = True
-            return item.held
-        item.held = True
-        return True
+                return True
+            return False
 
     def _hand_out(self, part: FetchResponse.PartitionData, start: int, chunk: Chunk) -> None:
         self.metrics.chunk_bytes.inc(len(chunk.records))

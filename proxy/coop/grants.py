@@ -416,11 +416,13 @@ def _seen(record: Applied) -> Seen:
     return Seen(record.offset, record.ms, start, end, grant.lease_ms, grant.floor)
 
 
-def _stale(ask: Grant, ms: int) -> bool:
+def _stale(ask: Grant, ms: int, between: Sequence[Applied]) -> bool:
     """Whether ``ask``'s view is older than its lease length at ``ms`` (the records its chunk
     needs might be gone from a compacted log). With no base (the log partition was empty
-    in the proposer's view) its ``base_ms`` is the proposer's clock at that view."""
-    return ask.base_ms >= 0 and ms - ask.base_ms > ask.lease_ms
+    in the proposer's view) its ``base_ms`` is the proposer's clock at that view, and it is
+    stale as well when its key has records within a lease length (``between``): it carries
+    no snapshot to place them again from."""
+    return (ask.base_ms >= 0 and ms - ask.base_ms > ask.lease_ms) or (ask.base < 0 and bool(between))
 
 
 def _lease(grant: Grant, chunk: OffsetRange, ms: int) -> Lease:
@@ -442,9 +444,8 @@ def assign(ask: Grant, ms: int, between: Sequence[Applied]) -> tuple[Decision, l
     leases stay as the reader had them). ``between``: the records of its key after its
     base and before it (with no base, those within its lease length before it). The state is
     rebuilt from the ask's snapshot and those records, each placed again in order; records
-    of version 0 keep the chunk they were judged to hold, stale asks none. An ask with no
-    base is stale when ``between`` holds any record."""
-    if _stale(ask, ms) or (ask.base < 0 and between):
+    of version 0 keep the chunk they were judged to hold, stale asks none (``_stale``)."""
+    if _stale(ask, ms, between):
         return Decision(None, STALE), None, ask.floor
     leases = list(ask.held)  # each placement counts those live at its own time
     floor = ask.base_floor
