@@ -146,16 +146,22 @@ class RangeCommit:
     bound; commits already acknowledged elsewhere, such as committed transactions' stages,
     are folded without one).
 
+    ``coordinator``: whether S' of the commit is the coordinator's to hold (forwarded in
+    the client's commit, corrected after a merge that moves it). False for a lift of the
+    log to what the coordinator already holds (``Floor`` edits): nothing is forwarded, and
+    a merge corrects nothing.
+
     Attributes the edge reads: ``foreign_writes`` (keys found written by another instance
     since this one read them), ``over_bound`` (key -> why its commit was refused for the
     bound), ``phase``."""
 
     def __init__(self, commits: dict[TopicPartitionKey, list[Edit]], plain: dict[TopicPartitionKey, int] | None = None, *,
-                 rounds: int = RECONCILE_ROUNDS, max_held: int | None = None) -> None:
+                 rounds: int = RECONCILE_ROUNDS, max_held: int | None = None, coordinator: bool = True) -> None:
         self.commits = commits
         self.plain = plain or {}
         self.rounds = rounds
         self.max_held = max_held
+        self.coordinator = coordinator
         self.foreign_writes = 0
         self.over_bound: dict[TopicPartitionKey, str] = {}
         self.phase = _Phase.PLANNING
@@ -377,7 +383,7 @@ class RangeCommit:
                 redo[key] = state
         self._redo, self._written = redo, written
         self._corrections = {key: state.stable for key, state in redo.items()
-                             if state.stable != self._stable.get(key)}
+                             if state.stable != self._stable.get(key)} if self.coordinator else {}
         if self._corrections:
             self.phase = _Phase.CORRECTING
             return Correct(dict(self._corrections))

@@ -48,7 +48,7 @@ MAX_SHARES = 64
 MIN_SHARES = 2
 
 
-__all__ = ["MAX_OFFSET", "MAX_SHARES", "MIN_SHARES", "STRIPED_MARKS", "CommitState", "Edit", "MarkEdit", "Marks", "apply_edit", "apply_marks",
+__all__ = ["MAX_OFFSET", "MAX_SHARES", "MIN_SHARES", "STRIPED_MARKS", "CommitState", "Edit", "Floor", "MarkEdit", "Marks", "apply_edit", "apply_marks",
            "apply_packed", "apply_plain", "apply_ranges", "check", "check_held", "check_packed", "checked_marks",
            "join", "join_marks", "lift_marks", "normalise", "rebase", "rebase_commit", "settle", "share_count", "stable_after",
            "validate", "watermark_floor"]
@@ -257,10 +257,36 @@ def rebase_commit(ours: CommitState, newer: CommitState | None, commits: Iterabl
 
 
 def apply_edit(state: CommitState, edit: Edit) -> CommitState:
-    """One commit's change to a key: packed ranges, or share watermarks (``MarkEdit``)."""
+    """One commit's change to a key: packed ranges, share watermarks (``MarkEdit``), or a
+    coordinator's committed offset (``Floor``)."""
     if isinstance(edit, MarkEdit):
         return apply_marks(state, edit)
+    if isinstance(edit, Floor):
+        return rebase(state, edit.stable) if state.epoch == edit.epoch else state
     return apply_packed(state, edit)
+
+
+class Floor:
+    """Every offset below ``stable`` is processed, in reset epoch ``epoch``: the
+    coordinator's committed offset where it is above the log's S (a commit whose forward
+    the broker accepted and whose log write never happened, its instance having died in
+    between). Applied as ``rebase``; to a state of another epoch (reset or deleted since
+    the coordinator's offset was read) it adds nothing."""
+
+    __slots__ = ("stable", "epoch")
+
+    def __init__(self, stable: int, epoch: int) -> None:
+        self.stable = stable
+        self.epoch = epoch
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Floor) and (self.stable, self.epoch) == (other.stable, other.epoch)
+
+    def __hash__(self) -> int:
+        return hash((self.stable, self.epoch))
+
+    def __repr__(self) -> str:
+        return f"Floor(stable={self.stable}, epoch={self.epoch})"
 
 
 class MarkEdit:
@@ -295,7 +321,7 @@ class MarkEdit:
         return f"MarkEdit(shares={self.shares}, marks={self.marks}{extra})"
 
 
-Edit = bytes | MarkEdit  # one commit's change to a key
+Edit = bytes | MarkEdit | Floor  # one commit's change to a key
 
 
 def apply_marks(state: CommitState, edit: MarkEdit) -> CommitState:

@@ -30,10 +30,11 @@ from proxy.commits.cluster import CommitLogError
 from proxy.commits.gaps import Gaps
 from proxy.commits.log import CommitLog
 from proxy.commits.metrics import CommitLogMetrics
-from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write
-from proxy.commits.state import CommitState, MarkEdit
+from proxy.commits.range_commit import Answer, Correct, FetchCommitted, Forward, RangeCommit, ReadLogEnd, Write
+from proxy.commits.state import CommitState, Floor, MarkEdit
 from proxy.pipeline import ConnectionContext
 from proxy.pipeline.background import Background
+from proxy.protocol.constants import ErrorCode
 
 log = logging.getLogger("proxy.commits")
 
@@ -239,6 +240,37 @@ class CommitWrites:
         finally:
             if commit.foreign_writes:
                 self._foreign.inc(commit.foreign_writes)
+
+    async def lift(self, group: str, floors: dict[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
+        """Make the log hold every offset below the coordinator's committed offset
+        (``floors``, key -> the offset an OffsetFetch got from it) where that is above the
+        log's S (``read`` first). Returns the keys it could not write (retriable error).
+
+        The coordinator is ahead of the log after an instance died between the broker's
+        acceptance of a range commit and its log write. An OffsetFetch serves the larger
+        of the two, and its member resumes there, never to commit the offsets below again;
+        range commits plan S' from the log, so without the lift the next one would move
+        the coordinator back below them, and S would stay there for good.
+
+        Written as a range commit without the coordinator (``Floor`` edits), and without
+        the key locks: a commit under way through this instance meets it as it would
+        another instance's write (merged, the coordinator corrected), and an OffsetFetch
+        waiting for a lock could wait for a commit pipelined behind it on the client's
+        own connection, whose answer waits for the fetch's."""
+        records = self.log.records(group)
+        edits = {key: [Floor(floor, record[1].epoch)] for key, floor in floors.items()
+                 if (record := records.get(key)) is not None and floor > record[1].stable}
+        if not edits:
+            return {}
+        log.info("individual-commit state behind the coordinator, lifted group=%s keys=%s", group,
+                 {f"{topic}-{partition}": (records[(topic, partition)][1].stable, floors[(topic, partition)])
+                  for topic, partition in edits})
+        commit = RangeCommit(edits, coordinator=False)  # type: ignore[arg-type]  # Floor lists are Edit lists
+        forward = commit.begin(self.log.position(group), records, end_read=False)
+        assert isinstance(forward, Forward)  # every key has a record
+        step = commit.on_response([(key, int(ErrorCode.NONE)) for key in forward.offsets])
+        answer = await self.perform(group, -1, "", None, Planned(commit, trio.Event()), step)
+        return dict(answer.errors)
 
     async def _correct(self, group: str, generation: int, member: str, instance_id: str | None,
                        commit: RangeCommit, step: Correct):

@@ -423,7 +423,21 @@ class IndividualCommitFeature(Feature):
             holder.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return True
         changed = await self._with_shadows(group, topics, states, frame)
+        if states and not await self._lifted(group, topics):
+            holder.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            return True
         return bool(states and merge_fetched(topics, states, self._topic_name)) or changed
+
+    async def _lifted(self, group: str, topics: Sequence[FetchedTopic]) -> bool:
+        """Where the coordinator's committed offset is above the log's S, write it into the
+        log before it is served (``CommitWrites.lift`` says why); whether that went well."""
+        floors = {(self._topic_name(topic), part.partition_index): part.committed_offset
+                  for topic in topics for part in topic.partitions if part.error_code == ErrorCode.NONE}
+        failed = await self.writes.lift(group, floors)
+        if failed:
+            log.warning("individual-commit state not lifted to the coordinator's offsets group=%s keys=%s",
+                        group, sorted(failed))
+        return not failed
 
     async def _with_shadows(self, group: str, topics: Sequence[FetchedTopic], states: dict[TopicPartitionKey, CommitState],
                             frame: bytes | bytearray) -> bool:

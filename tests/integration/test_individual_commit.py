@@ -361,6 +361,37 @@ def test_a_second_instance_writing_between_two_commits_is_detected_and_merged(ka
             {0: (30, []), 1: (1, [(10, 10), (20, 20)]), 2: (2, [(5, 7)]), 3: (0, [(10, 12)])}
 
 
+def test_an_offset_served_from_the_coordinator_is_never_committed_back_below(kafka, proxy, proxy_factory,
+                                                                            topic_factory):
+    """An instance killed between the broker's acceptance of a range commit and its log
+    write leaves the coordinator at S' and the log at the state before. The member starts
+    again through another instance, whose OffsetFetch serves S' (the larger of the two), so
+    it resumes there and never commits the offsets below S' again. The next range commit,
+    planned from the log, must not move the coordinator back below S': nobody would close
+    that gap any more, and S would stay below it for good (before the OffsetFetch wrote S'
+    into the log, a group of key-range members was seen stuck so for a whole run)."""
+    other = proxy_factory(kafka)
+    topic = topic_factory(kafka, partitions=1)
+    group = _group()
+    with CommitClient(proxy.bootstrap_servers, group) as a:
+        assert a.commit(topic, {0: [(0, 4), (10, 14)]}) == {0: (0, 5)}
+    # What instance A's forward of a commit of [5, 9] and [15, 19] left before A died: S' = 20
+    # at the coordinator, nothing in the log.
+    with CommitClient(kafka.bootstrap_servers, group) as direct:
+        assert direct.commit(topic, {0: 20}) == {0: (0, -1)}
+    with CommitClient(other.bootstrap_servers, group) as b:
+        assert b.fetch(topic, [0]) == {0: (20, [])}  # where the member starting again resumes
+        assert b.commit(topic, {0: [(22, 24)]}) == {0: (0, 20)}  # another member, from the log
+        with CommitClient(kafka.bootstrap_servers, group) as direct:
+            assert direct.fetch(topic, [0]) == {0: (20, [])}
+        assert b.commit(topic, {0: [(20, 21)]}) == {0: (0, 25)}
+    for instance in (proxy, other, proxy_factory(kafka)):  # a fresh instance rebuilds the same from the log
+        with CommitClient(instance.bootstrap_servers, group) as client:
+            assert client.fetch(topic, [0]) == {0: (25, [])}
+    with CommitClient(kafka.bootstrap_servers, group) as direct:
+        assert direct.fetch(topic, [0]) == {0: (25, [])}
+
+
 def test_two_instances_committing_one_partition_at_once_lose_no_acknowledged_range(kafka, proxy, proxy_factory,
                                                                                     topic_factory):
     """Commits to the same partition through two instances at the same time: whatever the

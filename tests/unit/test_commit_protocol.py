@@ -19,7 +19,7 @@ from proxy.commits.range_commit import (
     ReadWindow,
     Write,
 )
-from proxy.commits.state import CommitState, apply_ranges
+from proxy.commits.state import CommitState, Floor, apply_edit, apply_ranges
 from proxy.protocol.constants import ErrorCode
 
 K = ("orders", 0)
@@ -315,3 +315,55 @@ def test_a_state_over_the_bound_still_takes_commits_that_close_its_gaps():
     machine = RangeCommit({K: commit_of((30, 30))}, {K: 50}, max_held=2)
     assert machine.begin(10, records, end_read=False).refused == {K: OVER_BOUND}
     assert machine.planned(K) is None
+
+
+# -- a lift of the log to the coordinator's committed offset (an OffsetFetch that serves it) --------
+def lifted(records, floors, *, position=10) -> tuple[RangeCommit, Write]:
+    machine = RangeCommit({key: [Floor(floor, records[key][1].epoch)] for key, floor in floors.items()},
+                          coordinator=False)
+    forward = machine.begin(position, records, end_read=False)
+    assert isinstance(forward, Forward)  # what S' would be: nothing is forwarded
+    write = machine.on_response([(key, ErrorCode.NONE) for key in forward.offsets])
+    assert isinstance(write, Write)
+    return machine, write
+
+
+def test_a_floor_lifts_s_and_drops_the_ranges_below_it_in_its_epoch_only():
+    state = CommitState(5, ((10, 14), (22, 24)), epoch=3)
+    assert apply_edit(state, Floor(20, 3)) == CommitState(20, ((22, 24),), epoch=3)
+    assert apply_edit(state, Floor(22, 3)) == CommitState(25, (), epoch=3)  # S moves on over a range at S
+    assert apply_edit(state, Floor(4, 3)) == state  # the log holds more already
+    assert apply_edit(state, Floor(20, 2)) == state  # reset since the coordinator's offset was read
+
+
+def test_a_lift_writes_what_the_coordinator_holds_into_the_log():
+    machine, write = lifted({K: (7, CommitState(5, ((10, 14), (22, 24))))}, {K: 20})
+    assert write.states == {K: CommitState(20, ((22, 24),))}
+    assert machine.on_written(10) == Answer({}, {K: 20})
+
+
+def test_a_lift_merges_another_write_in_its_window_and_corrects_no_coordinator():
+    machine, _ = lifted({K: (7, CommitState(5, ((10, 14),)))}, {K: 20})
+    assert machine.on_written(12) == ReadWindow(10, 12, frozenset({K}))
+    # Another instance's commit of [20, 24] landed before ours: S moves past the floor, and
+    # the union is written again without a word to the coordinator (its commit said so).
+    write = machine.on_window({K: (11, CommitState(5, ((10, 14), (20, 24))))}, 12)
+    assert write == Write({K: CommitState(25)})
+    assert machine.on_written(13) == Answer({}, {K: 25})
+
+
+def test_a_lift_meeting_a_reset_writes_the_reset_again_and_lifts_nothing():
+    machine, _ = lifted({K: (7, CommitState(5, ((10, 14),), epoch=1))}, {K: 20})
+    assert machine.on_written(12) == ReadWindow(10, 12, frozenset({K}))
+    # A plain commit to 3 landed before ours: ours (of the older epoch) must not stay newest.
+    write = machine.on_window({K: (11, CommitState(3, (), epoch=2))}, 12)
+    assert write == Write({K: CommitState(3, (), epoch=2)})
+    assert machine.on_written(13) == Answer({}, {K: 3})
+
+
+def test_a_lift_meeting_a_deletion_leaves_s_0_in_a_new_epoch_as_a_range_commit_would():
+    machine, _ = lifted({K: (7, CommitState(5, (), epoch=1))}, {K: 20})
+    assert machine.on_written(12) == ReadWindow(10, 12, frozenset({K}))
+    write = machine.on_window({K: (11, None)}, 12)  # the tombstone came before our record
+    assert write == Write({K: CommitState(0, (), epoch=2)})  # nothing of the deleted state comes back
+    assert machine.on_written(13) == Answer({}, {K: 0})
