@@ -177,7 +177,7 @@ REFUSED = 'kafka_proxy_client_connections_refused_total{reason="max_connections"
 SETUP_CLOSED = 'kafka_proxy_client_connections_closed_total{reason="setup_timeout"}'
 GC_FULL_SECONDS = 'kafka_proxy_gc_pause_seconds_total{generation="2"}'
 GC_FULL_RUNS = 'kafka_proxy_gc_collections_total{generation="2"}'
-FROZEN = "kafka_proxy_gc_frozen_objects"
+HEAP_BLOCKS = "kafka_proxy_heap_blocks"
 FROZEN_WALKS = "kafka_proxy_gc_frozen_walks_total"
 STOCK = {"memory.gc.freeze.interval.ms": "0"}  # the collector as CPython sets it (frozen once at start)
 
@@ -288,7 +288,7 @@ async def churn_soak(port: int, url: str, pid: int, minutes: float, churn: int, 
                      say) -> list[dict]:
     """With the held connections open: every second ``churn`` connections are opened, have
     an ApiVersions answered and close, for ``minutes``; every ``interval`` seconds the
-    proxy's RSS, frozen objects and walks of the frozen heap are sampled."""
+    proxy's RSS, heap blocks and walks of the frozen heap are sampled."""
     samples: list[dict] = []
     began = trio.current_time()
     end = began + minutes * 60
@@ -298,7 +298,7 @@ async def churn_soak(port: int, url: str, pid: int, minutes: float, churn: int, 
         while trio.current_time() < end:
             values = await trio.to_thread.run_sync(scrape, url)
             samples.append({"seconds": round(trio.current_time() - began, 1), "proxy_rss_bytes": rss_bytes(pid),
-                            "frozen_objects": values.get(FROZEN, 0.0), "frozen_walks": values.get(FROZEN_WALKS, 0.0),
+                            "heap_blocks": values.get(HEAP_BLOCKS, 0.0), "frozen_walks": values.get(FROZEN_WALKS, 0.0),
                             "gc_full_seconds": values.get(GC_FULL_SECONDS, 0.0), "churned": opened_total})
             await trio.sleep(interval)
 
@@ -314,7 +314,7 @@ async def churn_soak(port: int, url: str, pid: int, minutes: float, churn: int, 
             await trio.sleep_until(second)
     last = samples[-1]
     say(f"soak {minutes:g} min, {opened_total:,} connections churned: rss {last['proxy_rss_bytes'] / 2**20:.1f} MiB, "
-        f"frozen {last['frozen_objects']:,.0f}, walks {last['frozen_walks']:.0f}")
+        f"heap blocks {last['heap_blocks']:,.0f}, walks {last['frozen_walks']:.0f}")
     return samples
 
 
@@ -547,7 +547,7 @@ def summarise(report: dict, args) -> None:
                                    for w in windows], higher_is_better=False).as_dict())
     soak = report.get("soak")
     if soak:
-        for key, title in (("proxy_rss_bytes", "RSS"), ("frozen_objects", "frozen objects")):
+        for key, title in (("proxy_rss_bytes", "RSS"), ("heap_blocks", "heap blocks")):
             report["rows"].append(Row(f"soak: {title} growth per hour", f"{top:,} held, {args.churn}/s churned", "%",
                                       [100 * growth_per_hour(soak, key)], higher_is_better=False).as_dict())
     rows = {r["group"]: r for r in report["rows"]}
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.beyond} more send ApiVersions. Silent connections (no request) on a fresh proxy in the same steps. "
         f"{args.crowd:,} silent connections on a proxy with connections.setup.timeout.ms = "
         f"{args.crowd_timeout * 1000:.0f}. Soak: {args.soak_minutes:g} min with the {top:,} held open, {args.churn} "
-        f"connections opened (ApiVersions answered) and closed each second; RSS and frozen objects sampled every "
+        f"connections opened (ApiVersions answered) and closed each second; RSS and heap blocks sampled every "
         f"10 s, growth per hour the least-squares slope after the first quarter over the mean.",
         {"steps": args.steps, "active": args.active, "window_s": args.window, "warmup_s": args.warmup,
          "pace_ms": args.pace_ms, "rounds": args.rounds, "beyond": args.beyond, "crowd": args.crowd,

@@ -12,17 +12,24 @@ of them paused the proxy 0.4-0.9 s every few seconds under load (closed-loop req
 what is not frozen yet, so no dead cycle is frozen), so the collector's own collections
 walk only what was allocated since. Frozen objects are still freed by their
 reference counts the moment they die; only cycles among them wait. Those are reclaimed by
-``FullCollectionPolicy``: once the frozen heap has grown by a quarter (and at least
-``FLOOR`` objects) since it was last walked, it is unfrozen, collected whole and frozen
-again. That is CPython's own rule applied to the frozen heap, so cyclic garbage stays
-bounded by a quarter of the live heap while a steady crowd of connections costs no walk
-at all; a growing one costs walks in a geometric series, as it would without freezing.
+``FullCollectionPolicy``: once the heap has grown by a quarter (and at least ``FLOOR``
+blocks) since it was last walked, it is unfrozen, collected whole and frozen again. That
+is CPython's own rule applied to the frozen heap, so cyclic garbage stays bounded by a
+quarter of the live heap while a steady crowd of connections costs no walk at all; a
+growing one costs walks in a geometric series, as it would without freezing.
+
+The heap is measured in the allocator's blocks in use (``sys.getallocatedblocks``: a sum
+over its pools, about 0.2 ms), never by counting the frozen objects: ``gc.get_freeze_count``
+follows a linked list through every one of them, and over the scattered heap of 5,000
+connections that took 0.1-0.3 s, a pause of its own at every step and every scrape of the
+metrics (measured: paced p99 97-113 ms against 1.3-4.9 ms for a proxy holding none).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,23 +39,28 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger("proxy.memory")
 
-GROWTH = 0.25  # the share of the last walked frozen heap that may be added before the next walk
-FLOOR = 100_000  # objects: below this much growth a walk is never worth its pause
+GROWTH = 0.25  # the share of the heap after the last walk that may be added before the next walk
+FLOOR = 400_000  # blocks (about 100,000 objects): below this much growth a walk is never worth its pause
+
+
+def heap_blocks() -> int:
+    """The allocator's blocks in use: every small object, tracked by the collector or not."""
+    return sys.getallocatedblocks()
 
 
 @dataclass
 class FullCollectionPolicy:
-    """When the frozen heap is walked again: pure arithmetic over object counts."""
+    """When the frozen heap is walked again: pure arithmetic over heap sizes (blocks)."""
 
-    walked: int  # frozen objects right after the last full collection
+    walked: int  # the heap right after the last full collection
     growth: float = GROWTH
     floor: int = FLOOR
 
-    def due(self, frozen: int) -> bool:
-        return frozen - self.walked > max(self.floor, self.walked * self.growth)
+    def due(self, heap: int) -> bool:
+        return heap - self.walked > max(self.floor, self.walked * self.growth)
 
-    def collected(self, frozen: int) -> None:
-        self.walked = frozen
+    def collected(self, heap: int) -> None:
+        self.walked = heap
 
 
 @dataclass
@@ -80,7 +92,7 @@ class CollectorTuner:
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.clock = PauseClock()
-        self.policy = FullCollectionPolicy(walked=gc.get_freeze_count())
+        self.policy = FullCollectionPolicy(walked=heap_blocks())
         self.full_walks = 0
         self.full_walk_seconds = 0.0
 
@@ -102,8 +114,8 @@ class CollectorTuner:
         walks only what was allocated since the last freeze."""
         gc.collect()
         gc.freeze()
-        frozen = gc.get_freeze_count()
-        if not self.policy.due(frozen):
+        before = heap_blocks()
+        if not self.policy.due(before):
             return False
         started = time.perf_counter()
         gc.unfreeze()
@@ -112,8 +124,8 @@ class CollectorTuner:
         took = time.perf_counter() - started
         self.full_walks += 1
         self.full_walk_seconds += took
-        after = gc.get_freeze_count()
-        log.info("walked the frozen heap objects_before=%d objects_after=%d seconds=%.3f", frozen, after, took)
+        after = heap_blocks()
+        log.info("walked the frozen heap blocks_before=%d blocks_after=%d seconds=%.3f", before, after, took)
         self.policy.collected(after)
         return True
 
@@ -123,7 +135,7 @@ class CollectorTuner:
             task_status.started()
             if self.interval <= 0:
                 await trio.sleep_forever()
-            self.policy.collected(gc.get_freeze_count())
+            self.policy.collected(heap_blocks())
             while True:
                 await trio.sleep(self.interval)
                 self.step()
@@ -145,9 +157,9 @@ class CollectorTuner:
         yield GaugeMetricFamily("kafka_proxy_gc_longest_pause_seconds",
                                 "The longest single garbage collection since the proxy started.",
                                 value=self.clock.longest)
-        yield GaugeMetricFamily("kafka_proxy_gc_frozen_objects",
-                                "Objects in the permanent generation, never walked by the collector's own "
-                                "collections (memory.gc.freeze.interval.ms).", value=gc.get_freeze_count())
+        yield GaugeMetricFamily("kafka_proxy_heap_blocks",
+                                "The allocator's blocks in use (sys.getallocatedblocks): what the walks of the "
+                                "frozen heap are decided on (memory.gc.freeze.interval.ms).", value=heap_blocks())
         yield CounterMetricFamily("kafka_proxy_gc_frozen_walks",
                                   "Full collections of the frozen heap, once it grew by a quarter.",
                                   value=self.full_walks)

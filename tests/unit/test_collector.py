@@ -9,18 +9,18 @@ import weakref
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from proxy.server.collector import FLOOR, CollectorTuner, FullCollectionPolicy, PauseClock
+from proxy.server.collector import FLOOR, CollectorTuner, FullCollectionPolicy, PauseClock, heap_blocks
 
 
 def test_a_steady_heap_is_never_walked_again():
-    policy = FullCollectionPolicy(walked=700_000)
-    assert not any(policy.due(700_000 + drift) for drift in range(-50_000, 170_000, 10_000))
+    policy = FullCollectionPolicy(walked=2_800_000)
+    assert not any(policy.due(2_800_000 + drift) for drift in range(-200_000, 700_000, 40_000))
 
 
 def test_a_quarter_of_growth_is_due():
-    policy = FullCollectionPolicy(walked=700_000)
-    assert not policy.due(875_000)
-    assert policy.due(875_001)
+    policy = FullCollectionPolicy(walked=2_800_000)
+    assert not policy.due(3_500_000)
+    assert policy.due(3_500_001)
 
 
 def test_a_small_heap_waits_for_the_floor():
@@ -30,12 +30,12 @@ def test_a_small_heap_waits_for_the_floor():
 
 
 def test_growth_walks_in_a_geometric_series():
-    """A heap growing from 100,000 to 10,000,000 objects is walked O(log) times."""
-    policy = FullCollectionPolicy(walked=100_000)
+    """A heap growing from 400,000 to 40,000,000 blocks is walked O(log) times."""
+    policy = FullCollectionPolicy(walked=400_000)
     walks = 0
-    for frozen in range(100_000, 10_000_001, 1_000):
-        if policy.due(frozen):
-            policy.collected(frozen)
+    for heap in range(400_000, 40_000_001, 4_000):
+        if policy.due(heap):
+            policy.collected(heap)
             walks += 1
     assert 10 <= walks <= 25
 
@@ -63,7 +63,7 @@ def test_a_step_freezes_survivors_and_walks_when_due(frozen_heap):
     assert tuner.step()  # grown past nothing: walked
     assert tuner.full_walks == 1
     assert gc.get_freeze_count() >= len(survivors)
-    tuner.policy = FullCollectionPolicy(walked=gc.get_freeze_count())
+    tuner.policy = FullCollectionPolicy(walked=heap_blocks())
     assert not tuner.step()  # nothing new: only frozen
     assert tuner.full_walks == 1
 
@@ -73,7 +73,7 @@ def test_cycles_among_frozen_objects_are_reclaimed_by_the_walk(frozen_heap):
         pass
 
     tuner = CollectorTuner(interval=1.0)
-    tuner.policy = FullCollectionPolicy(walked=gc.get_freeze_count(), floor=10**9)
+    tuner.policy = FullCollectionPolicy(walked=heap_blocks(), floor=10**9)
     first, second = Node(), Node()
     first.other, second.other = second, first
     alive = weakref.ref(first)
@@ -97,6 +97,6 @@ def test_metrics_report_pauses_and_the_frozen_heap():
         tuner.uninstall()
     text = generate_latest(registry).decode()
     assert 'kafka_proxy_gc_collections_total{generation="2"} 1.0' in text
-    assert "kafka_proxy_gc_frozen_objects" in text
+    assert "kafka_proxy_heap_blocks" in text
     assert "kafka_proxy_gc_frozen_walks_total 0.0" in text
     assert "kafka_proxy_gc_longest_pause_seconds" in text

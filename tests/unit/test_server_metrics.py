@@ -4,42 +4,17 @@ collector's memory and file descriptors, on the proxy's own registry."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
-from typing import Any
 
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.server.metrics import ProxyMetrics, count_tasks, live_trio_tasks, serve_metrics
-
-
-def _task(*nurseries: list[Any]) -> Any:
-    """A stand-in for a trio task: only what ``count_tasks`` reads."""
-    return SimpleNamespace(child_nurseries=[SimpleNamespace(child_tasks=list(tasks)) for tasks in nurseries])
+from proxy.server.metrics import ProxyMetrics, live_trio_tasks, serve_metrics
 
 
 def _samples(text: str) -> dict[str, float]:
     return {sample.name: sample.value for family in text_string_to_metric_families(text)
             for sample in family.samples if not sample.labels}
-
-
-def test_count_tasks_counts_the_root_and_every_descendant_through_nested_nurseries() -> None:
-    leaf = _task()
-    assert count_tasks(leaf) == 1
-    # root -> nursery A (2 tasks, one with its own two nurseries) + empty nursery B
-    inner = _task([_task(), _task()], [_task([_task()])])
-    root = _task([leaf, inner], [])
-    assert count_tasks(root) == 1 + 2 + 2 + 1 + 1
-
-
-def test_count_tasks_is_not_limited_by_the_recursion_depth() -> None:
-    root = current = _task()
-    for _ in range(5000):
-        child = _task()
-        current.child_nurseries = [SimpleNamespace(child_tasks=[child])]
-        current = child
-    assert count_tasks(root) == 5001
 
 
 def test_live_tasks_outside_a_trio_run_are_not_a_number() -> None:
