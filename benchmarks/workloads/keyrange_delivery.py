@@ -51,6 +51,7 @@ from proxy.records.batch import RecordBatch, iter_batches
 
 TOPIC = "krd-delivery"
 KINDS = ("trio Consumer", "raw client", "floor", "share group")  # of keyrange_delivery; "instances" on its own
+FLOOR_GOALS = {4: 0.95, 16: 0.80}  # N -> the least share of the floor's records/s raw range clients reach
 
 
 def raw_clients(bootstrap: str | list[str], n: int | None, end: int, *, max_bytes: int = 1 << 20) -> tuple[float, int]:
@@ -297,6 +298,10 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
     for kind in kinds:
         if kind in ("trio Consumer", "raw client") and 4 in consumers:
             goals.append(goal(f"{kind}: N=4 aggregate >= 0.5 x direct", by[(kind, "N=4 range consumers")].ratio, 0.5))
+    for n, least in FLOOR_GOALS.items():  # what a relay that only splits reaches is the ceiling
+        row = by.get(("proxy against the floor", f"raw client N={n}"))
+        if row is not None:
+            goals.append(goal(f"raw client N={n} >= {least} x a relay splitting into N (the floor)", row.ratio, least))
     for n in (4, 16):
         if n in consumers and amplification[n]:
             goals.append(goal(f"broker read amplification at N={n} <= 1.1",
