@@ -119,6 +119,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                              "kernels built in place), e.g. in-memory=/tmp/coop-before")
     parser.add_argument("--coop-cases", nargs="+", choices=("delivery", "work", "hot"),
                         help="coop: run only these cases (default: all)")
+    parser.add_argument("--coop-contenders", nargs="+", choices=("coop", "share", "striped", "keyrange"),
+                        help="coop: run only these of the base contenders (default: all; coop xR follow --instances)")
     parser.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     parser.add_argument("--output-dir", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)

@@ -79,6 +79,8 @@ Fetch and OffsetCommit latency, and per-member counts.
     python -m benchmarks coop --coop-build in-memory=/tmp/coop-before   # about 20 minutes
     python -m benchmarks coop --quick         # 1 round, small topics: about 3-4 minutes
     python -m benchmarks coop --rounds 2 --coop-seconds 6
+    python -m benchmarks coop --coop-cases delivery --coop-contenders coop --workers 4 16 --instances 1 3 \
+        --coop-delivery-records 4000000      # longer runs without work, 1 against 3 instances only
 
 Not in the default set of ``python -m benchmarks``: run it by name. It holds
 ``/tmp/keyrange-bench.lock`` like every benchmark there (do not wrap it in ``flock`` on that
@@ -160,8 +162,10 @@ def spread(contender: str) -> int:
 
 def contenders(args, case: str, n: int) -> tuple[str, ...]:
     """The contenders of ``case`` with N = ``n``: the base ones, then ``coop xR`` for every
-    R > 1 of ``--instances`` with N >= R, then the other build (``--coop-build``) by name."""
-    out = CONTENDERS[case]
+    R > 1 of ``--instances`` with N >= R, then the other build (``--coop-build``) by name;
+    ``--coop-contenders`` keeps only the base ones it names."""
+    chosen = args.coop_contenders
+    out = tuple(c for c in CONTENDERS[case] if not chosen or c in chosen)
     if case in SPREAD_CASES:
         out += tuple(f"coop x{r}" for r in sorted(set(args.instances)) if 1 < r <= n)
         if args.coop_build:
@@ -928,7 +932,7 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
                     goals.append(goal(f"{what}: coop N={n} on {r} instances >= on 1",
                                       ratio(prefix, f"coop N={n}, {r} instances", f"coop N={n}, 1 instance"),
                                       GOAL_INSTANCES))
-    if args.coop_cases:  # the cases left out measured nothing
+    if args.coop_cases or args.coop_contenders:  # what was left out measured nothing
         goals = [g for g in goals if g["measured"] is not None]
     goals.append(goal("runs that failed, stalled, missed an offset or did not commit to the log end", len(failures), 0,
                       at_least=False))
