@@ -6,10 +6,11 @@ request.
 
 Resource use, for soak runs and dashboards: ``process_resident_memory_bytes``,
 ``process_open_fds`` and the rest of prometheus_client's process collector (read from
-/proc/self when scraped), and ``kafka_proxy_trio_tasks``, the live trio tasks as trio's
-run statistics count them (the endpoint runs in the proxy's trio thread). Nothing scraped
-walks the connections: with 5,000 held, a walk of the task tree paused the proxy for
-tens of milliseconds at every scrape.
+/proc/self when scraped, on a worker thread), and ``kafka_proxy_trio_tasks``, the live trio
+tasks as trio's run statistics count them (the endpoint runs in the proxy's trio thread).
+Nothing scraped on the event loop walks the connections: a walk of the task tree of 5,000
+connections (15,000 tasks) took 6.5 ms on a warm heap, and listing their 10,000
+descriptors 6-20 ms, each a pause at every scrape.
 """
 
 from __future__ import annotations
