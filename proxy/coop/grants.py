@@ -637,11 +637,10 @@ class KeyGrants:
                 return None
         return None
 
-    def release(self, committed: Committed) -> int:
+    def release(self, committed: Committed) -> None:
         """The group committed ``committed``: the leases it covers whole are over here (they
         stay in the snapshots this instance writes: the log's state is the log's)."""
         self.done = committed
-        return sum(1 for lease in self.leases if committed.covers(lease.start, lease.end))
 
     def next_span(self, member: str, token: int, committed: Committed, now_ms: int,
                   max_leases: int) -> Span | None:

@@ -36,8 +36,11 @@ def java_string_hash(text: str) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
+@functools.lru_cache(maxsize=4096)
 def group_partition(group: str, partitions: int) -> int:
-    """``Utils.abs(group.hashCode()) % partitions``; Utils.abs(Integer.MIN_VALUE) is 0."""
+    """``Utils.abs(group.hashCode()) % partitions``; Utils.abs(Integer.MIN_VALUE) is 0.
+    Remembered for the groups seen last: the commit and grants logs ask it on every request
+    of a group (a Python loop over the name's characters)."""
     value = java_string_hash(group)
     value = 0 if value == -(1 << 31) else abs(value)
     return value % partitions
