@@ -39,6 +39,7 @@ from proxy.commits.packed import RANGE_SIZE
 from proxy.commits.state import (
     CommitState,
     Edit,
+    Floor,
     apply_edit,
     apply_packed,
     apply_plain,
@@ -414,3 +415,22 @@ class RangeCommit:
         stable = {key: state.stable for key, state in self._accepted.items()
                   if key in self.commits and key not in self._errors}
         return Answer(dict(self._errors), stable)
+
+
+def lift_commit(records: dict[TopicPartitionKey, AppliedState], floors: dict[TopicPartitionKey, int],
+                position: int) -> tuple[RangeCommit, Write] | None:
+    """A lift of the log to the coordinator's committed offsets (``floors``) where they are
+    above the log's S (``records``: what this instance read, up to ``position``): a range
+    commit of ``Floor`` edits that forwards nothing, at its first write. None when no key
+    needs one (a key the log holds no record of is served from the coordinator alone)."""
+    edits: dict[TopicPartitionKey, list[Edit]] = {
+        key: [Floor(floor, record[1].epoch)] for key, floor in floors.items()
+        if (record := records.get(key)) is not None and floor > record[1].stable}
+    if not edits:
+        return None
+    commit = RangeCommit(edits, coordinator=False)
+    forward = commit.begin(position, records, end_read=False)
+    assert isinstance(forward, Forward)  # every key has a record: S' is known without the coordinator
+    write = commit.on_response([(key, int(ErrorCode.NONE)) for key in forward.offsets])
+    assert isinstance(write, Write)  # no log end read, nothing refused: the write comes first
+    return commit, write

@@ -27,6 +27,7 @@ through.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from proxy.commits import packed as kernels
 from proxy.commits.gaps import Gaps, lift
@@ -266,6 +267,7 @@ def apply_edit(state: CommitState, edit: Edit) -> CommitState:
     return apply_packed(state, edit)
 
 
+@dataclass(frozen=True, slots=True)
 class Floor:
     """Every offset below ``stable`` is processed, in reset epoch ``epoch``: the
     coordinator's committed offset where it is above the log's S (a commit whose forward
@@ -273,20 +275,8 @@ class Floor:
     between). Applied as ``rebase``; to a state of another epoch (reset or deleted since
     the coordinator's offset was read) it adds nothing."""
 
-    __slots__ = ("stable", "epoch")
-
-    def __init__(self, stable: int, epoch: int) -> None:
-        self.stable = stable
-        self.epoch = epoch
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Floor) and (self.stable, self.epoch) == (other.stable, other.epoch)
-
-    def __hash__(self) -> int:
-        return hash((self.stable, self.epoch))
-
-    def __repr__(self) -> str:
-        return f"Floor(stable={self.stable}, epoch={self.epoch})"
+    stable: int
+    epoch: int
 
 
 class MarkEdit:

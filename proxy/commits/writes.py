@@ -30,11 +30,10 @@ from proxy.commits.cluster import CommitLogError
 from proxy.commits.gaps import Gaps
 from proxy.commits.log import CommitLog
 from proxy.commits.metrics import CommitLogMetrics
-from proxy.commits.range_commit import Answer, Correct, FetchCommitted, Forward, RangeCommit, ReadLogEnd, Write
-from proxy.commits.state import CommitState, Floor, MarkEdit
+from proxy.commits.range_commit import Answer, Correct, FetchCommitted, RangeCommit, ReadLogEnd, Write, lift_commit
+from proxy.commits.state import CommitState, MarkEdit
 from proxy.pipeline import ConnectionContext
 from proxy.pipeline.background import Background
-from proxy.protocol.constants import ErrorCode
 
 log = logging.getLogger("proxy.commits")
 
@@ -258,18 +257,14 @@ class CommitWrites:
         waiting for a lock could wait for a commit pipelined behind it on the client's
         own connection, whose answer waits for the fetch's."""
         records = self.log.records(group)
-        edits = {key: [Floor(floor, record[1].epoch)] for key, floor in floors.items()
-                 if (record := records.get(key)) is not None and floor > record[1].stable}
-        if not edits:
+        lift = lift_commit(records, floors, self.log.position(group))
+        if lift is None:
             return {}
+        commit, write = lift
         log.info("individual-commit state behind the coordinator, lifted group=%s keys=%s", group,
                  {f"{topic}-{partition}": (records[(topic, partition)][1].stable, floors[(topic, partition)])
-                  for topic, partition in edits})
-        commit = RangeCommit(edits, coordinator=False)  # type: ignore[arg-type]  # Floor lists are Edit lists
-        forward = commit.begin(self.log.position(group), records, end_read=False)
-        assert isinstance(forward, Forward)  # every key has a record
-        step = commit.on_response([(key, int(ErrorCode.NONE)) for key in forward.offsets])
-        answer = await self.perform(group, -1, "", None, Planned(commit, trio.Event()), step)
+                  for topic, partition in commit.commits})
+        answer = await self.perform(group, -1, "", None, Planned(commit, trio.Event()), write)
         return dict(answer.errors)
 
     async def _correct(self, group: str, generation: int, member: str, instance_id: str | None,
