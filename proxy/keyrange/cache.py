@@ -287,13 +287,31 @@ class ActiveRangeSets:
         self.max_sets = max_sets_per_partition
         self.on_expire = on_expire
         self._seen: dict[PartitionId, dict[RangeSet, float]] = {}
+        # the offset after the furthest read split for a partition's sets (``frontier``)
+        self._frontier: dict[PartitionId, int] = {}
+        self._joined: dict[PartitionId, float] = {}  # when a set last joined a partition's
         self._swept = -float("inf")
+
+    def read(self, partition: PartitionId, next_offset: int) -> None:
+        """A read of ``partition`` ending before ``next_offset`` was split for its sets."""
+        if partition in self._seen and next_offset > self._frontier.get(partition, -1):
+            self._frontier[partition] = next_offset
+
+    def settled(self, partition: PartitionId, now: float, seconds: float) -> bool:
+        """Whether no range set has joined ``partition``'s in the last ``seconds``."""
+        return now - self._joined.get(partition, -float("inf")) >= seconds
+
+    def frontier(self, partition: PartitionId) -> int:
+        """The offset after the furthest read of ``partition`` split while it had sets (-1:
+        none): below it, a consumer is catching up with reads made for others."""
+        return self._frontier.get(partition, -1)
 
     def touch(self, partition: PartitionId, ranges: RangeSet, now: float) -> None:
         if now - self._swept >= self.ttl / 4:
             self.sweep(now)
         sets = self._seen.setdefault(partition, {})
-        sets.pop(ranges, None)
+        if sets.pop(ranges, None) is None:
+            self._joined[partition] = now
         sets[ranges] = now
         if len(sets) > self.max_sets:
             oldest = next(iter(sets))
@@ -314,6 +332,8 @@ class ActiveRangeSets:
             self._expire(partition, sets, now)
             if not sets:
                 del self._seen[partition]
+                self._frontier.pop(partition, None)
+                self._joined.pop(partition, None)
 
     def _expire(self, partition: PartitionId, sets: dict[RangeSet, float], now: float) -> None:
         expired = [r for r, seen in sets.items() if now - seen > self.ttl]

@@ -41,6 +41,7 @@ from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import FetchRequest, FetchResponse
 from proxy.protocol.values import strip_extensions
+from proxy.records.batch import cut_after
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
 from proxy.records.split import SetStats, SplitResult, filter_by_offsets, match_offsets, split_records
@@ -68,6 +69,7 @@ class FilterStats:
     records_dropped: int = 0
     partitions_filtered: int = 0
     partitions_refused: int = 0
+    shares_cut: int = 0  # cached shares served in parts (larger than the fetching consumer's limit)
     broker_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
     touched: set[tuple[str, int]] = field(default_factory=set)  # since the last export
 
@@ -81,6 +83,9 @@ class FetchPlan:
     upstream_body: FetchRequest | None  # None: answer entirely from the cache
     request: FetchRequest  # the client's request (``upstream_body`` becomes what goes upstream)
     hits: dict[PartitionKey, CachedShare] = field(default_factory=dict)
+    # partitions read from the broker only to learn that it serves them on this connection
+    # (``probe_reads``): one batch at most, split for the requester alone
+    probes: set[PartitionKey] = field(default_factory=set)
     fetch_offsets: dict[PartitionKey, int] = field(default_factory=dict)
     names: dict[PartitionKey, str] = field(default_factory=dict)
     sessionless: bool = False
@@ -102,6 +107,28 @@ class Prefetch:
     isolation_level: int
     positions: dict[tuple[str, int], int]
     body: FetchRequest
+    read_bytes: int = 0  # the partitions' limits summed: what its answer may hold
+    wide: int = 0  # partitions read beyond their consumer's limit
+
+
+# Each range set's share of a wide read-ahead is sized at this fraction of its consumer's
+# limit: with keys spread evenly the shares of one read differ by a few percent, and a
+# share above the limit is served in two answers (``KeyRangeEngine._head``).
+SHARE_FILL = 7 / 8
+# Reads ahead stay narrow (the consumer's limit) until no range set has joined the
+# partition for this long: a wide read made before the last consumer joined is read again
+# for it (16 consumers starting together joined over 65 ms, measured).
+SETTLE_SECONDS = 0.1
+# A probe's partition limit: the least the broker accepts, and it returns a whole batch
+# anyway when the partition is the first in its answer with any (KIP-74), none otherwise.
+PROBE_BYTES = 1
+
+
+def read_ahead_bytes(limit: int, sets: int, max_read_bytes: int, room: int) -> int:
+    """The partition limit of a read-ahead for ``sets`` range sets whose consumer asked for
+    ``limit`` bytes: ``limit`` per set (``SHARE_FILL`` of it), at most ``max_read_bytes``
+    and ``room``, and never less than ``limit`` (the consumer's own read)."""
+    return max(limit, min(int(limit * sets * SHARE_FILL), max_read_bytes, room))
 
 
 @dataclass(slots=True)
@@ -233,13 +260,53 @@ class KeyRangeEngine:
                 continue  # offsets-only shares never replace a broker read
             share = self.cache.take(partition_id, chosen, plan.fetch_offsets[pk], plan.isolation_level)
             if share is not None and share.records is not None:
-                plan.hits[pk] = share
+                requested = plan.requested.get(pk)
+                plan.hits[pk] = share if requested is None else self._head(share, requested[1].partition_max_bytes)
+
+    def _head(self, share: CachedShare, limit: int) -> CachedShare:
+        """What of ``share`` a consumer asking for at most ``limit`` bytes is served: all of
+        it, or its first entries up to the limit (at least one), the rest cached again from
+        the offset the head leaves the consumer at."""
+        assert share.records is not None
+        cut = cut_after(share.records, max(limit, 1))
+        if cut is None:
+            return share
+        length, next_offset = cut
+        self.stats.shares_cut += 1
+        records = memoryview(share.records)
+        self.cache.put(dataclasses.replace(share, start_offset=next_offset, records=bytes(records[length:]),
+                                           aborted_transactions=list(share.aborted_transactions)))
+        return dataclasses.replace(share, next_offset=next_offset, records=bytes(records[:length]))
+
+    def probe_reads(self, conn: ConnectionRanges, plan: FetchPlan,
+                    in_flight: Callable[[tuple[str, int, int, int]], bool]) -> None:
+        """Mark the partitions of this sessionless request that the broker has not served
+        this connection yet, but whose next share is cached or on its way (``plan.probes``).
+
+        The cache serves a connection only partitions the broker served it, so a
+        consumer's first Fetch of a partition goes upstream however much of its share is
+        cached: with N consumers starting together, N reads of its limit where one would
+        do. A probe asks for one byte instead (the broker still returns a whole first
+        batch), and the consumer's next Fetch takes its share from the cache."""
+        if not plan.sessionless:
+            return
+        for pk, chosen in plan.ranges.filtered.items():
+            position = plan.fetch_offsets.get(pk)
+            if position is None or pk in plan.hits or pk in plan.ranges.invalid:
+                continue
+            name = plan.names[pk]
+            partition_id = (name, pk[1])
+            if partition_id in conn.served or not self.topic_settings(name).cache_records:
+                continue
+            if in_flight((name, pk[1], position, plan.isolation_level)) or \
+                    self.cache.holds(partition_id, chosen, position, plan.isolation_level):
+                plan.probes.add(pk)
 
     def upstream_reads(self, plan: FetchPlan) -> list[tuple[str, int, int]]:
         """(topic, partition, fetch offset) of the range-filtered partitions that go to the
-        broker: their reads will fill the cache for other consumers."""
+        broker: their reads will fill the cache for other consumers (probes will not)."""
         return [(plan.names[pk], pk[1], plan.fetch_offsets[pk]) for pk in plan.ranges.filtered
-                if pk not in plan.hits and pk in plan.fetch_offsets]
+                if pk not in plan.hits and pk not in plan.probes and pk in plan.fetch_offsets]
 
     def finish(self, plan: FetchPlan) -> None:
         """Build the request for the broker (``plan.upstream_body``; None: no broker read)."""
@@ -249,6 +316,12 @@ class KeyRangeEngine:
                           ) -> FetchRequest | None:
         assert request is not None  # the plan's upstream body until ``finish`` decides
         strip_extensions(request)
+        if plan.probes:
+            for topic in request.topics:
+                key = topic_key(topic)
+                for partition in topic.partitions:
+                    if (key, partition.partition) in plan.probes:
+                        partition.partition_max_bytes = PROBE_BYTES
         if not plan.hits:
             return request
         for topic in request.topics:
@@ -279,7 +352,7 @@ class KeyRangeEngine:
                 name = plan.names.get(pk) or self._name(key)
                 if not self.topic_settings(name).cache_records:
                     continue
-                sets = self._sets(chosen, (name, pk[1]), plan.fetch_offsets.get(pk), now)
+                sets = self._sets(chosen, (name, pk[1]), None if pk in plan.probes else plan.fetch_offsets.get(pk), now)
                 jobs[pk] = self._job(partition.records, sets)
         return jobs
 
@@ -316,7 +389,10 @@ class KeyRangeEngine:
                 chosen = ranges.filtered.get(pk)
                 if chosen is None:
                     continue
-                reached = self._filter(partition, name, chosen, plan.fetch_offsets.get(pk), plan.isolation_level,
+                # a probe's batch is the requester's alone: split for others, its shares would
+                # replace the larger ones cached at the same offset
+                fetch_offset = None if pk in plan.probes else plan.fetch_offsets.get(pk)
+                reached = self._filter(partition, name, chosen, fetch_offset, plan.isolation_level,
                                        now, splits.get(pk) if splits else None)
                 if reached is not None:
                     plan.reached[pk] = (reached, self._end(partition, plan.isolation_level))
@@ -379,6 +455,7 @@ class KeyRangeEngine:
             self.stats.records_kept += mine.stats.records_kept
             self.stats.records_dropped += mine.stats.records_dropped
             if fetch_offset is not None and result.next_offset is not None:
+                self.active.read(partition_id, result.next_offset)
                 metadata = copy_metadata(partition)
                 for k, other in enumerate(sets):
                     if k != index:
@@ -423,7 +500,7 @@ class KeyRangeEngine:
 
     # -- key-range prefetch ----------------------------------------------------------------------
     def prefetch(self, plan: FetchPlan, in_flight: Callable[[tuple[str, int, int, int]], bool],
-                 now: float) -> Prefetch | None:
+                 now: float, *, max_read_bytes: int = 0, room: int = 0) -> Prefetch | None:
         """The broker read of the next position of every partition this request served
         that others share, before any consumer asks for it, or None.
 
@@ -435,11 +512,17 @@ class KeyRangeEngine:
         ask. A partition qualifies when its records are cached as such
         (``reserve.message.value.range.fetch``), at least two range sets read it, there is
         more to read than was served, and no read of that position is cached or under way.
+
+        Each partition is read wide (``read_ahead_bytes``): about the requester's limit for
+        every range set sharing it, up to ``max_read_bytes`` and the ``room`` the cache has
+        for shares on their way, so that each consumer's next answer is about a limit of
+        its own records rather than a 1/N part of one.
         """
         if not plan.sessionless or not plan.reached:
             return None
         positions: dict[tuple[str, int], int] = {}
         topics: dict[TopicKey, FetchRequest.FetchTopic] = {}
+        total = widened = 0
         for pk, (position, end) in plan.reached.items():
             name = plan.names[pk]
             partition_id = (name, pk[1])
@@ -456,16 +539,26 @@ class KeyRangeEngine:
             entry = topics.get(pk[0])
             if entry is None:
                 entry = topics[pk[0]] = dataclasses.replace(topic, partitions=[])
-            entry.partitions.append(dataclasses.replace(partition, fetch_offset=position))
+            limit = partition.partition_max_bytes
+            # a consumer behind the furthest read catches up through reads made for others:
+            # a wide read from there would read most of them again
+            wide = limit if position < self.active.frontier(partition_id) \
+                or not self.active.settled(partition_id, now, SETTLE_SECONDS) \
+                else read_ahead_bytes(limit, len(sets), max_read_bytes, room)
+            room -= wide
+            widened += wide > limit
+            entry.partitions.append(dataclasses.replace(partition, fetch_offset=position, partition_max_bytes=wide))
             positions[partition_id] = position
+            total += wide
         if not positions:
             return None
-        # The consumer's own request but for its partitions and positions: its limits,
+        # The consumer's own request but for its partitions, positions and sizes: its
         # isolation level and rack; min_bytes 1, as there is more to read than was served.
         body = dataclasses.replace(plan.request, session_id=NO_SESSION, session_epoch=FINAL_EPOCH, min_bytes=1,
+                                   max_bytes=max(plan.request.max_bytes, total),
                                    topics=list(topics.values()), forgotten_topics_data=[])
         strip_extensions(body)
-        return Prefetch(plan.version, plan.isolation_level, positions, body)
+        return Prefetch(plan.version, plan.isolation_level, positions, body, total, widened)
 
     def prefetch_jobs(self, ahead: Prefetch, response: FetchResponse, now: float) -> dict[tuple[str, int], PrefetchJob]:
         """The splits of a prefetch's answer, each partition (with its entry in the
@@ -495,6 +588,7 @@ class KeyRangeEngine:
             self.stats.touched.add(partition_id)
             if result.next_offset is None:
                 continue
+            self.active.read(partition_id, result.next_offset)
             metadata = copy_metadata(partition)
             position = ahead.positions[partition_id]
             for ranges, output in zip(job.sets, result.outputs):
@@ -572,6 +666,7 @@ class SharedReads:
             engine.stats.records_kept += output.stats.records_kept
             engine.stats.records_dropped += output.stats.records_dropped
         if result.next_offset is not None:
+            engine.active.read(partition_id, result.next_offset)
             for ranges, output in zip(sets, result.outputs):
                 if ranges not in wanted:
                     engine.cache.put(CachedShare(partition_id, ranges, fetch_offset, result.next_offset,

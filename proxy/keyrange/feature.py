@@ -84,11 +84,13 @@ class KeyRangeFetchFeature(Feature):
         self.metrics = metrics = metrics or KeyRangeMetrics()
         self.workers = SplitWorkers(settings.split_threads, settings.split_thread_min_bytes, metrics)
         self.prefetch_enabled = settings.prefetch_enabled
+        self.prefetch_max_bytes = settings.prefetch_max_bytes
+        self._ahead_bytes = 0  # what the read-aheads on their way may bring into the cache
         self._own_ids = itertools.count(1)
         # (topic, partition, fetch offset, isolation level) of broker reads on their way: a
         # read fills the cache only for consumers at its own isolation level
         self._inflight: dict[tuple[str, int, int, int], _Read] = {}
-        self._last = (0, 0, 0, 0, 0)
+        self._last = (0, 0, 0, 0, 0, 0)
         self._last_bytes: dict = {}
         # The shares the native relay may hand out itself (``native``): None without the
         # setting, or without a build of the relay that answers.
@@ -108,6 +110,7 @@ class KeyRangeFetchFeature(Feature):
         if self.native is not None:
             self.native.withdraw()  # published under the old settings (a topic may refuse range fetches now)
         self.engine.cache.resize(settings.cache_bytes)
+        self.prefetch_max_bytes = settings.prefetch_max_bytes
         self.metrics.cache_bytes.set(self.engine.cache.bytes_held)
 
     def request_stages(self) -> Mapping[int, RequestStage]:
@@ -168,6 +171,7 @@ class KeyRangeFetchFeature(Feature):
                     await event.wait()
             self._forget_lost(waiting)
             engine.take_hits(state, plan)
+        engine.probe_reads(state, plan, self._inflight.__contains__)
         reads = engine.upstream_reads(plan)
         engine.finish(plan)
         if plan.upstream_body is None:
@@ -213,18 +217,23 @@ class KeyRangeFetchFeature(Feature):
             return None
         engine = self.engine
         now = trio.current_time()
-        ahead = engine.prefetch(plan, lambda key: key in self._inflight, now)
+        cache = engine.cache
+        room = (cache.max_bytes - cache.bytes_held - self._ahead_bytes) // 2
+        ahead = engine.prefetch(plan, lambda key: key in self._inflight, now,
+                                max_read_bytes=self.prefetch_max_bytes, room=room)
         if ahead is None:
             return None
         level = ahead.isolation_level
         events = self._announce([(name, partition, position, level)
                                  for (name, partition), position in ahead.positions.items()])
         settled = False
+        self._ahead_bytes += ahead.read_bytes
 
         def settle() -> None:
             nonlocal settled
             if not settled:
                 settled = True
+                self._ahead_bytes -= ahead.read_bytes
                 self._settle(events)
 
         async def arrived(raw: bytes | bytearray) -> None:
@@ -236,8 +245,10 @@ class KeyRangeFetchFeature(Feature):
         correlation_id = -(next(self._own_ids) % (1 << 31)) - 1  # never one a client uses
         own_header = dataclasses.replace(header, correlation_id=correlation_id)
         self.metrics.prefetch_sent.inc()
+        if ahead.wide:
+            self.metrics.prefetch_wide.inc(ahead.wide)
         return OwnRequest(messages.encode_request(own_header, ahead.body), ApiKey.FETCH, ahead.version,
-                          correlation_id, arrived), settle
+                          correlation_id, arrived, settle), settle
 
     async def _cache_prefetch(self, ctx: ConnectionContext, ahead: Prefetch, raw: bytes | bytearray) -> None:
         decoded: DecodedResponse[FetchResponse]
@@ -285,10 +296,12 @@ class KeyRangeFetchFeature(Feature):
     def _export(self) -> None:
         cache = self.engine.cache
         stats = self.engine.stats
-        now = (cache.stats.hits, cache.stats.misses, cache.stats.evictions, stats.records_kept, stats.records_dropped)
+        now = (cache.stats.hits, cache.stats.misses, cache.stats.evictions, stats.records_kept, stats.records_dropped,
+               stats.shares_cut)
         metrics = self.metrics
         for counter, new, old in zip((metrics.cache_hits, metrics.cache_misses, metrics.cache_evictions,
-                                      metrics.records_kept, metrics.records_dropped), now, self._last):
+                                      metrics.records_kept, metrics.records_dropped, metrics.shares_cut),
+                                     now, self._last):
             if new > old:
                 counter.inc(new - old)
         self._last = now

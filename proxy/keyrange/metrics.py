@@ -11,6 +11,13 @@ class KeyRangeMetrics:
         self.prefetch_sent = Counter("kafka_proxy_keyrange_prefetch_sent",
                                      "Key-range prefetch: broker reads of shared partitions the proxy made ahead of "
                                      "their consumers.", registry=r)
+        self.prefetch_wide = Counter("kafka_proxy_keyrange_prefetch_wide",
+                                     "Partitions read ahead wide: more than their consumer's limit, about a limit for "
+                                     "each range set sharing the partition (key.range.prefetch.max.bytes).",
+                                     registry=r)
+        self.shares_cut = Counter("kafka_proxy_keyrange_shares_cut",
+                                    "Cached shares served in parts: larger than the limit of the consumer fetching "
+                                    "them (keys unevenly spread over the ranges).", registry=r)
         self.prefetch_shares = Counter("kafka_proxy_keyrange_prefetch_shares",
                                        "Shares the key-range prefetches cached for consumers.", registry=r)
         self.cache_hits = Counter("kafka_proxy_keyrange_cache_hits", "Shares served from the cache.", registry=r)

@@ -49,6 +49,15 @@ class KeyRangeSettings(Settings):
         "reserve.message.value.range.fetch=true).", aliases=("key.range.readahead.enabled",),
         cost="one broker read per shared partition ahead of its foremost consumer, its shares held in the cache "
              "(within max.bytes.key.range.results); false: every consumer waits for each read and its split.")
+    prefetch_max_bytes: int = integer(
+        "key.range.prefetch.max.bytes", 16777216,
+        "Largest broker read of one partition that key-range prefetch makes. A read ahead asks for the consumer's "
+        "partition limit once per range set sharing the partition (7/8 of it: each share about fills one answer), "
+        "up to this, and to half what the result cache has left.", at_least(0), reloadable=True,
+        cost="up to this much per shared partition held in the result cache until its consumers take their shares "
+             "(within max.bytes.key.range.results). Lower: answers of a 1/N part of the consumer's limit, one Fetch "
+             "each (measured at N=16 range consumers with 1 MiB limits: 1 MiB reads, 0.39-0.43 x the splitting "
+             "relay's records/s; 16 MiB, docs/proxy.md#key-range-fetch).")
     native_answers: bool = flag(
         "key.range.native.answers.enabled", False,
         "The native relay answers a sessionless key-range Fetch (v13-v17, topics by id) whose every partition's "

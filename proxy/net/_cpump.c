@@ -1184,6 +1184,7 @@ typedef struct {
     int topic_first[ANSWER_MAX_PARTITIONS + 1]; /* topic t's partitions: [first[t], first[t + 1]) */
     const uint8_t *topic_id[ANSWER_MAX_PARTITIONS];
     int32_t partition[ANSWER_MAX_PARTITIONS];
+    int32_t max_bytes[ANSWER_MAX_PARTITIONS]; /* each partition's limit: a larger share is the event loop's */
     uint8_t key[ANSWER_MAX_PARTITIONS][ANSWER_KEY_MAX];
     uint32_t key_len[ANSWER_MAX_PARTITIONS];
 } answer_req_t;
@@ -1321,6 +1322,7 @@ static int answer_request(const uint8_t *frame, const uint8_t *end, int guarded,
                 if (memcmp(offset_at[j] - 8, p, 4) == 0)
                     return 1; /* a partition named twice */
             q->partition[n] = (int32_t)be32(p);
+            q->max_bytes[n] = (int32_t)be32(p + 28);
             offset_at[n] = p + 8;
             p += 32;
             int read = answer_tags(&p, end, &own_present[n], &own[n], &own_count[n]);
@@ -1391,8 +1393,11 @@ static int answers_take(answers_t *t, const answer_req_t *q, answer_entry **take
         hashes[i] = answer_hash(q->key[i], q->key_len[i]);
     int all = 1;
     pthread_mutex_lock(&t->lock);
-    for (int i = 0; i < q->partitions && all; i++)
-        all = answer_find(t, q->key[i], q->key_len[i], hashes[i]) != NULL;
+    for (int i = 0; i < q->partitions && all; i++) {
+        answer_entry **at = answer_find(t, q->key[i], q->key_len[i], hashes[i]);
+        /* a share above the partition's limit is served in parts, by the event loop */
+        all = at != NULL && (*at)->records_len <= (int64_t)q->max_bytes[i];
+    }
     if (all && taken != NULL) {
         for (int i = 0; i < q->partitions; i++) {
             answer_entry **at = answer_find(t, q->key[i], q->key_len[i], hashes[i]);

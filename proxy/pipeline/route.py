@@ -104,13 +104,15 @@ def own_correlation_id() -> int:
 class OwnRequest:
     """A request the proxy sends upstream on a client's connection, and where its
     response goes. ``frame`` carries ``correlation_id`` (the broker echoes it; the proxy
-    checks it like any other)."""
+    checks it like any other). ``settle``: run once when the exchange is over, answered or
+    not (the connection ended first), like a route's."""
 
     frame: bytes
     api_key: int
     api_version: int
     correlation_id: int
     sink: ResponseSink
+    settle: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)

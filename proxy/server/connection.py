@@ -409,7 +409,10 @@ class ClientConnection:
                 await upstream.send_frame(route.upstream_frame)
             own = route.follow_up
             if own is not None:
-                await self._queue(exchanges, Exchange.own(own, received_at))
+                exchange = Exchange.own(own, received_at)
+                if exchange.settle is not None:
+                    self._unsettled.add(exchange)
+                await self._queue(exchanges, exchange)
                 await upstream.send_frame(own.frame)
             self._half_sent = False
         finally:
@@ -442,6 +445,8 @@ class ClientConnection:
             exchange = Exchange.own(own, trio.current_time())
             exchanges.send_nowait(exchange)
             self._ledger.queued(exchange)
+            if exchange.settle is not None:
+                self._unsettled.add(exchange)
             await upstream.send_frame(own.frame)
         except trio.WouldBlock:
             return False
@@ -481,6 +486,9 @@ class ClientConnection:
                         return
                     check_correlation_id(response, exchange)
                     await source.sink(cast(bytes, response))  # read only, like bytes, by every sink
+                    if exchange.settle is not None:
+                        self._unsettled.discard(exchange)
+                        self._settle(exchange)
                     ledger.answered(exchange)
                     continue
                 if isinstance(source, Local):

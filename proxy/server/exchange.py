@@ -121,7 +121,8 @@ class Exchange:
 
     @classmethod
     def own(cls, own: OwnRequest, now: float) -> Exchange:
-        return cls(own.api_key, own.api_version, own.correlation_id, now, len(own.frame) + 4, ToSink(own.sink))
+        return cls(own.api_key, own.api_version, own.correlation_id, now, len(own.frame) + 4, ToSink(own.sink),
+                   own.settle)
 
 
 class InflightLedger:

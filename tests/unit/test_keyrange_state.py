@@ -27,7 +27,7 @@ def _wire(ranges):
 def _request(session_id, epoch, partitions, *, top=None, forgotten=(), fetch_offset=0,
              isolation_level=READ_UNCOMMITTED):
     topics = [R.FetchTopic(topic="t", partitions=[
-        R.FetchPartition(partition=p, fetch_offset=fetch_offset, partition_max_bytes=100, key_ranges=_wire(r))
+        R.FetchPartition(partition=p, fetch_offset=fetch_offset, partition_max_bytes=1 << 20, key_ranges=_wire(r))
         for p, r in partitions
     ])]
     body = messages.new_body(ApiKey.FETCH, 12, "request", session_id=session_id, session_epoch=epoch, topics=topics,

@@ -100,15 +100,15 @@ def _wire(ranges):
 
 
 def fetch(version: int, topics, *, top=None, level: int = 0, session=(0, -1), forgotten=(), correlation_id: int = 41,
-          client_id: str | None = "consumer-1", rack: str = "", coop: bool = False) -> bytes:
+          client_id: str | None = "consumer-1", rack: str = "", coop: bool = False, limit: int = 1 << 20) -> bytes:
     """A Fetch request frame (size prefix first). ``topics``: [(name, [(partition, offset,
-    ranges)])], ranges None for none of its own."""
+    ranges)])], ranges None for none of its own; ``limit``: each partition's max bytes."""
     cls = messages.body_class(ApiKey.FETCH, "request")
     entries = []
     for name, partitions in topics:
         parts = []
         for partition, offset, ranges in partitions:
-            part = cls.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=1 << 20,
+            part = cls.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=limit,
                                       key_ranges=_wire(ranges))
             if coop:
                 part.cooperative = cls.CooperativeMember(group_id="g", member_id="m", generation_id=1)
@@ -171,7 +171,7 @@ def test_a_partition_with_a_null_own_list_takes_the_top_level_ranges():
 # -- left to the event loop ---------------------------------------------------------------------
 @pytest.mark.parametrize("case", ["not served", "one missing", "other offset", "other level", "other ranges",
                                   "session", "forgotten", "cooperative", "v12", "whole partition", "named twice",
-                                  "own empty list", "too many ranges"])
+                                  "own empty list", "too many ranges", "above the limit"])
 def test_what_the_loop_leaves_to_the_event_loop(case):
     setup = Setup()
     setup.serve("orders", 0)
@@ -207,6 +207,8 @@ def test_what_the_loop_leaves_to_the_event_loop(case):
     elif case == "own empty list":
         topics = [("orders", [(0, 100, ())])]
         options["top"] = LOW
+    elif case == "above the limit":
+        options["limit"] = 299  # the share's records: 300 bytes (the event loop serves it in parts)
     elif case == "too many ranges":
         ranges = tuple(KeyRange(i * 10, i * 10 + 5) for i in range(17))
         setup.put("orders", 0, ranges, 100, 200)
@@ -407,7 +409,7 @@ def test_the_loop_answers_big_answers_whole_and_reports_what_it_took(loops):
     setup.serve("orders", 0)
     setup.put("orders", 0, LOW, 100, 200, records=os.urandom(3 << 20))  # more than a socket takes at once
     setup.put("orders", 0, LOW, 200, 300)
-    first = fetch(17, [("orders", [(0, 100, LOW)])], correlation_id=1)
+    first = fetch(17, [("orders", [(0, 100, LOW)])], correlation_id=1, limit=4 << 20)
     second = fetch(17, [("orders", [(0, 200, LOW)])], correlation_id=2)
     missing = fetch(17, [("orders", [(0, 300, LOW)])], correlation_id=3)
     expected = [setup.native_answer(first), setup.native_answer(second)]

@@ -123,6 +123,7 @@ def test_the_reloadable_settings():
         "connections.setup.timeout.ms",
         "log.level", "shutdown.drain.timeout.ms",
         "max.bytes.key.range.results", "key.range.fetch.enabled", "reserve.message.value.range.fetch",
+        "key.range.prefetch.max.bytes",
     }
 
 

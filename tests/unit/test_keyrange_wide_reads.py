@@ -1,0 +1,208 @@
+"""Wide read-ahead, shares served within their consumer's limit, and probes.
+
+A partition N range sets share is read ahead about N consumer limits at a time, so that each
+consumer's next answer holds about a limit of its own records; a share above the limit of
+the consumer fetching it is served in parts; and a connection's first Fetch of a partition
+whose share is cached or on its way asks the broker for one batch only."""
+
+from __future__ import annotations
+
+from harness.batches import Rec, kafka_python_batch, legacy_batch
+from proxy.keyrange.engine import (
+    PROBE_BYTES,
+    SETTLE_SECONDS,
+    SHARE_FILL,
+    ConnectionRanges,
+    KeyRangeEngine,
+    read_ahead_bytes,
+)
+from proxy.keyrange.settings import KeyRangeTopicSettings
+from proxy.protocol import messages
+from proxy.protocol.messages import ApiKey
+from proxy.ranges import equal_shares
+from proxy.records.batch import RecordBatch, cut_after, iter_batches
+
+R = messages.body_class(ApiKey.FETCH, "request")
+P = messages.body_class(ApiKey.FETCH, "response")
+SHARES = equal_shares(4)
+LIMIT = 1 << 20
+T0 = 100.0  # when the sets join
+LATER = T0 + 2 * SETTLE_SECONDS  # settled
+
+
+def _engine(cache_bytes: int = 1 << 30) -> KeyRangeEngine:
+    return KeyRangeEngine(cache_bytes=cache_bytes, topic_settings=lambda name: KeyRangeTopicSettings(),
+                          topic_name=lambda key: key)
+
+
+def _request(share: int | tuple, offset: int, limit: int = LIMIT):
+    """A sessionless range fetch of partition 0 for ``SHARES[share]`` (a tuple: those shares)."""
+    ranges = [SHARES[i] for i in share] if isinstance(share, tuple) else [SHARES[share]]
+    topics = [R.FetchTopic(topic="t", partitions=[R.FetchPartition(
+        partition=0, fetch_offset=offset, partition_max_bytes=limit,
+        key_ranges=[R.KeyRange(start=r.start, end=r.end) for r in ranges])])]
+    return messages.new_body(ApiKey.FETCH, 12, "request", session_id=0, session_epoch=-1, topics=topics,
+                             max_bytes=50 << 20)
+
+
+def _records(offset: int, count: int, per_batch: int = 50, key=lambda n: f"key-{n}".encode()) -> bytes:
+    return b"".join(kafka_python_batch([Rec(i, key(offset + b * per_batch + i), b"v" * 40)
+                                        for i in range(per_batch)], base_offset=offset + b * per_batch)
+                    for b in range(count // per_batch))
+
+
+def _response(offset: int, records: bytes, high_watermark: int = 100_000):
+    return messages.new_body(ApiKey.FETCH, 12, "response", responses=[P.FetchableTopicResponse(
+        topic="t", partitions=[P.PartitionData(partition_index=0, high_watermark=high_watermark,
+                                               last_stable_offset=high_watermark, records=records)])])
+
+
+def _served(engine, conn, share, offset, records, now, limit=LIMIT):
+    """A consumer's read at ``offset`` answered by the broker with ``records``; its plan."""
+    plan = engine.plan(conn, 12, _request(share, offset, limit), now=now)
+    engine.finish(plan)
+    assert plan.upstream_body is not None
+    engine.complete(conn, plan, _response(offset, records), now=now)
+    return plan
+
+
+def _all_active(engine, now=T0):
+    """Every set reads the first 400 records once (each is then served on its connection)."""
+    conns = [ConnectionRanges() for _ in SHARES]
+    plans = [_served(engine, conn, share, 0, _records(0, 400), now) for share, conn in enumerate(conns)]
+    return conns, plans
+
+
+def _offsets(records) -> list[int]:
+    return [r.offset for b in iter_batches(records) if isinstance(b, RecordBatch) for r in b.records()]
+
+
+# -- the width of a read ahead --------------------------------------------------------------------
+
+def test_a_read_ahead_asks_a_limit_per_set_within_the_cap_and_the_room():
+    assert read_ahead_bytes(LIMIT, 16, 16 << 20, 1 << 30) == int(LIMIT * 16 * SHARE_FILL)
+    assert read_ahead_bytes(LIMIT, 64, 16 << 20, 1 << 30) == 16 << 20, "the cap"
+    assert read_ahead_bytes(LIMIT, 16, 16 << 20, 3 << 20) == 3 << 20, "what the cache has room for"
+    assert read_ahead_bytes(LIMIT, 16, 0, 1 << 30) == LIMIT, "never less than the consumer's own read"
+    assert read_ahead_bytes(LIMIT, 16, 16 << 20, -5) == LIMIT
+
+
+def test_a_settled_partition_is_read_ahead_wide_from_its_frontier():
+    engine = _engine()
+    _, plans = _all_active(engine)
+    ahead = engine.prefetch(plans[0], lambda key: False, now=LATER, max_read_bytes=16 << 20, room=1 << 30)
+    assert ahead is not None and ahead.positions == {("t", 0): 400}
+    wide = int(LIMIT * 4 * SHARE_FILL)
+    assert ahead.body.topics[0].partitions[0].partition_max_bytes == wide
+    assert ahead.read_bytes == wide and ahead.body.max_bytes >= wide
+    assert plans[0].request.topics[0].partitions[0].partition_max_bytes == LIMIT, "the consumer's request alone"
+
+
+def test_a_read_ahead_stays_narrow_while_sets_join_and_behind_the_frontier():
+    engine = _engine()
+    _, plans = _all_active(engine)
+    ahead = engine.prefetch(plans[0], lambda key: False, now=T0 + SETTLE_SECONDS / 2, max_read_bytes=16 << 20,
+                            room=1 << 30)
+    assert ahead is not None and ahead.body.topics[0].partitions[0].partition_max_bytes == LIMIT, \
+        "a set joined moments ago: a wide read now would be read again for the next one to join"
+
+    engine = _engine()
+    conns, _ = _all_active(engine)
+    _served(engine, conns[1], 1, 400, _records(400, 400), LATER)  # split for every set: the frontier is 800
+    for share in (0, 2, 3):  # the others take their shares of it
+        plan = engine.plan(conns[share], 12, _request(share, 400), now=LATER)
+        assert plan.hits
+        engine.finish(plan)
+        engine.complete(conns[share], plan, None, now=LATER)
+    # a consumer of two shares joins, at 200: no read was split for its set
+    behind = _served(engine, ConnectionRanges(), (0, 1), 200, _records(200, 100), LATER)
+    ahead = engine.prefetch(behind, lambda key: False, now=LATER + 1, max_read_bytes=16 << 20, room=1 << 30)
+    assert ahead is not None and ahead.positions == {("t", 0): 300}
+    assert ahead.body.topics[0].partitions[0].partition_max_bytes == LIMIT, \
+        "catching up through reads made for others: a wide read would read most of them again"
+
+
+# -- a share above the consumer's limit -----------------------------------------------------------
+
+def test_cut_after_cuts_at_entry_boundaries_keeping_at_least_one():
+    blob = _records(0, 200)  # four batches of 50
+    sizes = [b.header.size for b in iter_batches(blob)]
+    assert cut_after(blob, len(blob)) is None, "it fits"
+    assert cut_after(blob, sizes[0] + sizes[1] + 10) == (sizes[0] + sizes[1], 100)
+    assert cut_after(blob, 1) == (sizes[0], 50), "the first entry even when it alone is above the limit"
+    assert cut_after(blob[: sizes[0]], 1) is None, "one entry: nothing to cut"
+    assert cut_after(blob + blob[:30], len(blob)) is None, "what is whole fits; the cut-short tail is left as it is"
+    legacy = legacy_batch([Rec(0, b"k", b"v")], base_offset=7)
+    assert cut_after(legacy + blob, len(legacy) + 1) == (len(legacy), 8)
+
+
+def test_a_share_above_the_limit_is_served_in_parts_in_offset_order():
+    engine = _engine()
+    conns, _ = _all_active(engine)
+    _served(engine, conns[1], 1, 400, _records(400, 1000, per_batch=10), T0)  # caches set 0's share of it
+    [share] = [s for s in engine.cache.shares() if s.ranges == (SHARES[0],) and s.start_offset == 400]
+    entries = list(iter_batches(share.records))
+    limit = sum(b.header.size for b in entries[:30]) + 5  # thirty batches and a bit
+    got: list[int] = []
+    position, answers = 400, 0
+    while position < 1400:
+        plan = engine.plan(conns[0], 12, _request(0, position, limit), now=T0)
+        assert plan.hits, "served from the cache, part after part"
+        engine.finish(plan)
+        part = engine.complete(conns[0], plan, None, now=T0).responses[0].partitions[0]
+        assert len(part.records) <= limit
+        got.extend(_offsets(part.records))
+        position = plan.reached[("t", 0)][0]
+        answers += 1
+    assert answers == 4  # 100 batches, 30 a part
+    assert got == _offsets(share.records), "every record of the share once, in order"
+    assert not [s for s in engine.cache.shares() if s.ranges == (SHARES[0],)], "nothing left behind"
+
+
+# -- probes ---------------------------------------------------------------------------------------
+
+def test_a_first_fetch_whose_share_is_cached_asks_the_broker_for_one_batch():
+    engine = _engine()
+    conns, _ = _all_active(engine)
+    _served(engine, conns[1], 1, 400, _records(400, 400), T0)  # set 0's share of [400, 800) cached
+    [share] = [s for s in engine.cache.shares() if s.ranges == (SHARES[0],) and s.start_offset == 400]
+    expected = _offsets(share.records)
+    fresh = ConnectionRanges()  # set 0's consumer again, on a new connection
+    plan = engine.plan(fresh, 12, _request(0, 400), now=T0)
+    engine.probe_reads(fresh, plan, lambda key: False)
+    assert engine.upstream_reads(plan) == [], "not a read others wait for"
+    engine.finish(plan)
+    assert plan.upstream_body.topics[0].partitions[0].partition_max_bytes == PROBE_BYTES
+    before = sorted((s.ranges, s.start_offset, s.next_offset) for s in engine.cache.shares())
+    part = engine.complete(fresh, plan, _response(400, _records(400, 50)), now=T0).responses[0].partitions[0]
+    assert sorted((s.ranges, s.start_offset, s.next_offset) for s in engine.cache.shares()) == before, \
+        "a probe's batch caches nothing: its shares would replace the larger ones at the same offset"
+    assert plan.reached == {}, "no read ahead from a probe"
+    mine = _offsets(part.records)
+    plan = engine.plan(fresh, 12, _request(0, 450), now=T0)
+    assert plan.hits, "served now: the rest of its share comes from the cache"
+    engine.finish(plan)
+    rest = engine.complete(fresh, plan, None, now=T0).responses[0].partitions[0]
+    assert mine + [o for o in _offsets(rest.records) if o >= 450] == expected
+
+
+def test_a_first_fetch_probes_only_where_a_share_is_cached_or_on_its_way():
+    engine = _engine()
+    _all_active(engine)
+    fresh = ConnectionRanges()
+    plan = engine.plan(fresh, 12, _request(0, 400), now=T0)
+    engine.probe_reads(fresh, plan, lambda key: False)
+    assert not plan.probes, "nothing cached or on its way: its own read, whole"
+    plan = engine.plan(fresh, 12, _request(0, 400), now=T0)
+    engine.probe_reads(fresh, plan, lambda key: key == ("t", 0, 400, 0))
+    assert plan.probes == {("t", 0)}, "a read of its position is on its way"
+    engine.finish(plan)
+    assert plan.upstream_body.topics[0].partitions[0].partition_max_bytes == PROBE_BYTES
+
+
+def test_a_served_connection_never_probes():
+    engine = _engine()
+    conns, _ = _all_active(engine)
+    plan = engine.plan(conns[0], 12, _request(0, 400), now=T0)
+    engine.probe_reads(conns[0], plan, lambda key: True)
+    assert not plan.probes
