@@ -27,7 +27,8 @@ the rewritable tail starts while the rest of the frame streams past the proxy. S
   pieces, finds the tail where the Python walk does, and refuses what it refuses;
 * the native relay answers a key-range Fetch from its table exactly when its Python
   reference (``native_checks.answer_keys``) says it may, only one the codec decodes, by the
-  keys the cache holds its shares under, and with those shares cached its answer is the
+  keys the cache holds its shares under, never with a share above its partition's limit,
+  and with those shares cached (within their limits) its answer is the
   event loop's, byte for byte.
 
 Input: three control bytes, then the byte stream of size-prefixed frames. The first
@@ -369,6 +370,13 @@ def _check_native_answer(frame: bytes, version: int, body) -> None:
                                          aborted_transactions=[FetchResponseBody.AbortedTransaction(
                                              producer_id=n, first_offset=-1)] * (n % 3)))
     answer = _cpump.answer(peeked, native.table, conn.served_blob())
+    # A share above its partition's limit is served in parts, by the event loop alone.
+    fits = all(len(frame[:n * 7]) <= partition.partition_max_bytes
+               for n, topic in enumerate(body.topics) for partition in topic.partitions)
+    if not fits:
+        if answer is not None:
+            raise InvariantBroken(f"the native relay answers a Fetch v{version} with a share above its limit")
+        return
     if answer is None:
         raise InvariantBroken(f"the native relay does not answer a Fetch v{version} whose shares are cached")
     header, again = messages.decode_request(frame)
