@@ -56,8 +56,8 @@ class KeyRangeSettings(Settings):
         "up to this, and to half what the result cache has left.", at_least(0), reloadable=True,
         cost="up to this much per shared partition held in the result cache until its consumers take their shares "
              "(within max.bytes.key.range.results). Lower: answers of a 1/N part of the consumer's limit, one Fetch "
-             "each (measured with 16 range consumers of 1 MiB limits: 16 MiB reads gave 1.97 x the records/s of "
-             "reads of 1 MiB, at 0.45 x the proxy CPU per record; benchmarks/results/wide-read-ahead).")
+             "each (measured with 16 range consumers of 1 MiB limits against the build that read one limit ahead: "
+             "1.97 x the records/s at 0.45 x the proxy CPU per record; benchmarks/results/wide-read-ahead).")
     native_answers: bool = flag(
         "key.range.native.answers.enabled", False,
         "The native relay answers a sessionless key-range Fetch (v13-v17, topics by id) whose every partition's "
