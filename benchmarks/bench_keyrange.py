@@ -46,6 +46,7 @@ from benchmarks.rounds import Row, rotation
 from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
 from harness.raw_client import RawClient
+from harness.raw_client import partition_bytes as raw_partition_bytes
 from proxy.keyrange.settings import KeyRangeSettings
 from proxy.local_kafka import ProxyProcess, scratch_dir
 from proxy.ranges import equal_shares
@@ -113,19 +114,6 @@ def _broker_bytes(proxy: ProxyProcess) -> float:
                              text, re.M):
         total += float(match.group(1))
     return total
-
-
-def _partition_bytes(bootstrap: str, end: int) -> int:
-    size = position = 0
-    with RawClient.connect(bootstrap) as client:
-        topic_id = client.topic_id(TOPIC)
-        while position < end:
-            entry = client.range_fetch(topic_id, 0, position, None, max_bytes=4 << 20)
-            for batch in iter_batches(entry.records or b""):
-                if isinstance(batch, RecordBatch):
-                    size += batch.header.size
-                    position = batch.header.next_offset
-    return size
 
 
 def _cache_bytes(metrics_url: str) -> float:
@@ -261,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         java_tools.create_topic(cluster.bootstrap_servers, TOPIC, partitions=1)
         _produce(cluster.bootstrap_servers, args.records, args.value_size)
         end = args.records
-        partition_bytes = _partition_bytes(cluster.bootstrap_servers, end)
+        partition_bytes = raw_partition_bytes(cluster.bootstrap_servers, TOPIC, end)
         report["partition_bytes"] = partition_bytes
         _direct_java(cluster.bootstrap_servers, end)  # warm-up (JIT, page cache), not recorded
         for number in range(args.rounds):

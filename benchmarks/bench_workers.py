@@ -34,7 +34,8 @@ import psutil
 from benchmarks import results
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
-from benchmarks.workloads.keyrange_delivery import TOPIC, _partition_bytes, raw_clients, timed_threads
+from benchmarks.workloads.keyrange_delivery import TOPIC, raw_clients, timed_threads
+from harness.raw_client import partition_bytes as raw_partition_bytes
 
 WORKLOADS = ("key ranges N=4", "key ranges N=16", "plain x4")
 SETTINGS = ("1", "2")
@@ -110,7 +111,7 @@ def run(report: dict, args, cluster, workdir: Path) -> None:
     records = args.mb * 2**20 // 130
     java_tools.create_topic(cluster.bootstrap_servers, TOPIC, partitions=1)
     data.produce_keyed(cluster.bootstrap_servers, TOPIC, records, keys=10007, value_size=100)
-    partition_bytes = _partition_bytes(cluster.bootstrap_servers, records)
+    partition_bytes = raw_partition_bytes(cluster.bootstrap_servers, TOPIC, records)
     report["sizes"].update({"records": records, "partition MB": round(partition_bytes / 2**20, 1)})
     runs: dict[tuple[str, str], list[dict]] = {}
     one_run(cluster, workdir, "1", "key ranges N=4", records, partition_bytes)  # warm-up, not recorded

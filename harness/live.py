@@ -151,3 +151,58 @@ def wait_delivered(history: History, producer: LiveProducer, timeout: float) -> 
         if producer.done and history.missing() == 0:
             return
         time.sleep(0.2)
+
+
+def read_while_written(consume: Callable[[int], None], count: int, live: LiveProducer,
+                       timeout: float = 120.0) -> None:
+    """``consume(0)`` ... ``consume(count - 1)`` on threads of their own, started before
+    ``live`` starts writing; waits for the producer, then up to ``timeout`` seconds for each
+    consumer, and raises the first exception a consumer (or the producer) raised."""
+    errors: list[BaseException] = []
+
+    def run(slot: int) -> None:
+        try:
+            consume(slot)
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(slot,), daemon=True) for slot in range(count)]
+    for thread in threads:
+        thread.start()
+    live.start()
+    live.join()
+    for thread in threads:
+        thread.join(timeout)
+    if errors:
+        raise errors[0]
+    assert not any(thread.is_alive() for thread in threads), "a consumer is still running"
+
+
+def deliver_range(client, topic: str, ranges: list, member: str, history: History, live: LiveProducer,
+                  deadline: float, *, max_bytes: int, on_answer: Callable[[bytes], None] | None = None) -> None:
+    """Read partition 0 of ``topic`` for ``ranges`` with a ``harness.raw_client.RawClient``
+    from offset 0 until ``live`` is done and every acknowledged offset is behind it (or
+    ``deadline``, a ``time.monotonic()``), recording each record handed out in ``history``
+    as ``member``'s; each answer's records go to ``on_answer`` first. Every record must
+    belong to ``ranges``."""
+    from harness.raw_client import records_of
+    from proxy.ranges import contains
+    from proxy.records.keyhash import key_hash
+
+    topic_id = client.topic_id(topic)
+    position = 0
+    while time.monotonic() < deadline:
+        if live.done and history.acks and position > max(a.offset for a in history.acks):
+            return
+        entry = client.range_fetch(topic_id, 0, position, ranges, max_bytes=max_bytes, max_wait_ms=200)
+        assert entry.error_code == 0, entry.error_code
+        blob = entry.records or b""
+        if on_answer is not None:
+            on_answer(blob)
+        records, next_offset = records_of(blob)
+        for record in records:
+            if record.offset >= position:
+                assert contains(ranges, key_hash(record.key, record.offset))
+                history.deliver(member, topic, 0, record.offset, record.key)
+        if next_offset is not None:
+            position = max(position, next_offset)

@@ -176,3 +176,18 @@ def records_of(blob) -> tuple[list[FetchedRecord], int | None]:
         else:
             next_offset = getattr(entry, "next_offset", next_offset)
     return out, next_offset
+
+
+def partition_bytes(bootstrap: str, topic: str, end: int, *, partition: int = 0) -> int:
+    """The record bytes of offsets [0, ``end``) of one partition, read whole from
+    ``bootstrap`` (the broker itself, to measure what a proxy read against it)."""
+    size = position = 0
+    with RawClient.connect(bootstrap) as client:
+        topic_id = client.topic_id(topic)
+        while position < end:
+            entry = client.range_fetch(topic_id, partition, position, None, max_bytes=4 << 20)
+            for batch in iter_batches(entry.records or b""):
+                if isinstance(batch, RecordBatch):
+                    size += batch.header.size
+                    position = batch.header.next_offset
+    return size

@@ -45,6 +45,7 @@ from benchmarks.workloads.passthrough import consume as java_consume
 from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
 from harness.raw_client import RawClient
+from harness.raw_client import partition_bytes as raw_partition_bytes
 from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
 from proxy.ranges import equal_shares
 from proxy.records.batch import RecordBatch, iter_batches
@@ -130,19 +131,6 @@ def _broker_bytes(proxy: ProxyProcess) -> float:
     return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
 
 
-def _partition_bytes(bootstrap: str, end: int) -> int:
-    size = position = 0
-    with RawClient.connect(bootstrap) as client:
-        topic_id = client.topic_id(TOPIC)
-        while position < end:
-            entry = client.range_fetch(topic_id, 0, position, None, max_bytes=4 << 20)
-            for batch in iter_batches(entry.records or b""):
-                if isinstance(batch, RecordBatch):
-                    size += batch.header.size
-                    position = batch.header.next_offset
-    return size
-
-
 def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int], rounds: int,
         share_records: int, kinds: list[str] | None = None, instances: list[int] | None = None) -> None:
     kinds = list(kinds or KINDS)
@@ -169,7 +157,7 @@ def run(report: dict, progress, *, mb: int, value_size: int, consumers: list[int
         progress.step(f"writing {records:,} records ({mb} MB)")
         java_tools.create_topic(cluster.bootstrap_servers, TOPIC, partitions=1)
         data.produce_keyed(cluster.bootstrap_servers, TOPIC, records, keys=10007, value_size=value_size)
-        partition_bytes = _partition_bytes(cluster.bootstrap_servers, records)
+        partition_bytes = raw_partition_bytes(cluster.bootstrap_servers, TOPIC, records)
         report["sizes"]["partition MB"] = round(partition_bytes / 2**20, 1)
         overrides = {"metrics.port": "0"}  # the defaults otherwise (metrics: the broker bytes read)
 

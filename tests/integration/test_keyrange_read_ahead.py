@@ -9,18 +9,16 @@ whose range holds its key, once and in offset order, and the broker is read abou
 from __future__ import annotations
 
 import re
-import threading
 import time
 import urllib.request
 
 import pytest
 
 from harness.history import History, check
-from harness.live import LiveProducer, default_key
-from harness.raw_client import RawClient, records_of
-from proxy.ranges import contains, equal_shares
-from proxy.records.batch import RecordBatch, iter_batches
-from proxy.records.keyhash import key_hash
+from harness.live import LiveProducer, default_key, deliver_range, read_while_written
+from harness.raw_client import RawClient, partition_bytes
+from proxy.ranges import equal_shares
+from proxy.records.batch import iter_batches
 
 LIMIT = 16 * 1024  # each consumer's partition limit
 CONSUMERS = 8
@@ -29,20 +27,6 @@ CONSUMERS = 8
 def _metric(proxy, name: str) -> float:
     text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
     return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
-
-
-def _partition_bytes(bootstrap: str, topic: str, end: int) -> int:
-    """The record bytes of offsets [0, end) of partition 0, read straight from the broker."""
-    size = position = 0
-    with RawClient.connect(bootstrap) as client:
-        topic_id = client.topic_id(topic)
-        while position < end:
-            entry = client.range_fetch(topic_id, 0, position, None, max_bytes=1 << 20)
-            for batch in iter_batches(entry.records or b""):
-                if isinstance(batch, RecordBatch):
-                    size += batch.header.size
-                    position = batch.header.next_offset
-    return size
 
 
 def _hot(seq, rng, keys) -> bytes:
@@ -64,42 +48,19 @@ def test_range_consumers_read_wide_within_their_limits_and_get_every_record_once
     live = LiveProducer(kafka.bootstrap_servers, topic, history, records=8000, seconds=4.0, seed=6, partition=0,
                         key_of=key_of, config=small_batches)
     shares = equal_shares(CONSUMERS)
-    errors: list[BaseException] = []
     over_limit: list[tuple[int, int, int]] = []  # (consumer, bytes, batches) of answers above the limit
     deadline = time.monotonic() + 90
 
     def consume(slot: int) -> None:
-        try:
-            with RawClient.connect(proxies[slot % instances].bootstrap_servers) as client:
-                topic_id = client.topic_id(topic)
-                position = 0
-                while time.monotonic() < deadline:
-                    if live.done and history.acks and position > max(a.offset for a in history.acks):
-                        return
-                    entry = client.range_fetch(topic_id, 0, position, [shares[slot]], max_bytes=LIMIT,
-                                               max_wait_ms=200)
-                    assert entry.error_code == 0, entry.error_code
-                    blob = entry.records or b""
-                    if len(blob) > LIMIT:
-                        over_limit.append((slot, len(blob), sum(1 for _ in iter_batches(blob))))
-                    records, next_offset = records_of(blob)
-                    for record in records:
-                        if record.offset >= position:
-                            assert contains([shares[slot]], key_hash(record.key, record.offset))
-                            history.deliver(f"c{slot}", topic, 0, record.offset, record.key)
-                    if next_offset is not None:
-                        position = max(position, next_offset)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        def measure(blob: bytes) -> None:
+            if len(blob) > LIMIT:
+                over_limit.append((slot, len(blob), sum(1 for _ in iter_batches(blob))))
 
-    threads = [threading.Thread(target=consume, args=(slot,)) for slot in range(CONSUMERS)]
-    for thread in threads:
-        thread.start()
-    live.start()
-    live.join()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors[0]
+        with RawClient.connect(proxies[slot % instances].bootstrap_servers) as client:
+            deliver_range(client, topic, [shares[slot]], f"c{slot}", history, live, deadline, max_bytes=LIMIT,
+                          on_answer=measure)
+
+    read_while_written(consume, CONSUMERS, live)
     assert live.failed == backlog.failed == 0
     verdict = check(history)
     assert verdict.ok(), verdict.summary()
@@ -111,5 +72,5 @@ def test_range_consumers_read_wide_within_their_limits_and_get_every_record_once
             "the hot key's share never came in parts"
     end = max(a.offset for a in history.acks) + 1
     read = sum(_metric(p, "kafka_proxy_keyrange_broker_bytes_total") for p in proxies)
-    amplification = read / _partition_bytes(kafka.bootstrap_servers, topic, end)
+    amplification = read / partition_bytes(kafka.bootstrap_servers, topic, end)
     assert amplification <= 1.5 * instances, f"the broker read {amplification:.2f} x the partition"

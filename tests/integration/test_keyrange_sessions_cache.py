@@ -185,7 +185,7 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     import time
 
     from harness.history import History, check
-    from harness.live import LiveProducer
+    from harness.live import LiveProducer, deliver_range, read_while_written
 
     topic = topic_factory(kafka)
     cached = proxy_factory(kafka, metrics_port="0", key_range_split_threads=str(split_threads),
@@ -196,7 +196,6 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     backlog.start().join()  # consumers start behind: there is always more to read than one fetch takes
     live = LiveProducer(kafka.bootstrap_servers, topic, history, records=1500, seconds=8.0, seed=4, partition=0)
     shares = equal_shares(4)
-    errors: list[BaseException] = []
     deadline = time.monotonic() + 90
     # Every consumer's range set is known to the proxy before any of them reads on: the
     # proxy prefetches only for partitions two or more sets share, so a consumer that got
@@ -204,36 +203,12 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     all_known = threading.Barrier(4, timeout=60)
 
     def consume(slot: int) -> None:
-        try:
-            with RawClient.connect(cached.bootstrap_servers) as client:
-                topic_id = client.topic_id(topic)
-                client.range_fetch(topic_id, 0, 0, [shares[slot]], max_bytes=1, max_wait_ms=0)  # read again below
-                all_known.wait()
-                position = 0
-                while time.monotonic() < deadline:
-                    if live.done and history.acks and position > max(a.offset for a in history.acks):
-                        return
-                    entry = client.range_fetch(topic_id, 0, position, [shares[slot]], max_bytes=4096,
-                                               max_wait_ms=200)
-                    assert entry.error_code == 0, entry.error_code
-                    records, next_offset = records_of(entry.records)
-                    for record in records:
-                        if record.offset >= position:
-                            assert contains([shares[slot]], key_hash(record.key, record.offset))
-                            history.deliver(f"c{slot}", topic, 0, record.offset, record.key)
-                    if next_offset is not None:
-                        position = max(position, next_offset)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        with RawClient.connect(cached.bootstrap_servers) as client:
+            client.range_fetch(client.topic_id(topic), 0, 0, [shares[slot]], max_bytes=1, max_wait_ms=0)  # again below
+            all_known.wait()
+            deliver_range(client, topic, [shares[slot]], f"c{slot}", history, live, deadline, max_bytes=4096)
 
-    threads = [threading.Thread(target=consume, args=(slot,)) for slot in range(4)]
-    for thread in threads:
-        thread.start()
-    live.start()
-    live.join()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors[0]
+    read_while_written(consume, 4, live)
     assert live.failed == backlog.failed == 0
     verdict = check(history)
     assert verdict.ok(), verdict.summary()
