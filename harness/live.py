@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.history import History
+from harness.threads import in_threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,25 +158,12 @@ def read_while_written(consume: Callable[[int], None], count: int, live: LivePro
                        timeout: float = 120.0) -> None:
     """``consume(0)`` ... ``consume(count - 1)`` on threads of their own, started before
     ``live`` starts writing; waits for the producer, then up to ``timeout`` seconds for each
-    consumer, and raises the first exception a consumer (or the producer) raised."""
-    errors: list[BaseException] = []
+    consumer, and raises the first exception the producer or a consumer raised."""
+    def write() -> None:
+        live.start()
+        live.join()
 
-    def run(slot: int) -> None:
-        try:
-            consume(slot)
-        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(slot,), daemon=True) for slot in range(count)]
-    for thread in threads:
-        thread.start()
-    live.start()
-    live.join()
-    for thread in threads:
-        thread.join(timeout)
-    if errors:
-        raise errors[0]
-    assert not any(thread.is_alive() for thread in threads), "a consumer is still running"
+    in_threads(consume, count, timeout, meanwhile=write)
 
 
 def deliver_range(client, topic: str, ranges: list, member: str, history: History, live: LiveProducer,

@@ -6,10 +6,12 @@ import threading
 from collections.abc import Callable
 
 
-def in_threads(worker: Callable[[int], object], count: int, timeout: float = 120.0) -> None:
-    """``worker(0)`` ... ``worker(count - 1)`` at the same time; waits up to ``timeout``
-    seconds for each, and raises the first exception any of them raised (a worker still
-    running past it fails the test as well)."""
+def in_threads(worker: Callable[[int], object], count: int, timeout: float = 120.0,
+               meanwhile: Callable[[], object] | None = None) -> None:
+    """``worker(0)`` ... ``worker(count - 1)`` at the same time; ``meanwhile()`` once they
+    have started (in the caller's thread); then waits up to ``timeout`` seconds for each,
+    and raises the first exception any of them raised (a worker still running past it
+    fails the test as well)."""
     errors: list[BaseException] = []
 
     def run(index: int) -> None:
@@ -21,6 +23,8 @@ def in_threads(worker: Callable[[int], object], count: int, timeout: float = 120
     threads = [threading.Thread(target=run, args=(index,), daemon=True) for index in range(count)]
     for thread in threads:
         thread.start()
+    if meanwhile is not None:
+        meanwhile()
     for thread in threads:
         thread.join(timeout)
     if errors:
