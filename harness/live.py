@@ -19,7 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.history import History
+from harness.raw_client import records_of
 from harness.threads import in_threads
+from proxy.ranges import contains
+from proxy.records.keyhash import key_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +176,6 @@ def deliver_range(client, topic: str, ranges: list, member: str, history: Histor
     ``deadline``, a ``time.monotonic()``), recording each record handed out in ``history``
     as ``member``'s; each answer's records go to ``on_answer`` first. Every record must
     belong to ``ranges``."""
-    from harness.raw_client import records_of
-    from proxy.ranges import contains
-    from proxy.records.keyhash import key_hash
-
     topic_id = client.topic_id(topic)
     position = 0
     while time.monotonic() < deadline:

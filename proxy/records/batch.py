@@ -431,9 +431,6 @@ def parse_control_record(record: Record) -> ControlRecord:
     return ControlRecord(version, kind, record)
 
 
-_LAST_OFFSET_DELTA = struct.Struct(">i")
-LAST_OFFSET_DELTA_OFFSET = 23
-
 
 def cut_after(blob, max_bytes: int) -> tuple[int, int] | None:
     """Where to cut a record set so that its head holds at most ``max_bytes`` (at least its
@@ -442,25 +439,16 @@ def cut_after(blob, max_bytes: int) -> tuple[int, int] | None:
 
     Why: a cached key-range share can be larger than what the consumer fetching it asked
     for (a wide read-ahead split into uneven shares); the head is served, the rest waits
-    in the cache at the offset the head leaves the consumer at. Only the entries' prefixes
-    are read: the blob comes from the proxy's own split, whose entries are whole."""
-    view = as_byte_view(blob)
-    n = len(view)
-    if n <= max_bytes:
+    in the cache at the offset the head leaves the consumer at."""
+    if len(blob) <= max_bytes:
         return None
-    pos = 0
     cut: tuple[int, int] | None = None
-    while pos + LOG_OVERHEAD <= n:
-        base_offset, length = _ENTRY_PREFIX.unpack_from(view, pos)
-        end = pos + LOG_OVERHEAD + length
-        if length < MIN_ENTRY_LENGTH or end > n:
-            break  # cut short: what follows is not a whole entry
+    for entry in iter_batches(blob):
+        if isinstance(entry, PartialBatch):
+            break
+        end = entry.position + len(entry.data)
         if cut is not None and end > max_bytes:
             return cut
-        if view[pos + MAGIC_OFFSET] >= 2:
-            next_offset = base_offset + _LAST_OFFSET_DELTA.unpack_from(view, pos + LAST_OFFSET_DELTA_OFFSET)[0] + 1
-        else:
-            next_offset = base_offset + 1  # a legacy entry: a wrapper carries its last inner offset
-        cut = (end, next_offset)
-        pos = end
+        # a legacy entry holds one message, or a wrapper carrying its last inner offset
+        cut = (end, entry.header.next_offset if isinstance(entry, RecordBatch) else entry.base_offset + 1)
     return None  # every whole entry fits
