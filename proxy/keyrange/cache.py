@@ -290,12 +290,22 @@ class ActiveRangeSets:
         # the offset after the furthest read split for a partition's sets (``frontier``)
         self._frontier: dict[PartitionId, int] = {}
         self._joined: dict[PartitionId, float] = {}  # when a set last joined a partition's
+        self._foremost: dict[PartitionId, int] = {}  # the furthest position a consumer was served up to
         self._swept = -float("inf")
 
     def read(self, partition: PartitionId, next_offset: int) -> None:
         """A read of ``partition`` ending before ``next_offset`` was split for its sets."""
         if partition in self._seen and next_offset > self._frontier.get(partition, -1):
             self._frontier[partition] = next_offset
+
+    def reach(self, partition: PartitionId, position: int) -> None:
+        """A consumer of ``partition`` was served up to ``position``."""
+        if partition in self._seen and position > self._foremost.get(partition, -1):
+            self._foremost[partition] = position
+
+    def foremost(self, partition: PartitionId) -> int:
+        """The furthest position a consumer of ``partition`` was served up to (-1: none)."""
+        return self._foremost.get(partition, -1)
 
     def settled(self, partition: PartitionId, now: float, seconds: float) -> bool:
         """Whether no range set has joined ``partition``'s in the last ``seconds``."""
@@ -334,6 +344,7 @@ class ActiveRangeSets:
                 del self._seen[partition]
                 self._frontier.pop(partition, None)
                 self._joined.pop(partition, None)
+                self._foremost.pop(partition, None)
 
     def _expire(self, partition: PartitionId, sets: dict[RangeSet, float], now: float) -> None:
         expired = [r for r, seen in sets.items() if now - seen > self.ttl]

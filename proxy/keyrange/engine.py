@@ -41,7 +41,7 @@ from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import FetchRequest, FetchResponse
 from proxy.protocol.values import strip_extensions
-from proxy.records.batch import cut_after
+from proxy.records.batch import cut_after, next_offset_after
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
 from proxy.records.split import SetStats, SplitResult, filter_by_offsets, match_offsets, split_records
@@ -100,7 +100,7 @@ class FetchPlan:
 
 @dataclass(slots=True)
 class Prefetch:
-    """Key-range prefetch: a broker read the proxy makes itself, one step ahead of the
+    """Key-range prefetch: a broker read the proxy makes itself, a step ahead of the
     consumers of shared partitions: (topic, partition) -> the position it reads from."""
 
     version: int
@@ -109,6 +109,7 @@ class Prefetch:
     body: FetchRequest
     read_bytes: int = 0  # the partitions' limits summed: what its answer may hold
     wide: int = 0  # partitions read beyond their consumer's limit
+    limits: dict[tuple[str, int], int] = field(default_factory=dict)  # each partition's consumer limit
 
 
 # Each range set's share of a wide read-ahead is sized at this fraction of its consumer's
@@ -406,6 +407,8 @@ class KeyRangeEngine:
             entry.log_start_offset = share.log_start_offset
             entry.aborted_transactions = list(share.aborted_transactions)
             entry.key_ranges_applied = [response_class.KeyRange(start=r.start, end=r.end) for r in share.ranges]
+        for pk, (position, _) in plan.reached.items():
+            self.active.reach((plan.names.get(pk) or self._name(pk[0]), pk[1]), position)
         for pk in ranges.invalid:
             entry = self._partition_entry(response, topics, pk, response_class)
             if entry.error_code != INVALID_REQUEST:
@@ -508,9 +511,8 @@ class KeyRangeEngine:
         Consumers sharing a partition by key range each fetch, take their share, and fetch
         again: without this the broker read of the next position starts only when the
         first of them asks for it, and all of them wait for it and for its split. Read
-        one step ahead (only from a position a consumer has reached, so never more than
-        one read beyond the foremost consumer), the shares are cached by the time they
-        ask. A partition qualifies when its records are cached as such
+        one step ahead (only from a position a consumer has reached; ``chain`` adds a
+        second), the shares are cached by the time they ask. A partition qualifies when its records are cached as such
         (``reserve.message.value.range.fetch``), at least two range sets read it, there is
         more to read than was served, and no read of that position is cached or under way.
 
@@ -522,6 +524,7 @@ class KeyRangeEngine:
         if not plan.sessionless or not plan.reached:
             return None
         positions: dict[tuple[str, int], int] = {}
+        limits: dict[tuple[str, int], int] = {}
         topics: dict[TopicKey, FetchRequest.FetchTopic] = {}
         total = widened = 0
         for pk, (position, end) in plan.reached.items():
@@ -550,6 +553,7 @@ class KeyRangeEngine:
             widened += wide > limit
             entry.partitions.append(dataclasses.replace(partition, fetch_offset=position, partition_max_bytes=wide))
             positions[partition_id] = position
+            limits[partition_id] = limit
             total += wide
         if not positions:
             return None
@@ -559,7 +563,64 @@ class KeyRangeEngine:
                                    max_bytes=max(plan.request.max_bytes, total),
                                    topics=list(topics.values()), forgotten_topics_data=[])
         strip_extensions(body)
-        return Prefetch(plan.version, plan.isolation_level, positions, body, total, widened)
+        return Prefetch(plan.version, plan.isolation_level, positions, body, total, widened, limits)
+
+    def chain(self, ahead: Prefetch, response: FetchResponse, in_flight: Callable[[tuple[str, int, int, int]], bool],
+              now: float, *, room: int = 0) -> Prefetch | None:
+        """The read after ``ahead`` of its wide partitions, to send as soon as ``ahead``'s
+        answer is here, before it is split; or None.
+
+        Made from a consumer's fetch (``prefetch``), the next read would leave only once the
+        first consumer takes its share of this one: after the split. Sent before it, the
+        broker's answer is on its way while this one is split and handed out. A partition
+        goes on when its read was wide, the answer holds records and stops short of what
+        there is, the foremost consumer has reached where this read began (so reads run at
+        most two ahead of it), its next position is neither cached nor being read, and the
+        ``room`` left for reads on their way takes another of the same size.
+        """
+        if response.error_code != ErrorCode.NONE:
+            return None
+        level = ahead.isolation_level
+        ends: dict[tuple[str, int], int] = {}
+        for topic in response.responses:
+            name = self._name(topic_key(topic))
+            for partition in topic.partitions:
+                partition_id = (name, partition.partition_index)
+                start = ahead.positions.get(partition_id)
+                if start is None or partition.error_code != ErrorCode.NONE or not partition.records \
+                        or self.active.foremost(partition_id) < start:
+                    continue
+                end = next_offset_after(partition.records)
+                if end is not None and start < end < self._end(partition, level):
+                    ends[partition_id] = end
+        if not ends:
+            return None
+        positions: dict[tuple[str, int], int] = {}
+        topics: list[FetchRequest.FetchTopic] = []
+        total = 0
+        for asked in ahead.body.topics:
+            name = self._name(topic_key(asked))
+            partitions = []
+            for read in asked.partitions:
+                partition_id = (name, read.partition)
+                end = ends.get(partition_id)
+                width = read.partition_max_bytes
+                if end is None or width <= ahead.limits.get(partition_id, width) or width > room \
+                        or in_flight((name, read.partition, end, level)):
+                    continue
+                sets = self.active.active(partition_id, now)
+                if len(sets) < 2 or any(self.cache.holds(partition_id, ranges, end, level) for ranges in sets):
+                    continue
+                room -= width
+                total += width
+                positions[partition_id] = end
+                partitions.append(dataclasses.replace(read, fetch_offset=end))
+            if partitions:
+                topics.append(dataclasses.replace(asked, partitions=partitions))
+        if not positions:
+            return None
+        body = dataclasses.replace(ahead.body, max_bytes=max(ahead.body.max_bytes, total), topics=topics)
+        return Prefetch(ahead.version, level, positions, body, total, len(positions), dict(ahead.limits))
 
     def prefetch_jobs(self, ahead: Prefetch, response: FetchResponse, now: float) -> dict[tuple[str, int], PrefetchJob]:
         """The splits of a prefetch's answer, each partition (with its entry in the

@@ -177,7 +177,7 @@ class KeyRangeFetchFeature(Feature):
         if plan.upstream_body is None:
             response = engine.complete(state, plan, None, trio.current_time())
             self._export()
-            route = Route.answer(messages.encode_response(
+            route = Route.answer(messages.encode_response_gathered(
                 ApiKey.FETCH, version, messages.new_response_header(request.correlation_id), response))
             own = self._prefetch(ctx, header, plan)
             if own is not None:
@@ -223,6 +223,11 @@ class KeyRangeFetchFeature(Feature):
                                 max_read_bytes=self.prefetch_max_bytes, room=room)
         if ahead is None:
             return None
+        return self._own_read(ctx, header, ahead)
+
+    def _own_read(self, ctx: ConnectionContext, header: RequestHeader,
+                  ahead: Prefetch) -> tuple[OwnRequest, Callable[[], None]]:
+        """The request of a read ahead, with the events of its positions announced."""
         level = ahead.isolation_level
         events = self._announce([(name, partition, position, level)
                                  for (name, partition), position in ahead.positions.items()])
@@ -238,7 +243,7 @@ class KeyRangeFetchFeature(Feature):
 
         async def arrived(raw: bytes | bytearray) -> None:
             try:
-                await self._cache_prefetch(ctx, ahead, raw)
+                await self._cache_prefetch(ctx, header, ahead, raw)
             finally:
                 settle()
 
@@ -250,10 +255,19 @@ class KeyRangeFetchFeature(Feature):
         return OwnRequest(messages.encode_request(own_header, ahead.body), ApiKey.FETCH, ahead.version,
                           correlation_id, arrived, settle), settle
 
-    async def _cache_prefetch(self, ctx: ConnectionContext, ahead: Prefetch, raw: bytes | bytearray) -> None:
+    async def _cache_prefetch(self, ctx: ConnectionContext, header: RequestHeader, ahead: Prefetch,
+                              raw: bytes | bytearray) -> None:
         decoded: DecodedResponse[FetchResponse]
         _, decoded = ctx.decode_own_response(ApiKey.FETCH, ahead.version, raw)
         engine = self.engine
+        cache = engine.cache
+        following = engine.chain(ahead, decoded.body, self._inflight.__contains__, trio.current_time(),
+                                 room=(cache.max_bytes - cache.bytes_held - self._ahead_bytes) // 2)
+        if following is not None:
+            request, settle = self._own_read(ctx, header, following)
+            self.metrics.prefetch_chained.inc()
+            if not await ctx.send_own(request):
+                settle()
         jobs = engine.prefetch_jobs(ahead, decoded.body, trio.current_time())
         if jobs:
             await self.workers.run(job for _, job in jobs.values())

@@ -15,6 +15,10 @@ class KeyRangeMetrics:
                                      "Partitions read ahead wide: more than their consumer's limit, about a limit for "
                                      "each range set sharing the partition (key.range.prefetch.max.bytes).",
                                      registry=r)
+        self.prefetch_chained = Counter("kafka_proxy_keyrange_prefetch_chained",
+                                        "Reads ahead sent when the read before them arrived, before its split (at "
+                                        "most two ahead of the foremost consumer); counted in prefetch_sent too.",
+                                        registry=r)
         self.shares_cut = Counter("kafka_proxy_keyrange_shares_cut",
                                     "Cached shares served in parts: larger than the limit of the consumer fetching "
                                     "them (keys unevenly spread over the ranges).", registry=r)

@@ -2560,7 +2560,24 @@ static PyObject *py_answer(PyObject *self, PyObject *args)
     return out;
 }
 
+/* A bytearray of n bytes left as the allocator gives them: a frame buffer the socket reads
+ * fill whole before anything reads it, so zeroing megabytes first is wasted work. */
+static PyObject *py_unfilled_bytearray(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative size");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, n);
+}
+
 static PyMethodDef methods[] = {
+    {"unfilled_bytearray", py_unfilled_bytearray, METH_O,
+     "unfilled_bytearray(n): a bytearray of n bytes not set to anything (for a buffer filled whole before use)."},
     {"relay", (PyCFunction)(void (*)(void))py_relay, METH_VARARGS | METH_KEYWORDS,
      "Relay frames between two sockets until a frame needs the interpreter (see the module's comment)."},
     {"peek", py_peek, METH_VARARGS,

@@ -63,9 +63,10 @@ except ImportError:  # pragma: no cover - not POSIX
 
 import trio
 
+from proxy import accelerators
 from proxy.net.budget import RequestBudget
 from proxy.protocol.errors import ProtocolError
-from proxy.protocol.framing import SIZE_PREFIX, FrameSplitter, peek_correlation_id
+from proxy.protocol.framing import SIZE_PREFIX, FrameSplitter, GatheredFrame, peek_correlation_id
 
 _RECEIVE_CHUNK = 256 * 1024
 _HEADER_READ = 64 * 1024  # small frames arrive whole in one read; large ones are read in place
@@ -455,7 +456,8 @@ class FrameStream:
         else:
             room = self._room(size, splitter.buffered - 4)
             await self._charge(room)
-            frame = bytearray(room)
+            # a buffer of the frame's exact size is filled whole before it is read: not zeroed
+            frame = _unfilled_bytearray(room) if room == size else bytearray(room)
         available = splitter.take_start(memoryview(frame)[:size])
         return size, frame, available
 
@@ -483,8 +485,16 @@ class FrameStream:
                 raise trio.BrokenResourceError(f"stream ended inside a frame ({filled} of {size} bytes)")
             return received
 
-    async def send_frame(self, body: bytes | bytearray | memoryview) -> None:
+    async def send_frame(self, body: bytes | bytearray | memoryview | GatheredFrame) -> None:
         prefix = SIZE_PREFIX.pack(len(body))
+        if isinstance(body, GatheredFrame):
+            if self._socket is None:
+                await self.stream.send_all(prefix)
+                for part in body.parts:
+                    await self.stream.send_all(part)
+                return
+            await send_buffers(self._socket, (prefix, *body.parts))
+            return
         if self._socket is None:
             if len(body) < _COALESCE_LIMIT:
                 await self.stream.send_all(prefix + body)
@@ -700,15 +710,22 @@ class _Outbox:
             self.source._close_pipe()
 
 
+# bytearray(n) without zeroing its n bytes, where the native relay's module is built
+_unfilled_bytearray = getattr(accelerators.optional("proxy.net._cpump"), "unfilled_bytearray", bytearray)
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # buffers one writev takes
+
+
 async def send_buffers(sock: Any, buffers) -> None:
     """Write the buffers to a plain TCP socket in order, with one system call when it
-    takes them all."""
+    takes them all (up to the kernel's IOV_MAX buffers a call)."""
+    offered = buffers[:_IOV_MAX]
     try:
-        done = os.writev(sock.fileno(), buffers)
+        done = os.writev(sock.fileno(), offered)
     except BlockingIOError:
         done = 0
     if done == sum(map(len, buffers)):
         return
+    full = done < sum(map(len, offered))  # else it took all it was offered: offer the rest at once
     remaining = [memoryview(buffer) for buffer in buffers if len(buffer)]
     while True:
         while remaining and done >= len(remaining[0]):
@@ -717,11 +734,14 @@ async def send_buffers(sock: Any, buffers) -> None:
             return
         if done:
             remaining[0] = remaining[0][done:]
-        await trio.lowlevel.wait_writable(sock)
+        if full:
+            await trio.lowlevel.wait_writable(sock)
+        offered = remaining[:_IOV_MAX]
         try:  # the descriptor is looked up again after every wait: never a stale one
-            done = os.writev(sock.fileno(), remaining)
+            done = os.writev(sock.fileno(), offered)
         except BlockingIOError:
             done = 0
+        full = done < sum(map(len, offered))
 
 
 

@@ -37,7 +37,7 @@ from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError
-from proxy.protocol.framing import RequestHeaderPeek
+from proxy.protocol.framing import GatheredFrame, OutgoingFrame, RequestHeaderPeek
 from proxy.protocol.message_types import ApiVersionsResponse
 from proxy.protocol.message_versions import API_VERSIONS_FIRST_SUPPORTED_FEATURES, FETCH_FIRST_FLEXIBLE
 from proxy.protocol.peek import produce_acks
@@ -220,9 +220,11 @@ class FeatureChain:
             return route
         raw_transform = route.transform
 
-        async def transform(raw: bytes) -> bytes:
+        async def transform(received: bytes) -> OutgoingFrame:
+            raw: bytes | bytearray = received
             if raw_transform is not None:
-                raw = await raw_transform(raw)
+                rewritten = await raw_transform(received)
+                raw = bytes(rewritten) if isinstance(rewritten, GatheredFrame) else rewritten
             header, body = messages.decode_response(api_key, version, raw)
             response = DecodedResponse(api_key, version, header, body)
             if on_response is not None:
@@ -233,7 +235,7 @@ class FeatureChain:
                 hook(response)
             if not response.changed:
                 return raw
-            return messages.encode_response(api_key, version, response.header, response.body)
+            return messages.encode_response_gathered(api_key, version, response.header, response.body)
 
         route.transform = transform
         route.on_response = None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic
 import trio
 
 from proxy.net.streams import Relay
+from proxy.protocol.framing import OutgoingFrame
 from proxy.protocol.message_types import ResponseHeader
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ else:
 
     B = TypeVar("B")
 
-ResponseTransform = Callable[[bytes], Awaitable[bytes]]
+# A transform's result goes to the client as it is: one buffer, or several (GatheredFrame).
+ResponseTransform = Callable[[bytes], Awaitable[OutgoingFrame]]
 ResponseSink = Callable[[bytes], Awaitable[None]]
 
 
@@ -66,16 +68,16 @@ class LocalAnswer:
 
     def __init__(self) -> None:
         self._event = trio.Event()
-        self._frame: bytes | bytearray | None = None
+        self._frame: OutgoingFrame | None = None
         self._error: BaseException | None = None
 
     @classmethod
-    def ready(cls, frame: bytes | bytearray) -> LocalAnswer:
+    def ready(cls, frame: OutgoingFrame) -> LocalAnswer:
         answer = cls()
         answer.set(frame)
         return answer
 
-    def set(self, frame: bytes | bytearray) -> None:
+    def set(self, frame: OutgoingFrame) -> None:
         self._frame = frame
         self._event.set()
 
@@ -83,7 +85,7 @@ class LocalAnswer:
         self._error = error
         self._event.set()
 
-    async def wait(self) -> bytes | bytearray:
+    async def wait(self) -> OutgoingFrame:
         await self._event.wait()
         if self._error is not None:
             raise self._error
@@ -157,6 +159,6 @@ class Route:
             raise ValueError(f"a route that expects no response has no {sources[0]}")
 
     @classmethod
-    def answer(cls, frame: bytes | bytearray) -> Route:
+    def answer(cls, frame: OutgoingFrame) -> Route:
         """The proxy answers with ``frame``; nothing goes to the broker."""
         return cls(None, local=LocalAnswer.ready(frame))

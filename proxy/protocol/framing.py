@@ -96,6 +96,28 @@ def frame_bytes(body: bytes | bytearray | memoryview) -> bytes:
     return SIZE_PREFIX.pack(len(body)) + bytes(body)
 
 
+class GatheredFrame:
+    """A frame body held as several buffers to be written in order (one writev): the
+    encoded fields, and between them the large record sets left where they were
+    (``primitives.GatheringBuffer``). ``len`` is the body's size; ``bytes`` joins it."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+        self.size = sum(map(len, parts))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
+# A frame body on its way out: one buffer, or several (``GatheredFrame``).
+OutgoingFrame = bytes | bytearray | GatheredFrame
+
+
 class FrameTooLarge(ProtocolError):
     """A size prefix over the limit in force: the connection is closed before a byte of
     the body is read. ``limit_name`` says which limit (a setting's name), for the log

@@ -60,8 +60,9 @@ from proxy.protocol.api_keys import ApiKey, api_name
 from proxy.protocol.compiler import MessageCodec, as_view, compile_message
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.errors import ProtocolError, UnsupportedVersionError
-from proxy.protocol.framing import peek_correlation_id
+from proxy.protocol.framing import GatheredFrame, peek_correlation_id
 from proxy.protocol.message_types import RequestHeader, ResponseHeader
+from proxy.protocol.primitives import GatheringBuffer
 from proxy.protocol.schema import MessageDef, View, registry
 from proxy.protocol.values import message_classes, strip_extensions, to_dict
 
@@ -90,6 +91,7 @@ __all__ = [
     "encode_data",
     "encode_request",
     "encode_response",
+    "encode_response_gathered",
     "is_flexible",
     "new_body",
     "new_data",
@@ -253,6 +255,26 @@ class FrameCodec:
         self.header.encode_into(out, header)
         self.body.encode_into(out, body)
         return bytes(out)
+
+    def encode_gathered(self, header: object, body: object) -> bytes | GatheredFrame:
+        """Like ``encode``, but record sets of ``GATHER_MIN_BYTES`` or more are not copied:
+        the frame is returned as the buffers to write in order when it has any."""
+        out = GatheringBuffer()
+        self.header.encode_into(out, header)
+        self.body.encode_into(out, body)
+        if not out.gathered:
+            return bytes(out)
+        encoded = memoryview(out)
+        parts: list = []
+        start = 0
+        for position, records in out.gathered:
+            if position > start:
+                parts.append(encoded[start:position])
+            parts.append(records)
+            start = position
+        if start < len(out):
+            parts.append(encoded[start:])
+        return GatheredFrame(tuple(parts))
 
 
 class MessageRegistry:
@@ -471,6 +493,13 @@ def decode_response_by_correlation(
 def encode_response(api_key: int, api_version: int, header: ResponseHeader, body: object) -> bytes:
     """A response frame (without size prefix)."""
     return REGISTRY.frame(api_key, api_version, "response").encode(header, body)
+
+
+def encode_response_gathered(api_key: int, api_version: int, header: ResponseHeader,
+                             body: object) -> bytes | GatheredFrame:
+    """A response frame (without size prefix) to be sent as it is: its large record sets
+    are not copied (``FrameCodec.encode_gathered``)."""
+    return REGISTRY.frame(api_key, api_version, "response").encode_gathered(header, body)
 
 
 # --------------------------------------------------------------------------- data structures

@@ -46,6 +46,8 @@ RECORDS_OFFSET = HEADER_SIZE
 # The smallest legal entry of any format: a v0 message with null key and value.
 MIN_ENTRY_LENGTH = 14
 _ENTRY_PREFIX = struct.Struct(">qi")
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_LAST_OFFSET_DELTA_AT = 23  # in a v2 entry: after base offset, length, leader epoch, magic, CRC, attributes
 
 COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_BIT = 0x08  # 0 CreateTime, 1 LogAppendTime
@@ -430,6 +432,28 @@ def parse_control_record(record: Record) -> ControlRecord:
         kind = ctype
     return ControlRecord(version, kind, record)
 
+
+
+def next_offset_after(blob) -> int | None:
+    """The offset after the last whole entry of a record set (None: it holds none): where
+    the read that returned it leaves its reader."""
+    view = as_byte_view(blob)
+    n = len(view)
+    pos = 0
+    next_offset: int | None = None
+    while n - pos > MAGIC_OFFSET:
+        base_offset, length = _ENTRY_PREFIX.unpack_from(view, pos)
+        size = LOG_OVERHEAD + length
+        if length < MIN_ENTRY_LENGTH or size > n - pos:
+            break
+        if view[pos + MAGIC_OFFSET] == 2:
+            if size < HEADER_SIZE:
+                break
+            next_offset = base_offset + _LAST_OFFSET_DELTA.unpack_from(view, pos + _LAST_OFFSET_DELTA_AT)[0] + 1
+        else:  # a legacy entry: one message, or a wrapper carrying its last inner offset
+            next_offset = base_offset + 1
+        pos += size
+    return next_offset
 
 
 def cut_after(blob, max_bytes: int) -> tuple[int, int] | None:

@@ -492,9 +492,9 @@ class ClientConnection:
                     ledger.answered(exchange)
                     continue
                 if isinstance(source, Local):
-                    response = await source.answer.wait()
-                    await self.client.send_frame(response)
-                    size = len(response)
+                    answer = await source.answer.wait()
+                    await self.client.send_frame(answer)
+                    size = len(answer)
                 elif isinstance(source, Relayed):
                     # Passed on while it arrives, rewritten (if at all) in place.
                     size = await upstream.relay_frame(self.client, exchange.correlation_id, source.relay)
@@ -509,10 +509,9 @@ class ClientConnection:
                     size = None
                     if response is not None:
                         check_correlation_id(response, exchange)
-                        if source.transform is not None:
-                            response = await source.transform(response)
-                        await self.client.send_frame(response)
-                        size = len(response)
+                        outgoing = response if source.transform is None else await source.transform(response)
+                        await self.client.send_frame(outgoing)
+                        size = len(outgoing)
                 if exchange.settle is not None:
                     self._unsettled.discard(exchange)
                     self._settle(exchange)

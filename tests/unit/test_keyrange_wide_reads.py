@@ -7,6 +7,8 @@ whose share is cached or on its way asks the broker for one batch only."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from harness.batches import Rec, kafka_python_batch, legacy_batch
 from proxy.keyrange.engine import (
     PROBE_BYTES,
@@ -20,7 +22,7 @@ from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
 from proxy.ranges import equal_shares
-from proxy.records.batch import RecordBatch, cut_after, iter_batches
+from proxy.records.batch import RecordBatch, cut_after, iter_batches, next_offset_after
 
 R = messages.body_class(ApiKey.FETCH, "request")
 P = messages.body_class(ApiKey.FETCH, "response")
@@ -206,3 +208,54 @@ def test_a_served_connection_never_probes():
     plan = engine.plan(conns[0], 12, _request(0, 400), now=T0)
     engine.probe_reads(conns[0], plan, lambda key: True)
     assert not plan.probes
+
+
+# -- the next read sent as the last one arrives ---------------------------------------------------
+
+def _wide_ahead(engine, plans):
+    ahead = engine.prefetch(plans[0], lambda key: False, now=LATER, max_read_bytes=16 << 20, room=1 << 30)
+    assert ahead is not None and ahead.wide
+    return ahead
+
+
+def test_a_wide_read_chains_the_next_when_its_answer_arrives():
+    engine = _engine()
+    _, plans = _all_active(engine)
+    ahead = _wide_ahead(engine, plans)
+    following = engine.chain(ahead, _response(400, _records(400, 400)), lambda key: False, LATER, room=1 << 30)
+    assert following is not None, "sent before the answer is split: the broker's next answer is on its way meanwhile"
+    assert following.positions == {("t", 0): 800}, "from where the answer ends"
+    width = ahead.body.topics[0].partitions[0].partition_max_bytes
+    assert following.body.topics[0].partitions[0].partition_max_bytes == width
+    assert following.read_bytes == width and following.limits == ahead.limits
+
+
+def test_a_read_is_not_chained_beyond_what_the_consumers_and_the_log_allow():
+    engine = _engine()
+    _, plans = _all_active(engine)
+    ahead = _wide_ahead(engine, plans)
+    records = _records(400, 400)
+
+    def chained(**change):
+        response = _response(400, change.pop("records", records), high_watermark=change.pop("high_watermark", 100_000))
+        args = {"in_flight": lambda key: False, "room": 1 << 30, "ahead": ahead, **change}
+        return engine.chain(args["ahead"], response, args["in_flight"], LATER, room=args["room"])
+
+    assert chained() is not None
+    assert chained(high_watermark=800) is None, "the answer reaches the log end: nothing to read yet"
+    assert chained(room=1 << 20) is None, "the cache has no room for another read on its way"
+    assert chained(in_flight=lambda key: key == ("t", 0, 800, 0)) is None, "its next position is being read"
+    narrow = engine.prefetch(plans[0], lambda key: False, now=T0, max_read_bytes=16 << 20, room=1 << 30)
+    assert narrow is not None and not narrow.wide
+    assert chained(ahead=narrow) is None, "narrow reads (sets joining, catching up) wait for their consumers"
+    ahead_of_all = dataclasses.replace(ahead, positions={("t", 0): 800})
+    assert chained(ahead=ahead_of_all, records=_records(800, 400)) is None, \
+        "no consumer reached where the read began: two reads ahead of the foremost at most"
+
+
+def test_next_offset_after_is_where_the_last_whole_entry_leaves_the_reader():
+    blob = _records(0, 200)
+    assert next_offset_after(blob) == 200
+    assert next_offset_after(blob + blob[:70]) == 200, "a cut-short tail is not read"
+    assert next_offset_after(b"") is None and next_offset_after(blob[:40]) is None
+    assert next_offset_after(blob + legacy_batch([Rec(0, b"k", b"v")], base_offset=250)) == 251

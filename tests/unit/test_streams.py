@@ -17,8 +17,10 @@ from proxy.features.addresses import PADDING_TAG, rewrite_fetch_tail
 from proxy.net.streams import OPAQUE, FrameStream, PartialFrame, Relay
 from proxy.protocol import messages
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.framing import GatheredFrame
 from proxy.protocol.messages import ApiKey
 from proxy.protocol.peek import fetch_response_tail, has_tag, walk_fetch_response
+from proxy.protocol.primitives import GATHER_MIN_BYTES
 
 FETCH = messages.body_class(ApiKey.FETCH, "response")
 
@@ -129,6 +131,60 @@ async def test_send_frame_completes_through_a_small_send_buffer():
         with trio.fail_after(30):
             got.append(await reader.receive_frame())
     assert bytes(got[0]) == body
+    await a.aclose()
+    await b.aclose()
+
+
+@pytest.mark.parametrize("version", [12, 16])
+async def test_a_gathered_fetch_answer_arrives_as_the_copied_one_would(version):
+    """Record sets above GATHER_MIN_BYTES stay out of the encoded buffer and go out in the
+    same writev; what the client reads is the frame ``encode_response`` makes."""
+    raw = fetch_response(version, hints=None, partitions=4, record_bytes=100_000)
+    header, body = messages.decode_response(ApiKey.FETCH, version, raw)
+    body.responses[0].partitions[1].records = b"\x00" * 100  # small: copied in place
+    expected = messages.encode_response(ApiKey.FETCH, version, header, body)
+    gathered = messages.encode_response_gathered(ApiKey.FETCH, version, header, body)
+    assert isinstance(gathered, GatheredFrame) and len(gathered) == len(expected)
+    assert bytes(gathered) == expected
+    assert sum(1 for part in gathered.parts if len(part) >= GATHER_MIN_BYTES) == 3, "the large ones not copied"
+    a, b = await tcp_pair()
+    a.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    writer, reader = FrameStream(a, 4 * 1024 * 1024), FrameStream(b, 4 * 1024 * 1024)
+    got = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.send_frame, gathered)
+        with trio.fail_after(30):
+            got.append(await reader.receive_frame())
+    assert bytes(got[0]) == expected
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_send_buffers_writes_more_buffers_than_one_writev_takes(monkeypatch):
+    monkeypatch.setattr(streams_module, "_IOV_MAX", 7)
+    writev = os.writev
+
+    def kernel_writev(fd, buffers):  # a kernel whose IOV_MAX is 7
+        if len(buffers) > 7:
+            raise OSError(22, "Invalid argument")
+        return writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", kernel_writev)
+    a, b = await tcp_pair()
+    a.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    rng = random.Random(3)
+    buffers = [rng.randbytes(rng.choice((0, 1, 900, 70_000))) for _ in range(40)]
+    expected = b"".join(buffers)
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+        async def collect() -> None:
+            while len(received) < len(expected):
+                received.extend(await b.receive_some(1 << 16))
+
+        nursery.start_soon(collect)
+        with trio.fail_after(30):
+            await streams_module.send_buffers(a.socket, buffers)
+    assert bytes(received) == expected
     await a.aclose()
     await b.aclose()
 
