@@ -95,3 +95,29 @@ def normalize(ranges: Iterable[KeyRange]) -> list[KeyRange]:
 def effective_ranges(ranges: Sequence[KeyRange] | None) -> list[KeyRange]:
     """What a possibly empty range list means: the whole space when empty."""
     return normalize(ranges) if ranges else [FULL_RANGE]
+
+
+def subtract(ranges: Iterable[KeyRange], minus: Iterable[KeyRange]) -> list[KeyRange]:
+    """The hashes of ``ranges`` not in ``minus``, normalized (both may be unsorted and
+    overlapping)."""
+    out: list[KeyRange] = []
+    taken = normalize(minus)
+    for r in normalize(ranges):
+        start = r.start
+        for m in taken:
+            if m.end < start or m.start > r.end:
+                continue
+            if m.start > start:
+                out.append(KeyRange(start, m.start - 1))
+            start = m.end + 1
+            if start > r.end:
+                break
+        if start <= r.end:
+            out.append(KeyRange(start, r.end))
+    return out
+
+
+def covers(wide: Iterable[KeyRange], narrow: Iterable[KeyRange]) -> bool:
+    """Whether every hash of ``narrow`` is in ``wide`` (no ranges: nothing, here)."""
+    return not subtract(narrow, wide)
+

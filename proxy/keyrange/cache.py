@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from proxy.protocol.message_types import FetchResponse
-from proxy.ranges import KeyRange
+from proxy.ranges import KeyRange, covers
 
 RangeSet = tuple[KeyRange, ...]
 PartitionId = tuple[str, int]  # (topic name, partition)
@@ -150,6 +150,8 @@ class ShareCache:
         self._lru: OrderedDict[Hashable, CachedShare] = OrderedDict()
         # (partition, ranges, isolation level) -> keys of its shares, for lookup by position
         self._by_set: dict[tuple[PartitionId, RangeSet, int], dict[int, Hashable]] = {}
+        # (partition, isolation level) -> the range sets it holds shares of (``wider``)
+        self._sets_of: dict[tuple[PartitionId, int], set[RangeSet]] = {}
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -197,6 +199,7 @@ class ShareCache:
         if per_set is None:
             per_set = self._by_set[set_key] = {}
             self.bytes_held += SET_ENTRY_BYTES
+            self._sets_of.setdefault((share.partition, share.isolation_level), set()).add(share.ranges)
         per_set[share.start_offset] = key
         self.bytes_held += size
         self.stats.stored += 1
@@ -233,6 +236,34 @@ class ShareCache:
                 return True
         return False
 
+    def take_wider(self, partition: PartitionId, ranges: RangeSet, position: int,
+                   isolation_level: int) -> CachedShare | None:
+        """A share covering ``position`` of a range set holding all of ``ranges`` (not
+        ``ranges`` itself), removed from the cache: the records of ``ranges`` are among
+        its records (``KeyRangeEngine`` splits them out)."""
+        key = self._wider(partition, ranges, position, isolation_level)
+        if key is None:
+            return None
+        share = self._lru[key]
+        self._remove(key)
+        return share
+
+    def has_records_of(self, partition: PartitionId, ranges: RangeSet, position: int, isolation_level: int) -> bool:
+        """Whether the records of ``ranges`` at ``position`` are cached, in their own share
+        or in a wider one (nothing is taken)."""
+        return self.holds(partition, ranges, position, isolation_level) or \
+            self._wider(partition, ranges, position, isolation_level) is not None
+
+    def _wider(self, partition: PartitionId, ranges: RangeSet, position: int, isolation_level: int) -> Hashable | None:
+        for held in self._sets_of.get((partition, isolation_level), ()):
+            if held == ranges or not held or not covers(held, ranges):
+                continue
+            for key in self._by_set[(partition, held, isolation_level)].values():
+                share = self._lru.get(key)
+                if share is not None and share.start_offset <= position < share.next_offset:
+                    return key
+        return None
+
     def served(self, key: Hashable, share: CachedShare) -> None:
         """``share`` (cached under ``key``) was served elsewhere (the native relay): it leaves
         the cache if it is still there, and counts as a hit."""
@@ -252,6 +283,11 @@ class ShareCache:
             if not per_set:
                 del self._by_set[set_key]
                 self.bytes_held -= SET_ENTRY_BYTES
+                held = self._sets_of.get((share.partition, share.isolation_level))
+                if held is not None:
+                    held.discard(share.ranges)
+                    if not held:
+                        del self._sets_of[(share.partition, share.isolation_level)]
 
     def drop_set(self, partition: PartitionId, ranges: RangeSet) -> int:
         """Drop every share of ``ranges`` on ``partition`` (at either isolation level); how many."""

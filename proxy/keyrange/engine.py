@@ -41,6 +41,7 @@ from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.protocol.constants import ErrorCode
 from proxy.protocol.message_types import FetchRequest, FetchResponse
 from proxy.protocol.values import strip_extensions
+from proxy.ranges import FULL_RANGE, HASH_SPACE, covers, subtract
 from proxy.records.batch import cut_after, next_offset_after
 from proxy.records.compression import Codec
 from proxy.records.plan import RangePlan
@@ -70,6 +71,7 @@ class FilterStats:
     partitions_filtered: int = 0
     partitions_refused: int = 0
     shares_cut: int = 0  # cached shares served in parts (larger than the fetching consumer's limit)
+    wider_splits: int = 0  # shares split out of a wider share for a set that joined after its read
     broker_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
     touched: set[tuple[str, int]] = field(default_factory=set)  # since the last export
 
@@ -116,14 +118,27 @@ class Prefetch:
 # limit: with keys spread evenly the shares of one read differ by a few percent, and a
 # share above the limit is served in two answers (``KeyRangeEngine._head``).
 SHARE_FILL = 7 / 8
-# Reads ahead stay narrow (the consumer's limit) until no range set has joined the
-# partition for this long: a wide read made before the last consumer joined is read again
-# for it. 16 consumers starting together joined over 65 ms, most within 50 (measured); at
-# 100 ms their first tenth of a second ran narrow, at 0 the broker was read up to 1.10 x.
+# Until no range set has joined a partition for this long, its reads are split with the
+# rest of the hash space as one more set (``_with_rest``), so that a set joining after a
+# read takes its records from that rest instead of reading the broker again. 16 consumers
+# starting together joined over 65 ms, most within 50 (measured).
 SETTLE_SECONDS = 0.05
+MAX_EXPECTED_SETS = 64  # ActiveRangeSets' default bound on a partition's sets
+FULL_SPACE: RangeSet = (FULL_RANGE,)
 # A probe's partition limit: the least the broker accepts, and it returns a whole batch
 # anyway when the partition is the first in its answer with any (KIP-74), none otherwise.
 PROBE_BYTES = 1
+
+
+def expected_sets(sets: Iterable[RangeSet]) -> int:
+    """How many range sets a partition's consumers will have: as many as it has now, or,
+    while they join, as many as sets of their mean size take to cover the hash space (a
+    group of N members shares it in N equal ranges), at most ``MAX_EXPECTED_SETS``."""
+    sets = list(sets)
+    sizes = [sum(r.size for r in ranges) for ranges in sets if ranges]
+    if not sizes:
+        return len(sets)
+    return max(len(sets), min(MAX_EXPECTED_SETS, round(HASH_SPACE * len(sizes) / sum(sizes))))
 
 
 def read_ahead_bytes(limit: int, sets: int, max_read_bytes: int, room: int) -> int:
@@ -230,7 +245,7 @@ class KeyRangeEngine:
                 self.active.touch((name, pk[1]), chosen, now)
         plan.sessionless = ranges.session_id == NO_SESSION and ranges.epoch == FINAL_EPOCH
         if plan.sessionless:
-            self.take_hits(conn, plan)
+            self.take_hits(conn, plan, now)
         return plan
 
     def cacheable_misses(self, conn: ConnectionRanges, plan: FetchPlan) -> list[tuple[str, int, int]]:
@@ -250,7 +265,7 @@ class KeyRangeEngine:
                 out.append((name, pk[1], plan.fetch_offsets[pk]))
         return out
 
-    def take_hits(self, conn: ConnectionRanges, plan: FetchPlan) -> None:
+    def take_hits(self, conn: ConnectionRanges, plan: FetchPlan, now: float = 0.0) -> None:
         for pk, chosen in plan.ranges.filtered.items():
             if pk in plan.hits:
                 continue
@@ -261,9 +276,36 @@ class KeyRangeEngine:
             if not self.topic_settings(name).cache_records:
                 continue  # offsets-only shares never replace a broker read
             share = self.cache.take(partition_id, chosen, plan.fetch_offsets[pk], plan.isolation_level)
+            if share is None:
+                share = self._from_wider(partition_id, chosen, plan.fetch_offsets[pk], plan.isolation_level, now)
             if share is not None and share.records is not None:
                 requested = plan.requested.get(pk)
                 plan.hits[pk] = share if requested is None else self._head(share, requested[1].partition_max_bytes)
+
+    def _from_wider(self, partition_id: tuple[str, int], chosen: RangeSet, position: int, isolation_level: int,
+                    now: float) -> CachedShare | None:
+        """``chosen``'s share at ``position`` split out of a wider share (``_with_rest``),
+        with every other active set it holds, the rest of it cached as a wider share again;
+        None when no wider share covers the position."""
+        wide = self.cache.take_wider(partition_id, chosen, position, isolation_level)
+        if wide is None or wide.records is None:
+            return None
+        sets = canonical_sets([chosen, *(ranges for ranges in self.active.active(partition_id, now)
+                                         if covers(wide.ranges, ranges))])
+        rest = tuple(subtract(wide.ranges, [r for ranges in sets for r in ranges]))
+        if rest:
+            sets = (*sets, rest)
+        result = split_records(wide.records, self._plan_for(sets), codec=self.codec)
+        self.stats.wider_splits += 1
+        mine = None
+        for ranges, output in zip(sets, result.outputs):
+            share = dataclasses.replace(wide, ranges=ranges, records=output.records,
+                                        aborted_transactions=list(wide.aborted_transactions))
+            if ranges == chosen:
+                mine = share
+            else:
+                self.cache.put(share)
+        return mine
 
     def _head(self, share: CachedShare, limit: int) -> CachedShare:
         """What of ``share`` a consumer asking for at most ``limit`` bytes is served: all of
@@ -301,7 +343,7 @@ class KeyRangeEngine:
             if partition_id in conn.served or not self.topic_settings(name).cache_records:
                 continue
             if in_flight((name, pk[1], position, plan.isolation_level)) or \
-                    self.cache.holds(partition_id, chosen, position, plan.isolation_level):
+                    self.cache.has_records_of(partition_id, chosen, position, plan.isolation_level):
                 plan.probes.add(pk)
 
     def upstream_reads(self, plan: FetchPlan) -> list[tuple[str, int, int]]:
@@ -354,7 +396,10 @@ class KeyRangeEngine:
                 name = plan.names.get(pk) or self._name(key)
                 if not self.topic_settings(name).cache_records:
                     continue
-                sets = self._sets(chosen, (name, pk[1]), None if pk in plan.probes else plan.fetch_offsets.get(pk), now)
+                fetch_offset = None if pk in plan.probes else plan.fetch_offsets.get(pk)
+                sets = self._sets(chosen, (name, pk[1]), fetch_offset, now)
+                if fetch_offset is not None:
+                    sets = self._with_rest((name, pk[1]), sets, now)
                 jobs[pk] = self._job(partition.records, sets)
         return jobs
 
@@ -428,6 +473,17 @@ class KeyRangeEngine:
         active ones when the read's position is known (their shares can be cached)."""
         return canonical_sets([chosen, *(self.active.active(partition_id, now) if fetch_offset is not None else ())])
 
+    def _with_rest(self, partition_id: tuple[str, int], sets: tuple[RangeSet, ...], now: float,
+                   within: RangeSet = FULL_SPACE) -> tuple[RangeSet, ...]:
+        """``sets``, and while range sets are joining the partition (not ``settled``) the
+        rest of ``within`` none of them holds, as one more set: its share (a wider share)
+        is cached like theirs, and a set that joins later takes its records from it
+        (``_from_wider``) instead of reading the broker again."""
+        if self.active.settled(partition_id, now, SETTLE_SECONDS):
+            return sets
+        rest = tuple(subtract(within, [r for ranges in sets for r in ranges]))
+        return (*sets, rest) if rest else sets
+
     def _filter(self, partition: FetchResponse.PartitionData, name: str, chosen: RangeSet, fetch_offset: int | None, isolation_level: int,
                 now: float, job: SplitJob | None = None) -> int | None:
         """Filter one partition of a broker response to ``chosen``, caching the other active
@@ -449,7 +505,8 @@ class KeyRangeEngine:
         self.stats.touched.add(partition_id)
         if self.topic_settings(name).cache_records:
             if job is None:
-                job = self._job(blob, self._sets(chosen, partition_id, fetch_offset, now))
+                sets = self._sets(chosen, partition_id, fetch_offset, now)
+                job = self._job(blob, sets if fetch_offset is None else self._with_rest(partition_id, sets, now))
             sets = job.sets
             index = sets.index(chosen)
             result = job.run()
@@ -547,8 +604,7 @@ class KeyRangeEngine:
             # a consumer behind the furthest read catches up through reads made for others:
             # a wide read from there would read most of them again
             wide = limit if position < self.active.frontier(partition_id) \
-                or not self.active.settled(partition_id, now, SETTLE_SECONDS) \
-                else read_ahead_bytes(limit, len(sets), max_read_bytes, room)
+                else read_ahead_bytes(limit, expected_sets(sets), max_read_bytes, room)
             room -= wide
             widened += wide > limit
             entry.partitions.append(dataclasses.replace(partition, fetch_offset=position, partition_max_bytes=wide))
@@ -637,7 +693,7 @@ class KeyRangeEngine:
                     continue
                 sets = canonical_sets(self.active.active(partition_id, now))
                 if sets:
-                    jobs[partition_id] = (partition, self._job(partition.records, sets))
+                    jobs[partition_id] = (partition, self._job(partition.records, self._with_rest(partition_id, sets, now)))
         return jobs
 
     def cache_prefetch(self, ahead: Prefetch, jobs: dict[tuple[str, int], PrefetchJob]) -> int:

@@ -90,7 +90,7 @@ class KeyRangeFetchFeature(Feature):
         # (topic, partition, fetch offset, isolation level) of broker reads on their way: a
         # read fills the cache only for consumers at its own isolation level
         self._inflight: dict[tuple[str, int, int, int], _Read] = {}
-        self._last = (0, 0, 0, 0, 0, 0)
+        self._last = (0, 0, 0, 0, 0, 0, 0)
         self._last_bytes: dict = {}
         # The shares the native relay may hand out itself (``native``): None without the
         # setting, or without a build of the relay that answers.
@@ -311,10 +311,11 @@ class KeyRangeFetchFeature(Feature):
         cache = self.engine.cache
         stats = self.engine.stats
         now = (cache.stats.hits, cache.stats.misses, cache.stats.evictions, stats.records_kept, stats.records_dropped,
-               stats.shares_cut)
+               stats.shares_cut, stats.wider_splits)
         metrics = self.metrics
         for counter, new, old in zip((metrics.cache_hits, metrics.cache_misses, metrics.cache_evictions,
-                                      metrics.records_kept, metrics.records_dropped, metrics.shares_cut),
+                                      metrics.records_kept, metrics.records_dropped, metrics.shares_cut,
+                                      metrics.wider_splits),
                                      now, self._last):
             if new > old:
                 counter.inc(new - old)

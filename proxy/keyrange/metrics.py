@@ -19,6 +19,9 @@ class KeyRangeMetrics:
                                         "Reads ahead sent when the read before them arrived, before its split (at "
                                         "most two ahead of the foremost consumer); counted in prefetch_sent too.",
                                         registry=r)
+        self.wider_splits = Counter("kafka_proxy_keyrange_wider_splits",
+                                    "Shares split out of the rest of a read kept while a partition's range sets "
+                                    "join, for a set that joined after the read.", registry=r)
         self.shares_cut = Counter("kafka_proxy_keyrange_shares_cut",
                                     "Cached shares served in parts: larger than the limit of the consumer fetching "
                                     "them (keys unevenly spread over the ranges).", registry=r)

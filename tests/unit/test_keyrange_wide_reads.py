@@ -16,13 +16,15 @@ from proxy.keyrange.engine import (
     SHARE_FILL,
     ConnectionRanges,
     KeyRangeEngine,
+    expected_sets,
     read_ahead_bytes,
 )
 from proxy.keyrange.settings import KeyRangeTopicSettings
 from proxy.protocol import messages
 from proxy.protocol.messages import ApiKey
-from proxy.ranges import equal_shares
+from proxy.ranges import KeyRange, contains, equal_shares
 from proxy.records.batch import RecordBatch, cut_after, iter_batches, next_offset_after
+from proxy.records.keyhash import key_hash
 
 R = messages.body_class(ApiKey.FETCH, "request")
 P = messages.body_class(ApiKey.FETCH, "response")
@@ -100,14 +102,7 @@ def test_a_settled_partition_is_read_ahead_wide_from_its_frontier():
     assert plans[0].request.topics[0].partitions[0].partition_max_bytes == LIMIT, "the consumer's request alone"
 
 
-def test_a_read_ahead_stays_narrow_while_sets_join_and_behind_the_frontier():
-    engine = _engine()
-    _, plans = _all_active(engine)
-    ahead = engine.prefetch(plans[0], lambda key: False, now=T0 + SETTLE_SECONDS / 2, max_read_bytes=16 << 20,
-                            room=1 << 30)
-    assert ahead is not None and ahead.body.topics[0].partitions[0].partition_max_bytes == LIMIT, \
-        "a set joined moments ago: a wide read now would be read again for the next one to join"
-
+def test_a_read_ahead_stays_narrow_behind_the_frontier():
     engine = _engine()
     conns, _ = _all_active(engine)
     _served(engine, conns[1], 1, 400, _records(400, 400), LATER)  # split for every set: the frontier is 800
@@ -122,6 +117,48 @@ def test_a_read_ahead_stays_narrow_while_sets_join_and_behind_the_frontier():
     assert ahead is not None and ahead.positions == {("t", 0): 300}
     assert ahead.body.topics[0].partitions[0].partition_max_bytes == LIMIT, \
         "catching up through reads made for others: a wide read would read most of them again"
+
+
+def test_while_sets_join_a_read_ahead_is_wide_for_the_sets_their_size_implies():
+    engine = _engine()
+    conns = [ConnectionRanges() for _ in range(2)]
+    plans = [_served(engine, conn, share, 0, _records(0, 400), T0) for share, conn in enumerate(conns)]
+    assert expected_sets([(SHARES[0],), (SHARES[1],)]) == 4, "two quarters of the hash space: four sets to come"
+    ahead = engine.prefetch(plans[0], lambda key: False, now=T0, max_read_bytes=16 << 20, room=1 << 30)
+    assert ahead is not None
+    assert ahead.body.topics[0].partitions[0].partition_max_bytes == int(LIMIT * 4 * SHARE_FILL), \
+        "sized for the four sets a group of quarter ranges has, not the two that joined so far"
+    assert expected_sets([(SHARES[0],), (SHARES[0], SHARES[1])]) == 3
+    assert expected_sets([()]) == 1, "no ranges: the whole partition"
+
+
+def test_a_set_joining_after_a_read_takes_its_share_from_the_rest_kept_while_sets_join():
+    engine = _engine()
+    early = [ConnectionRanges() for _ in range(2)]
+    for share, conn in enumerate(early):  # sets 0 and 1 read [0, 400) while the group joins
+        _served(engine, conn, share, 0, _records(0, 400), T0)
+    rest = [s for s in engine.cache.shares() if s.ranges == (KeyRange(SHARES[2].start, SHARES[3].end),)]
+    assert rest and rest[0].start_offset == 0, "the hash space no set holds yet, kept as one share"
+    late = ConnectionRanges()  # set 2 joins: its first read is its own (the partition is not served to it yet)
+    _served(engine, late, 2, 0, _records(0, 50), T0 + 0.01)
+    plan = engine.plan(late, 12, _request(2, 50), now=T0 + 0.01)
+    assert plan.hits, "its records of [50, 400) come out of the rest, not from the broker"
+    engine.finish(plan)
+    assert plan.upstream_body is None
+    part = engine.complete(late, plan, None, now=T0 + 0.01).responses[0].partitions[0]
+    assert engine.stats.wider_splits == 1
+    expected = [o for o in range(50, 400) if contains([SHARES[2]], key_hash(f"key-{o}".encode(), o))]
+    assert [o for o in _offsets(part.records) if o >= 50] == expected
+    assert plan.reached[("t", 0)][0] == 400
+    assert engine.cache.holds(("t", 0), (SHARES[3],), 0, 0), "the set still to join keeps its part"
+
+    engine = _engine()
+    for share in range(2):
+        _served(engine, ConnectionRanges(), share, 0, _records(0, 400), LATER)
+    engine2_later = LATER + 2 * SETTLE_SECONDS
+    _served(engine, ConnectionRanges(), 0, 400, _records(400, 400), engine2_later)
+    assert not [s for s in engine.cache.shares() if s.start_offset == 400 and s.ranges != (SHARES[1],)], \
+        "once no set has joined for SETTLE_SECONDS no rest is kept"
 
 
 # -- a share above the consumer's limit -----------------------------------------------------------
@@ -245,8 +282,7 @@ def test_a_read_is_not_chained_beyond_what_the_consumers_and_the_log_allow():
     assert chained(high_watermark=800) is None, "the answer reaches the log end: nothing to read yet"
     assert chained(room=1 << 20) is None, "the cache has no room for another read on its way"
     assert chained(in_flight=lambda key: key == ("t", 0, 800, 0)) is None, "its next position is being read"
-    narrow = engine.prefetch(plans[0], lambda key: False, now=T0, max_read_bytes=16 << 20, room=1 << 30)
-    assert narrow is not None and not narrow.wide
+    narrow = dataclasses.replace(ahead, limits={("t", 0): ahead.body.topics[0].partitions[0].partition_max_bytes})
     assert chained(ahead=narrow) is None, "narrow reads (sets joining, catching up) wait for their consumers"
     ahead_of_all = dataclasses.replace(ahead, positions={("t", 0): 800})
     assert chained(ahead=ahead_of_all, records=_records(800, 400)) is None, \

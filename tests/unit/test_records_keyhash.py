@@ -14,10 +14,12 @@ from proxy.ranges import (
     HASH_MAX,
     KeyRange,
     contains,
+    covers,
     effective_ranges,
     equal_share,
     equal_shares,
     normalize,
+    subtract,
     validate_ranges,
 )
 from proxy.records.keyhash import key_hash, null_key_hash
@@ -104,7 +106,28 @@ def test_contains_and_normalize() -> None:
     assert effective_ranges(None) == [FULL_RANGE]
 
 
-@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 1000)), max_size=8), st.integers(0, 1000))
+_PAIRS = st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 1000)), max_size=8)
+
+
+@given(_PAIRS, _PAIRS, st.integers(0, 1000))
+def test_subtract_keeps_exactly_the_hashes_not_taken(pairs, taken, point) -> None:
+    ranges = [KeyRange(min(a, b), max(a, b)) for a, b in pairs]
+    minus = [KeyRange(min(a, b), max(a, b)) for a, b in taken]
+    left = subtract(ranges, minus)
+    assert validate_ranges(left) is None and left == normalize(left)
+    assert any(point in r for r in left) == (any(point in r for r in ranges) and not any(point in r for r in minus))
+    assert covers(ranges, left) and covers(ranges + minus, ranges)
+    assert covers(ranges, minus) == (not subtract(minus, ranges))
+
+
+def test_subtract_from_the_whole_space() -> None:
+    quarters = equal_shares(4)
+    assert subtract([FULL_RANGE], quarters[:2]) == [KeyRange(quarters[2].start, HASH_MAX)]
+    assert subtract([FULL_RANGE], quarters) == []
+    assert covers([FULL_RANGE], quarters) and not covers(quarters[:1], quarters[:2])
+
+
+@given(_PAIRS, st.integers(0, 1000))
 def test_normalize_preserves_union(pairs, point) -> None:
     ranges = [KeyRange(min(a, b), max(a, b)) for a, b in pairs]
     merged = normalize(ranges)
