@@ -150,7 +150,7 @@ class ShareCache:
         self._lru: OrderedDict[Hashable, CachedShare] = OrderedDict()
         # (partition, ranges, isolation level) -> keys of its shares, for lookup by position
         self._by_set: dict[tuple[PartitionId, RangeSet, int], dict[int, Hashable]] = {}
-        # (partition, isolation level) -> the range sets it holds shares of (``wider``)
+        # (partition, isolation level) -> the range sets it holds shares of (``_wider``)
         self._sets_of: dict[tuple[PartitionId, int], set[RangeSet]] = {}
 
     def __len__(self) -> int:

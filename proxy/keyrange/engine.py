@@ -124,7 +124,6 @@ SHARE_FILL = 7 / 8
 # starting together joined over 65 ms, most within 50 (measured).
 SETTLE_SECONDS = 0.05
 MAX_EXPECTED_SETS = 64  # ActiveRangeSets' default bound on a partition's sets
-FULL_SPACE: RangeSet = (FULL_RANGE,)
 # A probe's partition limit: the least the broker accepts, and it returns a whole batch
 # anyway when the partition is the first in its answer with any (KIP-74), none otherwise.
 PROBE_BYTES = 1
@@ -265,7 +264,7 @@ class KeyRangeEngine:
                 out.append((name, pk[1], plan.fetch_offsets[pk]))
         return out
 
-    def take_hits(self, conn: ConnectionRanges, plan: FetchPlan, now: float = 0.0) -> None:
+    def take_hits(self, conn: ConnectionRanges, plan: FetchPlan, now: float) -> None:
         for pk, chosen in plan.ranges.filtered.items():
             if pk in plan.hits:
                 continue
@@ -473,15 +472,15 @@ class KeyRangeEngine:
         active ones when the read's position is known (their shares can be cached)."""
         return canonical_sets([chosen, *(self.active.active(partition_id, now) if fetch_offset is not None else ())])
 
-    def _with_rest(self, partition_id: tuple[str, int], sets: tuple[RangeSet, ...], now: float,
-                   within: RangeSet = FULL_SPACE) -> tuple[RangeSet, ...]:
+    def _with_rest(self, partition_id: tuple[str, int], sets: tuple[RangeSet, ...],
+                   now: float) -> tuple[RangeSet, ...]:
         """``sets``, and while range sets are joining the partition (not ``settled``) the
-        rest of ``within`` none of them holds, as one more set: its share (a wider share)
-        is cached like theirs, and a set that joins later takes its records from it
+        rest of the hash space none of them holds, as one more set: its share (a wider
+        share) is cached like theirs, and a set that joins later takes its records from it
         (``_from_wider``) instead of reading the broker again."""
         if self.active.settled(partition_id, now, SETTLE_SECONDS):
             return sets
-        rest = tuple(subtract(within, [r for ranges in sets for r in ranges]))
+        rest = tuple(subtract([FULL_RANGE], [r for ranges in sets for r in ranges]))
         return (*sets, rest) if rest else sets
 
     def _filter(self, partition: FetchResponse.PartitionData, name: str, chosen: RangeSet, fetch_offset: int | None, isolation_level: int,
@@ -569,9 +568,10 @@ class KeyRangeEngine:
         again: without this the broker read of the next position starts only when the
         first of them asks for it, and all of them wait for it and for its split. Read
         one step ahead (only from a position a consumer has reached; ``chain`` adds a
-        second), the shares are cached by the time they ask. A partition qualifies when its records are cached as such
-        (``reserve.message.value.range.fetch``), at least two range sets read it, there is
-        more to read than was served, and no read of that position is cached or under way.
+        second), the shares are cached by the time they ask. A partition qualifies when
+        its records are cached as such (``reserve.message.value.range.fetch``), at least
+        two range sets read it, there is more to read than was served, and no read of
+        that position is cached or under way.
 
         Each partition is read wide (``read_ahead_bytes``): about the requester's limit for
         every range set sharing it, up to ``max_read_bytes`` and the ``room`` the cache has

@@ -170,7 +170,7 @@ class KeyRangeFetchFeature(Feature):
                 for _, event in waiting:
                     await event.wait()
             self._forget_lost(waiting)
-            engine.take_hits(state, plan)
+            engine.take_hits(state, plan, trio.current_time())
         engine.probe_reads(state, plan, self._inflight.__contains__)
         reads = engine.upstream_reads(plan)
         engine.finish(plan)
