@@ -323,15 +323,20 @@ class GatheringBuffer(bytearray):
         self.gathered: list[tuple[int, Any]] = []
 
 
+def _append_records(out: bytearray, value) -> None:
+    """A record set's bytes after its length: noted, not copied, in a ``GatheringBuffer``."""
+    if len(value) >= GATHER_MIN_BYTES and type(out) is GatheringBuffer:
+        out.gathered.append((len(out), value))
+    else:
+        out += value
+
+
 def write_records(out: bytearray, value) -> None:
     if value is None:
         out += NULL_INT32
         return
     out += INT32.pack(len(value))
-    if len(value) >= GATHER_MIN_BYTES and type(out) is GatheringBuffer:
-        out.gathered.append((len(out), value))
-    else:
-        out += value
+    _append_records(out, value)
 
 
 def write_compact_records(out: bytearray, value) -> None:
@@ -339,10 +344,7 @@ def write_compact_records(out: bytearray, value) -> None:
         out.append(0)
         return
     write_uvarint(out, len(value) + 1)
-    if len(value) >= GATHER_MIN_BYTES and type(out) is GatheringBuffer:
-        out.gathered.append((len(out), value))
-    else:
-        out += value
+    _append_records(out, value)
 
 
 def write_bytes(out: bytearray, value) -> None:

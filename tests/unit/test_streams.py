@@ -120,19 +120,26 @@ async def test_stream_ending_inside_a_frame_is_an_error():
     await b.aclose()
 
 
-async def test_send_frame_completes_through_a_small_send_buffer():
+async def through_a_small_send_buffer(body) -> bytes:
+    """``body`` sent with ``send_frame`` through a 4 KiB send buffer; the frame received."""
     a, b = await tcp_pair()
     a.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    body = random.Random(5).randbytes(2_000_000)
     writer, reader = FrameStream(a, 4 * 1024 * 1024), FrameStream(b, 4 * 1024 * 1024)
     got = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer.send_frame, body)
-        with trio.fail_after(30):
-            got.append(await reader.receive_frame())
-    assert bytes(got[0]) == body
-    await a.aclose()
-    await b.aclose()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.send_frame, body)
+            with trio.fail_after(30):
+                got.append(await reader.receive_frame())
+    finally:
+        await a.aclose()
+        await b.aclose()
+    return bytes(got[0])
+
+
+async def test_send_frame_completes_through_a_small_send_buffer():
+    body = random.Random(5).randbytes(2_000_000)
+    assert await through_a_small_send_buffer(body) == body
 
 
 @pytest.mark.parametrize("version", [12, 16])
@@ -147,17 +154,7 @@ async def test_a_gathered_fetch_answer_arrives_as_the_copied_one_would(version):
     assert isinstance(gathered, GatheredFrame) and len(gathered) == len(expected)
     assert bytes(gathered) == expected
     assert sum(1 for part in gathered.parts if len(part) >= GATHER_MIN_BYTES) == 3, "the large ones not copied"
-    a, b = await tcp_pair()
-    a.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    writer, reader = FrameStream(a, 4 * 1024 * 1024), FrameStream(b, 4 * 1024 * 1024)
-    got = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer.send_frame, gathered)
-        with trio.fail_after(30):
-            got.append(await reader.receive_frame())
-    assert bytes(got[0]) == expected
-    await a.aclose()
-    await b.aclose()
+    assert await through_a_small_send_buffer(gathered) == expected
 
 
 async def test_send_buffers_writes_more_buffers_than_one_writev_takes(monkeypatch):
