@@ -140,6 +140,12 @@ def expected_sets(sets: Iterable[RangeSet]) -> int:
     return max(len(sets), min(MAX_EXPECTED_SETS, round(HASH_SPACE * len(sizes) / sum(sizes))))
 
 
+def _and_rest(sets: tuple[RangeSet, ...], within: RangeSet) -> tuple[RangeSet, ...]:
+    """``sets``, and the hashes of ``within`` none of them holds as one more set (if any)."""
+    rest = tuple(subtract(within, [r for ranges in sets for r in ranges]))
+    return (*sets, rest) if rest else sets
+
+
 def read_ahead_bytes(limit: int, sets: int, max_read_bytes: int, room: int) -> int:
     """The partition limit of a read-ahead for ``sets`` range sets whose consumer asked for
     ``limit`` bytes: ``limit`` per set (``SHARE_FILL`` of it), at most ``max_read_bytes``
@@ -289,11 +295,8 @@ class KeyRangeEngine:
         wide = self.cache.take_wider(partition_id, chosen, position, isolation_level)
         if wide is None or wide.records is None:
             return None
-        sets = canonical_sets([chosen, *(ranges for ranges in self.active.active(partition_id, now)
-                                         if covers(wide.ranges, ranges))])
-        rest = tuple(subtract(wide.ranges, [r for ranges in sets for r in ranges]))
-        if rest:
-            sets = (*sets, rest)
+        sets = _and_rest(canonical_sets([chosen, *(ranges for ranges in self.active.active(partition_id, now)
+                                                   if covers(wide.ranges, ranges))]), wide.ranges)
         result = split_records(wide.records, self._plan_for(sets), codec=self.codec)
         self.stats.wider_splits += 1
         mine = None
@@ -478,10 +481,7 @@ class KeyRangeEngine:
         rest of the hash space none of them holds, as one more set: its share (a wider
         share) is cached like theirs, and a set that joins later takes its records from it
         (``_from_wider``) instead of reading the broker again."""
-        if self.active.settled(partition_id, now, SETTLE_SECONDS):
-            return sets
-        rest = tuple(subtract([FULL_RANGE], [r for ranges in sets for r in ranges]))
-        return (*sets, rest) if rest else sets
+        return sets if self.active.settled(partition_id, now, SETTLE_SECONDS) else _and_rest(sets, (FULL_RANGE,))
 
     def _filter(self, partition: FetchResponse.PartitionData, name: str, chosen: RangeSet, fetch_offset: int | None, isolation_level: int,
                 now: float, job: SplitJob | None = None) -> int | None:

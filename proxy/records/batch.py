@@ -46,8 +46,6 @@ RECORDS_OFFSET = HEADER_SIZE
 # The smallest legal entry of any format: a v0 message with null key and value.
 MIN_ENTRY_LENGTH = 14
 _ENTRY_PREFIX = struct.Struct(">qi")
-_LAST_OFFSET_DELTA = struct.Struct(">i")
-_LAST_OFFSET_DELTA_AT = 23  # in a v2 entry: after base offset, length, leader epoch, magic, CRC, attributes
 
 COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_BIT = 0x08  # 0 CreateTime, 1 LogAppendTime
@@ -436,24 +434,22 @@ def parse_control_record(record: Record) -> ControlRecord:
 
 def next_offset_after(blob) -> int | None:
     """The offset after the last whole entry of a record set (None: it holds none): where
-    the read that returned it leaves its reader."""
-    view = as_byte_view(blob)
-    n = len(view)
-    pos = 0
+    the read that returned it leaves its reader. A malformed entry ends the walk."""
     next_offset: int | None = None
-    while n - pos > MAGIC_OFFSET:
-        base_offset, length = _ENTRY_PREFIX.unpack_from(view, pos)
-        size = LOG_OVERHEAD + length
-        if length < MIN_ENTRY_LENGTH or size > n - pos:
-            break
-        if view[pos + MAGIC_OFFSET] == 2:
-            if size < HEADER_SIZE:
+    try:
+        for entry in iter_batches(blob):
+            if isinstance(entry, PartialBatch):
                 break
-            next_offset = base_offset + _LAST_OFFSET_DELTA.unpack_from(view, pos + _LAST_OFFSET_DELTA_AT)[0] + 1
-        else:  # a legacy entry: one message, or a wrapper carrying its last inner offset
-            next_offset = base_offset + 1
-        pos += size
+            next_offset = _next_offset(entry)
+    except ProtocolError:
+        pass
     return next_offset
+
+
+def _next_offset(entry: RecordBatch | LegacyBatch) -> int:
+    """The offset after a whole entry: a legacy entry holds one message, or a wrapper
+    carrying its last inner offset."""
+    return entry.header.next_offset if isinstance(entry, RecordBatch) else entry.base_offset + 1
 
 
 def cut_after(blob, max_bytes: int) -> tuple[int, int] | None:
@@ -473,6 +469,5 @@ def cut_after(blob, max_bytes: int) -> tuple[int, int] | None:
         end = entry.position + len(entry.data)
         if cut is not None and end > max_bytes:
             return cut
-        # a legacy entry holds one message, or a wrapper carrying its last inner offset
-        cut = (end, entry.header.next_offset if isinstance(entry, RecordBatch) else entry.base_offset + 1)
+        cut = (end, _next_offset(entry))
     return None  # every whole entry fits
