@@ -11,8 +11,8 @@ through the second in every round, in an order that rotates from round to round.
 
 Reported per build: consume and produce MB/s (ConsumerPerformance, ProducerPerformance,
 1 KB records) as ratios to direct, each round paired with the direct run of the same
-round; and the proxy process's CPU (user + system) per MB moved, as a ratio to the first
-build's in the same round. Writes ``builds.json`` and ``builds.png``.
+round; and the proxy's CPU (user + system of its process and any workers under it) per MB
+moved, as a ratio to the first build's in the same round. Writes ``builds.json`` and ``builds.png``.
 
 ``--workload delivery`` compares builds on the key-range delivery workload instead: N raw
 clients (``benchmarks.workloads.keyrange_delivery.raw_clients``, equal key ranges of one
@@ -32,13 +32,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
 from benchmarks import results
-from benchmarks.bench_proxy import RECORD_SIZE, _consume, _cpu_seconds, _produce
+from benchmarks.bench_proxy import RECORD_SIZE, _consume, _produce
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, rotation
-from harness import java_tools
+from harness import java_tools, processes
 from harness.kafka_cluster import KafkaCluster
 from proxy.local_kafka import ProxyProcess, scratch_dir
 
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         # each build's own proxy: run from its root folder (C kernels built in place)
         proxies = {n: start_build(cluster.bootstrap_servers, path, workdir=workdir / n) for n, path in builds.items()}
         try:
-            processes = {n: psutil.Process(p.pid) for n, p in proxies.items()}
+            pids = {n: p.pid for n, p in proxies.items()}
             bootstrap = {DIRECT: cluster.bootstrap_servers, **{n: p.bootstrap_servers for n, p in proxies.items()}}
             java_tools.create_topic(cluster.bootstrap_servers, "builds-consume", partitions=1)
             print(f"filling builds-consume with {args.consume_mb} MB ...", flush=True)
@@ -119,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             for round_number in range(args.rounds):
                 for name in rotation([DIRECT, *names], round_number):
                     for kind, values in (("consume", consume), ("produce", produce)):
-                        before = _cpu_seconds(processes[name]) if name != DIRECT else 0.0
+                        before = processes.cpu_seconds([pids[name]]) if name != DIRECT else 0.0
                         if kind == "consume":
                             run = _consume(bootstrap[name], "builds-consume", consume_records)
                             mb = run["mb"]
@@ -130,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                             mb = produce_records * RECORD_SIZE / 2**20
                         values[name].append(run["mb_per_s"])
                         if name != DIRECT:
-                            cpu[kind][name].append((_cpu_seconds(processes[name]) - before) * 1000 / mb)
+                            cpu[kind][name].append((processes.cpu_seconds([pids[name]]) - before) * 1000 / mb)
                 print(f"round {round_number}: consume " + ", ".join(f"{n} {v[-1]:.0f}" for n, v in consume.items())
                       + " MB/s; produce " + ", ".join(f"{n} {v[-1]:.0f}" for n, v in produce.items()) + " MB/s",
                       flush=True)
@@ -189,10 +187,9 @@ def _delivery(builds: dict[str, Path], args: argparse.Namespace, argv: list[str]
                     proxy = start_build(cluster.bootstrap_servers, builds[name], overrides=overrides,
                                         workdir=workdir / f"{name}-{n}-{round_number}")
                     try:
-                        process = psutil.Process(proxy.pid)
-                        before = _cpu_seconds(process)
+                        before = processes.cpu_seconds([proxy.pid])
                         seconds, delivered = raw_clients(proxy.bootstrap_servers, int(n), records)
-                        cpu[contender].append((_cpu_seconds(process) - before) * 1e6 / delivered)
+                        cpu[contender].append((processes.cpu_seconds([proxy.pid]) - before) * 1e6 / delivered)
                     finally:
                         proxy.stop()
                 if delivered != records:

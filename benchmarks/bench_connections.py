@@ -9,9 +9,9 @@ hundred bytes, no task).
 
 1. Held connections: opened in steps (0, 1,000, 2,500, 5,000), each having had an
    ApiVersions request answered through the proxy, so the proxy also holds a broker
-   connection for each. At each step, once the proxy counts them all, its RSS (VmRSS of
-   /proc/<pid>/status) and open file descriptors (/proc/<pid>/fd), and the broker's
-   descriptors. Memory per connection = the least-squares slope of RSS over the steps.
+   connection for each. At each step, once the proxy counts them all, its RSS and open file
+   descriptors (summed over its process and its workers: ``harness.processes``), and the
+   broker's descriptors. Memory per connection = the least-squares slope of RSS over the steps.
 2. Active load: 200 more connections in request loops of Metadata (no topics: the brokers
    only; the proxy decodes and rewrites every response), closed loop (each sends its next
    request when the last is answered) and paced (each one request per 100 ms: 2,000/s in
@@ -36,7 +36,6 @@ hundred bytes, no task).
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import struct
@@ -46,12 +45,12 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-import psutil
 import trio
 
 from benchmarks import results
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
+from harness.processes import cpu_seconds, open_fds, rss_bytes
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 
@@ -135,18 +134,7 @@ async def close_all(streams: Sequence[trio.SocketStream]) -> None:
         await stream.aclose()
 
 
-# -- the proxy and the broker, seen from /proc and /metrics ------------------------------------
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
+# -- the proxy and the broker, seen from /metrics (and /proc: harness.processes) ---------------
 def scrape(url: str) -> dict[str, float]:
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     values = {}
@@ -226,7 +214,6 @@ async def active_window(port: int, url: str, pid: int, count: int, *, warmup: fl
     if refused:
         raise RuntimeError(f"{refused} active connections refused")
     latencies: list[float] = []
-    process = psutil.Process(pid)
     start = trio.current_time()
     measure_from, end = start + warmup, start + warmup + window
     cpu: dict[str, float] = {}
@@ -247,12 +234,10 @@ async def active_window(port: int, url: str, pid: int, count: int, *, warmup: fl
 
     async def cpu_marks() -> None:
         await trio.sleep_until(measure_from)
-        times = process.cpu_times()
-        cpu["from"] = times.user + times.system
+        cpu["from"] = cpu_seconds([pid])
         before = await trio.to_thread.run_sync(scrape, url)
         await trio.sleep_until(end)
-        times = process.cpu_times()
-        cpu["to"] = times.user + times.system
+        cpu["to"] = cpu_seconds([pid])
         after = await trio.to_thread.run_sync(scrape, url)
         for key, metric_name in (("gc_full_seconds", GC_FULL_SECONDS), ("gc_full_collections", GC_FULL_RUNS)):
             cpu[key] = after.get(metric_name, 0.0) - before.get(metric_name, 0.0)
@@ -608,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
         command,
         f"One Kafka node, the proxy as a process, this process the client (trio, every socket held by it). Held "
         f"connections opened in steps {args.steps}, each with an ApiVersions answered through the proxy (so a broker "
-        f"connection each); at each step the proxy's VmRSS and /proc/<pid>/fd count (and the broker's fds); memory "
+        f"connection each); at each step the proxy's RSS and open fds, summed over its process and its workers (and "
+        f"the broker's fds); memory "
         f"per connection is the least-squares slope. Active load: {args.active} connections looping Metadata (no "
         f"topics), closed loop, then paced at one request per {args.pace_ms:g} ms each, {args.warmup:g} s warm-up + "
         f"{args.window:g} s measured per window, against the proxy holding {top:,} and against a second proxy of the "

@@ -110,7 +110,7 @@ from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from benchmarks.workloads.stopping import stop_processes
 from harness.kafka_cluster import KafkaCluster
-from harness.processes import spawn
+from harness.processes import cpu_seconds, spawn
 from proxy.local_kafka import ProxyProcess, scratch_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,7 +289,9 @@ def middle_rate(events: list[tuple[float, int]], records: int) -> dict:
 
 class _Sampler:
     """CPU seconds of the proxy, the consumers and the broker, and the machine's busy and
-    total seconds, sampled over a run; interpolated at any two moments."""
+    total seconds, sampled over a run; interpolated at any two moments. A proxy instance
+    counts with its workers (``harness.processes.cpu_seconds``): its command is their
+    supervisor."""
 
     def __init__(self, proxy_pids: list[int], broker_pid: int | None) -> None:
         self.proxy_pids, self.broker_pid = proxy_pids, broker_pid
@@ -298,14 +300,17 @@ class _Sampler:
         self.last = 0.0
         self.known: dict[int, float] = {}  # a process that has gone keeps its last reading
 
-    def _cpu(self, pids: list[int | None]) -> float:
+    def _cpu(self, pids: list[int | None], *, tree: bool = False) -> float:
         total = 0.0
         for pid in pids:
             if pid is None:
                 continue
             try:
-                times = psutil.Process(pid).cpu_times()
-                self.known[pid] = times.user + times.system
+                if tree:
+                    self.known[pid] = cpu_seconds([pid])
+                else:
+                    times = psutil.Process(pid).cpu_times()
+                    self.known[pid] = times.user + times.system
             except psutil.Error:
                 pass
             total += self.known.get(pid, 0.0)
@@ -318,7 +323,7 @@ class _Sampler:
         self.last = now
         machine = psutil.cpu_times()
         total = sum(machine)
-        each = {f"proxy {number}": self._cpu([pid]) for number, pid in enumerate(self.proxy_pids)}
+        each = {f"proxy {number}": self._cpu([pid], tree=True) for number, pid in enumerate(self.proxy_pids)}
         self.samples.append((now, {**each, "proxy": sum(each.values()),
                                    "consumers": self._cpu(self.consumer_pids),
                                    "broker": self._cpu([self.broker_pid]),
@@ -975,10 +980,10 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
         "The one consumer of the scaling goals is coop N=1 with 1 ms per record in the same round (the hot-key rows "
         "use it too: one consumer's rate does not depend on the keys).")
     report["notes"].append(
-        "Everything shares 2 cores: the broker, the proxies (one process per instance and build, each for the whole "
+        "Everything shares 2 cores: the broker, the proxies (one per instance and build, each for the whole "
         "run; idle ones follow the grants log they served), N Python consumer "
         "processes or one share JVM. runs[].cpu has the cores each used over the middle of the run (proxy: "
-        "summed over the instances the run went through) and the "
+        "each instance's process and its workers, summed over the instances the run went through) and the "
         "machine's busy share; runs[].proxy the proxy's coop counters and mean Fetch/OffsetCommit latency; "
         "runs[].workers the consumers' seconds in poll, work and commit_processed.")
     loop = []

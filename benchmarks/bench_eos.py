@@ -33,8 +33,8 @@ work off the backlog, are stopped (SIGTERM: the last transaction commits), and t
 checked exactly: ``read_counts`` (read_committed, straight from the broker) must equal the
 number of input records of each key. A run whose output is not exact, or that failed, is
 reported in the JSON (``runs``, ``failures``) and makes the benchmark fail once the JSON is
-written. Each run also keeps the CPU of the instances and of the proxy, the machine's busy
-share and the proxy's mean latency per API over the window.
+written. Each run also keeps the CPU of the instances and of the proxy (its process and its
+workers), the machine's busy share and the proxy's mean latency per API over the window.
 
 ``acceptable.recovery.lag`` is raised so far that Streams counts every instance as caught
 up: at its default (10,000 changelog records) the tasks of instances that joined a few
@@ -74,6 +74,7 @@ from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
 from harness import streams_app
 from harness.kafka_cluster import KafkaCluster
+from harness.processes import cpu_seconds
 from harness.streams_app import StreamsAppError, StreamsFleet, StreamsInstance, read_counts
 from proxy.local_kafka import ProxyProcess, scratch_dir
 
@@ -190,6 +191,8 @@ def _progress(instance: StreamsInstance) -> tuple[int, int] | None:
 
 
 def _cpu_seconds(pids: list[int | None]) -> float:
+    """The Streams instances' CPU: a JVM each, and one that has gone counts nothing (the
+    proxy's is ``harness.processes.cpu_seconds``: its command is a supervisor of workers)."""
     total = 0.0
     for pid in pids:
         if pid is None:
@@ -281,7 +284,7 @@ def run_once(cluster: KafkaCluster, proxy: ProxyProcess, workdir: Path, contende
         # the window
         states_before = [len(i.states) for i in fleet]
         marks = [_progress(i) for i in fleet]
-        wall0, cpu0 = time.monotonic(), (_cpu_seconds([proxy.pid]), _cpu_seconds([i.pid for i in fleet]))
+        wall0, cpu0 = time.monotonic(), (cpu_seconds([proxy.pid]), _cpu_seconds([i.pid for i in fleet]))
         latency0 = _proxy_latency(proxy)
         machine0 = _machine_busy()
         result["processed_before_window"] = sum(m[1] for m in marks if m)
@@ -290,7 +293,7 @@ def run_once(cluster: KafkaCluster, proxy: ProxyProcess, workdir: Path, contende
             time.sleep(min(1.0, max(0.0, window - (time.monotonic() - wall0))))
             fleet.check_alive()
         ends = [_progress(i) for i in fleet]
-        wall1, cpu1 = time.monotonic(), (_cpu_seconds([proxy.pid]), _cpu_seconds([i.pid for i in fleet]))
+        wall1, cpu1 = time.monotonic(), (cpu_seconds([proxy.pid]), _cpu_seconds([i.pid for i in fleet]))
         latency1 = _proxy_latency(proxy)
         machine1 = _machine_busy()
         rates = []

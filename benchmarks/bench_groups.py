@@ -251,6 +251,7 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str) -> float:
 
 # -- the runs ------------------------------------------------------------------------------
 def _cpu_seconds(pids: Iterable[int]) -> float:
+    """The members' CPU: a process each (the proxy's, its workers too, is ``harness.processes.cpu_seconds``)."""
     total = 0.0
     for pid in pids:
         times = psutil.Process(pid).cpu_times()
@@ -262,6 +263,8 @@ def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work
                 window: float, profile: Path | None = None, proxy_pid: int | None = None) -> dict[str, Any]:
     """The group's records/s over ``window``, once ``members`` members have settled
     (``profile``: a pyinstrument profile of the first member written there)."""
+    from harness.processes import cpu_seconds  # the proxy's: its workers too
+
     fleet = Fleet(workdir)
     try:
         began = time.monotonic()
@@ -271,11 +274,11 @@ def scaling_run(workdir: Path, bootstrap: str, group: str, members: int, *, work
                        f"{members} members settled") - began
         time.sleep(warmup)  # the measured window starts after the warm-up, not a synchronisation
         pids = [p.pid for p in fleet.members.values()]
-        cpu0 = (_cpu_seconds(pids), _cpu_seconds([proxy_pid] if proxy_pid else []), psutil.cpu_times())
+        cpu0 = (_cpu_seconds(pids), cpu_seconds([proxy_pid] if proxy_pid else []), psutil.cpu_times())
         t0 = time.monotonic()
         time.sleep(window)
         t1 = time.monotonic()
-        cpu1 = (_cpu_seconds(pids), _cpu_seconds([proxy_pid] if proxy_pid else []), psutil.cpu_times())
+        cpu1 = (_cpu_seconds(pids), cpu_seconds([proxy_pid] if proxy_pid else []), psutil.cpu_times())
         _wait(lambda: all(log.batches and log.batches[-1][1] >= t1 for log in fleet.logs().values()), 30,
               "every member logged past the window")
         logs = list(fleet.logs().values())

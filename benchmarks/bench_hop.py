@@ -11,8 +11,8 @@ ConsumerPerformance (1 KB records, ``--consume-mb``) in the same run, in turns, 
 
 Each of the ``--rounds`` rounds runs every mode once, in an order that rotates from round
 to round, after one unrecorded consume each. Ratios are medians over rounds of the
-round's mode/direct ratio. CPU seconds per MB are reported for the relay and the proxies,
-and the machine's busy cores during each run.
+round's mode/direct ratio. CPU seconds per MB are reported for the relay and the proxies
+(each proxy's process and its workers), and the machine's busy cores during each run.
 
 Writes ``benchmarks/results/hop.json``. Run: ``.venv/bin/python -m benchmarks.bench_hop``.
 """
@@ -34,6 +34,7 @@ from benchmarks.bench_proxy import RECORD_SIZE, _consume, _produce, _readahead_c
 from benchmarks.benchmark import Benchmark
 from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
+from harness.processes import cpu_seconds
 from harness.wait import wait_until
 from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
 
@@ -101,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             _produce(cluster.bootstrap_servers, "bench-hop", records)
             modes = {"direct": cluster.bootstrap_servers, "bare_relay": f"127.0.0.1:{relay_port}",
                      **{name: p.bootstrap_servers for name, p in proxies.items()}}
-            processes = {"bare_relay": psutil.Process(relay.pid),
-                         **{name: psutil.Process(p.pid) for name, p in proxies.items()}}
+            pids = {"bare_relay": relay.pid, **{name: p.pid for name, p in proxies.items()}}
             for bootstrap in modes.values():  # warm-up, not recorded
                 _consume(bootstrap, "bench-hop", records)
             runs: dict[str, list[dict]] = {mode: [] for mode in modes}
@@ -111,15 +111,13 @@ def main(argv: list[str] | None = None) -> int:
                 shift = round_number % len(names)
                 line = f"round {round_number}:"
                 for mode in names[shift:] + names[:shift]:
-                    process = processes.get(mode)
-                    cpu_before = process.cpu_times() if process else None
+                    pid = pids.get(mode)
+                    cpu_before = cpu_seconds([pid]) if pid else 0.0
                     machine_before, began = psutil.cpu_times(), time.monotonic()
                     run = _consume(modes[mode], "bench-hop", records)
                     run["busy_cores"] = _busy_cores(machine_before, psutil.cpu_times(), time.monotonic() - began)
-                    if process:
-                        cpu_after = process.cpu_times()
-                        run["cpu_ms_per_mb"] = 1000 * (cpu_after.user + cpu_after.system - cpu_before.user
-                                                       - cpu_before.system) / run["mb"]
+                    if pid:
+                        run["cpu_ms_per_mb"] = 1000 * (cpu_seconds([pid]) - cpu_before) / run["mb"]
                     runs[mode].append(run)
                     line += f" {mode} {run['mb_per_s']:.0f} MB/s"
                 print(line, flush=True)

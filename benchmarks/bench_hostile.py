@@ -14,8 +14,9 @@ Each round runs both contenders, in an order that rotates:
   Produce (held, its frame half-read, until ``connections.setup.timeout.ms``), a third
   after an ApiVersions and a Metadata were answered (past authentication: held, their
   frames half-read); then, with those held, the same consumer reads the topic. The
-  proxy's resident memory (VmRSS) is sampled throughout; its growth is the peak during
-  the attacked window less the value just before the attackers connected.
+  proxy's resident memory (RSS of its process and its workers, summed) is sampled
+  throughout; its growth is the peak during the attacked window less the value just
+  before the attackers connected.
 
 ``main`` writes ``benchmarks/results/hostile.json`` and ``hostile.png``.
 """
@@ -34,10 +35,10 @@ import uuid
 from pathlib import Path
 
 from benchmarks import results
-from benchmarks.bench_connections import rss_bytes
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads import data
+from harness.processes import rss_bytes
 from harness.raw_client import RawClient
 from proxy.protocol.api_keys import ApiKey
 
@@ -47,7 +48,8 @@ QUIET, ATTACKED = "quiet", "attacked"
 
 
 class RssSampler:
-    """The peak VmRSS of a process, sampled every 20 ms on a thread while in use."""
+    """The peak RSS of a process and those under it (the proxy's workers), sampled every 20 ms
+    on a thread while in use."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid

@@ -45,6 +45,7 @@ from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, rotation
 from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
+from harness.processes import rss_bytes
 from harness.raw_client import RawClient
 from harness.raw_client import partition_bytes as raw_partition_bytes
 from proxy.keyrange.settings import KeyRangeSettings
@@ -73,7 +74,7 @@ def _produce(bootstrap: str, records: int, value_size: int) -> None:
 
 
 def _consume(bootstrap: str, ranges, end: int, max_bytes: int, counts: list, slot: int, pause: float = 0.0) -> None:
-    with RawClient.connect(bootstrap, client_id=f"bench-{slot}") as client:
+    with RawClient.to_leader(bootstrap, TOPIC, client_id=f"bench-{slot}") as client:
         topic_id = client.topic_id(TOPIC)
         position = delivered = 0
         while position < end:
@@ -123,14 +124,15 @@ def _cache_bytes(metrics_url: str) -> float:
 
 
 class RssSampler(threading.Thread):
-    """The proxy's peak RSS (every 0.05 s) and, given its metrics, the result cache's peak
-    bytes (every 0.25 s: a scrape costs the proxy a little CPU)."""
+    """The proxy's peak RSS (every 0.05 s; summed over its process and its workers) and,
+    given its metrics, the result cache's peak bytes (every 0.25 s: a scrape costs the
+    proxy a little CPU)."""
 
     def __init__(self, pid: int, metrics_url: str | None = None) -> None:
         super().__init__(daemon=True)
-        self.process = psutil.Process(pid)
+        self.pid = pid
         self.metrics_url = metrics_url
-        self.peak = self.process.memory_info().rss
+        self.peak = rss_bytes(pid)
         self.baseline = self.peak
         self.cache_peak = 0.0
         self.stop_event = threading.Event()
@@ -138,7 +140,7 @@ class RssSampler(threading.Thread):
     def run(self) -> None:
         ticks = 0
         while not self.stop_event.wait(0.05):
-            self.peak = max(self.peak, self.process.memory_info().rss)
+            self.peak = max(self.peak, rss_bytes(self.pid))
             ticks += 1
             if self.metrics_url and ticks % 5 == 0:
                 self.cache_peak = max(self.cache_peak, _cache_bytes(self.metrics_url))

@@ -5,8 +5,8 @@ Measures (each direct and through the proxy, alternating, ``--rounds`` times):
 - produce throughput: ProducerPerformance, 1 KB records, unthrottled
   (``--produce-rounds`` times, twice ``--rounds`` unless given: it varies most);
 - produce latency at a fixed rate (``--latency-rate-mb`` MB/s): the p99 the proxy adds;
-- proxy CPU seconds per MB forwarded (user + system of the proxy process), consumed and
-  produced.
+- proxy CPU seconds per MB forwarded (user + system of the proxy process and its workers),
+  consumed and produced.
 
 ``--against KEY=VALUE`` (repeatable) runs a second proxy with those settings beside the
 first in every round (``--override`` sets both): what a non-default setting costs, as a
@@ -41,17 +41,12 @@ import psutil
 
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import rotation
-from harness import java_tools
+from harness import java_tools, processes
 from harness.kafka_cluster import KafkaCluster
 from proxy.local_kafka import ProxyProcess, scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECORD_SIZE = 1024
-
-
-def _cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 def _consume(bootstrap: str, topic: str, records: int) -> dict:
@@ -151,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 proxies[other] = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "against",
                                                     overrides={**overrides, **against})
             proxy = proxies["proxy"]
-            processes = {name: psutil.Process(p.pid) for name, p in proxies.items()}
+            pids = {name: p.pid for name, p in proxies.items()}
             java_tools.create_topic(cluster.bootstrap_servers, "bench-consume", partitions=1)
             print(f"filling bench-consume with {args.consume_mb} MB ...", flush=True)
             _produce(cluster.bootstrap_servers, "bench-consume", consume_records)
@@ -162,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 return [(mode, modes[mode]) for mode in rotation(list(modes), round_number)]
 
             def cpu_of(mode: str) -> float:
-                return _cpu_seconds(processes[mode]) if mode in processes else 0.0
+                return processes.cpu_seconds([pids[mode]]) if mode in pids else 0.0
 
             def line(kind: str, runs: dict, key: str, unit: str) -> str:
                 return f"{kind}: " + ", ".join(f"{mode} {runs[mode][-1][key]:.1f} {unit}" for mode in modes)

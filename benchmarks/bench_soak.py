@@ -425,7 +425,7 @@ class Sampler:
 
         self.soak = soak
         self.metrics_url = metrics_url
-        self.proxy = psutil.Process(proxy_pid)
+        self.proxy_pid = proxy_pid
         self.kafka = psutil.Process(kafka_pid) if kafka_pid else None
         self.own = psutil.Process()
         self.data_dir = data_dir
@@ -454,6 +454,8 @@ class Sampler:
         return sum(f.stat().st_size for f in self.data_dir.glob(f"{LOG_TOPIC}-*/*.log"))
 
     def sample(self, t: float, phase: str) -> dict:
+        from harness.processes import open_fds, rss_bytes
+
         now = time.monotonic()
         row: dict = {"t": round(t, 1), "phase": phase}
         try:
@@ -465,9 +467,9 @@ class Sampler:
             row[name] = page.get(metric)
         if row["cpu_seconds"] is not None:
             row["proxy_cpu_pct"] = self._cpu_percent("proxy", now, row["cpu_seconds"])
-        with contextlib.suppress(Exception):
-            row["psutil_rss_bytes"] = self.proxy.memory_info().rss
-            row["psutil_fds"] = self.proxy.num_fds()
+        with contextlib.suppress(Exception):  # summed over the supervisor and its workers
+            row["psutil_rss_bytes"] = rss_bytes(self.proxy_pid)
+            row["psutil_fds"] = open_fds(self.proxy_pid)
         for name, process in (("kafka", self.kafka), ("harness", self.own)):
             if process is not None:
                 with contextlib.suppress(Exception):

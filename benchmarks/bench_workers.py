@@ -29,12 +29,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
-
 from benchmarks import results
 from benchmarks.benchmark import Benchmark
 from benchmarks.rounds import Row, goal, rotation
 from benchmarks.workloads.keyrange_delivery import TOPIC, raw_clients, timed_threads
+from harness.processes import cpu_seconds
 from harness.raw_client import partition_bytes as raw_partition_bytes
 
 WORKLOADS = ("key ranges N=4", "key ranges N=16", "plain x4")
@@ -47,19 +46,6 @@ def _broker_bytes(metrics_ports: list[int]) -> float:
     for port in metrics_ports:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         total += sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
-    return total
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU of the proxy command: the process and its children (the workers)."""
-    process = psutil.Process(pid)
-    total = 0.0
-    for each in [process, *process.children(recursive=True)]:
-        try:
-            times = each.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
     return total
 
 
@@ -87,14 +73,14 @@ def one_run(cluster, workdir: Path, workers: str, workload: str, records: int, p
                                workdir=workdir / f"proxy-{time.monotonic_ns()}")
     try:
         ports = [w["metrics_port"] for w in proxy.info.get("workers", [])] or [proxy.info["metrics_port"]]
-        cpu_before = _cpu_seconds(proxy.pid)
+        cpu_before = cpu_seconds([proxy.pid])
         if workload == "plain x4":
             seconds, delivered = plain_readers(proxy.bootstrap_servers, 4, records)
             expected = 4 * records
         else:
             seconds, delivered = raw_clients(proxy.bootstrap_servers, int(workload.split("=")[1]), records)
             expected = records
-        cpu = _cpu_seconds(proxy.pid) - cpu_before
+        cpu = cpu_seconds([proxy.pid]) - cpu_before
         amplification = _broker_bytes(ports) / partition_bytes if workload != "plain x4" else None
     finally:
         proxy.stop()

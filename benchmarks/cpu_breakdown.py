@@ -4,7 +4,8 @@ nothing but the kernel's part, so the difference between the two is what the pro
 code costs, and the kernel's part of the relay is the floor any proxy on this machine pays
 to move the bytes.
 
-``perf record`` samples one process while a workload runs through it:
+``perf record`` samples one hop (its process and those under it: the proxy's workers) while
+a workload runs through it:
 
 - ``consume`` / ``produce``: Kafka's ConsumerPerformance / ProducerPerformance (1 KB
   records, as the passthrough benchmark), through the bare relay and through the proxy;
@@ -29,14 +30,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
 from benchmarks import results
 from benchmarks.benchmark import Benchmark
 from benchmarks.lock import bench_lock
 from benchmarks.peers import bare_relay
 from benchmarks.workloads.passthrough import RECORD_SIZE, consume, produce
-from harness import java_tools
+from harness import java_tools, processes
 from harness.kafka_cluster import KafkaCluster
 from harness.wait import wait_until
 from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
@@ -60,15 +59,17 @@ def _shares(data: Path) -> dict[str, float]:
 
 
 class _Sampled:
-    """perf record of ``pid`` while the block runs, and the process's own CPU counters."""
+    """perf record of ``pid`` and the processes under it (the proxy's workers: its command
+    is their supervisor) while the block runs, and their own CPU counters."""
 
     def __init__(self, pid: int, data: Path) -> None:
-        self.process = psutil.Process(pid)
+        self.pid = pid
         self.data = data
 
     def __enter__(self) -> _Sampled:
-        self.before = self.process.cpu_times()
-        self.perf = subprocess.Popen(["perf", "record", "-F", "999", "-p", str(self.process.pid), "-o",
+        self.before = processes.user_system_seconds([self.pid])
+        pids = ",".join(str(process.pid) for process in processes.tree(self.pid))
+        self.perf = subprocess.Popen(["perf", "record", "-F", "999", "-p", pids, "-o",
                                       str(self.data)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         # perf prints nothing until it stops; its data file appears once it samples
         wait_until(lambda: self.data.exists() and self.data.stat().st_size > 0, timeout=30,
@@ -78,9 +79,9 @@ class _Sampled:
     def __exit__(self, *exc) -> None:
         self.perf.send_signal(subprocess.signal.SIGINT)
         self.perf.wait(timeout=120)
-        after = self.process.cpu_times()
-        self.user = after.user - self.before.user
-        self.system = after.system - self.before.system
+        after = processes.user_system_seconds([self.pid])
+        self.user = after[0] - self.before[0]
+        self.system = after[1] - self.before[1]
 
 
 def main(argv: list[str] | None = None) -> int:

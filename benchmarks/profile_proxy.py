@@ -1,9 +1,10 @@
-"""Where the time goes: py-spy samples the proxy process while Kafka's ConsumerPerformance
-(or ProducerPerformance) runs through it, or, with ``--direction key_ordered``, both the
-proxy and one of 16 range consumers (a process each) while they do 1 ms of paced work per
-record (the key-ordered workload), or, with ``--direction delivery``, the proxy while 4 raw
-clients read equal key ranges of one partition (the key-range delivery workload); the
-samples are summed per function (self time, and time including callees).
+"""Where the time goes: py-spy samples the proxy (its process and its workers) while
+Kafka's ConsumerPerformance (or ProducerPerformance) runs through it, or, with
+``--direction key_ordered``, both the proxy and one of 16 range consumers (a process each)
+while they do 1 ms of paced work per record (the key-ordered workload), or, with
+``--direction delivery``, the proxy while 4 raw clients read equal key ranges of one
+partition (the key-range delivery workload); the samples are summed per function (self
+time, and time including callees).
 
     python -m benchmarks.profile_proxy [--direction consume|produce|key_ordered|delivery] [--mb 512]
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 import shutil
 import subprocess
 import sys
@@ -29,9 +31,13 @@ from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
 from proxy.local_kafka import ProxyProcess, scratch_dir
 
+_PROCESS_FRAME = re.compile(r'process \d+:"')
+
 
 def summarise(collapsed: str, top: int = 40) -> str:
-    """Self and inclusive sample counts per frame from py-spy's collapsed stacks."""
+    """Self and inclusive sample counts per frame from py-spy's collapsed stacks (without the
+    ``process <pid>:"<command>"`` frames ``--subprocesses`` puts first: the workers run the
+    same code, summed here as one process's would be)."""
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
@@ -41,7 +47,9 @@ def summarise(collapsed: str, top: int = 40) -> str:
             continue
         samples = int(count)
         total += samples
-        frames = stack.split(";")
+        frames = [frame for frame in stack.split(";") if not _PROCESS_FRAME.match(frame)]
+        if not frames:
+            continue
         own[frames[-1]] += samples
         for frame in set(frames):
             inclusive[frame] += samples
@@ -96,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                 java_tools.create_topic(cluster.bootstrap_servers, keyrange_delivery.TOPIC, partitions=1)
                 data.produce_keyed(cluster.bootstrap_servers, keyrange_delivery.TOPIC, delivery_records, keys=10_007)
                 keyrange_delivery.raw_clients(cluster.bootstrap_servers, None, delivery_records)  # page cache
-            recorder = subprocess.Popen([spy, "record", "--pid", str(proxy.pid), "--rate", "250", "--format", "raw",
-                                         "--output", str(raw), "--nonblocking"],
+            # --subprocesses: the proxy command supervises its workers, where the proxy's code runs
+            recorder = subprocess.Popen([spy, "record", "--pid", str(proxy.pid), "--subprocesses", "--rate", "250",
+                                         "--format", "raw", "--output", str(raw), "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 if args.direction == "consume":

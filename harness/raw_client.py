@@ -32,6 +32,23 @@ class RawClient:
         host, _, port = bootstrap.split(",")[0].rpartition(":")
         return cls(host, int(port), **kwargs)
 
+    @classmethod
+    def to_leader(cls, bootstrap: str, topic: str, partition: int = 0, **kwargs) -> RawClient:
+        """A connection to the address the metadata gives for ``topic``/``partition``'s
+        leader, as a real client fetches: through a proxy of several workers, every
+        consumer of one partition reaches the same worker only there (a bootstrap
+        connection lands on any)."""
+        with cls.connect(bootstrap, **kwargs) as first:
+            request_class = messages.body_class(ApiKey.METADATA, "request")
+            body = first.call(ApiKey.METADATA, 12, topics=[request_class.MetadataRequestTopic(name=topic)],
+                              allow_auto_topic_creation=False)
+        (entry,) = body.topics
+        leaders = [p.leader_id for p in entry.partitions if p.partition_index == partition]
+        if entry.error_code or not leaders:
+            raise AssertionError(f"no leader for {topic}-{partition} (error {entry.error_code})")
+        (broker,) = [b for b in body.brokers if b.node_id == leaders[0]]
+        return cls(broker.host, broker.port, **kwargs)
+
     def send(self, api_key: int, version: int, body) -> int:
         self.correlation += 1
         header = messages.new_request_header(api_key, version, correlation_id=self.correlation,

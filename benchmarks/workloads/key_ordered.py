@@ -42,7 +42,7 @@ from benchmarks.workloads.key_ordered_worker import read_log
 from benchmarks.workloads.stopping import stop_processes
 from harness import java_tools
 from harness.kafka_cluster import KafkaCluster
-from harness.processes import spawn
+from harness.processes import cpu_seconds, spawn
 from proxy.local_kafka import ProxyProcess, scratch_dir
 
 TOPIC = "ko-work"
@@ -152,7 +152,9 @@ def _last_progress(path: str) -> tuple[float, int] | None:
 
 
 def _cpu(workers: list[int], proxy_pid: int | None) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the workers, the proxy and the machine."""
+    """CPU seconds (user + system) used so far by the workers, the proxy and the machine; the
+    proxy's over every process of it (``harness.processes.cpu_seconds``: its command is the
+    supervisor of its own worker processes)."""
     def seconds(pids: list[int]) -> float:
         total = 0.0
         for pid in pids:
@@ -167,7 +169,7 @@ def _cpu(workers: list[int], proxy_pid: int | None) -> dict[str, float]:
     out = {"workers": seconds(workers), "machine": machine.user + machine.system + machine.nice
            + getattr(machine, "softirq", 0.0) + getattr(machine, "irq", 0.0)}
     if proxy_pid is not None:
-        out["proxy"] = seconds([proxy_pid])
+        out["proxy"] = cpu_seconds([proxy_pid])
     return out
 
 

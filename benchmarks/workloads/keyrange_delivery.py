@@ -65,7 +65,7 @@ def raw_clients(bootstrap: str | list[str], n: int | None, end: int, *, max_byte
 
     def read(slot: int, ranges) -> None:
         try:
-            with RawClient.connect(addresses[slot % len(addresses)], client_id=f"bench-{slot}") as client:
+            with RawClient.to_leader(addresses[slot % len(addresses)], TOPIC, client_id=f"bench-{slot}") as client:
                 topic_id = client.topic_id(TOPIC)
                 position = delivered = 0
                 while position < end:

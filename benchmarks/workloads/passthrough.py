@@ -5,7 +5,8 @@ proxy, in the same run on the same broker.
 Per round every path runs once (order rotating); after one unrecorded consume per path
 (the broker's page cache and JIT warm up on the first reads). Reports MB/s against direct,
 our proxy against the bare relay and Kroxylicious (paired per round), CPU milliseconds per
-MB of each hop process (user + system), and the produce p99 each hop adds at a fixed rate.
+MB of each hop (user + system of its process and those under it: the proxy's workers), and
+the produce p99 each hop adds at a fixed rate.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import contextlib
 import re
 import statistics
 
-import psutil
-
 from benchmarks.benchmark import Benchmark, Progress
 from benchmarks.peers import bare_relay, kroxylicious
 from benchmarks.rounds import Row, goal, rotation
-from harness import java_tools
+from harness import java_tools, processes
 from harness.kafka_cluster import KafkaCluster
 from proxy.local_kafka import ProxyProcess, free_port, scratch_dir
 
@@ -54,11 +53,8 @@ def produce(bootstrap: str, topic: str, records: int, *, throughput: int = -1, t
             "p99_ms": number(r"([\d.]+) ms 99th"), "max_latency_ms": number(r"([\d.]+) ms max latency")}
 
 
-def _cpu(process: psutil.Process | None) -> float:
-    if process is None:
-        return 0.0
-    times = process.cpu_times()
-    return times.user + times.system
+def _cpu(pid: int | None) -> float:
+    return 0.0 if pid is None else processes.cpu_seconds([pid])
 
 
 def run(report: dict, progress, *, consume_mb: int, produce_mb: int, rounds: int, latency_seconds: int,
@@ -80,7 +76,7 @@ def run(report: dict, progress, *, consume_mb: int, produce_mb: int, rounds: int
         stack.callback(proxy.stop)
         bootstrap = {"direct": cluster.bootstrap_servers, "bare_relay": f"127.0.0.1:{relay_port}",
                      "kroxylicious": krox_bootstrap, "proxy": proxy.bootstrap_servers}
-        hop = {"direct": None, "bare_relay": relay, "kroxylicious": krox, "proxy": psutil.Process(proxy.pid)}
+        hop = {"direct": None, "bare_relay": relay.pid, "kroxylicious": krox.pid, "proxy": proxy.pid}
 
         progress.step(f"filling the consume topic with {consume_mb} MB")
         java_tools.create_topic(cluster.bootstrap_servers, "pt-consume", partitions=1)

@@ -6,7 +6,8 @@ and answers the address to advertise in its place:
 
 - port per broker: one process, node N served on its own listening port. The port is
   bound synchronously the first time node N is seen, so by the time a client reads the
-  rewritten response the port already accepts connections.
+  rewritten response the port already accepts connections. With ``workers``, node N's
+  port is listened on by one worker only (``NodePlacement``) and advertised by all.
 - sidecar: one proxy per broker; the operator lists the other sidecars' addresses, and
   the node this sidecar fronts is advertised as the sidecar itself.
 """
@@ -34,6 +35,30 @@ class NodeListener:
     port: int
 
 
+@dataclass(frozen=True)
+class NodePlacement:
+    """Which of ``count`` worker processes listens on node N's port: worker N mod count.
+
+    Every client connection to node N then lands on one worker, and with it every Fetch of
+    the partitions N leads: the consumers of one partition share one key-range cache, and
+    the broker reads each batch once, however many workers run. Every worker computes the
+    same answer with no word to the others, so each advertises node ports it does not
+    listen on itself."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"worker index {self.index} outside 0..{self.count - 1}")
+
+    def serves(self, node_id: int) -> bool:
+        return node_id % self.count == self.index
+
+
+ONE_PROCESS = NodePlacement()  # a proxy that is not one of several workers serves every node
+
+
 class AddressBook:
     """Real broker addresses by node id, and the proxy address advertised for each."""
 
@@ -49,8 +74,10 @@ class AddressBook:
         sidecar_addresses: dict[int, tuple[str, int]] | None = None,
         on_new_listener: Callable[[NodeListener], None] | None = None,
         reuse_port: bool = False,
+        placement: NodePlacement = ONE_PROCESS,
     ) -> None:
         self.topology = topology
+        self.placement = placement
         self.reuse_port = reuse_port
         self.advertised_host = advertised_host
         self.listen_host = listen_host
@@ -96,6 +123,10 @@ class AddressBook:
         port = self.node_port_base + node_id if self.node_port_base else 0
         if port >= 65536:
             raise UnmappedNodeError(f"node {node_id} maps to port {port}, beyond 65535; lower node.port.base")
+        if not self.placement.serves(node_id):
+            if not port:
+                raise UnmappedNodeError(f"node {node_id}: workers need a fixed node.port.base or listen.port")
+            return (self.advertised_host, port)  # another worker listens on it
         family = socket.AF_INET6 if ":" in self.listen_host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:

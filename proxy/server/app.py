@@ -66,7 +66,7 @@ from proxy.prediction.metrics import FetchPredictionMetrics
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.message_types import MetadataRequest, MetadataResponse
-from proxy.server.addresses import AddressBook, NodeListener, UnmappedNodeError
+from proxy.server.addresses import ONE_PROCESS, AddressBook, NodeListener, NodePlacement, UnmappedNodeError
 from proxy.server.collector import CollectorTuner
 from proxy.server.config import ProxyConfig
 from proxy.server.connection import ClientConnection, UpstreamUnavailable
@@ -99,8 +99,9 @@ class StartupError(Exception):
 
 class ProxyServer:
     def __init__(self, config: ProxyConfig, metrics: ProxyMetrics | None = None,
-                 source: ConfigSource | None = None) -> None:
-        """``source``: where a reload reads the settings again (none: SIGHUP has nothing to read)."""
+                 source: ConfigSource | None = None, placement: NodePlacement = ONE_PROCESS) -> None:
+        """``source``: where a reload reads the settings again (none: SIGHUP has nothing to read);
+        ``placement``: which node ports this process listens on when it is one of ``workers``."""
         self.config = config
         self.metrics = metrics or ProxyMetrics()
         cluster, tls, limits = config.cluster, config.tls, config.limits
@@ -133,6 +134,7 @@ class ProxyServer:
             own_port=self.port,
             sidecar_addresses=cluster.sidecar_node_addresses,
             reuse_port=cluster.listen_reuse_port,
+            placement=placement,
             on_new_listener=self._on_new_listener,
         )
         self.background = Background()  # follow-ups that outlive a client's connection

@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, metavar="N",
                         help="run N proxy processes sharing the ports (the setting workers; 0: one per core)")
     parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)  # set by the supervisor
+    parser.add_argument("--worker-count", type=int, default=1, help=argparse.SUPPRESS)  # likewise
     parser.add_argument("--version", action="store_true",
                         help="print the version and which C accelerators this installation runs")
     return parser
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from proxy.server.workers import worker_count
 
-        count = worker_count(config.operations.workers, cpu_count())
+        count = worker_count(config.operations.workers, cpu_count(), config.cluster.topology)
         if count > 1:
             return _supervise(count, config, argv if argv is not None else sys.argv[1:], args.ready_file)
     logging.getLogger("proxy.server").info(
@@ -144,12 +145,14 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_malloc()
 
+    from proxy.server.addresses import NodePlacement
     from proxy.server.app import ProxyServer, StartupError
     from proxy.server.reloader import ConfigSource
 
     try:
+        placement = NodePlacement(args.worker_index or 0, args.worker_count)
         # a reload (SIGHUP) reads the file again; the overrides keep winning over it
-        server = ProxyServer(config, source=ConfigSource(args.config, tuple(overrides)))
+        server = ProxyServer(config, source=ConfigSource(args.config, tuple(overrides)), placement=placement)
         trio.run(_run, server, args.ready_file)
     except StartupError as exc:
         print(f"keyrange-proxy: cannot start: {exc}", file=sys.stderr)
@@ -173,8 +176,7 @@ def _supervise(count: int, config, argv: list[str], ready_file: str | None) -> i
                               config.operations.metrics_port, ready_file, Path(rundir),
                               node_port_base=cluster.node_port_base).run()
     except OSError as exc:
-        print(f"keyrange-proxy: cannot start: cannot listen on {cluster.listen_host}:{cluster.listen_port}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+        print(f"keyrange-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
 
 

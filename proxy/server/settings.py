@@ -149,7 +149,7 @@ class ConnectionLimits(Settings):
         "Frames are charged as their bytes arrive, never by their declared size; the oldest frame being read may "
         "always finish, so the proxy holds at most this plus one max.frame.bytes.", at_least(1024 * 1024),
         reloadable=True)
-    max_connections: int = integer("max.connections", 10000, "Client connections accepted at once.", at_least(1),
+    max_connections: int = integer("max.connections", 10000, "Client connections accepted at once, by each worker (workers).", at_least(1),
                                    reloadable=True,
                                    cost="proxy memory: about 23 KiB for each connection that has sent a request "
                                         "(and has a broker connection), 9 KiB for each silent one "
@@ -206,11 +206,12 @@ class OperationsSettings(Settings):
         "pauses do not grow with the connections held; cycles among them are collected once they grew by a "
         "quarter. 0 leaves the collector as CPython sets it.", at_least(0))
     workers: int = integer(
-        "workers", 1,
-        "Proxy processes on this host sharing the listening ports (SO_REUSEPORT), each its own event loop on its "
-        "own core; 0 starts one per core, at most 16. Worker i serves its metrics and probes on metrics.port + i. "
-        "Correct with any number because the state several processes serve lives in Kafka; each worker reads a "
-        "key-range batch once for the consumers it serves (docs/proxy.md, Workers).", at_least(0))
+        "workers", 0,
+        "Proxy processes on this host, each its own event loop on its own core; 0 starts one per core, at most 16 "
+        "(a sidecar: one). They share the bootstrap port (SO_REUSEPORT); node N's port is served by worker N mod "
+        "workers, so all the consumers of a partition reach one worker and its key-range cache. metrics.port serves "
+        "the workers' metrics added up; worker i serves its own on metrics.port + 1 + i (docs/proxy.md, Workers).",
+        at_least(0))
     shutdown_drain_timeout_ms: int = integer("shutdown.drain.timeout.ms", 30000,
                                              "On SIGTERM, how long in-flight requests may take to finish.",
                                              at_least(0), reloadable=True)

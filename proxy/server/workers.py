@@ -2,23 +2,27 @@
 
 One proxy process runs one event loop on one core. With ``workers`` = N the command
 becomes a supervisor of N worker processes, each a whole proxy started with the same
-settings plus ``listen.reuse.port=true``: every worker binds the same bootstrap port (and,
-with a fixed ``node.port.base``, the same node ports) with ``SO_REUSEPORT``, so the kernel
-spreads new client connections over them. A connection stays with the worker that accepted
-it.
+settings plus ``listen.reuse.port=true``. Every worker binds the bootstrap port with
+``SO_REUSEPORT``, so the kernel spreads new bootstrap connections over them; node N's port
+(port per broker) is listened on by worker N mod N_workers alone (``NodePlacement``), and
+every worker advertises it. A client's connection to a node carries every request for the
+partitions that node leads, so all the consumers of one partition reach one worker: the
+broker reads each key-range batch once and one cache serves them all, as with one process.
+What spreads over the cores is the nodes: a cluster of B brokers keeps min(B, N) workers
+busy with its data (docs/proxy.md, Workers). A sidecar fronts one node, so ``workers`` = 0
+starts one worker there.
 
 This is correct for the same reason several proxy instances are (docs/high-availability.md):
 the state more than one process serves lives in Kafka, never in one process's memory.
-What does not scale is what each process keeps for itself: a worker reads a key-range
-batch once for the consumers it serves, so with N workers the broker may be read up to N
-times (the same as N instances).
 
-The supervisor keeps no client connection. It reserves the bootstrap port when the
-settings leave it to the system (``listen.port=0``) so that every worker binds the same
-one; gives worker i ``metrics.port + i`` (the probes of worker 0 answer on
-``metrics.port``); restarts a worker that exits on its own, with a backoff; forwards
-SIGTERM, SIGINT and SIGHUP to every worker; and, once every worker listens, writes the
-ready file with the ports and the workers' process ids.
+The supervisor keeps no client connection. It reserves the bootstrap port, and when the
+settings leave the ports to the system (``listen.port=0``) the node ports after it, so that
+every worker binds the same ones; serves ``metrics.port`` for the proxy as a whole
+(``proxy.server.worker_metrics``: the workers' metrics added up, readiness while every
+worker is ready), worker i serving its own on ``metrics.port + 1 + i``; restarts a worker
+that exits on its own, with a backoff (its node ports refuse connections until it is back,
+as a restarting broker's would); forwards SIGTERM, SIGINT and SIGHUP to every worker; and,
+once every worker listens, writes the ready file with the ports and the workers' process ids.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.server.worker_metrics import WorkerView, serve
+
 log = logging.getLogger("proxy.workers")
 
 AUTO_LIMIT = 16  # workers=0 starts one per core, at most this many
@@ -42,18 +48,22 @@ RESTART_BACKOFF = (1.0, 30.0)  # seconds: first restart delay, longest
 STEADY_SECONDS = 60.0  # a worker that ran this long restarts at the first delay again
 
 
-def worker_count(setting: int, cpus: int | None) -> int:
-    """How many workers ``workers`` = ``setting`` means on a host with ``cpus`` cores."""
+def worker_count(setting: int, cpus: int | None, topology: str = "port-per-broker") -> int:
+    """How many workers ``workers`` = ``setting`` means on a host with ``cpus`` cores: 0 is
+    one per core up to ``AUTO_LIMIT``, except for a sidecar, whose one node one worker serves."""
     if setting > 0:
         return setting
+    if topology == "sidecar":
+        return 1
     return max(1, min(cpus or 1, AUTO_LIMIT))
 
 
 def worker_overrides(index: int, listen_port: int, metrics_port: int) -> list[str]:
-    """The settings worker ``index`` runs with on top of the supervisor's."""
+    """The settings worker ``index`` runs with on top of the supervisor's: the shared
+    bootstrap port, and a metrics port of its own (the supervisor serves ``metrics.port``)."""
     overrides = [f"listen.port={listen_port}", "listen.reuse.port=true", "workers=1"]
     if metrics_port > 0:
-        overrides.append(f"metrics.port={metrics_port + index}")
+        overrides.append(f"metrics.port={metrics_port + 1 + index}")
     return overrides
 
 
@@ -65,16 +75,19 @@ def next_delay(previous: float | None, ran_for: float) -> float:
     return min(longest, previous * 2)
 
 
-def merge_ready(infos: Sequence[dict]) -> dict:
-    """One ready file for the supervisor from its workers': the shared ports, and each
-    worker's own node ports and metrics port."""
+def merge_ready(infos: Sequence[dict], metrics_port: int | None) -> dict:
+    """One ready file for the supervisor from its workers': the bootstrap port, every node
+    port some worker listens on, the supervisor's metrics port, and each worker's own."""
     first = infos[0]
+    node_ports: dict[str, int] = {}
+    for info in infos:
+        node_ports.update(info["node_ports"])
     return {
         "pid": os.getpid(),
         "host": first["host"],
         "port": first["port"],
-        "node_ports": first["node_ports"],
-        "metrics_port": first["metrics_port"],
+        "node_ports": dict(sorted(node_ports.items(), key=lambda item: int(item[0]))),
+        "metrics_port": metrics_port,
         "workers": [{"pid": info["pid"], "node_ports": info["node_ports"], "metrics_port": info["metrics_port"]}
                     for info in infos],
     }
@@ -158,19 +171,30 @@ class Supervisor:
         """``command``: the proxy's command line as the supervisor was started (a worker's
         own options are added to it); ``port`` and ``node_port_base`` as configured (0: the
         system picks the port, and node N listens on it + 1 + N)."""
-        if port == 0 and node_port_base == 0:
-            self.reserved, self.port = reserve_block(host, HELD_NODE_PORTS)
-        else:
-            sock, self.port = reserve_port(host, port)
-            self.reserved = [sock]
+        try:
+            if port == 0 and node_port_base == 0:
+                self.reserved, self.port = reserve_block(host, HELD_NODE_PORTS)
+            else:
+                sock, self.port = reserve_port(host, port)
+                self.reserved = [sock]
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         self.ready_file = ready_file
         self.stopping = False
         self.workers = [
             Worker(index, [*command, *_as_options(worker_overrides(index, self.port, metrics_port)),
-                           "--worker-index", str(index), "--ready-file", str(rundir / f"worker-{index}.json")],
+                           "--worker-index", str(index), "--worker-count", str(count),
+                           "--ready-file", str(rundir / f"worker-{index}.json")],
                    rundir / f"worker-{index}.json")
             for index in range(count)
         ]
+        self.view = WorkerView(host, count)
+        try:
+            self.endpoint = serve(self.view, host, metrics_port) if metrics_port >= 0 else None
+        except OSError as exc:
+            for sock in self.reserved:
+                sock.close()
+            raise OSError(f"cannot serve metrics on {host}:{metrics_port}: {exc.strerror or exc}") from None
 
     def run(self) -> int:
         received: list[int] = []
@@ -183,7 +207,10 @@ class Supervisor:
         while True:
             while received:
                 self._forward(received.pop(0))
-            if not announced and all(worker.read_ready() for worker in self.workers):
+            for worker in self.workers:
+                if worker.read_ready():
+                    self.view.ports[worker.index] = worker.info["metrics_port"]
+            if not announced and all(worker.info for worker in self.workers):
                 announced = True
                 self._announce()
             if self.stopping and all(w.process is None or w.process.poll() is not None for w in self.workers):
@@ -192,6 +219,9 @@ class Supervisor:
             time.sleep(0.05)
         for sock in self.reserved:
             sock.close()
+        if self.endpoint is not None:
+            self.endpoint.shutdown()
+            self.endpoint.server_close()
         log.info("supervisor stopped")
         return 0
 
@@ -216,6 +246,8 @@ class Supervisor:
                             worker.process.pid, code, worker.delay)
             if worker.restart_at is not None and now >= worker.restart_at:
                 worker.info = {}
+                self.view.ports[worker.index] = None
+                self.view.restarts += 1
                 worker.start()
 
     def _announce(self) -> None:
@@ -224,7 +256,8 @@ class Supervisor:
         if self.ready_file:
             temporary = f"{self.ready_file}.tmp"
             with open(temporary, "w", encoding="utf-8") as file:
-                json.dump(merge_ready([worker.info for worker in self.workers]), file)
+                json.dump(merge_ready([worker.info for worker in self.workers],
+                                      self.endpoint.server_address[1] if self.endpoint else None), file)
             os.replace(temporary, self.ready_file)
 
 

@@ -121,7 +121,8 @@ def _metric(proxy, name: str, labels: str = "") -> float:
 # -- max.connections ---------------------------------------------------------------------------
 def test_max_connections_refuses_the_one_beyond_and_admits_again_after_a_close(kafka, proxy_factory):
     limit = 20
-    proxy = proxy_factory(kafka, max_connections=str(limit), metrics_port="0")
+    # the limit holds for each worker (each its own memory): one worker, so one limit to reach
+    proxy = proxy_factory(kafka, max_connections=str(limit), metrics_port="0", workers="1")
     refused_metric = ("kafka_proxy_client_connections_refused_total", '{reason="max_connections"}')
     held = [_connect(proxy.port) for _ in range(limit)]
     extra: list[socket.socket] = []

@@ -56,7 +56,7 @@ def test_range_consumers_read_wide_within_their_limits_and_get_every_record_once
             if len(blob) > LIMIT:
                 over_limit.append((slot, len(blob), sum(1 for _ in iter_batches(blob))))
 
-        with RawClient.connect(proxies[slot % instances].bootstrap_servers) as client:
+        with RawClient.to_leader(proxies[slot % instances].bootstrap_servers, topic) as client:
             deliver_range(client, topic, [shares[slot]], f"c{slot}", history, live, deadline, max_bytes=LIMIT,
                           on_answer=measure)
 

@@ -111,8 +111,8 @@ def test_cache_serves_only_connections_the_broker_served(kafka, proxy_factory, t
     sent = _produce(kafka.bootstrap_servers, topic, 200)
     a, b = equal_shares(2)
     hits = "kafka_proxy_keyrange_cache_hits_total"
-    with RawClient.connect(cached.bootstrap_servers) as one, RawClient.connect(cached.bootstrap_servers) as two, \
-            RawClient.connect(cached.bootstrap_servers) as three:
+    leader = cached.bootstrap_servers, topic
+    with RawClient.to_leader(*leader) as one, RawClient.to_leader(*leader) as two, RawClient.to_leader(*leader) as three:
         topic_id = one.topic_id(topic)
         two.topic_id(topic)
         three.topic_id(topic)
@@ -139,7 +139,7 @@ def test_sixteen_consumers_at_different_speeds_stay_under_the_cap(kafka, proxy_f
     cached = proxy_factory(kafka, metrics_port="0", max_bytes_key_range_results=str(cap), **own)
     sent = _produce(kafka.bootstrap_servers, topic, 3000)
     shares = equal_shares(16)
-    clients = [RawClient.connect(cached.bootstrap_servers) for _ in shares]
+    clients = [RawClient.to_leader(cached.bootstrap_servers, topic) for _ in shares]
     try:
         topic_id = clients[0].topic_id(topic)
         for client in clients[1:]:
@@ -202,7 +202,7 @@ def test_consumers_sharing_a_partition_find_the_next_read_cached_while_it_is_wri
     all_known = threading.Barrier(4, timeout=60)
 
     def consume(slot: int) -> None:
-        with RawClient.connect(cached.bootstrap_servers) as client:
+        with RawClient.to_leader(cached.bootstrap_servers, topic) as client:
             client.range_fetch(client.topic_id(topic), 0, 0, [shares[slot]], max_bytes=1, max_wait_ms=0)  # again below
             all_known.wait()
             deliver_range(client, topic, [shares[slot]], f"c{slot}", history, live, deadline, max_bytes=4096)

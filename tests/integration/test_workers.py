@@ -1,10 +1,14 @@
-"""``workers``: one proxy command, several processes sharing its ports (SO_REUSEPORT).
+"""``workers``: one proxy command, several processes: the bootstrap port shared
+(SO_REUSEPORT), node N's port served by worker N mod workers.
 
 Unmodified librdkafka members of a virtual range topic read through a proxy of two workers
-while records are written, the kernel spreading their connections over the workers; one
-worker is killed -9 mid-stream, the supervisor starts it again and the members reconnect.
-Every acknowledged record is handed out and the group's committed offsets reach the log
-end. SIGTERM to the supervisor stops every worker."""
+while records are written; one worker is killed -9 mid-stream, the supervisor starts it
+again and the members reconnect. Every acknowledged record is handed out and the group's
+committed offsets reach the log end. The members of key-range groups and cooperative
+members read a three-node cluster through two workers, their connections spread over both;
+every consumer of one partition reaches the one worker of the partition's leader. The
+supervisor's metrics are its workers' added up. SIGTERM to the supervisor stops every
+worker."""
 
 from __future__ import annotations
 
@@ -39,12 +43,20 @@ SHARES = 4
 PARTITIONS = 2
 
 
-def _connections(metrics_port: int) -> float:
+def _metric(metrics_port: int, series: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     for line in text.splitlines():
-        if line.startswith("kafka_proxy_client_connections "):
+        if line.startswith(f"{series} "):
             return float(line.split()[1])
     return 0.0
+
+
+def _connections(metrics_port: int) -> float:
+    return _metric(metrics_port, "kafka_proxy_client_connections")
+
+
+def _fetches(metrics_port: int) -> float:
+    return _metric(metrics_port, 'kafka_proxy_requests_total{api="Fetch"}')
 
 
 def _api_versions(port: int) -> socket.socket:
@@ -65,6 +77,17 @@ def test_connections_are_spread_over_the_workers(kafka, proxy_factory):
     try:
         counts = [_connections(w["metrics_port"]) for w in workers]
         assert sum(counts) == 24 and min(counts) > 0, counts  # all on one: a chance of 2**-23
+        assert _connections(proxy.info["metrics_port"]) == 24  # the supervisor's: the workers' added up
+        assert _metric(proxy.info["metrics_port"], "kafka_proxy_workers") == 2
+    finally:
+        for sock in held:
+            sock.close()
+    (node_id, node_port), = proxy.info["node_ports"].items()
+    held = [_api_versions(node_port) for _ in range(8)]
+    try:
+        counts = [_connections(w["metrics_port"]) for w in workers]
+        owner = int(node_id) % 2
+        assert counts[owner] == 8 and counts[1 - owner] == 0, counts  # node N's port: worker N mod 2 alone
     finally:
         for sock in held:
             sock.close()
@@ -131,11 +154,13 @@ def _connections_on_each(workers: list[dict]) -> list[float]:
     return [_connections(worker["metrics_port"]) for worker in workers]
 
 
-async def test_key_range_group_members_through_two_workers_lose_nothing(kafka, proxy_factory, topic_factory):
+async def test_key_range_group_members_through_two_workers_lose_nothing(kafka_cluster, proxy_factory, topic_factory):
     """The high-availability test of key-range groups (test_instances_keyranges.py, ranges
-    split: 4 members on 3 partitions) through one proxy of two workers: each member's
-    connections (bootstrap, fetch, coordinator) land on either worker as the kernel spreads
-    them, as on replicas behind a balancer."""
+    split: 4 members on 3 partitions) through one proxy of two workers in front of three
+    brokers: each member's connections reach the worker of the node they go to (bootstrap:
+    either), so a member's fetches, its coordinator and its commits may be on different
+    workers."""
+    kafka = kafka_cluster
     proxy = proxy_factory(kafka, workers="2", metrics_port="0")
     workers = proxy.info["workers"]
     partitions = ha.PARTITIONS["group"]
@@ -168,10 +193,12 @@ async def test_key_range_group_members_through_two_workers_lose_nothing(kafka, p
     assert all(handed.values()), message
 
 
-async def test_cooperative_members_through_two_workers_get_no_record_twice(kafka, proxy_factory, topic_factory):
+async def test_cooperative_members_through_two_workers_get_no_record_twice(kafka_cluster, proxy_factory,
+                                                                         topic_factory):
     """Cooperative members of one partition (half its records under one key) through one
-    proxy of two workers: the grants go through the log as between instances, and no
-    record is handed out twice."""
+    proxy of two workers in front of three brokers: every member's fetches reach the worker
+    of the partition's leader, and no record is handed out twice."""
+    kafka = kafka_cluster
     proxy = proxy_factory(kafka, workers="2", metrics_port="0")
     workers = proxy.info["workers"]
     topic = topic_factory(kafka, partitions=1)
@@ -182,24 +209,23 @@ async def test_cooperative_members_through_two_workers_get_no_record_twice(kafka
                             key_of=hot_key)
     stop = trio.Event()
     handed: dict[str, int] = {}
-
-    spread: list[float] = []
+    fetches: list[float] = []
     async with trio.open_nursery() as nursery:
         for number in range(4):
             nursery.start_soon(cooperative_member, proxy.bootstrap_servers, group, tp, f"m{number}", history, handed,
                                stop)
         producer.start()
         assert await _until(lambda: len(handed) == 4, 30)
-        spread = await trio.to_thread.run_sync(_connections_on_each, workers)
         assert await _until(lambda: producer.done and history.missing() == 0, SECONDS + DEADLINE)
         assert await _until(lambda: _at_log_end(kafka, group, topic, 1), 60)
         stop.set()
+        fetches = await trio.to_thread.run_sync(lambda: [_fetches(w["metrics_port"]) for w in workers])
     producer.join()
     assert producer.failed == 0, producer.errors
     verdict = check(history, keyed_order=False)
-    message = f"{verdict.summary()}; handed out per member {handed}; connections per worker {spread}"
+    message = f"{verdict.summary()}; handed out per member {handed}; fetches per worker {fetches}"
     print(f"\ncooperative members through 2 workers: {message}")
     assert verdict.acknowledged == RECORDS
-    assert min(spread) > 0, f"every connection on one worker: {message}"
+    assert sorted(fetches)[0] == 0 and sorted(fetches)[1] > 0, f"one partition's fetches on both workers: {message}"
     assert not verdict.lost and not verdict.strays, message
     assert verdict.redelivered == 0, message

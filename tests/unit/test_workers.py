@@ -28,9 +28,20 @@ def test_zero_means_one_per_core_up_to_the_limit():
     assert worker_count(0, None) == 1
 
 
+def test_a_sidecar_fronts_one_node_so_zero_means_one_worker_there():
+    assert worker_count(0, 8, "sidecar") == 1
+    assert worker_count(3, 8, "sidecar") == 3  # asked for: its workers share the one port
+
+
+def test_the_default_is_one_worker_per_core():
+    from proxy.server.settings import OperationsSettings
+
+    assert OperationsSettings().workers == 0
+
+
 def test_each_worker_shares_the_port_and_gets_its_own_metrics_port():
     assert worker_overrides(2, 9192, 9404) == ["listen.port=9192", "listen.reuse.port=true", "workers=1",
-                                               "metrics.port=9406"]
+                                               "metrics.port=9407"]  # 9404 is the supervisor's
     assert "metrics.port=0" not in worker_overrides(1, 9192, 0)  # each picks a free one itself
     assert not any(o.startswith("metrics.port") for o in worker_overrides(1, 9192, -1))
 
@@ -48,12 +59,13 @@ def test_restarts_back_off_and_reset_after_a_steady_run():
 
 def test_the_ready_file_names_the_shared_ports_and_every_worker():
     merged = merge_ready([
-        {"pid": 11, "host": "127.0.0.1", "port": 9192, "node_ports": {"1": 9201}, "metrics_port": 9404},
-        {"pid": 12, "host": "127.0.0.1", "port": 9192, "node_ports": {"1": 9201}, "metrics_port": 9405},
-    ])
+        {"pid": 11, "host": "127.0.0.1", "port": 9192, "node_ports": {"2": 9202}, "metrics_port": 9405},
+        {"pid": 12, "host": "127.0.0.1", "port": 9192, "node_ports": {"1": 9201, "3": 9203}, "metrics_port": 9406},
+    ], 9404)
     assert merged["port"] == 9192 and merged["metrics_port"] == 9404
+    assert merged["node_ports"] == {"1": 9201, "2": 9202, "3": 9203}
     assert [w["pid"] for w in merged["workers"]] == [11, 12]
-    assert [w["metrics_port"] for w in merged["workers"]] == [9404, 9405]
+    assert [w["metrics_port"] for w in merged["workers"]] == [9405, 9406]
 
 
 def test_a_block_of_ports_is_held_for_the_bootstrap_and_the_node_listeners():
