@@ -3,7 +3,9 @@ active ones, and how it behaves at ``max.connections`` and under a crowd of sile
 
     flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_connections
 
-One one-node Kafka; the proxy as a process of its own; the load generator is this process,
+One one-node Kafka; the proxy as one process (``workers=1``, the one setting not left at
+its default: every figure here is what one event loop holds, and ``max.connections`` is
+counted by each worker); the load generator is this process,
 on trio, holding every socket itself (an idle socket costs it a file descriptor and a few
 hundred bytes, no task).
 
@@ -54,6 +56,7 @@ from harness.processes import cpu_seconds, open_fds, rss_bytes
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 
+ONE_WORKER = {"workers": "1"}  # what one process holds (see the docstring)
 CONNECT_CONCURRENCY = 64  # connections being opened at once (the proxy's listen backlog is 1024)
 CHECK_CONCURRENCY = 256  # held connections asked at once in the final check
 HELD = "held (each had ApiVersions answered: a broker connection too)"
@@ -418,7 +421,7 @@ async def run(report: dict, args, cluster, workdir: Path) -> None:
     broker_pid = cluster.nodes[0].pid
     top = args.steps[-1]
     limit = top + args.active
-    settings = {"metrics.port": "0", "max.connections": str(limit)}
+    settings = {"metrics.port": "0", "max.connections": str(limit), **ONE_WORKER}
     proxy = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "proxy", overrides=settings)
     bare = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "bare", overrides=settings)
     stock = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "stock", overrides={**settings, **STOCK})
@@ -472,7 +475,7 @@ async def run(report: dict, args, cluster, workdir: Path) -> None:
     # Silent connections: no request, no broker connection; a fresh proxy (the first one's
     # freed memory would be reused), the setup timeout out of the way.
     silent = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "silent",
-                                overrides={"metrics.port": "0", "connections.setup.timeout.ms": "600000"})
+                                overrides={"metrics.port": "0", "connections.setup.timeout.ms": "600000", **ONE_WORKER})
     try:
         assert silent.metrics_url is not None
         points, held = await steps(silent.port, silent.metrics_url, silent.pid, None, args.steps, request=False,
@@ -484,7 +487,7 @@ async def run(report: dict, args, cluster, workdir: Path) -> None:
 
     # A crowd of silent clients against the setup timeout.
     crowd = ProxyProcess.start(cluster.bootstrap_servers, workdir=workdir / "crowd",
-                               overrides={"metrics.port": "0",
+                               overrides={"metrics.port": "0", **ONE_WORKER,
                                           "connections.setup.timeout.ms": str(int(args.crowd_timeout * 1000))})
     try:
         assert crowd.metrics_url is not None
@@ -591,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     report = results.new_report(
         "connections", f"Connection load: {top:,} idle client connections, {args.active} active, max.connections",
         command,
-        f"One Kafka node, the proxy as a process, this process the client (trio, every socket held by it). Held "
+        f"One Kafka node, the proxy as one process (workers=1; every other setting its default unless named), this process the client (trio, every socket held by it). Held "
         f"connections opened in steps {args.steps}, each with an ApiVersions answered through the proxy (so a broker "
         f"connection each); at each step the proxy's RSS and open fds, summed over its process and its workers (and "
         f"the broker's fds); memory "

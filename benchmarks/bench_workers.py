@@ -1,10 +1,12 @@
-"""Workers: one proxy process against two sharing the ports (``workers=2``), same run.
+"""Workers: one proxy process against two (``workers=2``), same run.
 
     flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_workers
 
 One one-node Kafka, one partition of keyed records (``--mb`` MB, 100-byte values, 10,007
 keys). Each run starts a fresh proxy (default settings, ``metrics.port=0``, and
-``workers`` 1 or 2) and reads the whole partition with:
+``workers`` 1 or 2: with two, the bootstrap port is shared and the node's port is served by
+one of them) and reads the whole partition with clients that fetch from the leader's
+address, as real clients do:
 
 - ``key ranges N=4`` / ``N=16``: N raw key-range clients (``harness.raw_client``, one
   thread and connection each, equal shares), as the key-range delivery workload runs them;
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["flock /tmp/keyrange-bench.lock .venv/bin/python -m benchmarks.bench_workers",
                         *(argv if argv is not None else sys.argv[1:])])
     report = results.new_report(
-        "workers", "Workers: one proxy process against two sharing the ports (workers=2)", command,
+        "workers", "Workers: one proxy process against two (workers=2)", command,
         __doc__.split("\n\n", 2)[2].strip(), {"mb": args.mb, "rounds": args.rounds,
                                               "settings": "defaults; workers=1 or 2; metrics.port=0"})
     workdir = scratch_dir("bench-workers-")
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-BENCHMARK = Benchmark("bench_workers", "Workers: one proxy process against two sharing the ports", main=main)
+BENCHMARK = Benchmark("bench_workers", "Workers: one proxy process against two", main=main)
 
 
 if __name__ == "__main__":

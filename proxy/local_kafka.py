@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import base64
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -247,6 +248,15 @@ def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
     demo, its main thread: when the process does)."""
     parent = os.getpid()
     return subprocess.Popen(list(cmd), preexec_fn=lambda: _die_with_parent(parent), start_new_session=True, **kwargs)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def terminate(process: subprocess.Popen[Any], timeout: float) -> int:
@@ -586,9 +596,19 @@ class ProxyProcess:
         return terminate(self.process, timeout)
 
     def kill(self) -> None:
+        """kill -9 of the whole proxy: the command's process and, when it supervises
+        workers, each of them at the same moment (they would also die with it, a little
+        later), returning once none of them runs (their sockets closed)."""
+        workers = [worker["pid"] for worker in self.info.get("workers", [])]
         if self.process.poll() is None:
             self.process.kill()
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.process.wait()
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -30,7 +30,7 @@ class KeyRangeTopicSettings(Settings):
 class KeyRangeSettings(Settings):
     cache_bytes: int = integer(
         "max.bytes.key.range.results", 209715200,
-        "Cap on the memory the key-range result cache holds. Each share is charged what it takes: its buffer "
+        "Cap on the memory the key-range result cache of each worker holds. Each share is charged what it takes: its buffer "
         "(records, or 41 bytes an offset) plus about 1.3 KB of objects and cache entries (measured), so a full cache "
         "holds about this many bytes.", at_least(0), reloadable=True,
         cost="memory, up to about this much. What it needs is how far a partition's slowest range consumer trails "

@@ -131,11 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(config.operations.log_level, config.operations.log_format, worker=args.worker_index)
     if args.worker_index is None:
-        from os import cpu_count
+        from proxy.server.workers import usable_cpus, worker_count
 
-        from proxy.server.workers import worker_count
-
-        count = worker_count(config.operations.workers, cpu_count(), config.cluster.topology)
+        count = worker_count(config.operations.workers, usable_cpus(), config.cluster.topology)
         if count > 1:
             return _supervise(count, config, argv if argv is not None else sys.argv[1:], args.ready_file)
     logging.getLogger("proxy.server").info(

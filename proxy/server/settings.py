@@ -144,7 +144,7 @@ class ConnectionLimits(Settings):
         "a byte of the body is read.", at_least(1024), reloadable=True)
     queued_max_request_bytes: int = integer(
         "queued.max.request.bytes", 104857600,
-        "Bytes of client request frames the whole proxy holds at once, being read or waiting to go upstream. When "
+        "Bytes of client request frames each worker holds at once, being read or waiting to go upstream. When "
         "spent, the proxy stops reading from clients until frames leave (their sockets fill, TCP slows them). "
         "Frames are charged as their bytes arrive, never by their declared size; the oldest frame being read may "
         "always finish, so the proxy holds at most this plus one max.frame.bytes.", at_least(1024 * 1024),

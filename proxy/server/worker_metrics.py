@@ -86,7 +86,8 @@ def supervisor_lines(workers: int, answering: int, restarts: int) -> str:
         "# HELP kafka_proxy_workers Worker processes this proxy runs (the setting workers).\n"
         "# TYPE kafka_proxy_workers gauge\n"
         f"kafka_proxy_workers {workers}\n"
-        "# HELP kafka_proxy_workers_answering Workers whose metrics this scrape read.\n"
+        "# HELP kafka_proxy_workers_answering Workers whose metrics this scrape read in time (the others count "
+        "with the metrics they last gave).\n"
         "# TYPE kafka_proxy_workers_answering gauge\n"
         f"kafka_proxy_workers_answering {answering}\n"
         "# HELP kafka_proxy_worker_restarts Workers started again after they exited on their own.\n"
@@ -111,6 +112,15 @@ class WorkerView:
         self.host = host
         self.ports: list[int | None] = [None] * count
         self.restarts = 0
+        # each worker's last exposition read, served again while it does not answer in time
+        # (a busy event loop): a series left out would read as a counter reset
+        self.last: list[str | None] = [None] * count
+
+    def started(self, index: int, port: int | None) -> None:
+        """Worker ``index`` (started again, or for the first time) serves on ``port``."""
+        if self.ports[index] != port:
+            self.ports[index] = port
+            self.last[index] = None
 
 
 def _get(host: str, port: int, path: str) -> tuple[int, str]:
@@ -140,18 +150,28 @@ def readiness(view: WorkerView) -> list[str]:
 
 
 def scrape(view: WorkerView) -> str:
-    texts = []
-    for index, port in enumerate(view.ports):
-        if port is None:
-            continue
+    """Every worker's metrics added up, the workers read at once; a worker that does not
+    answer in time counts with the exposition it last gave."""
+    answered: list[bool] = [False] * len(view.ports)
+
+    def read(index: int, port: int) -> None:
         try:
             status, body = _get(view.host, port, "/metrics")
         except OSError as exc:
             log.warning("worker metrics unread worker=%d reason=%s", index, exc)
-            continue
-        if status == 200:
-            texts.append(body)
-    return merge_expositions(texts) + supervisor_lines(len(view.ports), len(texts), view.restarts)
+            return
+        if status == 200 and view.ports[index] == port:
+            view.last[index] = body
+            answered[index] = True
+
+    readers = [threading.Thread(target=read, args=(index, port), daemon=True)
+               for index, port in enumerate(view.ports) if port is not None]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(SCRAPE_TIMEOUT + 1)
+    texts = [text for text in view.last if text is not None]
+    return merge_expositions(texts) + supervisor_lines(len(view.ports), sum(answered), view.restarts)
 
 
 def serve(view: WorkerView, host: str, port: int) -> ThreadingHTTPServer:

@@ -48,6 +48,45 @@ RESTART_BACKOFF = (1.0, 30.0)  # seconds: first restart delay, longest
 STEADY_SECONDS = 60.0  # a worker that ran this long restarts at the first delay again
 
 
+def cpu_limit(cpu_max: str | None, quota_us: str | None = None, period_us: str | None = None) -> int | None:
+    """The cores a cgroup's CPU quota amounts to, rounded up: from cgroup v2's ``cpu.max``
+    ("200000 100000"; "max ..." is none), or else v1's ``cpu.cfs_quota_us`` (-1 is none) and
+    ``cpu.cfs_period_us``. None without a quota."""
+    try:
+        if cpu_max is not None:
+            quota, _, period = cpu_max.strip().partition(" ")
+            if quota == "max":
+                return None
+            return max(1, -(-int(quota) // int(period or "100000")))
+        if quota_us is not None and period_us is not None and int(quota_us) > 0:
+            return max(1, -(-int(quota_us) // int(period_us)))
+    except ValueError:
+        pass
+    return None
+
+
+def usable_cpus() -> int | None:
+    """The cores this process may run on: the CPUs its affinity allows (a cpuset), capped by
+    its cgroup's CPU quota (a container's CPU limit). os.cpu_count() sees neither, and
+    a container limited to one core on a 64-core node would start 16 workers."""
+    try:
+        cpus: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    limit = cpu_limit(_read("/sys/fs/cgroup/cpu.max"), _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+                      _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+    if limit is not None and cpus is not None:
+        return min(cpus, limit)
+    return limit or cpus
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
 def worker_count(setting: int, cpus: int | None, topology: str = "port-per-broker") -> int:
     """How many workers ``workers`` = ``setting`` means on a host with ``cpus`` cores: 0 is
     one per core up to ``AUTO_LIMIT``, except for a sidecar, whose one node one worker serves."""
@@ -209,7 +248,7 @@ class Supervisor:
                 self._forward(received.pop(0))
             for worker in self.workers:
                 if worker.read_ready():
-                    self.view.ports[worker.index] = worker.info["metrics_port"]
+                    self.view.started(worker.index, worker.info["metrics_port"])
             if not announced and all(worker.info for worker in self.workers):
                 announced = True
                 self._announce()
@@ -246,7 +285,7 @@ class Supervisor:
                             worker.process.pid, code, worker.delay)
             if worker.restart_at is not None and now >= worker.restart_at:
                 worker.info = {}
-                self.view.ports[worker.index] = None
+                self.view.started(worker.index, None)
                 self.view.restarts += 1
                 worker.start()
 

@@ -182,7 +182,7 @@ def test_idle_connection_is_closed(kafka, proxy_factory):
 
 
 def test_max_connections_refuses_extra_clients(kafka, proxy_factory):
-    capped = proxy_factory(kafka, max_connections="3")
+    capped = proxy_factory(kafka, max_connections="3", workers="1")  # the limit of each worker
     held = [_connect(capped) for _ in range(3)]
     try:
         for sock in held:

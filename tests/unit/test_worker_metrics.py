@@ -60,3 +60,40 @@ def test_labels_are_escaped_again():
 
 def test_no_worker_answered_gives_only_the_supervisors_lines():
     assert merge_expositions([]) == ""
+
+
+def test_a_worker_that_does_not_answer_counts_with_what_it_last_gave():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from proxy.server.worker_metrics import WorkerView, scrape
+
+    exposition = _worker(5, 7, 1, [], 1).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(exposition)))
+            self.end_headers()
+            self.wfile.write(exposition)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    view = WorkerView("127.0.0.1", 2)
+    view.started(0, server.server_address[1])
+    try:
+        first = _values(scrape(view))
+    finally:
+        server.shutdown()
+        server.server_close()
+    second = _values(scrape(view))  # the worker's port is closed now
+    assert first[("kafka_proxy_requests_total", (("api", "Fetch"),))] == 7
+    assert first[("kafka_proxy_workers_answering", ())] == 1
+    assert second[("kafka_proxy_requests_total", (("api", "Fetch"),))] == 7  # no drop that reads as a reset
+    assert second[("kafka_proxy_workers_answering", ())] == 0
+    view.started(0, None)  # started again: its counters begin at zero
+    assert ("kafka_proxy_requests_total", (("api", "Fetch"),)) not in _values(scrape(view))

@@ -28,6 +28,27 @@ def test_zero_means_one_per_core_up_to_the_limit():
     assert worker_count(0, None) == 1
 
 
+def test_a_cgroup_quota_counts_as_the_cores_it_amounts_to_rounded_up():
+    from proxy.server.workers import cpu_limit
+
+    assert cpu_limit("max 100000\n") is None
+    assert cpu_limit("100000 100000\n") == 1
+    assert cpu_limit("150000 100000\n") == 2
+    assert cpu_limit("20000 100000\n") == 1  # a fifth of a core still runs one worker
+    assert cpu_limit(None, "-1\n", "100000\n") is None
+    assert cpu_limit(None, "300000\n", "100000\n") == 3
+    assert cpu_limit(None) is None
+    assert cpu_limit("garbage") is None
+
+
+def test_usable_cpus_is_no_more_than_the_affinity_allows():
+    import os
+
+    from proxy.server.workers import usable_cpus
+
+    assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
+
+
 def test_a_sidecar_fronts_one_node_so_zero_means_one_worker_there():
     assert worker_count(0, 8, "sidecar") == 1
     assert worker_count(3, 8, "sidecar") == 3  # asked for: its workers share the one port
