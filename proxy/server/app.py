@@ -65,6 +65,7 @@ from proxy.prediction.feature import FetchPredictionFeature
 from proxy.prediction.metrics import FetchPredictionMetrics
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
+from proxy.protocol.errors import ProtocolError
 from proxy.protocol.message_types import MetadataRequest, MetadataResponse
 from proxy.server.addresses import ONE_PROCESS, AddressBook, NodeListener, NodePlacement, UnmappedNodeError
 from proxy.server.collector import CollectorTuner
@@ -89,6 +90,9 @@ log = logging.getLogger("proxy.server")
 METADATA_VERSION = 12  # every Kafka 4.x broker speaks it; it carries topic ids
 _RETRY_FIRST = 0.25  # seconds before the second try to reach the cluster; doubles up to _RETRY_MAX
 _RETRY_MAX = 10.0
+# With several workers, how often each reads the cluster's nodes: a broker that joins gets
+# its port from the worker that serves it even when no client's Metadata passes there.
+NODE_FOLLOW_SECONDS = 10.0
 _TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds, or less when connections.setup.timeout.ms ends sooner
 _CROWD_LOG_INTERVAL = 10.0  # seconds between two log lines about refusals, or about setup timeouts
 
@@ -226,6 +230,8 @@ class ProxyServer:
                              self.port, self.config.cluster.topology)
                     first_try = trio.Event()
                     listeners.start_soon(self._learn_cluster, first_try)
+                    if self.book.placement.count > 1 and not self.config.cluster.sidecar:
+                        listeners.start_soon(self._follow_nodes)
                     await first_try.wait()
                     self._open_pending_listeners()
                     self.started.set()
@@ -314,6 +320,23 @@ class ProxyServer:
                         "; ".join(errors))
             return "refused"
         return "; ".join(errors)
+
+    async def _follow_nodes(self) -> None:
+        """Read the cluster's nodes now and then, so that this worker listens on the port of
+        a node it serves as soon as another worker may advertise it."""
+        while True:
+            await trio.sleep(NODE_FOLLOW_SECONDS)
+            try:
+                body = await self._read_metadata([], timeout=self._connect_timeout)
+            except (NoBrokerAnswered, ProtocolError) as exc:
+                log.debug("cluster nodes not read reason=%r", exc)
+                continue
+            self.cluster.learn_metadata(body)
+            for broker in body.brokers:
+                try:
+                    self.book.advertised(broker.node_id)
+                except UnmappedNodeError as exc:
+                    log.warning("node not served reason=%r", str(exc))
 
     def _settle_unauthenticated(self) -> None:
         if self.config.cluster.sidecar:

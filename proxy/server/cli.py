@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="once listening, write the ports (JSON) here; for scripts that start the proxy")
     parser.add_argument("--help-config", action="store_true", help="list every setting with its default")
     parser.add_argument("--workers", type=int, metavar="N",
-                        help="run N proxy processes sharing the ports (the setting workers; 0: one per core)")
+                        help="run N proxy processes (the setting workers; 0, the default: one per core)")
     parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)  # set by the supervisor
     parser.add_argument("--worker-count", type=int, default=1, help=argparse.SUPPRESS)  # likewise
     parser.add_argument("--version", action="store_true",

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -132,17 +133,20 @@ def merge_ready(infos: Sequence[dict], metrics_port: int | None) -> dict:
     }
 
 
-def reserve_block(host: str, nodes: int, attempts: int = 50) -> tuple[list[socket.socket], int]:
+def reserve_block(host: str, nodes: int, attempts: int = 200) -> tuple[list[socket.socket], int]:
     """A free port P and P + 1 .. P + ``nodes``, each held as ``reserve_port`` holds one:
     with ``listen.port=0`` a worker's node N listens on P + 1 + N (``node.port.base`` 0
     means ``listen.port`` + 1), and a port the supervisor did not hold may be taken by then
     (any connection's ephemeral port), which stops the worker. Node ids from 0 to
-    ``nodes`` - 1 are covered. Raises OSError when no such block is found."""
+    ``nodes`` - 1 are covered. P is drawn below the kernel's ephemeral range, where no
+    outgoing connection takes a port: inside it, a host holding thousands of connections
+    has few free runs of ports. Raises OSError when no such block is found."""
+    low, high = 10000, _ephemeral_low() - nodes - 1
     last: OSError | None = None
-    for _ in range(attempts):
+    for attempt in range(attempts):
         held: list[socket.socket] = []
         try:
-            first, port = reserve_port(host, 0)
+            first, port = reserve_port(host, random.randint(low, high) if high > low and attempt < attempts - 10 else 0)
             held.append(first)
             if port + nodes >= 65536:
                 raise OSError(f"port {port} leaves no room for {nodes} node ports")
@@ -156,15 +160,31 @@ def reserve_block(host: str, nodes: int, attempts: int = 50) -> tuple[list[socke
     raise OSError(f"no block of {nodes + 1} free ports on {host} after {attempts} attempts: {last}")
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 when unknown)."""
+    text = _read("/proc/sys/net/ipv4/ip_local_port_range")
+    try:
+        return int(text.split()[0]) if text else 32768
+    except ValueError:
+        return 32768
+
+
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
-    """A socket bound (not listening) to ``host:port`` with ``SO_REUSEPORT``: port 0 picks
-    one the workers then bind too; holding it keeps another program from taking it between
-    two worker restarts. A bound socket that never listens receives no connection."""
+    """A socket bound (not listening) to ``host:port`` that the workers can bind beside:
+    port 0 picks one; holding it keeps another program from taking it between two worker
+    restarts. It is bound before ``SO_REUSEPORT`` is set, so the bind fails on a port any
+    socket holds, even another proxy's that shares it (same user, ``SO_REUSEPORT``): two
+    proxies must never split one port's connections. A bound socket that never listens
+    receives no connection."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    except OSError:
+        sock.close()
+        raise
     return sock, sock.getsockname()[1]
 
 

@@ -229,3 +229,33 @@ async def test_cooperative_members_through_two_workers_get_no_record_twice(kafka
     assert sorted(fetches)[0] == 0 and sorted(fetches)[1] > 0, f"one partition's fetches on both workers: {message}"
     assert not verdict.lost and not verdict.strays, message
     assert verdict.redelivered == 0, message
+
+
+def test_a_broker_that_joins_later_gets_its_port_from_the_worker_that_serves_it(kafka_cluster, proxy_factory):
+    """Node 3 is down while the proxy starts; once it is back, worker 3 mod 2 = 1 listens on
+    its port within a few of its reads of the cluster, though no client's Metadata passed
+    through that worker to tell it (another worker may already advertise the port)."""
+    kafka_cluster.stop_node(3)
+    try:
+        proxy = proxy_factory(kafka_cluster, workers="2", metrics_port="0")
+        assert "3" not in proxy.info["node_ports"]
+        port = proxy.port + 1 + 3  # node.port.base defaults to listen.port + 1
+        kafka_cluster.start_node(3)
+
+        def answers() -> bool:
+            try:
+                _api_versions(port).close()
+            except OSError:
+                return False
+            return True
+
+        wait_until(answers, timeout=60, interval=0.5, what="node 3's port answers")
+        sock = _api_versions(port)
+        try:
+            counts = [_connections(w["metrics_port"]) for w in proxy.info["workers"]]
+            assert counts[0] == 0 and counts[1] >= 1, counts  # earlier probes may still be closing
+        finally:
+            sock.close()
+    finally:
+        if not any(node.node_id == 3 for node in kafka_cluster.running_nodes):
+            kafka_cluster.start_node(3)

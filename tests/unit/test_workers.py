@@ -103,3 +103,30 @@ def test_a_block_of_ports_is_held_for_the_bootstrap_and_the_node_listeners():
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_port_another_proxy_shares_is_not_reserved_again():
+    from proxy.server.workers import reserve_port
+
+    first, port = reserve_port("127.0.0.1", 0)
+    try:
+        listener = socket.socket()  # a worker of the first proxy binds beside it
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(1)
+        with pytest.raises(OSError):
+            reserve_port("127.0.0.1", port)  # a second proxy's supervisor
+        listener.close()
+    finally:
+        first.close()
+
+
+def test_blocks_are_drawn_below_the_ephemeral_range():
+    from proxy.server.workers import _ephemeral_low, reserve_block
+
+    held, port = reserve_block("127.0.0.1", 16)
+    try:
+        assert port + 16 < _ephemeral_low()
+    finally:
+        for sock in held:
+            sock.close()
