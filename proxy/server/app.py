@@ -324,7 +324,7 @@ class ProxyServer:
     async def _follow_nodes(self) -> None:
         """Read the cluster's nodes now and then, so that this worker listens on the port of
         a node it serves as soon as another worker may advertise it."""
-        while True:
+        while self.book.placement.count > 1:
             await trio.sleep(NODE_FOLLOW_SECONDS)
             try:
                 body = await self._read_metadata([], timeout=self._connect_timeout)
@@ -346,6 +346,13 @@ class ProxyServer:
                     "to the id of the broker this sidecar fronts"
                 )
             self.book.sidecar_node_id = self.config.cluster.sidecar_node_id
+        elif self.book.placement.count > 1:
+            # The node a worker serves would open its port only once a client's Metadata
+            # passed through that very worker; every worker listens on every node it learns.
+            self.book.placement = ONE_PROCESS
+            log.warning("workers share the node ports: the cluster answers Metadata only after a client "
+                        "authenticates, so no worker can learn the nodes it alone serves; the consumers of a "
+                        "partition may reach different workers (each reading it for its own)")
         self.cluster.answered.set()  # as far as it will until clients authenticate
 
     async def _read_metadata(self, topics: list[str] | None, *, addresses=None,
