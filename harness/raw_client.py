@@ -39,9 +39,7 @@ class RawClient:
         consumer of one partition reaches the same worker only there (a bootstrap
         connection lands on any)."""
         with cls.connect(bootstrap, **kwargs) as first:
-            request_class = messages.body_class(ApiKey.METADATA, "request")
-            body = first.call(ApiKey.METADATA, 12, topics=[request_class.MetadataRequestTopic(name=topic)],
-                              allow_auto_topic_creation=False)
+            body = first.metadata(topic)
         (entry,) = body.topics
         leaders = [p.leader_id for p in entry.partitions if p.partition_index == partition]
         if entry.error_code or not leaders:
@@ -91,11 +89,14 @@ class RawClient:
         self.close()
 
     # -- helpers for fetch tests ----------------------------------------------------------------
-    def topic_id(self, topic: str):
+    def metadata(self, topic: str):
+        """The Metadata response (v12) for ``topic`` alone."""
         request_class = messages.body_class(ApiKey.METADATA, "request")
-        body = self.call(ApiKey.METADATA, 12, topics=[request_class.MetadataRequestTopic(name=topic)],
+        return self.call(ApiKey.METADATA, 12, topics=[request_class.MetadataRequestTopic(name=topic)],
                          allow_auto_topic_creation=False)
-        (entry,) = body.topics
+
+    def topic_id(self, topic: str):
+        (entry,) = self.metadata(topic).topics
         if entry.error_code:
             raise AssertionError(f"metadata error {entry.error_code} for {topic}")
         return entry.topic_id

@@ -250,7 +250,7 @@ def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
     return subprocess.Popen(list(cmd), preexec_fn=lambda: _die_with_parent(parent), start_new_session=True, **kwargs)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, dead and not yet reaped, does not)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -607,7 +607,7 @@ class ProxyProcess:
                     os.kill(pid, signal.SIGKILL)
             self.process.wait()
         deadline = time.monotonic() + 10
-        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        while any(running(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def log_text(self) -> str:

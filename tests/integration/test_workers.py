@@ -27,6 +27,7 @@ from harness.history import History, check
 from harness.live import LiveProducer
 from harness.wait import wait_until
 from proxy.client import TopicPartition
+from proxy.local_kafka import running
 from proxy.protocol import messages
 from proxy.protocol.api_keys import ApiKey
 from tests.integration import test_instances_keyranges as ha
@@ -95,20 +96,8 @@ def test_connections_are_spread_over_the_workers(kafka, proxy_factory):
     proxy.process.send_signal(signal.SIGTERM)
     assert proxy.process.wait(timeout=60) == 0
     for worker in workers:
-        wait_until(lambda pid=worker["pid"]: not _alive(pid), timeout=10, interval=0.05,
+        wait_until(lambda pid=worker["pid"]: not running(pid), timeout=10, interval=0.05,
                    what=f"worker {worker['pid']} stopped with the supervisor")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie not yet reaped by the supervisor counts as gone
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_virtual_topic_group_through_two_workers_one_killed_loses_nothing(kafka, proxy_factory, topic_factory):

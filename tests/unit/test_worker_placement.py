@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.pipeline.cluster import ClusterView
 from proxy.server.addresses import AddressBook, NodePlacement, UnmappedNodeError
+from proxy.server.workers import reserve_block
 
 
 @given(st.integers(min_value=1, max_value=16), st.integers(min_value=0, max_value=10_000))
@@ -30,24 +29,10 @@ def _book(placement: NodePlacement, base: int, opened: list) -> AddressBook:
 
 
 def _free_base(nodes: int) -> int:
-    for _ in range(50):
-        held = []
-        try:
-            first = socket.socket()
-            first.bind(("127.0.0.1", 0))
-            held.append(first)
-            base = first.getsockname()[1]
-            for offset in range(1, nodes):
-                other = socket.socket()
-                held.append(other)
-                other.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise AssertionError("no block of free ports")
+    held, base = reserve_block("127.0.0.1", nodes - 1)
+    for sock in held:
+        sock.close()
+    return base
 
 
 def test_each_worker_listens_on_its_own_nodes_and_advertises_them_all():
