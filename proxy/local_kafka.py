@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -552,6 +553,18 @@ class ProxyProcess:
     def metrics_url(self) -> str | None:
         port = self.info.get("metrics_port")
         return f"http://{self.info['host']}:{port}/metrics" if port else None
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of metric ``name`` over its series whose labels include ``labels``, as
+        the proxy's metrics endpoint serves it now (0 when it has none)."""
+        assert self.metrics_url is not None, "the proxy serves no metrics (metrics.port)"
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        total = 0.0
+        for match in re.finditer(rf"^{re.escape(name)}(?:{{([^}}]*)}})? (\S+)$", text, re.M):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+            if all(found.get(key) == value for key, value in labels.items()):
+                total += float(match.group(2))
+        return total
 
     @classmethod
     def start(cls, bootstrap_servers: str, *, overrides: Mapping[str, str] | None = None, workdir: Path | None = None,

@@ -2,17 +2,23 @@
 partitions tagged ``Cooperative`` get the next chunk of offsets nobody has had, read on
 the client's own broker connection. The decisions are ``grants``' and ``chunks``' (sans-IO).
 
-Who holds which chunk is the log's (``proxy.coop.grant_log``): once the broker's answer is
-in, the fetch asks the log for the member's next chunk within what it read (an ask names no
-offsets of its own: every instance computes the same chunk as it applies the ask), and the
-chunk is handed out only once this instance has applied its own record. An ask whose whole
-range another instance's chunks took gets no chunk: the partition is answered with none.
-So chunks never overlap, whichever instances the members reach. So that asks of several
-instances made from the same state each find a chunk, a fetch reads ahead: one more time
-the member's byte limit than the most chunks that took offsets of the read of one of this
-instance's latest asks before it was applied (``KeyGrants.ahead``; at most ``_READ_AHEAD``
-times, 8 MiB); the chunk itself stays within the limit. Alone, an instance reads what the
-member asked for.
+Who holds which chunk is the log's (``proxy.coop.grant_log``): the fetch asks the log for
+the member's next chunk (an ask names no offsets of its own: every instance computes the
+same chunk as it applies the ask), and the chunk is handed out only once this instance has
+applied its own record. So chunks never overlap, whichever instances the members reach.
+
+While this instance knows of offsets past where the chunk would start (its latest read
+of the partition ended beyond it), it asks before it reads: the ask names how many
+offsets the chunk may span (the member's byte limit at the bytes per offset seen), and the
+read then starts at the chunk the log placed, so that asks of several instances made at
+once get consecutive chunks and each reads only what it hands out. At the log end, and for
+offsets handed out again, resets and claims, it reads first and asks within what it read;
+an ask whose whole range other instances' chunks took gets no chunk. So that asks of
+several instances made from the same state each find a chunk there, such a fetch reads
+ahead: one more time the member's byte limit than the most chunks that took offsets of the
+read of one of this instance's latest asks before it was applied (``KeyGrants.ahead``; at
+most ``_READ_AHEAD`` times, 8 MiB); the chunk itself stays within the limit. Alone, an
+instance reads what the member asked for.
 
 Fetches of one (group, topic, partition) through this instance take turns: a turn lasts
 from the decision until its ask is on its way to the log, when the next fetch decides
@@ -39,7 +45,7 @@ from proxy.commits.cluster import CommitLogError
 from proxy.commits.reads import CommittedReads
 from proxy.coop.chunks import Chunk, batch_bounds, cut_chunk
 from proxy.coop.grant_log import GrantLog
-from proxy.coop.grants import STALE, TAKEN, Committed, KeyGrants, Span
+from proxy.coop.grants import STALE, TAKEN, Committed, Grant, KeyGrants, Span
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
@@ -60,6 +66,7 @@ _EMPTY = b""
 _PROPOSALS = 3  # asks for one read before it is answered with no chunk
 _READ_AHEAD = 16  # the most times the member's byte limit a fetch reads (``KeyGrants.ahead``)
 _READ_AHEAD_BYTES = 8 << 20  # and the most bytes it reads ahead (never less than the member's limit)
+_CHUNK_FILL = 0.9  # an ask before its read spans this share of the member's limit at the bytes per offset seen
 
 GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 
@@ -75,13 +82,25 @@ def generation_error(newest: int, generation: int) -> int:
 class _Partition:
     """One partition's grants (as this instance applied the log) and its turn here."""
 
-    __slots__ = ("grants", "turn", "lag", "expired")
+    __slots__ = ("grants", "turn", "lag", "expired", "ends", "offset_bytes")
 
     def __init__(self, grants: KeyGrants) -> None:
         self.grants = grants
         self.turn = trio.Semaphore(1)
         self.lag: Gauge | None = None  # the partition's child of kafka_proxy_coop_marker_lag
         self.expired = grants.counts.expired
+        self.ends = (-1, -1)  # the high watermark and last stable offset of this instance's latest read
+        self.offset_bytes = 0.0  # bytes per offset of the chunks this instance handed out lately
+
+    def known_end(self, read_committed: bool) -> int:
+        """The last offset this instance knows the partition holds for such a member (-1: none)."""
+        return (self.ends[1] if read_committed else self.ends[0]) - 1
+
+    def saw(self, chunk: Chunk) -> None:
+        """Learn the bytes per offset from a chunk handed out (half the weight to the newest)."""
+        if chunk.records and chunk.end >= chunk.start:
+            sample = len(chunk.records) / (chunk.end - chunk.start + 1)
+            self.offset_bytes = sample if not self.offset_bytes else (self.offset_bytes + sample) / 2
 
 
 @dataclass
@@ -101,6 +120,10 @@ class _Pending:
     done: bool = False
     deadline: float = 0.0  # the fetch's MaxWaitMs from its arrival (trio time): how long it waits for a turn
     max_bytes: int = 0  # the member's PartitionMaxBytes: what a chunk holds at most (at least one batch)
+    read_committed: bool = False
+    ask: Grant | None = None  # an ask made before the read, on its way through the log
+    chunk: tuple[int, int] | None = None  # the chunk the log granted that ask: what the read is cut to
+    redelivered: bool = False  # that chunk holds offsets handed out before
 
 
 class CooperativeFetchFeature(Feature):
@@ -118,6 +141,7 @@ class CooperativeFetchFeature(Feature):
         self.metrics = metrics = metrics or CooperativeFetchMetrics()
         self._refused = metrics.refused
         self._marker_lag = metrics.marker_lag
+        self._asks_before, self._asks_after = metrics.asks.labels("before"), metrics.asks.labels("after")
         metrics.partitions.set_function(lambda: len(self._states))
         metrics.leases.set_function(lambda: sum(p.grants.uncommitted() for p in self._states.values()))
 
@@ -149,6 +173,11 @@ class CooperativeFetchFeature(Feature):
                     item.error = ErrorCode.INVALID_REQUEST
                     continue
                 await self._decide(item, deadline)
+            asking = [item for item in pending if item.ask is not None]
+            if asking:  # the chunks asked for before the read: every partition's ask at once
+                async with trio.open_nursery() as nursery:
+                    for item in asking:
+                        nursery.start_soon(self._ask_before_read, item)
         except BaseException:
             self._release(pending)
             raise
@@ -191,7 +220,8 @@ class CooperativeFetchFeature(Feature):
                     continue
                 item = _Pending((coop.group_id, name or "", part.partition),
                                 topic.topic if version < FETCH_FIRST_TOPIC_ID else topic.topic_id, part,
-                                member=coop.member_id, token=part.fetch_offset)
+                                member=coop.member_id, token=part.fetch_offset,
+                                read_committed=body.isolation_level == 1)
                 if name is None:
                     item.error = ErrorCode.UNKNOWN_TOPIC_ID
                 elif not coop.group_id:
@@ -262,13 +292,69 @@ class CooperativeFetchFeature(Feature):
             return
         item.span, item.committed = span, committed
         item.max_bytes = item.part.partition_max_bytes
+        item.part.fetch_offset = span.start
+        item.part.last_fetched_epoch = -1
+        if span.lease is None and not span.reset and span.claim_from is None and not grants.redelivery(span):
+            ask = self._ask_for(item, state, span)
+            if ask is not None:  # offsets known to exist: the log places the chunk, then it is read
+                item.ask = ask
+                expected = grants.expect(ask, _now_ms())
+                if expected is not None:
+                    grants.hold(ask.proposal, expected)  # the next fetch decides around it: the turn passes on
+                self._release([item])
+                return
         if span.lease is None:  # read beyond the chunks the asks of other instances may take first
             ahead = min(grants.ahead(self.grants.instance), _READ_AHEAD)
             if ahead > 1:  # and half a limit more: a batch may be a little larger than the limit
                 wanted = item.max_bytes * ahead + item.max_bytes // 2
                 item.part.partition_max_bytes = max(item.max_bytes, min(wanted, _READ_AHEAD_BYTES))
-        item.part.fetch_offset = span.start
-        item.part.last_fetched_epoch = -1
+
+    def _ask_for(self, item: _Pending, state: _Partition, span: Span) -> Grant | None:
+        """The ask for ``item``'s next chunk before its read, when this instance knows of
+        offsets from ``span`` on (its latest read of the partition ended past it) and has
+        seen how many bytes an offset takes; None: read first, then ask (at the log end)."""
+        end = state.known_end(item.read_committed)
+        if span.end is not None:
+            end = min(end, span.end)
+        if end < span.start or state.offset_bytes <= 0:
+            return None
+        offsets = max(1, int(item.max_bytes * _CHUNK_FILL / state.offset_bytes))
+        return state.grants.ask(span, item.member, item.token, (), end, item.max_bytes, item.committed,
+                                lease_ms=self.lease_ms, instance=self.grants.instance,
+                                proposal=self.grants.next_proposal(), now_ms=_now_ms(),
+                                view=self.grants.view(item.key), offsets=offsets)
+
+    async def _ask_before_read(self, item: _Pending) -> None:
+        """Propose ``item``'s ask; with a chunk, the read starts at its first offset, else
+        the partition is answered with no chunk. An ask refused as stale is made again from
+        the view its own record gave (a few times in all)."""
+        state, span, ask = item.state, item.span, item.ask
+        assert state is not None and span is not None and ask is not None
+        grants = state.grants
+        for _attempt in range(_PROPOSALS):
+            self._asks_before.inc()
+            try:
+                decision = await self.grants.propose(item.key, ask)
+            except CommitLogError as exc:
+                log.warning("cooperative fetch: ask not written or not read back group=%s topic=%s partition=%s "
+                            "reason=%r", *item.key, str(exc))
+                self._refused.labels("grants_unavailable").inc()
+                item.span = None
+                return
+            finally:
+                grants.settle(ask.proposal)
+            if decision.chunk is not None:
+                item.chunk, item.redelivered = decision.chunk, decision.redelivered
+                item.part.fetch_offset = decision.chunk[0]
+                return
+            if decision.reason != STALE:
+                break
+            renewed = self._ask_for(item, state, span)
+            if renewed is None:
+                break
+            ask = renewed
+        self._refused.labels("taken" if decision.reason == TAKEN else "conflict").inc()
+        item.span = None
 
     def _known(self, key: GroupPartitionKey) -> Committed:
         group, topic, partition = key
@@ -333,14 +419,17 @@ class CooperativeFetchFeature(Feature):
                 continue
             if part.error_code != ErrorCode.NONE:
                 continue
+            state.ends = (part.high_watermark, part.last_stable_offset)
             self.metrics.read_bytes.inc(len(part.records or _EMPTY))
-            if span.lease is not None:  # a retry: the member's own chunk again, no new grant
+            if span.lease is not None:  # a retry, or the rest of a chunk: the member's own again, no new grant
                 chunk = cut_chunk(part.records, span.start, span.end)
                 if chunk is None:
                     self._empty(part)
                 else:
                     self.metrics.retried.inc()
-                    self._hand_out(part, span.lease.start, chunk)
+                    self._hand_out(state, part, span.start, chunk)
+            elif item.chunk is not None:
+                self._hand_out_granted(item, state, part)
             else:
                 await self._grant(item, state, part)
             if part.high_watermark >= 0 and state.lag is not None and grants.frontier is not None:
@@ -374,6 +463,7 @@ class CooperativeFetchFeature(Feature):
                 if expected is not None:
                     grants.hold(ask.proposal, expected)  # the next fetch decides around it: the turn passes on
                 self._release([item])
+            self._asks_after.inc()
             try:
                 decision = await self.grants.propose(item.key, ask)
             except CommitLogError as exc:
@@ -395,13 +485,8 @@ class CooperativeFetchFeature(Feature):
                     return
                 if span.reset:
                     grants.reset_pending = False
-                if decision.redelivered:
-                    self.metrics.redelivered.inc()
-                if first > span.start:
-                    self.metrics.moved.inc()
-                self.metrics.leased.inc()
-                self.metrics.leased_offsets.inc(last - first + 1)
-                self._hand_out(part, first, chunk)
+                self._count_grant(first, last, span, decision.redelivered)
+                self._hand_out(state, part, first, chunk)
                 return
             if decision.reason == TAKEN:
                 self._refused.labels("taken").inc()
@@ -434,7 +519,30 @@ class CooperativeFetchFeature(Feature):
                 return True
             return False
 
-    def _hand_out(self, part: FetchResponse.PartitionData, start: int, chunk: Chunk) -> None:
+    def _hand_out_granted(self, item: _Pending, state: _Partition, part: FetchResponse.PartitionData) -> None:
+        """Cut the read to the chunk granted before it. A read that came back short (more
+        bytes per offset than seen before) hands out what it holds: the member's next fetch
+        reads the rest of its chunk (``KeyGrants.retry_of``); one that holds nothing of it is
+        answered with no records, and the member's next fetch reads it again."""
+        assert item.chunk is not None and item.span is not None
+        first, last = item.chunk
+        self._count_grant(first, last, item.span, item.redelivered)
+        chunk = cut_chunk(part.records, first, last)
+        if chunk is None:
+            self._empty(part)
+            return
+        self._hand_out(state, part, first, chunk)
+
+    def _count_grant(self, first: int, last: int, span: Span, redelivered: bool) -> None:
+        if redelivered:
+            self.metrics.redelivered.inc()
+        if first > span.start:
+            self.metrics.moved.inc()
+        self.metrics.leased.inc()
+        self.metrics.leased_offsets.inc(last - first + 1)
+
+    def _hand_out(self, state: _Partition, part: FetchResponse.PartitionData, start: int, chunk: Chunk) -> None:
+        state.saw(chunk)
         self.metrics.chunk_bytes.inc(len(chunk.records))
         part.records = chunk.records
         part.cooperative_chunk = FetchResponse.CooperativeChunk(chunk_start=start, chunk_end=chunk.end)

@@ -23,6 +23,14 @@ knew when it asked:
 The chunk is not in the record: every reader computes it as it applies the ask (``assign``),
 so that asks of several instances made from the same state never name the same offsets.
 
+An ask made *before* its read (record version 2, ``offsets`` > 0) names no batches: ``end``
+is the last offset the proposer knows the partition holds (below its high watermark, or its
+last stable offset for a read_committed member) and ``offsets`` how many offsets a chunk
+may span (the member's byte limit over the bytes per offset the proposer has seen). Its
+chunk is placed by the same rules and read afterwards, from its first offset: an instance
+reads what it hands out and nothing more, whichever instances ask at the same time. Asks at
+the log end, where no offset past the member's position is known yet, read first.
+
 Assignment
 ----------
 Applied in log order, an ask at offset o with log-append time t gets a chunk iff it is
@@ -38,7 +46,8 @@ the leases live at its own record's time. A stale ask rebuilds nothing. The chun
 then starts at the lowest offset at or above ``read_from`` and the floor that no live lease
 holds (expired leases are offsets nobody holds: they go out first), and ends before the next
 live lease, at ``end`` at most, on the last whole batch within ``max_bytes`` (at least one
-batch). An ask whose range is all held gets no chunk (``TAKEN``).
+batch), or after ``offsets`` offsets for an ask made before its read. An ask whose range
+is all held gets no chunk (``TAKEN``).
 
 A lease granted at t with length L is live at a record's time u iff u < t + L: expiry is a
 matter of log-append times, the same for every reader whatever its clock.
@@ -94,7 +103,7 @@ OffsetRange = tuple[int, int]  # inclusive
 _CROWD = 8  # the asks of an instance ``KeyGrants.ahead`` looks back on
 
 KEY_VERSION = 0
-VALUE_VERSION = 1  # 1: an ask, its chunk assigned as it is applied; 0: a fixed chunk (still read)
+VALUE_VERSION = 2  # 2: an ask that may name a count of offsets; 1: an ask bounded by its batches; 0: a fixed chunk
 
 _I16 = struct.Struct(">h")
 _U16 = struct.Struct(">H")
@@ -104,6 +113,7 @@ _BODY = struct.Struct(">qqqqiqqqqBi")  # token start end read_from lease_ms base
 _HELD = struct.Struct(">Hqqqqi")  # member index, token, start, end, granted_ms, lease_ms
 _ASK = struct.Struct(">iqi")  # max_bytes base_floor batches (version 1)
 _BATCH = struct.Struct(">qi")  # a batch's last offset, its size in bytes
+_OFFSETS = _I32  # the most offsets a chunk holds (version 2; 0: bounded by its batches)
 
 
 @dataclass(frozen=True)
@@ -188,6 +198,7 @@ class Grant:
     base_floor: int = -1  # version 1: the highest floor of the records up to ``base``
     batches: tuple[tuple[int, int], ...] = ()  # version 1: (last offset, bytes) of the batches read, in order
     version: int = VALUE_VERSION
+    offsets: int = 0  # version 2: the most offsets a chunk holds, asked before any read (0: its batches bound it)
 
     @property
     def fixed(self) -> bool:
@@ -249,14 +260,16 @@ def encode_grant(grant: Grant) -> bytes:
     if grant.version >= 1:
         out.append(_ASK.pack(grant.max_bytes, grant.base_floor, len(grant.batches)))
         out.extend(_BATCH.pack(last, size) for last, size in grant.batches)
+    if grant.version >= 2:
+        out.append(_OFFSETS.pack(grant.offsets))
     return b"".join(out)
 
 
 def decode_grant(data: bytes | memoryview) -> Grant:
-    """A record of either version (0: a fixed chunk; 1: an ask)."""
+    """A record of any version (0: a fixed chunk; 1 and 2: an ask)."""
     try:
         version, proposal = _HEAD.unpack_from(data, 0)
-        if version not in (0, 1):
+        if version not in (0, 1, 2):
             raise GrantFormatError(f"grant value version {version}")
         instance, at = _get_str(data, _HEAD.size)
         member, at = _get_str(data, at)
@@ -278,17 +291,22 @@ def decode_grant(data: bytes | memoryview) -> Grant:
             if who >= len(members):
                 raise GrantFormatError("lease of an unknown member")
             held.append(Lease(members[who], h_token, h_start, h_end, granted, h_lease))
-        max_bytes, base_floor, batches = 0, -1, []
-        if version == 1:
+        max_bytes, base_floor, batches, offsets = 0, -1, [], 0
+        if version >= 1:
             max_bytes, base_floor, number = _ASK.unpack_from(data, at)
             at += _ASK.size
-            if number < 0 or at + number * _BATCH.size != len(data):
+            tail = _OFFSETS.size if version >= 2 else 0
+            if number < 0 or at + number * _BATCH.size + tail != len(data):
                 raise GrantFormatError("grant value of the wrong length")
             batches = [_BATCH.unpack_from(data, at + n * _BATCH.size) for n in range(number)]
+            if tail:
+                (offsets,) = _OFFSETS.unpack_from(data, at + number * _BATCH.size)
+                if offsets < 0:
+                    raise GrantFormatError(f"grant asks for {offsets} offsets")
     except struct.error as exc:
         raise GrantFormatError(str(exc)) from exc
     return Grant(proposal, instance, member, token, start, end, read_from, lease_ms, base, base_ms, floor,
-                 frontier, bool(reset), tuple(held), max_bytes, base_floor, tuple(batches), version)
+                 frontier, bool(reset), tuple(held), max_bytes, base_floor, tuple(batches), version, offsets)
 
 
 # -- verdicts and assignment ---------------------------------------------------------------------
@@ -333,9 +351,11 @@ def judge(grant: Grant, ms: int, between: Iterable[Seen]) -> str | None:
 
 
 def _cap(ask: Grant, start: int, limit: int) -> int:
-    """The chunk's last offset from ``start``: whole batches of ``ask.batches`` up to
-    ``ask.max_bytes`` (at least one) that end at ``limit`` at most; ``limit`` when the first
-    batch reaches past it."""
+    """The chunk's last offset from ``start``: ``ask.offsets`` offsets when it names a count
+    (an ask before its read), else whole batches of ``ask.batches`` up to ``ask.max_bytes``
+    (at least one); ``limit`` at most, and ``limit`` when the first batch reaches past it."""
+    if ask.offsets:
+        return min(limit, start + ask.offsets - 1)
     batches = ask.batches
     first = bisect_right(batches, (start - 1, 1 << 62))  # the first batch whose last offset >= start
     end, total = -1, 0
@@ -626,14 +646,18 @@ class KeyGrants:
     def held_by(self, member: str, now_ms: int) -> int:
         return sum(1 for lease in self.live(now_ms) if lease.member == member)
 
-    def retry_of(self, member: str, token: int, now_ms: int) -> Lease | None:
-        """The chunk a fetch of ``member`` with FetchOffset ``token`` gets again: its latest
-        live lease fetched with that token, unless that chunk ends right below the token
-        (then the token follows the chunk's receipt: not a retry)."""
+    def retry_of(self, member: str, token: int, now_ms: int) -> Span | None:
+        """What a fetch of ``member`` with FetchOffset ``token`` reads of a chunk it holds:
+        its latest live lease again when fetched with that token (unless that chunk ends
+        right below the token: then the token follows the chunk's receipt, not a retry);
+        the rest of it when the token lies inside it (the member got the chunk only up to
+        there: a read asked for before it was made may come back short)."""
         for lease in reversed(self.live(now_ms)):
             if lease.member == member:
-                if lease.token == token and lease.end + 1 != token:
-                    return lease
+                if lease.token == token and lease.end + 1 != token:  # first: a retry loses nothing
+                    return Span(lease.start, lease.end, lease)
+                if lease.start < token <= lease.end:
+                    return Span(token, lease.end, lease)
                 return None
         return None
 
@@ -646,9 +670,9 @@ class KeyGrants:
                   max_leases: int) -> Span | None:
         """What ``member``'s fetch with FetchOffset ``token`` reads; None when it holds
         ``max_leases`` live chunks already."""
-        lease = self.retry_of(member, token, now_ms)
-        if lease is not None:
-            return Span(lease.start, lease.end, lease)
+        held = self.retry_of(member, token, now_ms)
+        if held is not None:
+            return held
         if self.held_by(member, now_ms) >= max_leases:
             return None
         low = max(committed.stable, self.floor, 0)
@@ -676,10 +700,12 @@ class KeyGrants:
 
     def ask(self, span: Span, member: str, token: int, batches: Sequence[tuple[int, int]], end: int,
             max_bytes: int, committed: Committed, *, lease_ms: int, instance: str, proposal: int,
-            now_ms: int, view: tuple[int, int] = (-1, -1)) -> Grant:
+            now_ms: int, view: tuple[int, int] = (-1, -1), offsets: int = 0) -> Grant:
         """The record that asks the log for ``member``'s next chunk within what its read
         holds: from ``span`` to ``end``, ``batches`` the (last offset, bytes) of the batches
-        read there, at most ``max_bytes`` of them (at least one). ``view``: the offset and
+        read there, at most ``max_bytes`` of them (at least one). Before a read: no
+        batches, ``end`` the last offset known to exist, ``offsets`` the most offsets the
+        chunk spans. ``view``: the offset and
         log-append time of the newest record this instance applied of the key's log
         partition (any key): its base when newer than the key's own (the key has no record
         between them), so that an ask after a quiet spell of the key is still fresh. With no
@@ -687,6 +713,8 @@ class KeyGrants:
         this instance's clock."""
         if end < span.start or (span.end is not None and end > span.end):
             raise ValueError(f"ask end {end} outside its span {span}")
+        if offsets < 0 or (offsets and batches):
+            raise ValueError("an ask names batches it read or a count of offsets before its read, not both")
         base, base_ms = max((self.offset, self.ms), view)
         if base < 0:
             base_ms = now_ms
@@ -694,7 +722,7 @@ class KeyGrants:
         # this instance read, nor by its clock, which may run ahead of the broker's)
         return Grant(proposal, instance, member, token, span.chunk_start, end, span.start, lease_ms, base,
                      base_ms, max(committed.stable, self.floor, -1), -1 if self.frontier is None else self.frontier,
-                     span.reset, tuple(self.leases), max_bytes, self.floor, tuple(batches))
+                     span.reset, tuple(self.leases), max_bytes, self.floor, tuple(batches), offsets=offsets)
 
     def expect(self, ask: Grant, now_ms: int) -> OffsetRange | None:
         """The chunk ``ask`` would get if nothing else reached the log first (what this

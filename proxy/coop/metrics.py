@@ -25,7 +25,12 @@ class CooperativeFetchMetrics:
         self.chunk_bytes = Counter("kafka_proxy_coop_chunk_bytes", "Record bytes in the chunks handed out.",
                                    registry=r)
         self.retried = Counter("kafka_proxy_coop_chunks_retried",
-                               "Retried fetches that got their outstanding chunk again.", registry=r)
+                               "Fetches that read a chunk their member holds: a retry got it again, or the rest "
+                               "of a chunk whose read came back short.", registry=r)
+        self.asks = Counter("kafka_proxy_coop_asks",
+                            "Asks appended to the grants log, by when: before the read (offsets past the member's "
+                            "position known to exist) or after it (at the log end, offsets handed out again, "
+                            "resets).", ["read"], registry=r)
         self.refused = Counter("kafka_proxy_coop_fetches_refused",
                                "Cooperative partitions answered without a chunk, by reason.", ["reason"], registry=r)
         self.marker_lag = Gauge("kafka_proxy_coop_marker_lag",

@@ -78,6 +78,10 @@ async def test_members_spread_over_instances_get_no_record_twice(kafka, proxy_fa
         assert verdict.redelivered == 0, verdict.summary()
         assert _at_log_end(kafka, group, topic, 1), "the group's committed offset did not reach the log end"
         assert len(handed) == MEMBERS, handed
+        # both ways of asking ran: before the read (offsets past the marker known), after it (the log end)
+        asks = {read: sum(proxy.metric("kafka_proxy_coop_asks_total", read=read) for proxy in proxies)
+                for read in ("before", "after")}
+        assert asks["before"] > 0 and asks["after"] > 0, asks
     finally:
         for proxy in proxies:
             proxy.stop(timeout=10)

@@ -61,9 +61,14 @@ def batches(start: int, end: int) -> list[tuple[int, int]]:
 
 
 def ask(state: KeyGrants, span: Span, end: int, *, member="m", token=0, batch_limit=2, committed=NOTHING,
-        instance="i", proposal=0, now_ms=1000, view=(-1, -1)) -> Grant:
+        instance="i", proposal=0, now_ms=1000, view=(-1, -1), before_read=False) -> Grant:
     """``state``'s ask for ``member`` from ``span``, its read holding batches up to ``end``,
-    chunks of ``batch_limit`` batches at most."""
+    chunks of ``batch_limit`` batches at most; ``before_read``: asked before the read, the
+    partition known to hold offsets up to ``end``, chunks of ``batch_limit`` batches' offsets."""
+    if before_read:
+        return state.ask(span, member, token, (), end, batch_limit * BATCH_BYTES, committed, lease_ms=LEASE_MS,
+                         instance=instance, proposal=proposal, now_ms=now_ms, view=view,
+                         offsets=batch_limit * BATCH)
     return state.ask(span, member, token, batches(span.start, end), end, batch_limit * BATCH_BYTES, committed,
                      lease_ms=LEASE_MS, instance=instance, proposal=proposal, now_ms=now_ms, view=view)
 
@@ -89,14 +94,22 @@ def test_key_and_value_round_trip():
     held = (Lease("a", 3, 0, 9, 100, 500), Lease("b", 10, 10, 19, 120, 500), Lease("a", 20, 20, 29, 130, 500))
     record = Grant(42, "instance-1", "member-é", 30, 30, 39, 30, 45000, 17, 140, 5, 40, True, held,
                    1 << 20, 3, ((31, 16384), (39, 9000)))
-    assert record.version == 1 and decode_grant(encode_grant(record)) == record
+    assert record.version == 2 and decode_grant(encode_grant(record)) == record
+    before_read = Grant(42, "instance-1", "member-é", 30, 30, 900, 30, 45000, 17, 140, 5, 40, False, held,
+                        1 << 20, 3, (), offsets=9000)
+    assert decode_grant(encode_grant(before_read)) == before_read
+    batched = Grant(42, "instance-1", "member-é", 30, 30, 39, 30, 45000, 17, 140, 5, 40, True, held,
+                    1 << 20, 3, ((31, 16384), (39, 9000)), version=1)
+    assert decode_grant(encode_grant(batched)) == batched  # version 1 still reads
     old = Grant(42, "instance-1", "member-é", 30, 30, 39, 30, 45000, 17, 140, 5, 40, True, held, version=0)
     assert decode_grant(encode_grant(old)) == old and decode_grant(encode_grant(old)).fixed  # version 0 still reads
-    for value in (record, old):
+    for value in (record, before_read, batched, old):
         with pytest.raises(GrantFormatError):
             decode_grant(encode_grant(value)[:-1])
     with pytest.raises(GrantFormatError):
-        decode_grant(b"\x00\x02" + encode_grant(record)[2:])  # a version this build does not know
+        decode_grant(b"\x00\x03" + encode_grant(record)[2:])  # a version this build does not know
+    with pytest.raises(GrantFormatError):
+        decode_grant(encode_grant(before_read)[:-4] + b"\xff\xff\xff\xff")  # a negative count of offsets
     with pytest.raises(GrantFormatError):
         decode_key(b"\x00\x07")
 
@@ -250,6 +263,42 @@ def test_chunks_are_whole_batches_within_the_byte_limit():
     assert chunk_of(state, 5, 1005, rest) == (24, 25)
 
 
+def test_an_ask_before_its_read_spans_its_count_of_offsets_up_to_what_is_known():
+    a, b, log = KeyGrants(), KeyGrants(), KeyGrants()
+    for state in (a, b, log):
+        state.apply(0, 1000, grant(0, 3, member="x"))  # every instance applied the same record
+    span = a.next_span("m1", 0, NOTHING, 1000, 10)
+    first = ask(a, span, 99, member="m1", instance="a", proposal=1, before_read=True, batch_limit=5)
+    second = ask(b, b.next_span("m2", 0, NOTHING, 1000, 10), 99, member="m2", instance="b", proposal=1,
+                 before_read=True, batch_limit=5)
+    assert first.batches == () and first.offsets == 20 and a.expect(first, 1000) == (4, 23)
+    assert chunk_of(log, 1, 1001, first) == (4, 23)
+    assert chunk_of(log, 2, 1002, second) == (24, 43)  # the same view: placed after it, nothing read in vain
+    # the partition known to end at 48: a chunk stops there, and the next ask finds nothing
+    near_end = ask(log, log.next_span("m3", 0, NOTHING, 1003, 10), 48, member="m3", before_read=True,
+                   batch_limit=5)
+    assert chunk_of(log, 3, 1003, near_end) == (44, 48)
+    beyond = log.ask(Span(44, None), "m4", 0, (), 48, 500, NOTHING, lease_ms=LEASE_MS, instance="c", proposal=1,
+                     now_ms=1004, offsets=20)
+    assert log.apply(4, 1004, beyond).reason == TAKEN
+    with pytest.raises(ValueError):
+        log.ask(Span(45, None), "m4", 0, [(47, 100)], 47, 500, NOTHING, lease_ms=LEASE_MS, instance="c",
+                proposal=2, now_ms=1003, offsets=20)  # batches read and a count: one or the other
+
+
+def test_a_member_that_got_its_chunk_in_part_reads_the_rest_of_it():
+    state = KeyGrants()
+    state.apply(0, 1000, grant(10, 29, member="a", token=5))
+    # a got [10, 17] (its read came back short): its next fetch, from 18, reads the rest
+    rest = state.next_span("a", 18, NOTHING, 1001, 1)
+    assert (rest.start, rest.end) == (18, 29) and rest.lease is not None
+    # the same fetch again (its answer lost): the whole chunk again
+    again = state.next_span("a", 5, NOTHING, 1001, 1)
+    assert (again.start, again.end) == (10, 29)
+    # past its chunk: a new chunk (here none: a holds its one lease, not committed)
+    assert state.next_span("a", 30, NOTHING, 1001, 1) is None
+
+
 def test_a_claim_takes_the_skipped_offsets_only_when_nobody_holds_them():
     a, b = KeyGrants(), KeyGrants()
     span = a.next_span("m1", 40, NOTHING, 1000, 10)
@@ -357,7 +406,9 @@ def read(node: Instance, log, upto: int) -> None:
 def run(script, instances: int = 3, members: int = 4):
     """The log a script makes: each step an instance asks from what it has applied and its
     own asks still on their way (its read holding ``size`` more offsets than the span's
-    start, chunks of at most two batches), reads some more of the log, time passes, or the
+    start, chunks of at most two batches; or, every other ask, before its read, the
+    partition known to reach as far, chunks of two batches' offsets), reads some more of
+    the log, time passes, or the
     group commits a prefix of what was handed out."""
     fleet = [Instance(f"i{n}") for n in range(instances)]
     log: list[tuple[int, int, Grant]] = []
@@ -383,7 +434,7 @@ def run(script, instances: int = 3, members: int = 4):
             end = span.start + size * BATCH - 1 if span.end is None else min(span.end, span.start + size * BATCH - 1)
             node.proposals += 1
             record = ask(node.state, span, end, member=name, committed=committed, instance=node.name,
-                         proposal=node.proposals, now_ms=now)
+                         proposal=node.proposals, now_ms=now, before_read=amount % 2 == 1)
             offset = len(log)
             log.append((offset, now, record))
             node.expected[offset] = node.state.expect(record, now)
