@@ -195,9 +195,15 @@ def _run_command(bench: Benchmark, say) -> None:
         raise RuntimeError(f"exited with {code}")
 
 
+def _options(argv: list[str]) -> list[str]:
+    """The options of a command line as a result records them: without the benchmark names
+    before the first option (a value such as ``--coop-contenders coop`` stays) nor ``--plain``."""
+    first = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
+    return [arg for i, arg in enumerate(argv) if not (i < first and arg in BENCHMARKS) and arg != "--plain"]
+
+
 def _run_one(bench: Benchmark, args: argparse.Namespace, display, say) -> None:
-    command = " ".join(["python -m benchmarks", bench.name,
-                        *[a for a in args.argv if a not in BENCHMARKS and a not in ("--plain",)]])
+    command = " ".join(["python -m benchmarks", bench.name, *_options(args.argv)])
     assert bench.run is not None and bench.steps is not None
     report = results.new_report(bench.name, bench.title, command, bench.method, {})
     task = None if display is None else display.add_task("", total=bench.steps(args), bench=bench.name)

@@ -1,7 +1,9 @@
 """Cooperative fetch across several proxy instances (docs/high-availability.md): two or
 three port-per-broker proxies in front of one broker, the cooperative members of one group
 spread over them as a load balancer in front of proxy replicas would spread them, records
-written while they read (half of them under one key). Chunks are granted through
+written while they read (half of them under one key; the members start a third of the
+way in, so that they catch up with asks before their reads, then ask after them at the log
+end). Chunks are granted through
 ``__cooperative_fetch_grants``, so no record is handed out twice while no member fails;
 with one instance killed -9 mid-stream and its members reconnecting to another, nothing is
 lost and only what the dead instance's members held is handed out again. The kill is also
@@ -50,7 +52,7 @@ def _cases() -> list:
 @pytest.mark.parametrize(("instances", "run"), _cases())
 async def test_members_spread_over_instances_get_no_record_twice(kafka, proxy_factory, topic_factory, instances,
                                                                  run):
-    proxies = [proxy_factory(kafka) for _ in range(instances)]
+    proxies = [proxy_factory(kafka, metrics_port="0") for _ in range(instances)]
     try:
         topic = topic_factory(kafka, partitions=1)
         tp = TopicPartition(topic, 0)
@@ -61,26 +63,30 @@ async def test_members_spread_over_instances_get_no_record_twice(kafka, proxy_fa
         stop = trio.Event()
         handed: dict[str, int] = {}
 
+        producer.start()
+        # the members start behind (a third of the records written) and catch up while the
+        # rest is written: chunks asked for before their reads, then reads before asks at the log end
+        await _until(lambda: len(history.acks) >= RECORDS // 3, SECONDS + DEADLINE)
         async with trio.open_nursery() as nursery:
             for number in range(MEMBERS):  # 2 instances: m0, m2 on the first, m1 on the second
                 nursery.start_soon(cooperative_member, proxies[number % instances].bootstrap_servers, group, tp,
                                    f"m{number}", history, handed, stop)
-            producer.start()
             await _until(lambda: producer.done and history.missing() == 0, SECONDS + DEADLINE)
             await _until(lambda: _at_log_end(kafka, group, topic, 1), 60)
             stop.set()
         producer.join()
         assert producer.failed == 0, producer.errors
         verdict = check(history, keyed_order=False)
-        print(f"\n{instances} instances run {run}: {verdict.summary()}; handed out per member {handed}")
+        asks = {read: sum(proxy.metric("kafka_proxy_coop_asks_total", read=read) for proxy in proxies)
+                for read in ("before", "after")}
+        print(f"\n{instances} instances run {run}: {verdict.summary()}; handed out per member {handed}; "
+              f"asks before / after the read {asks}")
         assert verdict.acknowledged == RECORDS
         assert not verdict.lost and not verdict.strays, verdict.summary()
         assert verdict.redelivered == 0, verdict.summary()
         assert _at_log_end(kafka, group, topic, 1), "the group's committed offset did not reach the log end"
         assert len(handed) == MEMBERS, handed
         # both ways of asking ran: before the read (offsets past the marker known), after it (the log end)
-        asks = {read: sum(proxy.metric("kafka_proxy_coop_asks_total", read=read) for proxy in proxies)
-                for read in ("before", "after")}
         assert asks["before"] > 0 and asks["after"] > 0, asks
     finally:
         for proxy in proxies:

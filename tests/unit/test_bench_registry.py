@@ -58,3 +58,10 @@ def test_the_runner_lists_every_benchmark():
                             text=True, check=True, timeout=60).stdout
     names = [line.split()[0] for line in listed.splitlines()]
     assert names == list(registry.load())
+
+
+def test_a_recorded_command_keeps_option_values_that_name_a_benchmark():
+    from benchmarks.__main__ import _options
+    argv = ["coop", "--coop-contenders", "coop", "share", "--workers", "4", "--plain"]
+    assert _options(argv) == ["--coop-contenders", "coop", "share", "--workers", "4"]
+    assert _options(["passthrough", "keyrange_delivery"]) == []
