@@ -44,7 +44,7 @@ from prometheus_client import Gauge
 from proxy.commits.cluster import CommitLogError
 from proxy.commits.reads import CommittedReads
 from proxy.coop.chunks import Chunk, batch_bounds, cut_chunk
-from proxy.coop.grant_log import GrantLog
+from proxy.coop.grant_log import GrantLog, Proposal
 from proxy.coop.grants import STALE, TAKEN, Committed, Grant, KeyGrants, Span
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.coop.settings import CooperativeFetchSettings
@@ -122,6 +122,7 @@ class _Pending:
     max_bytes: int = 0  # the member's PartitionMaxBytes: what a chunk holds at most (at least one batch)
     read_committed: bool = False
     ask: Grant | None = None  # an ask made before the read, on its way through the log
+    proposal: Proposal | None = None  # that ask, queued for the log
     chunk: tuple[int, int] | None = None  # the chunk the log granted that ask: what the read is cut to
     redelivered: bool = False  # that chunk holds offsets handed out before
 
@@ -179,6 +180,10 @@ class CooperativeFetchFeature(Feature):
                     for item in asking:
                         nursery.start_soon(self._ask_before_read, item)
         except BaseException:
+            for item in pending:
+                if item.proposal is not None and item.ask is not None and item.state is not None:
+                    self.grants.withdraw(item.proposal)
+                    item.state.grants.settle(item.ask.proposal)
             self._release(pending)
             raise
         local = [item for item in pending if item.span is None]
@@ -301,6 +306,7 @@ class CooperativeFetchFeature(Feature):
                 expected = grants.expect(ask, _now_ms())
                 if expected is not None:
                     grants.hold(ask.proposal, expected)  # the next fetch decides around it: the turn passes on
+                item.proposal = self.grants.submit(item.key, ask)  # queued in the order of the decisions
                 self._release([item])
                 return
         if span.lease is None:  # read beyond the chunks the asks of other instances may take first
@@ -328,13 +334,13 @@ class CooperativeFetchFeature(Feature):
         """Propose ``item``'s ask; with a chunk, the read starts at its first offset, else
         the partition is answered with no chunk. An ask refused as stale is made again from
         the view its own record gave (a few times in all)."""
-        state, span, ask = item.state, item.span, item.ask
-        assert state is not None and span is not None and ask is not None
+        state, span, ask, proposal = item.state, item.span, item.ask, item.proposal
+        assert state is not None and span is not None and ask is not None and proposal is not None
         grants = state.grants
         for _attempt in range(_PROPOSALS):
             self._asks_before.inc()
             try:
-                decision = await self.grants.propose(item.key, ask)
+                decision = await self.grants.outcome(proposal)
             except CommitLogError as exc:
                 log.warning("cooperative fetch: ask not written or not read back group=%s topic=%s partition=%s "
                             "reason=%r", *item.key, str(exc))
@@ -352,7 +358,7 @@ class CooperativeFetchFeature(Feature):
             renewed = self._ask_for(item, state, span)
             if renewed is None:
                 break
-            ask = renewed
+            ask, proposal = renewed, self.grants.submit(item.key, renewed)
         self._refused.labels("taken" if decision.reason == TAKEN else "conflict").inc()
         item.span = None
 

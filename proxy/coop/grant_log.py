@@ -73,9 +73,20 @@ class _Pending:
 
 
 @dataclass
+class Proposal:
+    """An ask queued for its log partition's next write (``GrantLog.submit``)."""
+
+    number: int  # the ask's proposal number
+    part: _Partition
+    pending: _Pending
+    waiting: _Waiting
+
+
+@dataclass
 class _Partition:
     """This instance's reader of one log partition."""
 
+    index: int
     position: int = 0  # every record below it is applied
     applied: tuple[int, int] = (-1, -1)  # the offset and log-append time of the newest record applied
     loaded: trio.Event = field(default_factory=trio.Event)  # read to its end once
@@ -112,7 +123,7 @@ class GrantLog:
         index = await self._index(key, create=True)
         part = self._parts.get(index)
         if part is None:
-            part = self._parts[index] = _Partition()
+            part = self._parts[index] = _Partition(index)
             self.background.start_soon(self._follow, index, part)
         if not part.loaded.is_set():
             with trio.move_on_after(self.timeout):
@@ -200,34 +211,57 @@ class GrantLog:
         """Append ``grant`` (acks=all) and wait for this instance to apply it: the chunk it
         got, which may be handed out (or none, and why). Raises ``CommitLogError`` when it
         cannot be written, or not read back, within ``timeout``."""
-        index = await self._index(key, create=True)
-        part = self._parts[index]
+        return await self.outcome(self.submit(key, grant))
+
+    def submit(self, key: GroupPartitionKey, grant: Grant) -> Proposal:
+        """Queue ``grant`` for its log partition's next write now, so that this instance's
+        asks reach the log in the order it decided them (an ask decided after another goes
+        around the chunk that one expects: appended first, it would be placed below it).
+        ``state(key)`` comes first; ``outcome`` writes it and waits for its chunk."""
+        part = self._key_parts.get(key)
+        if part is None:
+            raise CommitLogError(f"the grants of {key} were never read")
         waiting = self._waiting[grant.proposal] = _Waiting()
+        pending = _Pending([(encode_key(*key), encode_grant(grant))])
+        part.pending.append(pending)
+        return Proposal(grant.proposal, part, pending, waiting)
+
+    async def outcome(self, proposal: Proposal) -> Decision:
+        """Write ``proposal`` (with whatever else is queued) and wait until this instance
+        applied it. Raises ``CommitLogError`` past ``timeout``."""
+        part, pending, waiting = proposal.part, proposal.pending, proposal.waiting
         try:
             with trio.move_on_after(self.timeout) as scope:
-                await self._write(index, part, [(encode_key(*key), encode_grant(grant))])
+                await self._flush(part, pending)
                 await waiting.done.wait()
             if scope.cancelled_caught:
-                raise CommitLogError(f"grant {grant.proposal} not read back from {GRANTS_TOPIC}-{index} in time")
+                raise CommitLogError(f"grant {proposal.number} not read back from {GRANTS_TOPIC}-{part.index} "
+                                     "in time")
             assert waiting.decision is not None
             return waiting.decision
         finally:
-            self._waiting.pop(grant.proposal, None)
+            self.withdraw(proposal)
 
-    async def _write(self, index: int, part: _Partition, records: list[tuple[bytes, bytes | None]]) -> None:
-        pending = _Pending(records)
-        part.pending.append(pending)
+    def withdraw(self, proposal: Proposal) -> None:
+        """Stop waiting for ``proposal``, and take it out of the queue if it was never sent
+        (its fetch ended first: nobody would be handed its chunk)."""
+        self._waiting.pop(proposal.number, None)
+        queue = proposal.part.pending
+        if not proposal.pending.done and proposal.pending in queue:
+            queue.remove(proposal.pending)
+
+    async def _flush(self, part: _Partition, pending: _Pending) -> None:
         async with part.write_lock:
             if not pending.done:
                 batch, part.pending = part.pending, []
                 with trio.CancelScope(shield=True):  # the producer's sequence must not be left half-sent
                     with trio.move_on_after(self.timeout):
-                        await self._send(index, batch)
+                        await self._send(part.index, batch)
                 for item in batch:
                     if not item.done:
                         item.done, item.error = True, CommitLogError("write timed out")
         if pending.error is not None:
-            raise CommitLogError(f"write to {GRANTS_TOPIC}-{index} failed: {pending.error}") from pending.error
+            raise CommitLogError(f"write to {GRANTS_TOPIC}-{part.index} failed: {pending.error}") from pending.error
 
     async def _send(self, index: int, batch: list[_Pending]) -> None:
         records = [record for item in batch for record in item.records]
