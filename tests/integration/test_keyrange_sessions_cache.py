@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import urllib.request
-
 import pytest
 
 from harness.raw_client import RawClient, records_of
@@ -22,9 +19,7 @@ R = messages.body_class(ApiKey.FETCH, "request")
 
 
 def _metric(proxy, name: str) -> float:
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
+    return proxy.metric(name)
 
 
 def _fetch_body(topic_id, offset, ranges, session_id, epoch, *, include_partition=True, isolation_level=0):
