@@ -20,6 +20,8 @@ its end offset): the one reader of both internal logs, ``__individual_commit_off
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +79,8 @@ _LATEST = -1
 _FETCH_BYTES = 8 << 20
 
 _UNREACHABLE_BACKOFF = 30.0
+_COORDINATORS_KEPT = 10_000  # groups whose coordinator address is remembered
+_MOVED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
 
 Address = tuple[str, int]
 TopicPartitionKey = tuple[str, int]
@@ -93,6 +97,7 @@ class ClusterClient:
     def __init__(self, pool: BrokerPool, view: ClusterView) -> None:
         self.pool = pool
         self.view = view
+        self._coordinators: OrderedDict[str, Address] = OrderedDict()
 
     @property
     def nodes(self) -> dict[int, Address]:
@@ -116,14 +121,37 @@ class ClusterClient:
         self.view.learn_metadata(response)
         return response
 
-    async def find_coordinator(self, group: str) -> Address:
+    async def find_coordinator(self, group: str, *, remembered: bool = True) -> Address:
+        """The address of ``group``'s coordinator: the one found before while requests to it
+        succeed (``remembered``), else FindCoordinator's answer. A commit corrected after
+        another instance's write, a committed-offsets read, each would otherwise ask first."""
+        if remembered and (address := self._coordinators.get(group)) is not None:
+            self._coordinators.move_to_end(group)
+            return address
         body = FindCoordinatorRequest(key_type=0, coordinator_keys=[group])
         response: FindCoordinatorResponse = await self.request_any(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_VERSION,
                                                                    body)
         (entry,) = response.coordinators
         if entry.error_code != ErrorCode.NONE:
             raise CommitLogError(f"FindCoordinator({group}) error {ErrorCode.name_of(entry.error_code)}")
-        return entry.host, entry.port
+        address = self._coordinators[group] = (entry.host, entry.port)
+        while len(self._coordinators) > _COORDINATORS_KEPT:
+            self._coordinators.popitem(last=False)
+        return address
+
+    def coordinator_moved(self, group: str, codes: Iterable[int] | None = None) -> None:
+        """Forget ``group``'s coordinator when a request to it failed (``codes`` None), or
+        answered one of ``codes`` that says it moved (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE)."""
+        if codes is None or not _MOVED.isdisjoint(codes):
+            self._coordinators.pop(group, None)
+
+    async def _at_coordinator(self, group: str, api_key: int, version: int, body: object) -> Any:
+        address = await self.find_coordinator(group)
+        try:
+            return await self.request(address, api_key, version, body)
+        except BaseException:
+            self.coordinator_moved(group)
+            raise
 
     async def committed_offsets(self, group: str, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         """The real coordinator's committed offsets (-1 for none)."""
@@ -145,11 +173,11 @@ class ClusterClient:
         deadline = trio.current_time() + 30
         while True:
             try:
-                address = await self.find_coordinator(group)
-                response: OffsetFetchResponse = await self.request(address, ApiKey.OFFSET_FETCH,
-                                                                   OFFSET_FETCH_VERSION, body)
+                response: OffsetFetchResponse = await self._at_coordinator(group, ApiKey.OFFSET_FETCH,
+                                                                           OFFSET_FETCH_VERSION, body)
                 (entry,) = response.groups
                 if entry.error_code != ErrorCode.NONE:
+                    self.coordinator_moved(group, [entry.error_code])
                     raise CommitLogError(f"OffsetFetch({group}) error {ErrorCode.name_of(entry.error_code)}")
                 out: dict[TopicPartitionKey, tuple[int, str | None]] = {}
                 for answered in entry.topics:
@@ -183,12 +211,12 @@ class ClusterClient:
         deadline = trio.current_time() + 30
         while True:
             try:
-                address = await self.find_coordinator(coordinator_of)
-                answer: OffsetFetchResponse = await self.request(address, ApiKey.OFFSET_FETCH,
-                                                                 OFFSET_FETCH_VERSION, body)
+                answer: OffsetFetchResponse = await self._at_coordinator(coordinator_of, ApiKey.OFFSET_FETCH,
+                                                                         OFFSET_FETCH_VERSION, body)
                 out: dict[str, dict[TopicPartitionKey, tuple[int, str | None, int]]] = {}
                 for entry in answer.groups:
                     if entry.error_code != ErrorCode.NONE:
+                        self.coordinator_moved(coordinator_of, [entry.error_code])
                         raise CommitLogError(f"OffsetFetch({entry.group_id}) error {ErrorCode.name_of(entry.error_code)}")
                     out[entry.group_id] = {(topic.name, part.partition_index): (
                         part.committed_offset, part.metadata, part.error_code)
@@ -216,13 +244,14 @@ class ClusterClient:
                    group_instance_id=instance_id,
                    topics=[cls.OffsetCommitRequestTopic(name=topic, partitions=parts) for topic, parts in by_topic.items()])
         try:
-            address = await self.find_coordinator(group)
-            response: OffsetCommitResponse = await self.request(address, ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_VERSION,
-                                                                body)
+            response: OffsetCommitResponse = await self._at_coordinator(group, ApiKey.OFFSET_COMMIT,
+                                                                        OFFSET_COMMIT_VERSION, body)
         except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
             raise CommitLogError(f"OffsetCommit({group}) from the proxy failed: {exc}") from exc
-        return {(topic.name, part.partition_index): part.error_code
-                for topic in response.topics for part in topic.partitions}
+        errors = {(topic.name, part.partition_index): part.error_code
+                  for topic in response.topics for part in topic.partitions}
+        self.coordinator_moved(group, errors.values())
+        return errors
 
 
     async def read_partition(self, topic: str, partition: int, offset: int, max_bytes: int, *,
@@ -257,12 +286,12 @@ class ClusterClient:
         """Every group ``group``'s coordinator holds (ListGroups at that broker): groups on
         its ``__consumer_offsets`` partition are among them."""
         try:
-            address = await self.find_coordinator(group)
-            response: ListGroupsResponse = await self.request(address, ApiKey.LIST_GROUPS, LIST_GROUPS_VERSION,
-                                                              ListGroupsRequest())
+            response: ListGroupsResponse = await self._at_coordinator(group, ApiKey.LIST_GROUPS, LIST_GROUPS_VERSION,
+                                                                      ListGroupsRequest())
         except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
             raise CommitLogError(f"ListGroups at the coordinator of {group} failed: {exc}") from exc
         if response.error_code != ErrorCode.NONE:
+            self.coordinator_moved(group, [response.error_code])
             raise CommitLogError(f"ListGroups at the coordinator of {group}: {ErrorCode.name_of(response.error_code)}")
         return [entry.group_id for entry in response.groups]
 
@@ -271,12 +300,13 @@ class ClusterClient:
         if not groups:
             return {}
         try:
-            address = await self.find_coordinator(coordinator_of)
-            response: DeleteGroupsResponse = await self.request(address, ApiKey.DELETE_GROUPS, DELETE_GROUPS_VERSION,
-                                                                DeleteGroupsRequest(groups_names=groups))
+            response: DeleteGroupsResponse = await self._at_coordinator(
+                coordinator_of, ApiKey.DELETE_GROUPS, DELETE_GROUPS_VERSION, DeleteGroupsRequest(groups_names=groups))
         except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
             raise CommitLogError(f"DeleteGroups {groups} failed: {exc}") from exc
-        return {result.group_id: result.error_code for result in response.results}
+        errors = {result.group_id: result.error_code for result in response.results}
+        self.coordinator_moved(coordinator_of, errors.values())
+        return errors
 
     async def delete_offsets(self, group: str, keys: list[TopicPartitionKey]) -> int:
         """OffsetDelete of ``keys`` in ``group``; the request's error code."""
@@ -289,11 +319,11 @@ class ClusterClient:
                 cls.OffsetDeleteRequestPartition(partition_index=p) for p in parts])
             for topic, parts in by_topic.items()])
         try:
-            address = await self.find_coordinator(group)
-            response: OffsetDeleteResponse = await self.request(address, ApiKey.OFFSET_DELETE, OFFSET_DELETE_VERSION,
-                                                                body)
+            response: OffsetDeleteResponse = await self._at_coordinator(group, ApiKey.OFFSET_DELETE,
+                                                                        OFFSET_DELETE_VERSION, body)
         except (BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError) as exc:
             raise CommitLogError(f"OffsetDelete({group}) failed: {exc}") from exc
+        self.coordinator_moved(group, [response.error_code])
         return response.error_code
 
 
@@ -361,7 +391,7 @@ class LogTopic:
                 if offsets is None or offsets.error_code != ErrorCode.NONE or not offsets.partitions:
                     # __consumer_offsets is created with the first FindCoordinator.
                     try:
-                        await self.cluster.find_coordinator("keyrange-proxy")
+                        await self.cluster.find_coordinator("keyrange-proxy", remembered=False)
                     except CommitLogError:
                         pass
                 elif missing:

@@ -17,3 +17,6 @@ class CommitLogMetrics:
         self.foreign_writes = Counter("kafka_proxy_individual_commit_foreign_writes",
                                       "Committed partitions whose state another instance wrote since this one "
                                       "read it.", registry=r)
+        self.corrections = Counter("kafka_proxy_individual_commit_corrections",
+                                   "Committed partitions whose offset this instance committed to the coordinator "
+                                   "again, after another instance's write moved it.", registry=r)

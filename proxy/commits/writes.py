@@ -39,6 +39,8 @@ log = logging.getLogger("proxy.commits")
 
 _DELETION_DRAIN_S = 30.0  # longest a deletion waits for the group's commits under way
 _DELETIONS_REMEMBERED = 10_000  # groups whose last deletion time an instance remembers
+_SHARED_S = 10.0  # after a commit met another instance's write, how long the group's commits read the log first
+_SHARED_REMEMBERED = 10_000  # groups whose last meeting with another instance's write is remembered
 
 TopicPartitionKey = tuple[str, int]
 # real partition -> K -> share -> a watermark (or what goes with it, as the caller says)
@@ -141,10 +143,14 @@ class CommitWrites:
     def __init__(self, log: CommitLog, metrics: CommitLogMetrics | None = None) -> None:
         self.log = log
         self.locks = KeyLocks()
-        self._foreign = (metrics or CommitLogMetrics()).foreign_writes
+        metrics = metrics or CommitLogMetrics()
+        self._foreign, self._corrections = metrics.foreign_writes, metrics.corrections
         # group -> when a deletion of it (or of offsets of it) through this instance began:
         # a follow-up that started before must not write its state back afterwards
         self._deleted_at: OrderedDict[str, float] = OrderedDict()
+        # group -> until when its range commits read the log's end before planning: another
+        # instance's write met a commit of it lately (its members commit through several)
+        self._shared_until: OrderedDict[str, float] = OrderedDict()
         # told of every group (keys None) or committed offsets deleted through this proxy
         self._deletion_hooks: list[Callable[[str, set[TopicPartitionKey] | None], Awaitable[None]]] = []
 
@@ -163,14 +169,17 @@ class CommitWrites:
             ctx.start_soon(self.hold, keys, planned.done)
         try:
             if keys:
-                if self.log.current(group):
+                if self.log.current(group) and not self._shared(group):
                     # Optimistic: compute from what this instance has read, and read the
                     # log's end concurrently with the broker's commit (merged before any
                     # log write; see docs/individual-commit.md).
                     planned.check = EndCheck()
                     ctx.start_soon(self._check_end, group, planned.check)
                 else:
-                    await self.log.catch_up(group)  # first use: read to the log's end first
+                    # First use, or a group other instances write too: read to the log's end
+                    # first, so that S' is computed from their commits as well (else nearly
+                    # every commit would need a second OffsetCommit to correct it).
+                    await self.log.catch_up(group)
                 step = commit.begin(self.log.position(group), self.log.records(group),
                                     end_read=planned.check is not None)
                 if isinstance(step, FetchCommitted):
@@ -239,6 +248,15 @@ class CommitWrites:
         finally:
             if commit.foreign_writes:
                 self._foreign.inc(commit.foreign_writes)
+                self._shared_until[group] = trio.current_time() + _SHARED_S
+                self._shared_until.move_to_end(group)
+                while len(self._shared_until) > _SHARED_REMEMBERED:
+                    self._shared_until.popitem(last=False)
+
+    def _shared(self, group: str) -> bool:
+        """Whether a commit of ``group`` met another instance's write within ``_SHARED_S``."""
+        until = self._shared_until.get(group)
+        return until is not None and trio.current_time() < until
 
     async def lift(self, group: str, floors: dict[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
         """Make the log hold every offset below the coordinator's committed offset
@@ -269,6 +287,7 @@ class CommitWrites:
 
     async def _correct(self, group: str, generation: int, member: str, instance_id: str | None,
                        commit: RangeCommit, step: Correct):
+        self._corrections.inc(len(step.offsets))
         try:
             errors = await self.log.cluster.commit_offsets(group, generation, member, instance_id, step.offsets)
         except CommitLogError as exc:

@@ -7,8 +7,9 @@ log (``proxy.commits.producer``; the topic is found or created by ``proxy.commit
 A key (group, topic, partition) lives in the log partition of its group, as Kafka maps
 groups to ``__consumer_offsets``. The first time this instance serves a key of a log
 partition it reads that partition from its start to its end, then keeps following it
-(long-polling Fetch): every record of every key of the partition is applied in log order,
-so the state of the keys it serves is never older than what it has read.
+(long-polling Fetch; other instances' records gathered for a tenth of a second, this
+instance's own read back at once): every record of every key of the partition is applied
+in log order, so the state of the keys it serves is never older than what it has read.
 
 An ask is appended, then the proposer waits until its reader has applied it and takes
 the chunk the state machine assigned it (or none). Proposals of one log partition that meet travel in one
@@ -51,6 +52,7 @@ SEGMENT_BYTES = 16 << 20
 MIN_COMPACTION_LAG_MS = 3_600_000  # compaction keeps every record younger (at least twice the lease)
 
 _FOLLOW_WAIT_MS = 500  # a reader's long poll
+_GATHER_S = 0.1  # after a read of other instances' records only, the wait before the next read
 _RETRY_PAUSE = 0.1
 _ERRORS = (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError)
 
@@ -93,6 +95,8 @@ class _Partition:
     healthy: bool = False  # the last read succeeded
     write_lock: trio.Lock = field(default_factory=trio.Lock)
     pending: list[_Pending] = field(default_factory=list)
+    unread: int = 0  # records this instance appended and has not applied yet
+    written: trio.Event = field(default_factory=trio.Event)  # set by an append of this instance
 
 
 class GrantLog:
@@ -151,7 +155,12 @@ class GrantLog:
         return group_partition(key[0], partitions)
 
     async def _follow(self, index: int, part: _Partition) -> None:
-        """Read log partition ``index`` for as long as the proxy runs, applying each record."""
+        """Read log partition ``index`` for as long as the proxy runs, applying each record.
+
+        A read that brought only other instances' records is followed by the next one after
+        ``_GATHER_S`` at most, or as soon as this instance appends: each instance then reads
+        the others' asks in bunches (a few reads a second) instead of once per ask of any
+        instance, and its own ask, which a fetch waits for, still at once."""
         refresh = False
         target: int | None = None  # the end to reach before the partition counts as loaded
         while True:
@@ -175,36 +184,45 @@ class GrantLog:
                 part.position = max(part.position, read.log_start)  # compaction or retention moved the start
                 continue
             for offset, ms, key, value in read.records:
-                self._apply(offset, ms, key, value)
+                if self._apply(offset, ms, key, value):
+                    part.unread = max(0, part.unread - 1)
                 part.applied = (offset, ms)
             if read.after is not None:
                 part.position = max(part.position, read.after)
             if target is not None and part.position >= target:
                 part.loaded.set()
                 target = None
+            if read.records and part.loaded.is_set() and not part.unread:
+                with trio.move_on_after(_GATHER_S):
+                    await part.written.wait()
+            if part.written.is_set():
+                part.written = trio.Event()
 
-    def _apply(self, offset: int, ms: int, raw_key: bytes | memoryview, value: bytes | memoryview | None) -> None:
+    def _apply(self, offset: int, ms: int, raw_key: bytes | memoryview, value: bytes | memoryview | None) -> bool:
+        """Apply one record; whether this instance appended it."""
         try:
             key = decode_key(raw_key)
             grant = None if value is None else decode_grant(value)
         except GrantFormatError as exc:
             log.warning("cooperative grants: record %d skipped reason=%r", offset, str(exc))
-            return
+            return False
         if grant is None:  # a tombstone: the key's grants are over
             self.states.pop(key, None)
-            return
+            return False
         state = self.states.get(key)
         if state is None:
             state = self.states[key] = KeyGrants()
         if offset <= state.offset:
-            return
+            return False
         decision = state.apply(offset, ms, grant)
         self._on_apply(key, decision.reason)
-        if grant.instance == self.instance:
-            waiting = self._waiting.pop(grant.proposal, None)
-            if waiting is not None:
-                waiting.decision = decision
-                waiting.done.set()
+        if grant.instance != self.instance:
+            return False
+        waiting = self._waiting.pop(grant.proposal, None)
+        if waiting is not None:
+            waiting.decision = decision
+            waiting.done.set()
+        return True
 
     # -- proposing -------------------------------------------------------------------------------
     async def propose(self, key: GroupPartitionKey, grant: Grant) -> Decision:
@@ -260,6 +278,10 @@ class GrantLog:
                 for item in batch:
                     if not item.done:
                         item.done, item.error = True, CommitLogError("write timed out")
+                appended = sum(len(item.records) for item in batch if item.error is None)
+                if appended:  # the reader reads them back at once
+                    part.unread += appended
+                    part.written.set()
         if pending.error is not None:
             raise CommitLogError(f"write to {GRANTS_TOPIC}-{part.index} failed: {pending.error}") from pending.error
 
