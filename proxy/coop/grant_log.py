@@ -52,7 +52,7 @@ SEGMENT_BYTES = 16 << 20
 MIN_COMPACTION_LAG_MS = 3_600_000  # compaction keeps every record younger (at least twice the lease)
 
 _FOLLOW_WAIT_MS = 500  # a reader's long poll
-_GATHER_S = 0.1  # after a read of other instances' records only, the wait before the next read
+_GATHER_S = 0.1  # after a read, while no record of this instance is awaited: the wait before the next read
 _RETRY_PAUSE = 0.1
 _ERRORS = (CommitLogError, BrokerConnectionError, OSError, trio.TooSlowError, ProtocolError)
 

@@ -6,12 +6,10 @@ clients of the same proxy notice none of it."""
 from __future__ import annotations
 
 import concurrent.futures
-import re
 import select
 import socket
 import struct
 import time
-import urllib.request
 import uuid
 
 import pytest
@@ -111,32 +109,27 @@ def _watch(sockets: dict[socket.socket, bytes], timeout: float, every: float = 0
     return closed
 
 
-def _metric(proxy, name: str, labels: str = "") -> float:
-    assert proxy.metrics_url is not None
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 # -- max.connections ---------------------------------------------------------------------------
 def test_max_connections_refuses_the_one_beyond_and_admits_again_after_a_close(kafka, proxy_factory):
     limit = 20
     # the limit holds for each worker (each its own memory): one worker, so one limit to reach
     proxy = proxy_factory(kafka, max_connections=str(limit), metrics_port="0", workers="1")
-    refused_metric = ("kafka_proxy_client_connections_refused_total", '{reason="max_connections"}')
+    def refused() -> float:
+        return proxy.metric("kafka_proxy_client_connections_refused_total", reason="max_connections")
+
     held = [_connect(proxy.port) for _ in range(limit)]
     extra: list[socket.socket] = []
     try:
         for index, sock in enumerate(held):
             _ask(sock, _api_versions(index), index)  # each holds an upstream connection now
-        assert _metric(proxy, "kafka_proxy_client_connections") == limit
+        assert proxy.metric("kafka_proxy_client_connections") == limit
 
         # The 21st: accepted by the kernel, then closed by the proxy without a byte of answer.
         beyond = _connect(proxy.port)
         extra.append(beyond)
         beyond.sendall(_api_versions(99))
         _watch({beyond: b""}, timeout=10)
-        assert _metric(proxy, *refused_metric) == 1
+        assert refused() == 1
 
         # The 20 are untouched.
         for index, sock in enumerate(held):
@@ -146,20 +139,20 @@ def test_max_connections_refuses_the_one_beyond_and_admits_again_after_a_close(k
         storm = [_connect(proxy.port) for _ in range(50)]
         extra += storm
         _watch(dict.fromkeys(storm, b""), timeout=15)
-        assert _metric(proxy, *refused_metric) == 51
+        assert refused() == 51
         lines = [line for line in proxy.log_text().splitlines() if "refusing connection" in line]
         assert 1 <= len(lines) <= 3, lines
         assert "max.connections (20) reached" in lines[0]
 
         # One of the 20 leaves: a new client gets its place once the proxy has seen it go.
         held.pop().close()
-        wait_until(lambda: _metric(proxy, "kafka_proxy_client_connections") == limit - 1, timeout=10,
+        wait_until(lambda: proxy.metric("kafka_proxy_client_connections") == limit - 1, timeout=10,
                    interval=0.05, what="the proxy saw a held connection close")
         newcomer = _connect(proxy.port)
         held.append(newcomer)
         _ask(newcomer, _api_versions(7), 7)
         assert _metadata_answered(newcomer, 8)
-        assert _metric(proxy, *refused_metric) == 51
+        assert refused() == 51
     finally:
         for sock in held + extra:
             sock.close()
@@ -183,7 +176,7 @@ def test_silent_and_trickling_clients_are_closed_at_the_setup_timeout_while_a_re
         sock.close()
         assert setup - 0.05 <= closed[sock] - opened <= setup + SLACK, closed[sock] - opened
     assert len(values) == 200
-    assert _metric(proxy, "kafka_proxy_client_connections_closed_total", '{reason="setup_timeout"}') == 2
+    assert proxy.metric("kafka_proxy_client_connections_closed_total", reason="setup_timeout") == 2
     lines = [line for line in proxy.log_text().splitlines() if "closing connection not set up in time" in line]
     assert 1 <= len(lines) <= 2, lines  # two at once: the second may be held back (one line per 10 s)
 
@@ -210,8 +203,8 @@ def test_after_a_first_request_silence_and_partial_frames_are_closed_at_the_idle
     for sock in (silent, partial, large):
         sock.close()
         assert idle - 0.05 <= closed[sock] - answered[sock] <= idle + SLACK, closed[sock] - answered[sock]
-    assert _metric(proxy, "kafka_proxy_client_connections_closed_total", '{reason="idle"}') == 3
-    assert _metric(proxy, "kafka_proxy_client_connections_closed_total", '{reason="setup_timeout"}') == 0
+    assert proxy.metric("kafka_proxy_client_connections_closed_total", reason="idle") == 3
+    assert proxy.metric("kafka_proxy_client_connections_closed_total", reason="setup_timeout") == 0
 
 
 # -- SASL: setup lasts until authentication is over ---------------------------------------------
@@ -271,6 +264,6 @@ def test_sasl_not_finished_by_the_setup_timeout_is_closed_while_sasl_clients_wor
     finally:
         for sock in (after_handshake, after_first_round, plain):
             sock.close()
-    assert _metric(proxy, "kafka_proxy_client_connections_closed_total", '{reason="setup_timeout"}') == 2
+    assert proxy.metric("kafka_proxy_client_connections_closed_total", reason="setup_timeout") == 2
     if proxy.info.get("workers"):  # no worker could learn the nodes it alone would serve
         assert "workers share the node ports" in proxy.log_text()

@@ -3,21 +3,13 @@ order, whether their fetches are answered from an early fetch or not."""
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 
 import pytest
 
 from harness import java_tools
 
 RECORDS = 3000
-
-
-def _metric(proxy, name: str) -> float:
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
 
 
 def _values(count: int) -> list[bytes]:
@@ -49,12 +41,12 @@ def test_java_consumer_is_answered_from_early_fetches(kafka, predicting_proxy, t
     result = java_tools.console_consumer(predicting_proxy.bootstrap_servers, topic, max_messages=RECORDS,
                                          consumer_config={"max.partition.fetch.bytes": "32768"})
     assert result.stdout.encode().splitlines() == values
-    hits = _metric(predicting_proxy, "kafka_proxy_fetch_prediction_hits_total")
-    sent = _metric(predicting_proxy, "kafka_proxy_fetch_prediction_sent_total")
+    hits = predicting_proxy.metric("kafka_proxy_fetch_prediction_hits_total")
+    sent = predicting_proxy.metric("kafka_proxy_fetch_prediction_sent_total")
     # ~900 KB in 32 KB fetches: about 30 fetches; all but the first few come from early fetches.
     assert hits >= 10, (hits, sent)
     assert sent - hits <= 3  # at most the ones in flight when the consumer stopped
-    assert _metric(predicting_proxy, "kafka_proxy_fetch_prediction_wasted_total") <= 3
+    assert predicting_proxy.metric("kafka_proxy_fetch_prediction_wasted_total") <= 3
 
 
 def test_seeking_back_drops_the_early_fetch_and_reads_again(kafka, predicting_proxy, topic_factory):
@@ -70,14 +62,14 @@ def test_seeking_back_drops_the_early_fetch_and_reads_again(kafka, predicting_pr
     consumer.seek_to_beginning(partition)
     first = [message.value for _, message in zip(range(2000), consumer)]
     assert first == values[:2000]
-    wasted_before = _metric(predicting_proxy, "kafka_proxy_fetch_prediction_wasted_total")
+    wasted_before = predicting_proxy.metric("kafka_proxy_fetch_prediction_wasted_total")
     consumer.seek(partition, 100)
     again = [message.value for _, message in zip(range(500), consumer)]
     consumer.close()
     assert again == values[100:600]
-    assert _metric(predicting_proxy, "kafka_proxy_fetch_prediction_hits_total") > 0
+    assert predicting_proxy.metric("kafka_proxy_fetch_prediction_hits_total") > 0
     # The early fetch held for offset ~2000 was not what the consumer asked for after the seek.
-    assert _metric(predicting_proxy, "kafka_proxy_fetch_prediction_wasted_total") > wasted_before
+    assert predicting_proxy.metric("kafka_proxy_fetch_prediction_wasted_total") > wasted_before
 
 
 def test_read_committed_skips_every_aborted_transaction(kafka, predicting_proxy, topic_factory):
@@ -105,7 +97,7 @@ def test_read_committed_skips_every_aborted_transaction(kafka, predicting_proxy,
                                          consumer_config={"max.partition.fetch.bytes": "16384",
                                                           "isolation.level": "read_committed"})
     assert result.stdout.encode().splitlines() == committed
-    assert _metric(predicting_proxy, "kafka_proxy_fetch_prediction_hits_total") > 0
+    assert predicting_proxy.metric("kafka_proxy_fetch_prediction_hits_total") > 0
 
 
 @pytest.mark.parametrize("setting", [{"fetch_prediction_enabled": "false"},
@@ -122,7 +114,7 @@ def test_no_early_fetch_when_off_or_beyond_the_limits(kafka, proxy_factory, topi
     result = java_tools.console_consumer(proxy.bootstrap_servers, topic, max_messages=1000,
                                          consumer_config={"max.partition.fetch.bytes": "16384"})
     assert sorted(result.stdout.encode().splitlines()) == sorted(values)
-    assert _metric(proxy, "kafka_proxy_fetch_prediction_sent_total") == 0
+    assert proxy.metric("kafka_proxy_fetch_prediction_sent_total") == 0
 
 
 def test_aiokafka_and_librdkafka_read_every_record_once(kafka, predicting_proxy, topic_factory):

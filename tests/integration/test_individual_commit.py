@@ -500,11 +500,7 @@ INVALID_COMMIT_OFFSET_SIZE = 28
 
 
 def _refused_for_the_bound(process) -> float:
-    import urllib.request
-
-    text = urllib.request.urlopen(process.metrics_url, timeout=5).read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith('kafka_proxy_individual_commit_refused_total{reason="ranges_held"}'))
+    return process.metric("kafka_proxy_individual_commit_refused_total", reason="ranges_held")
 
 
 def test_commits_past_the_state_bound_are_refused_and_closing_the_gaps_goes_through(kafka, proxy_factory,

@@ -8,9 +8,7 @@ whose range holds its key, once and in offset order, and the broker is read abou
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 
 import pytest
 
@@ -22,11 +20,6 @@ from proxy.records.batch import iter_batches
 
 LIMIT = 16 * 1024  # each consumer's partition limit
 CONSUMERS = 8
-
-
-def _metric(proxy, name: str) -> float:
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
 
 
 def _hot(seq, rng, keys) -> bytes:
@@ -66,11 +59,11 @@ def test_range_consumers_read_wide_within_their_limits_and_get_every_record_once
     assert verdict.ok(), verdict.summary()
     assert all(batches == 1 for _, _, batches in over_limit), \
         f"answers above the consumers' limit of more than one batch: {over_limit[:5]}"
-    assert sum(_metric(p, "kafka_proxy_keyrange_prefetch_wide_total") for p in proxies) > 0, "no wide read-ahead"
+    assert sum(p.metric("kafka_proxy_keyrange_prefetch_wide_total") for p in proxies) > 0, "no wide read-ahead"
     if keys == "one hot key":
-        assert sum(_metric(p, "kafka_proxy_keyrange_shares_cut_total") for p in proxies) > 0, \
+        assert sum(p.metric("kafka_proxy_keyrange_shares_cut_total") for p in proxies) > 0, \
             "the hot key's share never came in parts"
     end = max(a.offset for a in history.acks) + 1
-    read = sum(_metric(p, "kafka_proxy_keyrange_broker_bytes_total") for p in proxies)
+    read = sum(p.metric("kafka_proxy_keyrange_broker_bytes_total") for p in proxies)
     amplification = read / partition_bytes(kafka.bootstrap_servers, topic, end)
     assert amplification <= 1.5 * instances, f"the broker read {amplification:.2f} x the partition"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import threading
-import urllib.request
 import uuid
 
 from harness import java_tools
@@ -28,11 +27,6 @@ PRODUCE_VERSION = 11
 _FETCH = messages.body_class(ApiKey.FETCH, "request")
 
 
-def _metric(proxy, pattern: str) -> float:
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{pattern} (\S+)$", text, re.MULTILINE))
-
-
 def _produce(client: RawClient, topic: str, correlation_hint: int):
     body_class = messages.body_class(ApiKey.PRODUCE, "request")
     record = encode_record(offset_delta=0, key=b"k", value=f"v{correlation_hint}".encode())
@@ -49,8 +43,8 @@ def test_leader_hints_of_a_natively_relayed_produce_point_at_the_proxy(kafka_clu
     topic = topic_factory(kafka_cluster, partitions=1, replication_factor=3)
     leader = _leader(kafka_cluster, topic)
     follower = next(node.node_id for node in kafka_cluster.nodes if node.node_id != leader)
-    handed_back = _metric(proxy, r'kafka_proxy_native_relay_runs_total\{ended="response"\}')
-    carried = _metric(proxy, "kafka_proxy_native_relay_requests_total")
+    handed_back = proxy.metric("kafka_proxy_native_relay_runs_total", ended="response")
+    carried = proxy.metric("kafka_proxy_native_relay_requests_total")
     with RawClient("127.0.0.1", proxy.node_ports[follower]) as client:
         client.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
         # The first request past ApiVersions ends the connection's setup on the event loop;
@@ -64,8 +58,8 @@ def test_leader_hints_of_a_natively_relayed_produce_point_at_the_proxy(kafka_clu
             assert endpoints.get(leader) == proxy.node_ports[leader]  # rewritten: the proxy's port
             assert set(endpoints.values()) <= proxy_ports(proxy)
             assert not set(endpoints.values()) & real_ports(kafka_cluster)
-    assert _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 3
-    assert _metric(proxy, r'kafka_proxy_native_relay_runs_total\{ended="response"\}') - handed_back == 3
+    assert proxy.metric("kafka_proxy_native_relay_requests_total") - carried == 3
+    assert proxy.metric("kafka_proxy_native_relay_runs_total", ended="response") - handed_back == 3
     # and the leader takes the same request natively, answered in the loop itself
     with RawClient("127.0.0.1", proxy.node_ports[leader]) as client:
         client.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
@@ -74,7 +68,7 @@ def test_leader_hints_of_a_natively_relayed_produce_point_at_the_proxy(kafka_clu
             assert response.responses[0].partition_responses[0].error_code == ErrorCode.NONE
             assert not response.node_endpoints
     # counted when the run ends (the client closing ends it)
-    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 7, timeout=10,
+    wait_until(lambda: proxy.metric("kafka_proxy_native_relay_requests_total") - carried == 7, timeout=10,
                what="the leader's four natively relayed Produce requests counted")
 
 
@@ -95,7 +89,7 @@ def test_a_java_producer_on_the_native_relay_rides_out_a_leader_stop(kafka_clust
     record it reports sent is in the log exactly once (idempotent, acks=all)."""
     proxy = proxy_factory(kafka_cluster, metrics_port="0", virtual_topics_enabled="false")
     topic = topic_factory(kafka_cluster, partitions=1, replication_factor=3, configs={"min.insync.replicas": "2"})
-    carried = _metric(proxy, "kafka_proxy_native_relay_requests_total")
+    carried = proxy.metric("kafka_proxy_native_relay_requests_total")
     records = 24_000
     outcome: list = []
 
@@ -108,7 +102,7 @@ def test_a_java_producer_on_the_native_relay_rides_out_a_leader_stop(kafka_clust
     producing = threading.Thread(target=produce)
     producing.start()
     try:
-        wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried >= 20, timeout=60,
+        wait_until(lambda: proxy.metric("kafka_proxy_native_relay_requests_total") - carried >= 20, timeout=60,
                    what="Produce requests carried by the native relay")
         kafka_cluster.stop_node(_leader(kafka_cluster, topic))
     finally:
@@ -126,8 +120,8 @@ def test_with_virtual_topics_on_produce_stays_native_and_only_a_virtual_name_rea
     proxy = proxy_factory(kafka, metrics_port="0", virtual_topics_enabled="true")
     topic = topic_factory(kafka, partitions=1)
     node = kafka.nodes[0].node_id
-    carried = _metric(proxy, "kafka_proxy_native_relay_requests_total")
-    refused = _metric(proxy, r'kafka_proxy_virtual_refused_total\{api="Produce"\}')
+    carried = proxy.metric("kafka_proxy_native_relay_requests_total")
+    refused = proxy.metric("kafka_proxy_virtual_refused_total", api="Produce")
     with RawClient("127.0.0.1", proxy.node_ports[node]) as client:
         client.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
         outcomes = [_produce(client, name, attempt).responses[0].partition_responses[0]
@@ -135,10 +129,10 @@ def test_with_virtual_topics_on_produce_stays_native_and_only_a_virtual_name_rea
     assert [p.error_code for p in outcomes] == [ErrorCode.NONE] * 4 + [ErrorCode.INVALID_TOPIC_EXCEPTION] + [
         ErrorCode.NONE] * 2
     assert topic in outcomes[4].error_message
-    assert _metric(proxy, r'kafka_proxy_virtual_refused_total\{api="Produce"\}') - refused == 1
+    assert proxy.metric("kafka_proxy_virtual_refused_total", api="Produce") - refused == 1
     # the first Produce ends the connection's setup on the event loop (see above); the other
     # five clean ones were carried natively, counted when their runs ended
-    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 5, timeout=10,
+    wait_until(lambda: proxy.metric("kafka_proxy_native_relay_requests_total") - carried == 5, timeout=10,
                what="five Produce requests to the real topic carried natively")
     assert _log_end(kafka, topic) == 6
 
@@ -162,7 +156,7 @@ def _produce_direct(cluster, topic: str, count: int, partitions: int) -> list[tu
 
 
 def _fetches(proxy) -> float:
-    return _metric(proxy, r'kafka_proxy_requests_total\{api="Fetch"\}')
+    return proxy.metric("kafka_proxy_requests_total", api="Fetch")
 
 
 def test_a_librdkafka_consumer_fetches_on_the_native_relay(kafka, proxy_factory, topic_factory):
@@ -173,7 +167,7 @@ def test_a_librdkafka_consumer_fetches_on_the_native_relay(kafka, proxy_factory,
     proxy = proxy_factory(kafka, metrics_port="0")
     topic = topic_factory(kafka, partitions=2)
     sent = _produce_direct(kafka, topic, 20_000, 2)
-    carried, fetches = _metric(proxy, "kafka_proxy_native_relay_requests_total"), _fetches(proxy)
+    carried, fetches = proxy.metric("kafka_proxy_native_relay_requests_total"), _fetches(proxy)
     consumer = Consumer({"bootstrap.servers": proxy.bootstrap_servers, "group.id": f"g-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 65536})
     consumer.subscribe([topic])
@@ -193,7 +187,7 @@ def test_a_librdkafka_consumer_fetches_on_the_native_relay(kafka, proxy_factory,
     wait_until(lambda: _fetches(proxy) - fetches >= 20, timeout=10,
                what=lambda: f"the consumer's Fetches counted (so far {_fetches(proxy) - fetches})")
     # counted when its runs end (the consumer closing ends them); most Fetches were native
-    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried
+    wait_until(lambda: proxy.metric("kafka_proxy_native_relay_requests_total") - carried
                >= (_fetches(proxy) - fetches) / 2, timeout=10, what="most Fetches carried by the native relay")
 
 
@@ -204,15 +198,15 @@ def test_a_java_consumer_fetches_on_the_native_relay(kafka, proxy_factory, topic
     topic = topic_factory(kafka, partitions=2)
     records = 30_000
     _produce_direct(kafka, topic, records, 2)
-    carried, fetches = _metric(proxy, "kafka_proxy_native_relay_requests_total"), _fetches(proxy)
+    carried, fetches = proxy.metric("kafka_proxy_native_relay_requests_total"), _fetches(proxy)
     result = java_tools.consumer_performance(proxy.bootstrap_servers, topic, records, timeout=120,
                                              consumer_config={"max.partition.fetch.bytes": "65536"})
     line = [row for row in result.stdout.splitlines() if re.match(r"^\d{4}-", row)][-1]
     assert int(line.split(",")[4].strip()) == records  # data.consumed.in.nMsg
-    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried
+    wait_until(lambda: proxy.metric("kafka_proxy_native_relay_requests_total") - carried
                >= (_fetches(proxy) - fetches) / 2 >= 2, timeout=10,
                what=lambda: "most Fetches carried by the native relay (native "
-                            f"{_metric(proxy, 'kafka_proxy_native_relay_requests_total') - carried:g}, Fetches "
+                            f"{proxy.metric('kafka_proxy_native_relay_requests_total') - carried:g}, Fetches "
                             f"{_fetches(proxy) - fetches:g})")
 
 
@@ -224,7 +218,7 @@ def test_key_range_fetches_go_to_the_event_loop_between_native_plain_ones(kafka,
     topic = topic_factory(kafka, partitions=1)
     _produce_direct(kafka, topic, 200, 1)
     node = kafka.nodes[0].node_id
-    carried = _metric(proxy, "kafka_proxy_native_relay_requests_total")
+    carried = proxy.metric("kafka_proxy_native_relay_requests_total")
     with RawClient("127.0.0.1", proxy.node_ports[node]) as client:
         client.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
         topic_id = client.topic_id(topic)  # ends the setup; the proxy learns the topic's id
@@ -236,7 +230,7 @@ def test_key_range_fetches_go_to_the_event_loop_between_native_plain_ones(kafka,
     half = [o for o in outcomes if o[1]]
     assert [o[:2] for o in outcomes] == [(0, False), (0, False), (0, True), (0, False), (0, False)]
     assert all(o[2] == 200 for o in outcomes if not o[1]) and 0 < half[0][2] < 200  # filtered: about half
-    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 4, timeout=10,
+    wait_until(lambda: proxy.metric("kafka_proxy_native_relay_requests_total") - carried == 4, timeout=10,
                what="the four plain Fetches carried natively")
 
 
@@ -249,8 +243,8 @@ def test_leader_hints_of_a_natively_relayed_fetch_point_at_the_proxy(kafka_clust
     topic = topic_factory(kafka_cluster, partitions=1, replication_factor=1)
     leader = _leader(kafka_cluster, topic)
     other = next(node.node_id for node in kafka_cluster.nodes if node.node_id != leader)
-    handed_back = _metric(proxy, r'kafka_proxy_native_relay_runs_total\{ended="response"\}')
-    carried = _metric(proxy, "kafka_proxy_native_relay_requests_total")
+    handed_back = proxy.metric("kafka_proxy_native_relay_runs_total", ended="response")
+    carried = proxy.metric("kafka_proxy_native_relay_requests_total")
     with RawClient("127.0.0.1", proxy.node_ports[other]) as client:
         client.call(ApiKey.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
         topic_id = client.topic_id(topic)
@@ -266,9 +260,9 @@ def test_leader_hints_of_a_natively_relayed_fetch_point_at_the_proxy(kafka_clust
             endpoints = {e.node_id: e.port for e in response.node_endpoints}
             assert endpoints.get(leader) == proxy.node_ports[leader]  # rewritten: the proxy's port
             assert not set(endpoints.values()) & real_ports(kafka_cluster)
-    wait_until(lambda: _metric(proxy, "kafka_proxy_native_relay_requests_total") - carried == 3, timeout=10,
+    wait_until(lambda: proxy.metric("kafka_proxy_native_relay_requests_total") - carried == 3, timeout=10,
                what="the three Fetches carried natively")
-    assert _metric(proxy, r'kafka_proxy_native_relay_runs_total\{ended="response"\}') - handed_back == 3
+    assert proxy.metric("kafka_proxy_native_relay_runs_total", ended="response") - handed_back == 3
 
 
 def _range_consumers(proxy, topic: str, end: int, count: int) -> list[list[tuple[int, bytes]]]:
@@ -328,10 +322,10 @@ def test_range_consumers_get_their_cached_shares_from_the_native_relay(kafka, pr
     got = sorted(offset for delivered in through_native for offset, _ in delivered)
     assert got == list(range(len(sent)))  # every acknowledged record, by exactly one consumer
     assert {key for delivered in through_native for _, key in delivered} == {key for key, _ in sent}
-    wait_until(lambda: _metric(native, "kafka_proxy_keyrange_native_answers_total") > 0, timeout=10,
+    wait_until(lambda: native.metric("kafka_proxy_keyrange_native_answers_total") > 0, timeout=10,
                what="answers the native relay sent")
-    answers = _metric(native, "kafka_proxy_keyrange_native_answers_total")
-    fetches = _metric(native, r'kafka_proxy_requests_total\{api="Fetch"\}')
+    answers = native.metric("kafka_proxy_keyrange_native_answers_total")
+    fetches = native.metric("kafka_proxy_requests_total", api="Fetch")
     assert answers > fetches / 4, (answers, fetches)  # most of them
-    assert _metric(native, "kafka_proxy_keyrange_cache_hits_total") >= answers
-    assert _metric(plain, "kafka_proxy_keyrange_native_answers_total") == 0
+    assert native.metric("kafka_proxy_keyrange_cache_hits_total") >= answers
+    assert plain.metric("kafka_proxy_keyrange_native_answers_total") == 0

@@ -6,10 +6,8 @@ acks, compression or idempotence."""
 from __future__ import annotations
 
 import random
-import re
 import socket
 import struct
-import urllib.request
 import uuid
 
 import pytest
@@ -29,19 +27,12 @@ def plain_proxy(kafka, proxy_factory, request):
     return proxy
 
 
-def _metric(proxy, name: str) -> float:
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    assert match, f"the proxy exports no {name}"
-    return float(match.group(1))
-
-
 def _spliced(proxy) -> float:
-    return _metric(proxy, "kafka_proxy_spliced_requests_total")
+    return proxy.metric("kafka_proxy_spliced_requests_total")
 
 
 def _native(proxy) -> float:
-    return _metric(proxy, "kafka_proxy_native_relay_requests_total")
+    return proxy.metric("kafka_proxy_native_relay_requests_total")
 
 
 def _records(count: int, seed: int) -> list[tuple[bytes, bytes]]:

@@ -13,7 +13,6 @@ import socket
 import ssl
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -35,13 +34,6 @@ def certificates(tmp_path_factory):
             make_server_cert(ca, directory, OTHER_SERIAL))
 
 
-def _metric(proxy, name: str, labels: str = "") -> float:
-    assert proxy.metrics_url is not None
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 def _replace(source: Path, target: Path) -> None:
     """``target`` gets ``source``'s contents at once (rename), as deployment tools rotate files."""
     staged = target.with_name(target.name + ".new")
@@ -60,7 +52,7 @@ def _tls_settings(cert: Path, key: Path) -> dict[str, str]:
 
 
 def _reloaded(proxy, result: str, count: int) -> None:
-    wait_until(lambda: _metric(proxy, "kafka_proxy_config_reloads_total", f'{{result="{result}"}}') >= count,
+    wait_until(lambda: proxy.metric("kafka_proxy_config_reloads_total", result=result) >= count,
                timeout=30, what=f"{count} reload(s) {result}")
 
 
@@ -171,7 +163,7 @@ def test_a_rotated_certificate_is_served_to_new_connections_while_traffic_goes_o
                    f"force stays as it was (generation 2)")
         assert refusal in proxy.log_text()
         assert served_serial("127.0.0.1", proxy.port, ca.cert) == NEW_SERIAL
-        assert _metric(proxy, "kafka_proxy_config_generation") == 2
+        assert proxy.metric("kafka_proxy_config_generation") == 2
         # max.connections=1 was not put in force either: beside the clients' connections, two more are served
         client_tls = ssl.create_default_context(cafile=str(ca.cert))
         with client_tls.wrap_socket(socket.create_connection(("127.0.0.1", proxy.port), timeout=10),
@@ -189,7 +181,7 @@ def test_a_rotated_certificate_is_served_to_new_connections_while_traffic_goes_o
     assert len(acknowledged) == len(traffic.acknowledged), "every record acknowledged once"
     assert acknowledged <= set(traffic.received), (
         f"{len(acknowledged - set(traffic.received))} acknowledged records never delivered")
-    assert _metric(proxy, "kafka_proxy_connection_errors_total", '{kind="tls_handshake"}') == 0
+    assert proxy.metric("kafka_proxy_connection_errors_total", kind="tls_handshake") == 0
     print(f"\ncertificate rotated under live TLS traffic: serial {OLD_SERIAL:#x} -> {NEW_SERIAL:#x} on the bootstrap "
           f"and {len(proxy.node_ports)} node port(s); a mismatched key refused, the new certificate kept; "
           f"{len(acknowledged)} records acknowledged, all delivered, 0 client errors, 0 failed handshakes")
@@ -199,7 +191,7 @@ def _handshake_failure(proxy, count: int) -> None:
     """A client that speaks plaintext to the TLS port: its handshake fails (an INFO line)."""
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         sock.sendall(b"\x00\x00\x00\x10not a tls hello!")
-        wait_until(lambda: _metric(proxy, "kafka_proxy_connection_errors_total", '{kind="tls_handshake"}') >= count,
+        wait_until(lambda: proxy.metric("kafka_proxy_connection_errors_total", kind="tls_handshake") >= count,
                    timeout=30, what=f"{count} failed handshakes counted")
 
 
@@ -244,7 +236,7 @@ def test_a_new_log_level_and_a_new_topic_setting_take_effect(kafka, proxy_factor
     # in force: 0 in one process; listen.port + 1, as the supervisor hands it out, in a worker
     assert re.search(r"setting not reloaded key=node\.port\.base in_force=\d+ read=40000 "
                      r"reason=changing it needs a restart", log)
-    assert _metric(proxy, "kafka_proxy_config_restart_pending") == 1
+    assert proxy.metric("kafka_proxy_config_restart_pending") == 1
     assert range_fetch_error() == 42  # INVALID_REQUEST: the topic does not accept range fetches
     _handshake_failure(proxy, 2)
     assert _handshake_lines(proxy) == 1
@@ -256,5 +248,5 @@ def test_a_new_log_level_and_a_new_topic_setting_take_effect(kafka, proxy_factor
     assert range_fetch_error() == 0
     _handshake_failure(proxy, 3)
     assert _handshake_lines(proxy) == 2
-    assert _metric(proxy, "kafka_proxy_config_generation") == 3
-    assert _metric(proxy, "kafka_proxy_config_restart_pending") == 0
+    assert proxy.metric("kafka_proxy_config_generation") == 3
+    assert proxy.metric("kafka_proxy_config_restart_pending") == 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 
@@ -156,9 +155,7 @@ def _produce_to_one_share(bootstrap: str, topic: str, share: int, count: int) ->
 
 def _lifts(proxy, topic: str) -> float:
     """The proxy's own lifts of ``topic`` (kafka_proxy_virtual_lifts)."""
-    text = urllib.request.urlopen(proxy.metrics_url, timeout=10).read().decode()
-    prefix = f'kafka_proxy_virtual_lifts_total{{topic="{topic}"}} '
-    return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+    return proxy.metric("kafka_proxy_virtual_lifts_total", topic=topic)
 
 
 def _broker_committed_and_ends(bootstrap: str, topic: str, group: str) -> dict[int, tuple[int, int]]:
