@@ -27,7 +27,7 @@ from proxy.protocol.api_keys import ApiKey
 from proxy.protocol.constants import EXTENSION_TAG_BYTES
 from proxy.protocol.primitives import uvarint_bytes
 
-from .test_connection_limits import _api_versions, _ask, _connect, _metadata_answered, _metric
+from .test_connection_limits import _api_versions, _ask, _connect, _metadata_answered
 
 MIB = 1024 * 1024
 HELD = 200  # connections of each kind
@@ -108,8 +108,8 @@ def test_declared_frame_sizes_never_become_memory_and_other_clients_work(kafka, 
         # Before authentication: closed at the size prefix, counted and logged.
         for sock in unauthenticated:
             assert _closed_without_answer(sock)
-        wait_until(lambda: _metric(proxy, "kafka_proxy_frames_refused_total",
-                                   '{limit="max.frame.bytes.unauthenticated"}') == HELD,
+        wait_until(lambda: proxy.metric("kafka_proxy_frames_refused_total",
+                                        limit="max.frame.bytes.unauthenticated") == HELD,
                    timeout=15, interval=0.1, what="every unauthenticated 100 MiB frame refused")
         lines = [line for line in proxy.log_text().splitlines()
                  if "exceeds the 524288-byte limit (max.frame.bytes.unauthenticated)" in line]
@@ -123,7 +123,7 @@ def test_declared_frame_sizes_never_become_memory_and_other_clients_work(kafka, 
             except BlockingIOError:
                 continue
             raise AssertionError(f"a held connection got {got!r}")
-        held = _metric(proxy, "kafka_proxy_request_bytes_held")
+        held = proxy.metric("kafka_proxy_request_bytes_held")
         assert held <= 2 * HELD * 64 * 1024, held
         grown = _rss(proxy.pid) - before
         assert grown < 40 * MIB, f"resident memory grew {grown / MIB:.1f} MiB"
@@ -134,7 +134,7 @@ def test_declared_frame_sizes_never_become_memory_and_other_clients_work(kafka, 
         for sock in unauthenticated + first + authenticated:
             sock.close()
     # Their frames leave the budget with them.
-    wait_until(lambda: _metric(proxy, "kafka_proxy_request_bytes_held") == 0, timeout=15, interval=0.1,
+    wait_until(lambda: proxy.metric("kafka_proxy_request_bytes_held") == 0, timeout=15, interval=0.1,
                what="the budget freed")
 
 
@@ -174,7 +174,7 @@ def test_protocol_bombs_are_refused_before_the_broker_and_other_clients_work(kaf
     assert len(values) == 300
     # Each was refused by the proxy (an answer from the broker would have been relayed on
     # the authenticated connections, whose upstream connections were open).
-    assert _metric(proxy, "kafka_proxy_protocol_limits_refused_total", '{limit="tagged_fields"}') >= 2
-    assert _metric(proxy, "kafka_proxy_protocol_limits_refused_total", '{limit="array"}') >= 2
-    wait_until(lambda: _metric(proxy, "kafka_proxy_client_connections") <= 2, timeout=15, interval=0.1,
+    assert proxy.metric("kafka_proxy_protocol_limits_refused_total", limit="tagged_fields") >= 2
+    assert proxy.metric("kafka_proxy_protocol_limits_refused_total", limit="array") >= 2
+    wait_until(lambda: proxy.metric("kafka_proxy_client_connections") <= 2, timeout=15, interval=0.1,
                what="the bombers' connections closed")
