@@ -157,8 +157,8 @@ class GrantLog:
     async def _follow(self, index: int, part: _Partition) -> None:
         """Read log partition ``index`` for as long as the proxy runs, applying each record.
 
-        A read that brought only other instances' records is followed by the next one after
-        ``_GATHER_S`` at most, or as soon as this instance appends: each instance then reads
+        A read that leaves none of this instance's records awaited is followed by the next
+        one after ``_GATHER_S`` at most, or as soon as this instance appends: each instance reads
         the others' asks in bunches (a few reads a second) instead of once per ask of any
         instance, and its own ask, which a fetch waits for, still at once."""
         refresh = False
