@@ -102,7 +102,10 @@ class Committer:
         limit = self._max_ranges
         # Each round sends the lowest `limit` pending ranges of every partition (fewer where
         # the state's bound refused it: `narrowed`); bounded by the largest pending set (an
-        # acknowledged round always removes what it sent) and by the halvings.
+        # acknowledged round always removes what it sent) and by the halvings. A partition
+        # whose round carried all it had pending is done: offsets marked while the request
+        # was out go with the next commit, not with more rounds of this one (a consumer that
+        # keeps processing meanwhile would make each commit a stream of small ones).
         rounds = max((len(p.pending) for p in state.progress.values()), default=0) // limit + 2 + limit.bit_length()
         narrowed: dict[TopicPartition, int] = {}
         done: set[TopicPartition] = set()  # nothing more of these in this commit
@@ -118,8 +121,8 @@ class Committer:
                 if progress is not None:
                     progress.acknowledged(sent[tp], part.stable_offset)
                     self._metrics["range_commits"] += 1
-                if tp in narrowed:
-                    done.add(tp)  # what the bound lets through now; the rest waits
+                if tp in narrowed or len(sent[tp]) < limit:
+                    done.add(tp)  # what the bound lets through now, or all it had: the rest waits
             for tp, code in commit_errors(response).items():
                 if code in _STATE_FULL and tp in sent:
                     if len(sent[tp]) > 1:

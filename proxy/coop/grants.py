@@ -95,11 +95,14 @@ import struct
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 OffsetRange = tuple[int, int]  # inclusive
 
+_new_tuple = tuple.__new__  # builds a ``Lease`` from its fields without the Python-level __new__ (decoding)
+_ABOVE = float("inf")  # sorts after any offset: (at, _ABOVE) bisects past every range starting at ``at``
 _CROWD = 8  # the asks of an instance ``KeyGrants.ahead`` looks back on
 
 KEY_VERSION = 0
@@ -126,7 +129,23 @@ class Committed:
     ranges: tuple[OffsetRange, ...] = ()
 
     def covers(self, start: int, end: int) -> bool:
-        return not self.uncommitted(start, end)
+        """Whether every offset of [start, end] is committed (``not uncommitted(start,
+        end)``, without building the list: asked of every lease on every fetch)."""
+        at = max(start, self.stable)
+        if at > end:
+            return True
+        ranges = self.ranges
+        i = bisect_right(ranges, (at, _ABOVE)) - 1
+        if i < 0:
+            return False
+        for lo, hi in itertools.islice(ranges, i, None):
+            if lo > at:
+                return False
+            if hi >= at:
+                at = hi + 1
+                if at > end:
+                    return True
+        return False
 
     def uncommitted(self, start: int, end: int) -> list[OffsetRange]:
         """The parts of [start, end] not committed, in order."""
@@ -136,7 +155,7 @@ class Committed:
         out: list[OffsetRange] = []
         at = start
         ranges = self.ranges
-        i = max(bisect_right(ranges, (at, float("inf"))) - 1, 0)
+        i = max(bisect_right(ranges, (at, _ABOVE)) - 1, 0)
         for lo, hi in itertools.islice(ranges, i, None):
             if hi < at:
                 continue
@@ -156,10 +175,11 @@ class GrantFormatError(ValueError):
     """A record of the grants log that this version cannot read."""
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(NamedTuple):
     """A valid grant: ``member`` holds offsets [start, end] (fetched with FetchOffset
-    ``token``) from log-append time ``granted_ms`` for ``lease_ms``."""
+    ``token``) from log-append time ``granted_ms`` for ``lease_ms``. A tuple: every record
+    of the log carries its key's leases, and every reader decodes and places them again:
+    a tuple is built and read several times faster than a frozen dataclass."""
 
     member: str
     token: int
@@ -282,15 +302,15 @@ def decode_grant(data: bytes | memoryview) -> Grant:
         for _ in range(names):
             name, at = _get_str(data, at)
             members.append(name)
-        if at + count * _HELD.size > len(data) or (version == 0 and at + count * _HELD.size != len(data)):
+        stop = at + count * _HELD.size
+        if stop > len(data) or (version == 0 and stop != len(data)):
             raise GrantFormatError("grant value of the wrong length")
-        held = []
-        for _ in range(count):
-            who, h_token, h_start, h_end, granted, h_lease = _HELD.unpack_from(data, at)
-            at += _HELD.size
-            if who >= len(members):
-                raise GrantFormatError("lease of an unknown member")
-            held.append(Lease(members[who], h_token, h_start, h_end, granted, h_lease))
+        try:
+            held = tuple([_new_tuple(Lease, (members[who], h_token, h_start, h_end, granted, h_lease))
+                          for who, h_token, h_start, h_end, granted, h_lease in _HELD.iter_unpack(data[at:stop])])
+        except IndexError:
+            raise GrantFormatError("lease of an unknown member") from None
+        at = stop
         max_bytes, base_floor, batches, offsets = 0, -1, [], 0
         if version >= 1:
             max_bytes, base_floor, number = _ASK.unpack_from(data, at)
@@ -298,7 +318,7 @@ def decode_grant(data: bytes | memoryview) -> Grant:
             tail = _OFFSETS.size if version >= 2 else 0
             if number < 0 or at + number * _BATCH.size + tail != len(data):
                 raise GrantFormatError("grant value of the wrong length")
-            batches = [_BATCH.unpack_from(data, at + n * _BATCH.size) for n in range(number)]
+            batches = list(_BATCH.iter_unpack(data[at:at + number * _BATCH.size]))
             if tail:
                 (offsets,) = _OFFSETS.unpack_from(data, at + number * _BATCH.size)
                 if offsets < 0:
@@ -306,7 +326,7 @@ def decode_grant(data: bytes | memoryview) -> Grant:
     except struct.error as exc:
         raise GrantFormatError(str(exc)) from exc
     return Grant(proposal, instance, member, token, start, end, read_from, lease_ms, base, base_ms, floor,
-                 frontier, bool(reset), tuple(held), max_bytes, base_floor, tuple(batches), version, offsets)
+                 frontier, bool(reset), held, max_bytes, base_floor, tuple(batches), version, offsets)
 
 
 # -- verdicts and assignment ---------------------------------------------------------------------
@@ -386,8 +406,11 @@ def place(ask: Grant, ms: int, leases: Iterable[Lease], floor: int) -> OffsetRan
     * Otherwise the chunk starts at the lowest offset at or above ``read_from`` and the
       floor that no live lease holds, and ends before the next live lease (``_cap``)."""
     low = ask.read_from if ask.reset else None
-    live = sorted((lease.start, lease.end) for lease in leases
-                  if lease.live_at(ms) and (low is None or lease.end >= low))
+    if low is None:
+        live = sorted([(lease.start, lease.end) for lease in leases if ms < lease.granted_ms + lease.lease_ms])
+    else:
+        live = sorted([(lease.start, lease.end) for lease in leases
+                       if ms < lease.granted_ms + lease.lease_ms and lease.end >= low])
     if ask.reset:
         end = _cap(ask, ask.read_from, ask.end)
         return (ask.start, end) if _free(live, ask.start, end) else None
@@ -481,7 +504,7 @@ def assign(ask: Grant, ms: int, between: Sequence[Applied]) -> tuple[Decision, l
         leases = _taking(leases, floor, grant, chunk, record.ms)
     floor = max(floor, ask.floor)
     chunk = place(ask, ms, leases, floor)
-    leases = [lease for lease in leases if lease.live_at(ms)]
+    leases = [lease for lease in leases if ms < lease.granted_ms + lease.lease_ms]
     if chunk is None:
         return Decision(None, TAKEN), _taking(leases, floor, ask, None, ms), floor
     return Decision(chunk), _taking(leases, floor, ask, chunk, ms), floor
@@ -558,7 +581,7 @@ class KeyGrants:
             raise ValueError(f"record {offset} applied after {self.offset}")
         between = self.between(grant, offset, ms)
         frontier = self.frontier
-        expired = sum(1 for lease in self.leases if not lease.live_at(ms))
+        expired = sum(1 for lease in self.leases if ms >= lease.granted_ms + lease.lease_ms)
         if grant.fixed:
             verdict = judge(grant, ms, [_seen(record) for record in between])
             decision = Decision(None if verdict is not None else (grant.start, grant.end), verdict)
@@ -572,14 +595,19 @@ class KeyGrants:
             if rebuilt is not None:  # the leases over its read: placed since the read was decided
                 top = grant.end if decision.chunk is None else decision.chunk[0] - 1
                 # all of it taken: at least one more than that was needed
-                crowd.append(sum(1 for lease in rebuilt if lease.overlaps(grant.read_from, top))
+                low = grant.read_from
+                crowd.append(sum(1 for lease in rebuilt if lease.start <= top and low <= lease.end)
                              + (decision.chunk is None))
             leases = rebuilt if rebuilt is not None else \
-                [lease for lease in self.leases if lease.live_at(ms) and lease.end >= floor]
+                [lease for lease in self.leases if ms < lease.granted_ms + lease.lease_ms and lease.end >= floor]
         chunk = decision.chunk
         if chunk is not None and frontier is not None and chunk[0] < frontier and not grant.reset:
             decision = Decision(chunk, None, True)
-        self._recent.append(Applied(offset, ms, grant, chunk, decision.reason))
+        # kept for the asks after it, which place it again from its own fields: its snapshot
+        # is never read again, and kept it would hold every lease of the key once per record
+        # of the last two lease lengths (a heap the garbage collector walks again and again)
+        kept = replace(grant, held=()) if grant.held else grant
+        self._recent.append(Applied(offset, ms, kept, chunk, decision.reason))
         self._keep_ms = max(self._keep_ms, grant.lease_ms)
         self.offset = offset
         self.ms = max(self.ms, ms)
@@ -636,23 +664,30 @@ class KeyGrants:
     def live(self, now_ms: int) -> list[Lease]:
         """The leases live at ``now_ms`` the group has not committed whole (as last read)."""
         done = self.done
-        return [lease for lease in self.leases if lease.live_at(now_ms) and not done.covers(lease.start, lease.end)]
+        stable = done.stable
+        if not done.ranges:
+            return [lease for lease in self.leases if now_ms < lease.granted_ms + lease.lease_ms and lease.end >= stable]
+        covers = done.covers
+        return [lease for lease in self.leases if now_ms < lease.granted_ms + lease.lease_ms and lease.end >= stable
+                and not covers(lease.start, lease.end)]
 
     def uncommitted(self) -> int:
         """The leases as the log has them that the group has not committed whole (as last read)."""
         done = self.done
         return sum(1 for lease in self.leases if not done.covers(lease.start, lease.end))
 
-    def held_by(self, member: str, now_ms: int) -> int:
-        return sum(1 for lease in self.live(now_ms) if lease.member == member)
+    def held_by(self, member: str, now_ms: int, live: list[Lease] | None = None) -> int:
+        """How many live chunks ``member`` holds (``live``: ``live(now_ms)``, when known)."""
+        return sum(1 for lease in (self.live(now_ms) if live is None else live) if lease.member == member)
 
-    def retry_of(self, member: str, token: int, now_ms: int) -> Span | None:
+    def retry_of(self, member: str, token: int, now_ms: int, live: list[Lease] | None = None) -> Span | None:
         """What a fetch of ``member`` with FetchOffset ``token`` reads of a chunk it holds:
         its latest live lease again when fetched with that token (unless that chunk ends
         right below the token: then the token follows the chunk's receipt, not a retry);
         the rest of it when the token lies inside it (the member got the chunk only up to
-        there: a read asked for before it was made may come back short)."""
-        for lease in reversed(self.live(now_ms)):
+        there: a read asked for before it was made may come back short). ``live``:
+        ``live(now_ms)``, when known."""
+        for lease in reversed(self.live(now_ms) if live is None else live):
             if lease.member == member:
                 if lease.token == token and lease.end + 1 != token:  # first: a retry loses nothing
                     return Span(lease.start, lease.end, lease)
@@ -670,15 +705,15 @@ class KeyGrants:
                   max_leases: int) -> Span | None:
         """What ``member``'s fetch with FetchOffset ``token`` reads; None when it holds
         ``max_leases`` live chunks already."""
-        held = self.retry_of(member, token, now_ms)
+        live = self.live(now_ms)
+        held = self.retry_of(member, token, now_ms, live)
         if held is not None:
             return held
-        if self.held_by(member, now_ms) >= max_leases:
+        if self.held_by(member, now_ms, live) >= max_leases:
             return None
         low = max(committed.stable, self.floor, 0)
         if self.reset_pending:
             return Span(max(token, 0), None, claim_from=low, reset=True)
-        live = self.live(now_ms)
         if self.frontier is None and not live and not self.proposed and committed.stable < 0 and self.floor < 0 \
                 and not committed.ranges:
             # nothing handed out, nothing committed: start where the member's reset policy says

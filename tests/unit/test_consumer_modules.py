@@ -543,6 +543,29 @@ async def test_range_commits_go_in_rounds_and_a_failure_keeps_everything_pending
     assert not state.progress[TP].pending and metrics["range_commits"] == 3
 
 
+async def test_offsets_marked_while_a_range_commit_is_out_wait_for_the_next_commit():
+    """A consumer keeps processing while its commit is out; those marks must not turn one
+    commit_processed into a stream of requests (each a write of the proxy's log)."""
+    state = AssignmentState(read_committed=False, tracking=True)
+    state.assign({TP: []})
+    state.progress[TP] = PartitionProgress(0)
+    state.progress[TP].mark(1)
+    acknowledge = _acknowledge(0)
+    marked = iter(range(3, 40, 2))
+
+    def answer(body):
+        state.progress[TP].mark(next(marked))  # processed while the request was out
+        return acknowledge(body)
+
+    coordinator = ScriptedCoordinator(answer)
+    committer = Committer(coordinator, state, ClusterMetadata(), max_ranges=10, metrics=Counter())  # type: ignore[arg-type]
+    await committer.commit_processed(ranges_supported=True)
+    assert len(coordinator.sent) == 1
+    assert list(state.progress[TP].pending) == [(3, 3)]
+    await committer.commit_processed(ranges_supported=True)
+    assert len(coordinator.sent) == 2 and list(state.progress[TP].pending) == [(5, 5)]
+
+
 async def test_without_individual_commit_the_contiguous_prefix_is_committed_plainly():
     state = AssignmentState(read_committed=False, tracking=True)
     state.assign({TP: [], TP1: equal_shares(2)[:1]})
