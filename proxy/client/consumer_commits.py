@@ -110,9 +110,10 @@ class ConsumerCommits:
         return list(progress.pending) if progress else []
 
     async def commit_processed(self) -> None:
-        """Send every marked range with OffsetCommit v8+ (``individual.commit``), as many
-        requests as ``individual_commit_max_ranges`` needs; a range leaves the pending set
-        only once acknowledged, so a failed commit loses nothing and may simply be retried.
+        """Send every range marked so far with OffsetCommit v8+ (``individual.commit``), as
+        many requests as ``individual_commit_max_ranges`` needs (ranges marked while they
+        are out go with the next call); a range leaves the pending set only once
+        acknowledged, so a failed commit loses nothing and may simply be retried.
         Without the feature, whole partitions fall back to a plain commit of the contiguous
         processed prefix; a partition assigned key ranges cannot and raises."""
         self._require_started()

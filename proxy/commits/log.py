@@ -138,15 +138,20 @@ class CommitLog:
                 await trio.sleep(_RETRY_PAUSE)  # a leader moving or a broker restarting
 
     async def _read_to_end(self, index: int, part: _Partition, refresh: bool) -> None:
+        """Read from where memory ends to the high watermark the first Fetch reports (the
+        end as of the call, or later): one round trip when nothing or little is new, where
+        asking the end first (ListOffsets) would take two before every commit that reads
+        the log first."""
         address = await self.topic.leader(index, refresh)
-        end = await self.topic.end_offset(address, index)
-        if part.position >= end:
-            part.loaded = True  # every record below the end is in memory
-            return
-        if not part.loaded:
-            self._on_rebuild()
-        while part.position < end:
+        end: int | None = None
+        while end is None or part.position < end:
             read = await self.topic.read(address, index, part.position)
+            if end is None:
+                end = read.high_watermark
+                if part.position >= end:
+                    break  # every record below the end is in memory
+                if not part.loaded:
+                    self._on_rebuild()
             if read.log_start is not None:  # compaction/retention moved the start
                 part.position = max(part.position, read.log_start)
                 continue

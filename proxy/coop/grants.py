@@ -92,7 +92,7 @@ from __future__ import annotations
 
 import itertools
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -481,6 +481,77 @@ def _taking(leases: list[Lease], floor: int, grant: Grant, chunk: OffsetRange | 
     return [lease for lease in leases if lease.end >= floor]
 
 
+class _Placing:
+    """The leases of one assignment while the records of its window are placed again: as
+    ``_taking`` leaves them, and indexed by start with the running maximum of their ends,
+    so that placing a record costs a bisection and the few leases around its read instead
+    of sorting every lease again (a snapshot holds every lease of the key not yet below the
+    floor: hundreds while commits lag). ``place`` is the rule; ``place`` here decides the
+    same for an ask that is not a reset, which goes to the rule itself.
+
+    The floor filter of ``_taking`` is left until the list is needed whole: floors only
+    rise, and a lease below the floor never changes a placement that starts at or above it."""
+
+    def __init__(self, leases: list[Lease]) -> None:
+        self.leases = leases
+        self.filtered = -1  # the floor the list was last filtered by
+        self.floor = -1  # the floor it is to be filtered by (``_taking``'s)
+        self._index()
+
+    def _index(self) -> None:
+        self.spans = sorted([(lease.start, lease.end, lease.granted_ms + lease.lease_ms) for lease in self.leases])
+        self.reach = list(itertools.accumulate([end for _, end, _ in self.spans], max))
+
+    def exact(self) -> list[Lease]:
+        """The leases as ``_taking`` leaves them."""
+        if self.floor > self.filtered:
+            self.leases = [lease for lease in self.leases if lease.end >= self.floor]
+            self.filtered = self.floor
+        return self.leases
+
+    def place(self, ask: Grant, ms: int, floor: int) -> OffsetRange | None:
+        if ask.reset:
+            return place(ask, ms, self.exact(), floor)
+        spans, start = self.spans, max(ask.read_from, floor)
+        at, count = bisect_left(self.reach, start), len(spans)  # every span before ends below start
+        while at < count:
+            lo, hi, until = spans[at]
+            if ms < until and hi >= start:
+                if lo > start:
+                    break
+                start = hi + 1
+            at += 1
+        if start > ask.end:
+            return None
+        limit = ask.end if at >= count else min(ask.end, spans[at][0] - 1)  # the next live lease
+        end = _cap(ask, start, limit)
+        if ask.start < ask.read_from and start == ask.read_from and ask.start >= floor and \
+                not any(ms < until and lo < ask.read_from and ask.start <= hi for lo, hi, until in spans):
+            return ask.start, end
+        return start, end
+
+    def take(self, grant: Grant, chunk: OffsetRange | None, ms: int, floor: int) -> None:
+        """``_taking``: ``grant`` at ``ms`` got ``chunk`` and raised the floor to ``floor``."""
+        if chunk is not None:
+            lease = _lease(grant, chunk, ms)
+            if grant.reset:
+                self.leases = [held for held in self.exact() if held.end >= grant.read_from] + [lease]
+                self.floor = floor
+                self._index()
+                return
+            self.leases.append(lease)
+            span = (lease.start, lease.end, ms + lease.lease_ms)
+            at = bisect_right(self.spans, span)
+            self.spans.insert(at, span)
+            reach = self.reach
+            reach.insert(at, lease.end if at == 0 else max(reach[at - 1], lease.end))
+            for later in range(at + 1, len(reach)):
+                if reach[later] >= reach[later - 1]:
+                    break
+                reach[later] = reach[later - 1]
+        self.floor = floor
+
+
 def assign(ask: Grant, ms: int, between: Sequence[Applied]) -> tuple[Decision, list[Lease] | None, int]:
     """The chunk of the version 1 ``ask`` appended at log time ``ms``, with the leases live
     then and the floor once it is applied (None: a stale ask, which rebuilds nothing: the
@@ -490,7 +561,7 @@ def assign(ask: Grant, ms: int, between: Sequence[Applied]) -> tuple[Decision, l
     of version 0 keep the chunk they were judged to hold, stale asks none (``_stale``)."""
     if _stale(ask, ms, between):
         return Decision(None, STALE), None, ask.floor
-    leases = list(ask.held)  # each placement counts those live at its own time
+    placing = _Placing(list(ask.held))  # each placement counts those live at its own time
     floor = ask.base_floor
     for record in between:
         grant = record.grant
@@ -500,11 +571,11 @@ def assign(ask: Grant, ms: int, between: Sequence[Applied]) -> tuple[Decision, l
         elif record.reason == STALE:  # decided from its own window: the same for every reader
             chunk = None
         else:
-            chunk = place(grant, record.ms, leases, floor)
-        leases = _taking(leases, floor, grant, chunk, record.ms)
+            chunk = placing.place(grant, record.ms, floor)
+        placing.take(grant, chunk, record.ms, floor)
     floor = max(floor, ask.floor)
-    chunk = place(ask, ms, leases, floor)
-    leases = [lease for lease in leases if ms < lease.granted_ms + lease.lease_ms]
+    chunk = placing.place(ask, ms, floor)
+    leases = [lease for lease in placing.exact() if ms < lease.granted_ms + lease.lease_ms]
     if chunk is None:
         return Decision(None, TAKEN), _taking(leases, floor, ask, None, ms), floor
     return Decision(chunk), _taking(leases, floor, ask, chunk, ms), floor

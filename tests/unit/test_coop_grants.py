@@ -19,12 +19,17 @@ from proxy.coop.grants import (
     LEASED,
     STALE,
     TAKEN,
+    Applied,
     Committed,
+    Decision,
     Grant,
     GrantFormatError,
     KeyGrants,
     Lease,
     Span,
+    _stale,
+    _taking,
+    assign,
     decode_grant,
     decode_key,
     encode_grant,
@@ -545,3 +550,80 @@ def test_commits_end_leases_here_but_not_in_the_snapshots_this_instance_writes()
     # the snapshot stays the log's: another reader may not have read the commit yet
     record = ask(state, Span(16, None), 23, member="c")
     assert [(lease.start, lease.end) for lease in record.held] == [(0, 7), (8, 15)]
+
+
+# -- placing a window again: the indexed placement decides as the rule does ----------------------
+def _assign_by_the_rule(ask: Grant, ms: int, between: list[Applied]):
+    """``assign`` as the module docstring states it: every record placed with ``place`` over
+    the leases ``_taking`` leaves, sorted again each time (the oracle of the indexed one)."""
+    if _stale(ask, ms, between):
+        return Decision(None, STALE), None, ask.floor
+    leases = list(ask.held)
+    floor = ask.base_floor
+    for record in between:
+        grant = record.grant
+        floor = max(floor, grant.floor)
+        if grant.fixed:
+            chunk = record.chunk
+        elif record.reason == STALE:
+            chunk = None
+        else:
+            chunk = place(grant, record.ms, leases, floor)
+        leases = _taking(leases, floor, grant, chunk, record.ms)
+    floor = max(floor, ask.floor)
+    chunk = place(ask, ms, leases, floor)
+    leases = [lease for lease in leases if lease.live_at(ms)]
+    if chunk is None:
+        return Decision(None, TAKEN), _taking(leases, floor, ask, None, ms), floor
+    return Decision(chunk), _taking(leases, floor, ask, chunk, ms), floor
+
+
+_offsets = st.integers(0, 60)
+
+
+@st.composite
+def _lease_strategy(draw) -> Lease:
+    start = draw(_offsets)
+    return Lease(draw(st.sampled_from("abc")), draw(st.integers(-1, 5)), start, start + draw(st.integers(0, 12)),
+                 draw(st.integers(0, 40)), draw(st.integers(1, 30)))
+
+
+@st.composite
+def _ask_strategy(draw, ms: int) -> Grant:
+    read_from = draw(_offsets)
+    start = read_from - draw(st.sampled_from([0, 0, 0, 1, 5]))  # now and then a claim below the read
+    end = read_from + draw(st.integers(0, 20))
+    offsets = draw(st.sampled_from([0, 0, 1, 3, 8]))
+    batches = () if offsets else tuple(sorted({(draw(st.integers(read_from, end)), draw(st.integers(1, 50)))
+                                               for _ in range(draw(st.integers(0, 4)))}))
+    return Grant(draw(st.integers(1, 1000)), draw(st.sampled_from(["i1", "i2"])), draw(st.sampled_from("abc")),
+                 draw(st.integers(-1, 5)), start, end, read_from, draw(st.integers(1, 30)), 0, ms - 1,
+                 draw(st.integers(-1, 30)), -1, reset=draw(st.sampled_from([False] * 9 + [True])),
+                 held=tuple(draw(st.lists(_lease_strategy(), max_size=12))), max_bytes=draw(st.integers(1, 120)),
+                 base_floor=draw(st.integers(-1, 20)), batches=batches, offsets=offsets)
+
+
+@st.composite
+def _windows(draw):
+    between = []
+    ms = 0
+    for offset in range(draw(st.integers(0, 8))):
+        ms += draw(st.integers(0, 6))
+        grant = draw(_ask_strategy(ms))
+        if draw(st.sampled_from([False] * 6 + [True])):  # a version 0 record: its chunk as judged
+            chunk = draw(st.sampled_from([None, (grant.read_from, grant.end)]))
+            grant = Grant(grant.proposal, grant.instance, grant.member, grant.token, grant.read_from, grant.end,
+                          grant.read_from, grant.lease_ms, 0, ms - 1, grant.floor, -1, version=0)
+            between.append(Applied(offset + 1, ms, grant, chunk, None if chunk else LEASED))
+        else:
+            reason = draw(st.sampled_from([None, None, None, STALE, TAKEN]))
+            between.append(Applied(offset + 1, ms, grant, None, reason))
+    ms += draw(st.integers(0, 6))
+    return draw(_ask_strategy(ms)), ms, between
+
+
+@settings(max_examples=400, deadline=None)
+@given(_windows())
+def test_the_indexed_placement_decides_what_the_rule_decides(window):
+    ask, ms, between = window
+    assert assign(ask, ms, between) == _assign_by_the_rule(ask, ms, between)
