@@ -10,6 +10,7 @@ handed out again stop where the group's commits begin) is rebuilt with the chunk
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,3 +101,16 @@ def batch_bounds(blob, start: int, end: int | None = None) -> tuple[list[tuple[i
     if not batches:
         return None
     return batches, batches[-1][0]
+
+
+_BATCH_HEAD = struct.Struct(">qi")  # a batch's base offset and length (the bytes after these 12)
+
+
+def first_batch_bytes(blob) -> int:
+    """The size of the first batch of ``blob`` (a Records field: the batch the read began
+    in), 0 when it holds none: what a chunk starting inside that batch reads beyond its
+    own bytes."""
+    if blob is None or len(blob) < _BATCH_HEAD.size:
+        return 0
+    _base, length = _BATCH_HEAD.unpack_from(blob, 0)
+    return max(0, length) + _BATCH_HEAD.size

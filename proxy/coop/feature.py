@@ -11,7 +11,8 @@ While this instance knows of offsets past where the chunk would start (its lates
 of the partition ended beyond it), it asks before it reads: the ask names how many
 offsets the chunk may span (the member's byte limit at the bytes per offset seen), and the
 read then starts at the chunk the log placed, so that asks of several instances made at
-once get consecutive chunks and each reads only what it hands out. At the log end, and for
+once get consecutive chunks and each reads only what it hands out: the chunk and the batch
+it begins and ends in (``_Partition.chunk_read_bytes``), so that one read holds it whole. At the log end, and for
 offsets handed out again, resets and claims, it reads first and asks within what it read;
 an ask whose whole range other instances' chunks took gets no chunk. So that asks of
 several instances made from the same state each find a chunk there, such a fetch reads
@@ -43,7 +44,7 @@ from prometheus_client import Gauge
 
 from proxy.commits.cluster import CommitLogError
 from proxy.commits.reads import CommittedReads
-from proxy.coop.chunks import Chunk, batch_bounds, cut_chunk
+from proxy.coop.chunks import Chunk, batch_bounds, cut_chunk, first_batch_bytes
 from proxy.coop.grant_log import GrantLog, Proposal
 from proxy.coop.grants import STALE, TAKEN, Committed, Grant, KeyGrants, Span
 from proxy.coop.metrics import CooperativeFetchMetrics
@@ -82,7 +83,7 @@ def generation_error(newest: int, generation: int) -> int:
 class _Partition:
     """One partition's grants (as this instance applied the log) and its turn here."""
 
-    __slots__ = ("grants", "turn", "lag", "expired", "ends", "offset_bytes")
+    __slots__ = ("grants", "turn", "lag", "expired", "ends", "offset_bytes", "batch_bytes")
 
     def __init__(self, grants: KeyGrants) -> None:
         self.grants = grants
@@ -91,10 +92,27 @@ class _Partition:
         self.expired = grants.counts.expired
         self.ends = (-1, -1)  # the high watermark and last stable offset of this instance's latest read
         self.offset_bytes = 0.0  # bytes per offset of the chunks this instance handed out lately
+        self.batch_bytes = 0  # the size of the batches its reads began in, lately (the largest, fading)
 
     def known_end(self, read_committed: bool) -> int:
         """The last offset this instance knows the partition holds for such a member (-1: none)."""
         return (self.ends[1] if read_committed else self.ends[0]) - 1
+
+    def read_began_in(self, size: int) -> None:
+        """Learn the size of the batch a read began in (the largest lately: a chunk's read
+        must hold the batch its first offset lies in besides the chunk itself)."""
+        if size:
+            self.batch_bytes = max(size, self.batch_bytes * 3 // 4)
+
+    def chunk_read_bytes(self, first: int, last: int, limit: int) -> int:
+        """The byte limit of the read of chunk [first, last], granted before the read: the
+        chunk at the bytes per offset seen, and the batches it begins and ends in (a chunk
+        begins and ends inside batches, and the broker cuts a read at its limit, inside the
+        last batch if need be: read with the member's limit alone, it would come back
+        holding the first batch only, and the member's next fetch would read the rest);
+        the member's limit at least, three times it at most."""
+        wanted = int((last - first + 1) * self.offset_bytes) + 2 * self.batch_bytes
+        return max(limit, min(wanted, 3 * limit))
 
     def saw(self, chunk: Chunk) -> None:
         """Learn the bytes per offset from a chunk handed out (half the weight to the newest)."""
@@ -352,6 +370,7 @@ class CooperativeFetchFeature(Feature):
             if decision.chunk is not None:
                 item.chunk, item.redelivered = decision.chunk, decision.redelivered
                 item.part.fetch_offset = decision.chunk[0]
+                item.part.partition_max_bytes = state.chunk_read_bytes(*decision.chunk, item.max_bytes)
                 return
             if decision.reason != STALE:
                 break
@@ -426,6 +445,7 @@ class CooperativeFetchFeature(Feature):
             if part.error_code != ErrorCode.NONE:
                 continue
             state.ends = (part.high_watermark, part.last_stable_offset)
+            state.read_began_in(first_batch_bytes(part.records))
             self.metrics.read_bytes.inc(len(part.records or _EMPTY))
             if span.lease is not None:  # a retry, or the rest of a chunk: the member's own again, no new grant
                 chunk = cut_chunk(part.records, span.start, span.end)

@@ -102,6 +102,7 @@ GroupPartitionKey = tuple[str, str, int]  # (group, topic, partition)
 OffsetRange = tuple[int, int]  # inclusive
 
 _new_tuple = tuple.__new__  # builds a ``Lease`` from its fields without the Python-level __new__ (decoding)
+_BELOW = -(1 << 63)  # below any offset or floor
 _ABOVE = float("inf")  # sorts after any offset: (at, _ABOVE) bisects past every range starting at ``at``
 _CROWD = 8  # the asks of an instance ``KeyGrants.ahead`` looks back on
 
@@ -486,16 +487,16 @@ class _Placing:
     ``_taking`` leaves them, and indexed by start with the running maximum of their ends,
     so that placing a record costs a bisection and the few leases around its read instead
     of sorting every lease again (a snapshot holds every lease of the key not yet below the
-    floor: hundreds while commits lag). ``place`` is the rule; ``place`` here decides the
-    same for an ask that is not a reset, which goes to the rule itself.
+    floor: hundreds while commits lag). The module's ``place`` is the rule: this one
+    decides the same (a property test holds it to that), and hands a reset to the rule.
 
     The floor filter of ``_taking`` is left until the list is needed whole: floors only
     rise, and a lease below the floor never changes a placement that starts at or above it."""
 
     def __init__(self, leases: list[Lease]) -> None:
         self.leases = leases
-        self.filtered = -1  # the floor the list was last filtered by
-        self.floor = -1  # the floor it is to be filtered by (``_taking``'s)
+        self.filtered = _BELOW  # every lease of the list ends at or above it
+        self.floor = _BELOW  # the floor the list is to be filtered by (``_taking``'s; none yet)
         self._index()
 
     def _index(self) -> None:
@@ -536,10 +537,12 @@ class _Placing:
             lease = _lease(grant, chunk, ms)
             if grant.reset:
                 self.leases = [held for held in self.exact() if held.end >= grant.read_from] + [lease]
+                self.filtered = min(self.filtered, lease.end)
                 self.floor = floor
                 self._index()
                 return
             self.leases.append(lease)
+            self.filtered = min(self.filtered, lease.end)
             span = (lease.start, lease.end, ms + lease.lease_ms)
             at = bisect_right(self.spans, span)
             self.spans.insert(at, span)

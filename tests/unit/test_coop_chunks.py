@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.batches import Rec, control_batch, kafka_python_batch
-from proxy.coop.chunks import batch_bounds, cut_chunk
-from proxy.coop.grants import Grant, Lease, place
+from proxy.coop.chunks import batch_bounds, cut_chunk, first_batch_bytes
+from proxy.coop.feature import _Partition
+from proxy.coop.grants import Grant, KeyGrants, Lease, place
 from proxy.records.batch import PartialBatch, RecordBatch, iter_batches
 
 
@@ -120,3 +121,20 @@ def test_the_chunk_an_ask_gets_is_always_cut_whole_from_its_read(layout, start, 
         return
     cut = cut_chunk(blob, max(chunk[0], start), chunk[1])
     assert cut is not None and cut.end == chunk[1], (chunk, batches, last, held)
+
+
+def test_the_read_of_a_chunk_holds_the_batch_it_begins_in():
+    """A 16 KiB member limit and 16 KiB producer batches: a chunk of 0.9 of the limit begins
+    and ends inside batches, so its read must hold both (the broker cuts a read at its limit),
+    or it comes back with the first batch only and the member fetches again for the rest."""
+    assert first_batch_bytes(LOG) == len(batch(10, 5))
+    assert first_batch_bytes(b"") == 0 and first_batch_bytes(None) == 0
+    state = _Partition(KeyGrants())
+    assert state.chunk_read_bytes(0, 99, 16384) == 16384  # nothing seen yet: the member's limit
+    state.offset_bytes = 140.0
+    state.read_began_in(16500)
+    assert state.chunk_read_bytes(0, 104, 16384) == 105 * 140 + 2 * 16500  # the chunk, its edge batches
+    assert state.chunk_read_bytes(0, 999, 16384) == 3 * 16384  # three times the limit at most
+    assert state.chunk_read_bytes(0, 9, 1 << 20) == 1 << 20  # never below the member's limit
+    state.read_began_in(4000)
+    assert state.batch_bytes == 16500 * 3 // 4  # the largest lately, fading

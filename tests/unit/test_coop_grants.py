@@ -558,18 +558,12 @@ def _assign_by_the_rule(ask: Grant, ms: int, between: list[Applied]):
     the leases ``_taking`` leaves, sorted again each time (the oracle of the indexed one)."""
     if _stale(ask, ms, between):
         return Decision(None, STALE), None, ask.floor
-    leases = list(ask.held)
-    floor = ask.base_floor
+    leases, floor = list(ask.held), ask.base_floor
     for record in between:
-        grant = record.grant
-        floor = max(floor, grant.floor)
-        if grant.fixed:
-            chunk = record.chunk
-        elif record.reason == STALE:
-            chunk = None
-        else:
-            chunk = place(grant, record.ms, leases, floor)
-        leases = _taking(leases, floor, grant, chunk, record.ms)
+        floor = max(floor, record.grant.floor)
+        placed = (record.chunk if record.grant.fixed else
+                  None if record.reason == STALE else place(record.grant, record.ms, leases, floor))
+        leases = _taking(leases, floor, record.grant, placed, record.ms)
     floor = max(floor, ask.floor)
     chunk = place(ask, ms, leases, floor)
     leases = [lease for lease in leases if lease.live_at(ms)]
