@@ -11,15 +11,15 @@ While this instance knows of offsets past where the chunk would start (its lates
 of the partition ended beyond it), it asks before it reads: the ask names how many
 offsets the chunk may span (the member's byte limit at the bytes per offset seen), and the
 read then starts at the chunk the log placed, so that asks of several instances made at
-once get consecutive chunks and each reads only what it hands out: the chunk and the batch
-it begins and ends in (``_Partition.chunk_read_bytes``), so that one read holds it whole. At the log end, and for
-offsets handed out again, resets and claims, it reads first and asks within what it read;
-an ask whose whole range other instances' chunks took gets no chunk. So that asks of
-several instances made from the same state each find a chunk there, such a fetch reads
-ahead: one more time the member's byte limit than the most chunks that took offsets of the
-read of one of this instance's latest asks before it was applied (``KeyGrants.ahead``; at
-most ``_READ_AHEAD`` times, 8 MiB); the chunk itself stays within the limit. Alone, an
-instance reads what the member asked for.
+once get consecutive chunks and each reads only what it hands out: the chunk and the
+batches it begins and ends in (``_Partition.chunk_read_bytes``), so that one read holds it
+whole. At the log end, and for offsets handed out again, resets and claims, it reads first
+and asks within what it read; an ask whose whole range other instances' chunks took gets
+no chunk. So that asks of several instances made from the same state each find a chunk
+there, such a fetch reads ahead: one more time the member's byte limit than the most
+chunks that took offsets of the read of one of this instance's latest asks before it was
+applied (``KeyGrants.ahead``; at most ``_READ_AHEAD`` times, 8 MiB); the chunk itself
+stays within the limit. Alone, an instance reads what the member asked for.
 
 Fetches of one (group, topic, partition) through this instance take turns: a turn lasts
 from the decision until its ask is on its way to the log, when the next fetch decides
@@ -100,7 +100,7 @@ class _Partition:
 
     def read_began_in(self, size: int) -> None:
         """Learn the size of the batch a read began in (the largest lately: a chunk's read
-        must hold the batch its first offset lies in besides the chunk itself)."""
+        must hold the batches its first and last offsets lie in besides the chunk itself)."""
         if size:
             self.batch_bytes = max(size, self.batch_bytes * 3 // 4)
 
