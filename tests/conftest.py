@@ -64,16 +64,11 @@ def _start(request: pytest.FixtureRequest, label: str, nodes: int) -> KafkaClust
     return cluster
 
 
-# At the session's end nothing is read from the clusters again: nodes still shutting down
-# after this long are killed (a quorum stopping together can wait out the whole default).
-_CLOSE_S = 5.0
-
-
 @pytest.fixture(scope="session")
 def kafka(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     """One KRaft node in the combined role; ``kafka.bootstrap_servers`` to connect."""
     cluster = _start(request, "kafka-1node", 1)
-    request.addfinalizer(lambda: cluster.close(_CLOSE_S))
+    request.addfinalizer(cluster.close)
     yield cluster
 
 
@@ -81,7 +76,7 @@ def kafka(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
 def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     """Three KRaft nodes in the combined role (static quorum); started on first use."""
     cluster = _start(request, "kafka-3nodes", 3)
-    request.addfinalizer(lambda: cluster.close(_CLOSE_S))
+    request.addfinalizer(cluster.close)
     yield cluster
 
 

@@ -406,12 +406,9 @@ def place(ask: Grant, ms: int, leases: Iterable[Lease], floor: int) -> OffsetRan
       an ask from ``read_from``.
     * Otherwise the chunk starts at the lowest offset at or above ``read_from`` and the
       floor that no live lease holds, and ends before the next live lease (``_cap``)."""
-    low = ask.read_from if ask.reset else None
-    if low is None:
-        live = sorted([(lease.start, lease.end) for lease in leases if ms < lease.granted_ms + lease.lease_ms])
-    else:
-        live = sorted([(lease.start, lease.end) for lease in leases
-                       if ms < lease.granted_ms + lease.lease_ms and lease.end >= low])
+    low = ask.read_from if ask.reset else _BELOW
+    live = sorted([(lease.start, lease.end) for lease in leases
+                   if ms < lease.granted_ms + lease.lease_ms and lease.end >= low])
     if ask.reset:
         end = _cap(ask, ask.read_from, ask.end)
         return (ask.start, end) if _free(live, ask.start, end) else None
