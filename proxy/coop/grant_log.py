@@ -8,8 +8,12 @@ A key (group, topic, partition) lives in the log partition of its group, as Kafk
 groups to ``__consumer_offsets``. The first time this instance serves a key of a log
 partition it reads that partition from its start to its end, then keeps following it
 (long-polling Fetch; other instances' records gathered for a tenth of a second, this
-instance's own read back at once): every record of every key of the partition is applied
-in log order, so the state of the keys it serves is never older than what it has read.
+instance's own read back at once): every record of every key of the partition is taken
+in in log order, so the state of the keys it serves is never older than what it has read.
+This instance's own asks are placed as they come (a fetch waits for their chunks); the
+other instances' are noted, and the state is rebuilt from the newest of them when a fetch
+of this instance reads it (``KeyGrants.note``): an instance's work on the log follows its
+own fetches, not every instance's.
 
 An ask is appended, then the proposer waits until its reader has applied it and takes
 the chunk the state machine assigned it (or none). Proposals of one log partition that meet travel in one
@@ -22,7 +26,6 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -39,6 +42,7 @@ from proxy.coop.grants import (
     decode_key,
     encode_grant,
     encode_key,
+    peek_instance,
 )
 from proxy.net.broker_connection import BrokerConnectionError
 from proxy.pipeline.background import Background
@@ -101,7 +105,7 @@ class _Partition:
 
 class GrantLog:
     def __init__(self, cluster: ClusterClient, background: Background, *, lease_ms: int, timeout: float = 5.0,
-                 instance: str | None = None, on_apply: Callable[[GroupPartitionKey, str | None], None] | None = None) -> None:
+                 instance: str | None = None) -> None:
         self.cluster = cluster
         self.background = background
         self.timeout = timeout
@@ -115,7 +119,6 @@ class GrantLog:
         self._key_parts: dict[GroupPartitionKey, _Partition] = {}
         self._waiting: dict[int, _Waiting] = {}
         self._proposals = itertools.count(1)
-        self._on_apply = on_apply or (lambda key, verdict: None)
 
     def next_proposal(self) -> int:
         return next(self._proposals)
@@ -199,23 +202,30 @@ class GrantLog:
                 part.written = trio.Event()
 
     def _apply(self, offset: int, ms: int, raw_key: bytes | memoryview, value: bytes | memoryview | None) -> bool:
-        """Apply one record; whether this instance appended it."""
+        """Apply one record; whether this instance appended it. Another instance's ask is
+        only noted (``KeyGrants.note``): its snapshot is decoded if the key's state is next
+        read from it."""
         try:
             key = decode_key(raw_key)
-            grant = None if value is None else decode_grant(value)
+            if value is None:  # a tombstone: the key's grants are over
+                self.states.pop(key, None)
+                return False
+            own = peek_instance(value) == self.instance
+            grant = decode_grant(value, held=own)
+            if not own and (grant.fixed or grant.reset):
+                grant = decode_grant(value)
         except GrantFormatError as exc:
             log.warning("cooperative grants: record %d skipped reason=%r", offset, str(exc))
-            return False
-        if grant is None:  # a tombstone: the key's grants are over
-            self.states.pop(key, None)
             return False
         state = self.states.get(key)
         if state is None:
             state = self.states[key] = KeyGrants()
         if offset <= state.offset:
             return False
+        if not (own or grant.fixed or grant.reset):
+            state.note(offset, ms, grant, bytes(value))
+            return False
         decision = state.apply(offset, ms, grant)
-        self._on_apply(key, decision.reason)
         if grant.instance != self.instance:
             return False
         waiting = self._waiting.pop(grant.proposal, None)

@@ -286,8 +286,19 @@ def encode_grant(grant: Grant) -> bytes:
     return b"".join(out)
 
 
-def decode_grant(data: bytes | memoryview) -> Grant:
-    """A record of any version (0: a fixed chunk; 1 and 2: an ask)."""
+def peek_instance(data: bytes | memoryview) -> str:
+    """The proposing instance of a record, nothing else decoded."""
+    try:
+        return _get_str(data, _HEAD.size)[0]
+    except struct.error as exc:
+        raise GrantFormatError(str(exc)) from exc
+
+
+def decode_grant(data: bytes | memoryview, *, held: bool = True) -> Grant:
+    """A record of any version (0: a fixed chunk; 1 and 2: an ask). ``held=False`` leaves
+    its snapshot undecoded (``held`` empty; the lengths are still checked): a record of
+    another instance is placed again from its own fields, and its snapshot is read only
+    when this instance needs the state it ends in (``KeyGrants.note``)."""
     try:
         version, proposal = _HEAD.unpack_from(data, 0)
         if version not in (0, 1, 2):
@@ -306,11 +317,14 @@ def decode_grant(data: bytes | memoryview) -> Grant:
         stop = at + count * _HELD.size
         if stop > len(data) or (version == 0 and stop != len(data)):
             raise GrantFormatError("grant value of the wrong length")
-        try:
-            held = tuple([_new_tuple(Lease, (members[who], h_token, h_start, h_end, granted, h_lease))
-                          for who, h_token, h_start, h_end, granted, h_lease in _HELD.iter_unpack(data[at:stop])])
-        except IndexError:
-            raise GrantFormatError("lease of an unknown member") from None
+        leases: tuple[Lease, ...] = ()
+        if held:
+            try:
+                leases = tuple([_new_tuple(Lease, (members[who], h_token, h_start, h_end, granted, h_lease))
+                                for who, h_token, h_start, h_end, granted, h_lease
+                                in _HELD.iter_unpack(data[at:stop])])
+            except IndexError:
+                raise GrantFormatError("lease of an unknown member") from None
         at = stop
         max_bytes, base_floor, batches, offsets = 0, -1, [], 0
         if version >= 1:
@@ -327,7 +341,7 @@ def decode_grant(data: bytes | memoryview) -> Grant:
     except struct.error as exc:
         raise GrantFormatError(str(exc)) from exc
     return Grant(proposal, instance, member, token, start, end, read_from, lease_ms, base, base_ms, floor,
-                 frontier, bool(reset), held, max_bytes, base_floor, tuple(batches), version, offsets)
+                 frontier, bool(reset), leases, max_bytes, base_floor, tuple(batches), version, offsets)
 
 
 # -- verdicts and assignment ---------------------------------------------------------------------
@@ -612,12 +626,21 @@ class Counts:
 
 @dataclass
 class KeyGrants:
-    """One key's grants as this instance applied them, and what it asks for next."""
+    """One key's grants as this instance applied them, and what it asks for next.
 
-    leases: list[Lease] = field(default_factory=list)  # live by the newest record's time, as the log has them
-    offset: int = -1  # the newest record applied
+    Every instance reads every record of the key, but places only those it must know the
+    chunk of when they come (``apply``: its own asks, resets, version 0 records). Another
+    instance's ask is only noted (``note``): its fields, kept for the asks after it that
+    place it again, and its snapshot left undecoded. The leases are rebuilt when something
+    reads them (a fetch of this instance, an ask it makes, the metrics), from the newest
+    noted ask alone, as ``assign`` rebuilds any ask's state: its snapshot and the records
+    between its base and itself placed again, then the stale asks after it. That is the
+    state placing every record in turn reaches (``assign`` makes the state after an ask
+    depend on that ask and its window only), so each instance decodes and places about
+    twice its own asks instead of every ask of every instance."""
+
+    offset: int = -1  # the newest record applied or noted
     ms: int = -1  # its log-append time
-    frontier: int | None = None  # the next offset never handed out
     floor: int = -1  # the highest committed floor carried by the records
     reset_pending: bool = False  # the broker said the read position is out of range
     counts: Counts = field(default_factory=Counts)
@@ -628,6 +651,14 @@ class KeyGrants:
     done: Committed = field(default_factory=Committed)  # the group's commits as this instance last read them
 
     def __post_init__(self) -> None:
+        self._leases: list[Lease] = []  # live by the newest record's time, as the log has them (once rebuilt)
+        self._frontier: int | None = None  # the next offset never handed out (once rebuilt)
+        # noted and not yet rebuilt from: the newest ask that is not stale (offset, log
+        # time, its record), and the stale asks after it (log time, floor), which only
+        # drop what expired or fell below their floor
+        self._anchor: tuple[int, int, bytes] | None = None
+        self._stale_after: list[tuple[int, int]] = []
+        self._reset_ms = -1  # log time of the newest reset that got a chunk: it set the frontier
         self._recent: list[Applied] = []
         self._keep_ms = 0
         # per instance, for its latest asks: how many live leases took offsets of its read
@@ -646,18 +677,101 @@ class KeyGrants:
             return [seen for seen in recent[first:] if seen.offset < offset]
         return [seen for seen in recent if seen.offset < offset and seen.ms >= ms - grant.lease_ms]
 
+    @property
+    def leases(self) -> list[Lease]:
+        self._rebuild()
+        return self._leases
+
+    @property
+    def frontier(self) -> int | None:
+        self._rebuild()
+        return self._frontier
+
+    def note(self, offset: int, ms: int, grant: Grant, record: bytes) -> None:
+        """Take in another instance's ask of version 1 or 2, not a reset, at ``offset``
+        (log-append time ``ms``) without placing it: ``grant`` decoded without its snapshot
+        (``decode_grant(..., held=False)``), ``record`` its encoded value, decoded again
+        only if the state is next read from it. What it changes is rebuilt when read."""
+        if offset <= self.offset:
+            raise ValueError(f"record {offset} noted after {self.offset}")
+        if grant.fixed or grant.reset or grant.held:
+            raise ValueError("only an ask of another instance, not a reset, decoded without its snapshot, is noted")
+        if grant.base >= 0:
+            stale = grant.base_ms >= 0 and ms - grant.base_ms > grant.lease_ms
+        else:
+            stale = _stale(grant, ms, self.between(grant, offset, ms))
+        if stale:
+            self._stale_after.append((ms, grant.floor))
+            floor = grant.floor
+        else:
+            self._anchor, self._stale_after = (offset, ms, record), []
+            floor = max(grant.floor, grant.base_floor)  # the records between were applied or noted here
+        if self._frontier is None and grant.frontier >= 0:
+            self._frontier = grant.frontier  # a reader that starts here (a compacted log)
+        # a chunk unknown until rebuilt: reason None with no chunk (placed asks without a
+        # chunk say TAKEN); placed again from its fields by the asks after it
+        self._recent.append(Applied(offset, ms, grant, None, STALE if stale else None))
+        self._keep_ms = max(self._keep_ms, grant.lease_ms)
+        self.offset = offset
+        self.ms = max(self.ms, ms)
+        self.floor = max(self.floor, floor)
+        anchor = self._anchor
+        if anchor is not None and ms - anchor[1] > self._keep_ms:
+            self._rebuild()  # before its window falls out of what is kept (``_prune``)
+        self._prune(ms)
+
+    def _rebuild(self) -> None:
+        """The state after the newest record noted, from its newest ask that is not stale."""
+        anchor, stale_after = self._anchor, self._stale_after
+        if anchor is None and not stale_after:
+            return
+        self._anchor, self._stale_after = None, []
+        before = self._leases
+        leases = before
+        if anchor is not None:
+            offset, ms, record = anchor
+            grant = decode_grant(record)
+            decision, rebuilt, _floor = assign(grant, ms, self.between(grant, offset, ms))
+            assert rebuilt is not None  # noted as not stale
+            leases = rebuilt
+            if decision.chunk is not None:
+                self._frontier = max(self._frontier or 0, decision.chunk[1] + 1)
+        for ms, floor in stale_after:
+            leases = [lease for lease in leases if ms < lease.granted_ms + lease.lease_ms and lease.end >= floor]
+        newest = self.ms
+        self.counts.expired += sum(1 for lease in before if newest >= lease.granted_ms + lease.lease_ms)
+        # the chunks the leases show, those granted since the newest reset (which set the
+        # frontier below what it left): a chunk granted and over between two rebuilds is not
+        # seen, and the frontier may lag by it (it only says which reads are redeliveries)
+        ends = [lease.end for lease in leases if lease.granted_ms >= self._reset_ms]
+        if ends:
+            self._frontier = max(self._frontier or 0, max(ends) + 1)
+        self._leases = leases
+
+    def _recovered(self, between: list[Applied]) -> list[Applied]:
+        """``between`` with the chunks of the noted asks filled in from the leases (a
+        chunk's lease carries its ask's member, fetch token and log time), for the verdict
+        on a version 0 record; a chunk no longer leased (expired, or below the floor) is
+        left out, which may only turn a version 0 record's reason from LEASED to COMMITTED."""
+        if not any(record.chunk is None and record.reason is None for record in between):
+            return between
+        chunks = {(lease.member, lease.token, lease.granted_ms): (lease.start, lease.end) for lease in self.leases}
+        return [replace(record, chunk=chunks.get((record.grant.member, record.grant.token, record.ms)))
+                if record.chunk is None and record.reason is None else record for record in between]
+
     def apply(self, offset: int, ms: int, grant: Grant) -> Decision:
         """Apply the record at ``offset`` (log-append time ``ms``): the chunk it gets, if any."""
         if offset <= self.offset:
             raise ValueError(f"record {offset} applied after {self.offset}")
+        self._rebuild()
         between = self.between(grant, offset, ms)
-        frontier = self.frontier
-        expired = sum(1 for lease in self.leases if ms >= lease.granted_ms + lease.lease_ms)
+        frontier = self._frontier
+        expired = sum(1 for lease in self._leases if ms >= lease.granted_ms + lease.lease_ms)
         if grant.fixed:
-            verdict = judge(grant, ms, [_seen(record) for record in between])
+            verdict = judge(grant, ms, [_seen(record) for record in self._recovered(between)])
             decision = Decision(None if verdict is not None else (grant.start, grant.end), verdict)
             floor = max(self.floor, grant.floor)
-            leases = _taking([lease for lease in self.leases if lease.live_at(ms)], floor, grant, decision.chunk, ms)
+            leases = _taking([lease for lease in self._leases if lease.live_at(ms)], floor, grant, decision.chunk, ms)
         else:
             decision, rebuilt, floor = assign(grant, ms, between)
             crowd = self._crowd.get(grant.instance)
@@ -670,7 +784,7 @@ class KeyGrants:
                 crowd.append(sum(1 for lease in rebuilt if lease.start <= top and low <= lease.end)
                              + (decision.chunk is None))
             leases = rebuilt if rebuilt is not None else \
-                [lease for lease in self.leases if ms < lease.granted_ms + lease.lease_ms and lease.end >= floor]
+                [lease for lease in self._leases if ms < lease.granted_ms + lease.lease_ms and lease.end >= floor]
         chunk = decision.chunk
         if chunk is not None and frontier is not None and chunk[0] < frontier and not grant.reset:
             decision = Decision(chunk, None, True)
@@ -684,14 +798,16 @@ class KeyGrants:
         self.ms = max(self.ms, ms)
         self._prune(ms)
         self.counts.expired += expired
-        self.leases = leases
+        self._leases = leases
         self.floor = max(self.floor, floor)
-        if self.frontier is None and grant.frontier >= 0:
-            self.frontier = grant.frontier  # a reader that starts here (a compacted log)
+        if self._frontier is None and grant.frontier >= 0:
+            self._frontier = grant.frontier  # a reader that starts here (a compacted log)
         if chunk is not None:
             self.counts.valid += 1
             self.counts.redelivered += decision.redelivered
-            self.frontier = chunk[1] + 1 if grant.reset else max(self.frontier or 0, chunk[1] + 1)
+            self._frontier = chunk[1] + 1 if grant.reset else max(self._frontier or 0, chunk[1] + 1)
+            if grant.reset:
+                self._reset_ms = ms
         else:
             self.counts.invalid += 1
         return decision
