@@ -203,13 +203,19 @@ def plan(args) -> list[tuple[str, int, str]]:
 
 
 def round_order(args, number: int) -> list[tuple[str, int, str]]:
-    """The round's runs: the cases, the Ns and the contenders of each N rotate from round to round."""
+    """The round's runs: the cases, the Ns and the contenders of each N rotate from round to
+    round, each N's contenders by one place a round (from a place of their own, so that the
+    Ns of a round do not all start with the same contender): a contender that went first
+    goes last the next round, whatever the number of Ns. (Rotated by the N's place in the
+    rotated order instead, an N's contenders kept one order in every round when there are
+    as many Ns as contenders: the second contender always ran first, while the machine
+    warmed up over the rounds.)"""
     s = sizes(args)
     out = []
     for case in rotation(cases(args), number):
         ns = s["hot_workers"] if case == "hot" else s["workers"]
-        for i, n in enumerate(rotation(ns, number)):
-            for contender in rotation(contenders(args, case, n), number + i):
+        for n in rotation(ns, number):
+            for contender in rotation(contenders(args, case, n), number + list(ns).index(n)):
                 out.append((case, n, contender))
     return out
 

@@ -80,3 +80,21 @@ def test_non_default_settings_are_named_for_the_run_and_for_each_contender_that_
     assert "Proxy settings: the defaults." in report.render([{**result, "settings": {}, "rows": result["rows"][1:]}])
     older = {k: v for k, v in result.items() if k != "settings"}  # a run from before settings were recorded
     assert "Proxy settings" not in report.render([older])
+
+
+def test_coop_rounds_change_which_contender_of_an_n_runs_first():
+    """Over as many rounds as an N has contenders, each contender of each N runs first once
+    (with two Ns and two contenders, the order of the rounds used to stay the same)."""
+    from argparse import Namespace
+
+    from benchmarks.bench_coop import contenders, round_order
+
+    for workers in ([16], [4, 16], [4, 8, 16]):
+        args = Namespace(workers=workers, instances=[1, 3], coop_contenders=["coop"], coop_build=None,
+                         coop_cases=["delivery", "work"], coop_seconds=1, coop_delivery_records=1000)
+        for case in ("delivery", "work"):
+            for n in workers:
+                names = contenders(args, case, n)
+                firsts = {[c for k, m, c in round_order(args, number) if (k, m) == (case, n)][0]
+                          for number in range(len(names))}
+                assert firsts == set(names), (workers, case, n, firsts)
