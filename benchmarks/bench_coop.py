@@ -138,7 +138,10 @@ SPREAD_CASES = ("delivery", "work")  # the cases run on several instances and th
 GOAL_BUILD = 0.8  # one instance, grants through the log, against the build that kept them in memory
 GOAL_INSTANCES = 1.0  # R instances against one
 _LATENCY = re.compile(r'^kafka_proxy_request_latency_seconds_(sum|count)\{api="([A-Za-z]+)"\} ([0-9.e+-]+)$', re.M)
+_ASK = re.compile(r"^kafka_proxy_coop_ask_seconds_(sum|count) ([0-9.e+-]+)$", re.M)  # through the grants log
 _COOP = re.compile(r"^(kafka_proxy_coop_[a-z_]+_total)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
+# what the range commits of a group whose members commit through several instances cost
+_COMMITS = re.compile(r"^kafka_proxy_individual_commit_(foreign_writes|corrections)_total ([0-9.e+-]+)$", re.M)
 TITLE = "Cooperative fetch: N consumers of one partition against share groups (and key ranges with a hot key)"
 METHOD = ("One partition, 100-byte keyed values written before the rounds (librdkafka, batch.size in the sizes). N trio Consumers through the proxy "
           "(assign(cooperative=True); a process each without work, two processes of N/2 trio tasks with work; "
@@ -364,7 +367,7 @@ class _Sampler:
 
 def _scrape(proxies: list[ProxyProcess]) -> dict:
     """The proxies' request latencies and coop counters, summed over the instances."""
-    out: dict = {"latency": {}, "coop": {}}
+    out: dict = {"latency": {}, "coop": {}, "commits": {}}
     for proxy in proxies:
         if proxy.metrics_url is None:
             continue
@@ -374,9 +377,13 @@ def _scrape(proxies: list[ProxyProcess]) -> dict:
             continue
         for kind, api, value in _LATENCY.findall(text):
             out["latency"].setdefault(api, [0.0, 0.0])[0 if kind == "sum" else 1] += float(value)
+        for kind, value in _ASK.findall(text):
+            out["latency"].setdefault("ask", [0.0, 0.0])[0 if kind == "sum" else 1] += float(value)
         for name, labels, value in _COOP.findall(text):
             key = name.removeprefix("kafka_proxy_coop_").removesuffix("_total") + (labels or "")
             out["coop"][key] = out["coop"].get(key, 0.0) + float(value)
+        for name, value in _COMMITS.findall(text):
+            out["commits"][name] = out["commits"].get(name, 0.0) + float(value)
     return out
 
 
@@ -384,13 +391,14 @@ def _proxy_delta(before: dict, after: dict, seconds: float) -> dict:
     coop = {k: int(v - before.get("coop", {}).get(k, 0.0)) for k, v in after.get("coop", {}).items()
             if v - before.get("coop", {}).get(k, 0.0)}
     latency = {}
-    for api in ("Fetch", "OffsetCommit"):
+    for api in ("Fetch", "OffsetCommit", "ask"):
         total, count = after.get("latency", {}).get(api, (0.0, 0.0))
         total0, count0 = before.get("latency", {}).get(api, (0.0, 0.0))
         if count > count0:
             latency[api] = {"per_s": round((count - count0) / seconds, 1),
                             "mean_ms": round((total - total0) / (count - count0) * 1000, 2)}
-    return {"coop_counters": coop, "requests": latency}
+    commits = {k: int(v - before.get("commits", {}).get(k, 0.0)) for k, v in after.get("commits", {}).items()}
+    return {"coop_counters": coop, "commit_counters": commits, "requests": latency}
 
 
 class _LogWatch:
@@ -990,7 +998,9 @@ def _summarise(report: dict, runs: list[dict], failures: list[str], *, workers: 
         "run; idle ones follow the grants log they served), N Python consumer "
         "processes or one share JVM. runs[].cpu has the cores each used over the middle of the run (proxy: "
         "each instance's process and its workers, summed over the instances the run went through) and the "
-        "machine's busy share; runs[].proxy the proxy's coop counters and mean Fetch/OffsetCommit latency; "
+        "machine's busy share; runs[].proxy the proxy's coop counters, its range commits that met another "
+        "instance's write and those that corrected the coordinator (commit_counters), and mean "
+        "Fetch/OffsetCommit latency and that of an ask through the grants log (ask); "
         "runs[].workers the consumers' seconds in poll, work and commit_processed.")
     loop = []
     for case in CASES:

@@ -359,6 +359,7 @@ class CooperativeFetchFeature(Feature):
             self._asks_before.inc()
             try:
                 decision = await self.grants.outcome(proposal)
+                self.metrics.ask_seconds.observe(trio.current_time() - proposal.submitted)
             except CommitLogError as exc:
                 log.warning("cooperative fetch: ask not written or not read back group=%s topic=%s partition=%s "
                             "reason=%r", *item.key, str(exc))
@@ -491,7 +492,9 @@ class CooperativeFetchFeature(Feature):
                 self._release([item])
             self._asks_after.inc()
             try:
+                asked = trio.current_time()
                 decision = await self.grants.propose(item.key, ask)
+                self.metrics.ask_seconds.observe(trio.current_time() - asked)
             except CommitLogError as exc:
                 log.warning("cooperative fetch: ask not written or not read back group=%s topic=%s partition=%s "
                             "reason=%r", *item.key, str(exc))

@@ -86,6 +86,7 @@ class Proposal:
     part: _Partition
     pending: _Pending
     waiting: _Waiting
+    submitted: float  # when it joined the queue (trio clock)
 
 
 @dataclass
@@ -252,7 +253,7 @@ class GrantLog:
         waiting = self._waiting[grant.proposal] = _Waiting()
         pending = _Pending([(encode_key(*key), encode_grant(grant))])
         part.pending.append(pending)
-        return Proposal(grant.proposal, part, pending, waiting)
+        return Proposal(grant.proposal, part, pending, waiting, trio.current_time())
 
     async def outcome(self, proposal: Proposal) -> Decision:
         """Write ``proposal`` (with whatever else is queued) and wait until this instance

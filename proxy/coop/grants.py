@@ -751,8 +751,10 @@ class KeyGrants:
     def _recovered(self, between: list[Applied]) -> list[Applied]:
         """``between`` with the chunks of the noted asks filled in from the leases (a
         chunk's lease carries its ask's member, fetch token and log time), for the verdict
-        on a version 0 record; a chunk no longer leased (expired, or below the floor) is
-        left out, which may only turn a version 0 record's reason from LEASED to COMMITTED."""
+        on a version 0 record (written by builds before asks). A chunk no longer leased is
+        left out: an expired one counts for no verdict anyway, and one below the floor
+        only names another reason (COMMITTED for LEASED), except for a version 0 reset
+        reaching into it, which a reader that placed the ask refuses and this one may not."""
         if not any(record.chunk is None and record.reason is None for record in between):
             return between
         chunks = {(lease.member, lease.token, lease.granted_ms): (lease.start, lease.end) for lease in self.leases}
