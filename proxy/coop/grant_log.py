@@ -8,8 +8,8 @@ A key (group, topic, partition) lives in the log partition of its group, as Kafk
 groups to ``__consumer_offsets``. The first time this instance serves a key of a log
 partition it reads that partition from its start to its end, then keeps following it
 (long-polling Fetch; other instances' records gathered for a tenth of a second, this
-instance's own read back at once): every record of every key of the partition is taken
-in in log order, so the state of the keys it serves is never older than what it has read.
+instance's own read back at once): every record of every key of the partition is read in
+log order, so the state of the keys it serves is never older than what it has read.
 This instance's own asks are placed as they come (a fetch waits for their chunks); the
 other instances' are noted, and the state is rebuilt from the newest of them when a fetch
 of this instance reads it (``KeyGrants.note``): an instance's work on the log follows its

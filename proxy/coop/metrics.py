@@ -32,9 +32,8 @@ class CooperativeFetchMetrics:
                             "position known to exist) or after it (at the log end, offsets handed out again, "
                             "resets).", ["read"], registry=r)
         self.ask_seconds = Histogram("kafka_proxy_coop_ask_seconds",
-                                     "From an ask's turn in its grants log partition's queue to its chunk: the "
-                                     "append (acks=all) and the read back, what a fetch of several instances waits "
-                                     "for before its read.",
+                                     "From an ask joining its grants log partition's queue to its chunk: the "
+                                     "append (acks=all) and the read back, what a fetch that asks waits for.",
                                      buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5), registry=r)
         self.refused = Counter("kafka_proxy_coop_fetches_refused",
                                "Cooperative partitions answered without a chunk, by reason.", ["reason"], registry=r)

@@ -3,7 +3,9 @@ every reader assigns their chunks as it applies them. Any interleaving of asks f
 instances, applied in one log order, yields chunks that never overlap a live lease; every
 reader, a restarted one and one that reads a compacted log included, assigns the same.
 Instances ask for their next chunk before the last is assigned (``KeyGrants.hold``), as
-the proxy does. Records of version 0 (a fixed chunk) still decode and are judged as before."""
+the proxy does, and place only their own asks, noting the others' (``KeyGrants.note``), as
+the proxy does too: the log they write and the chunks they get are those of instances that
+place every ask. Records of version 0 (a fixed chunk) still decode and are judged as before."""
 
 from __future__ import annotations
 
