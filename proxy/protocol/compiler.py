@@ -19,7 +19,6 @@ its ``read``/``write`` methods: the reference the compiled code is tested agains
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from proxy.protocol.errors import (
     ProtocolError,
     UnsupportedVersionError,
 )
+from proxy.protocol.once import built_once
 from proxy.protocol.primitives import KafkaConstruct
 from proxy.protocol.schema import View, registry
 
@@ -116,7 +116,7 @@ def as_view(data) -> memoryview:
     return view
 
 
-@functools.cache
+@built_once
 def compile_message(view: View, name: str, version: int, mode: Mode = "compiled") -> MessageCodec:
     """The codec for message ``name`` at ``version`` in schema ``view``, built once."""
     message = registry(view).by_name.get(name)

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
 import operator
 import uuid
 from typing import Any, TypeVar
 
+from proxy.protocol.once import built_once
 from proxy.protocol.primitives import EMPTY_FROZENSET, ZERO_UUID
 from proxy.protocol.schema import FieldDef, MessageDef, SchemaError, View, registry
 
@@ -138,7 +138,7 @@ class MessageClasses:
         return self.by_struct.get(f.element_type) if f.fields is not None else None
 
 
-@functools.cache
+@built_once
 def message_classes(view: View, name: str) -> MessageClasses:
     """Generated classes for message ``name`` in schema ``view`` (built once)."""
     message = registry(view).by_name.get(name)
