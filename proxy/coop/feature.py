@@ -46,7 +46,7 @@ from proxy.commits.cluster import CommitLogError
 from proxy.commits.reads import CommittedReads
 from proxy.coop.chunks import Chunk, batch_bounds, cut_chunk, first_batch_bytes
 from proxy.coop.grant_log import GrantLog, Proposal
-from proxy.coop.grants import STALE, TAKEN, Committed, Grant, KeyGrants, Span
+from proxy.coop.grants import STALE, TAKEN, Committed, Decision, Grant, KeyGrants, Span
 from proxy.coop.metrics import CooperativeFetchMetrics
 from proxy.coop.settings import CooperativeFetchSettings
 from proxy.pipeline import ClusterView, ConnectionContext, DecodedResponse, Feature, Request, RequestStage, Route
@@ -358,8 +358,7 @@ class CooperativeFetchFeature(Feature):
         for _attempt in range(_PROPOSALS):
             self._asks_before.inc()
             try:
-                decision = await self.grants.outcome(proposal)
-                self.metrics.ask_seconds.observe(trio.current_time() - proposal.submitted)
+                decision = await self._outcome(proposal)
             except CommitLogError as exc:
                 log.warning("cooperative fetch: ask not written or not read back group=%s topic=%s partition=%s "
                             "reason=%r", *item.key, str(exc))
@@ -381,6 +380,13 @@ class CooperativeFetchFeature(Feature):
             ask, proposal = renewed, self.grants.submit(item.key, renewed)
         self._refused.labels("taken" if decision.reason == TAKEN else "conflict").inc()
         item.span = None
+
+    async def _outcome(self, proposal: Proposal) -> Decision:
+        """``proposal``'s chunk from the grants log, its time there counted
+        (``kafka_proxy_coop_ask_seconds``). Raises ``CommitLogError`` as ``outcome`` does."""
+        decision = await self.grants.outcome(proposal)
+        self.metrics.ask_seconds.observe(trio.current_time() - proposal.submitted)
+        return decision
 
     def _known(self, key: GroupPartitionKey) -> Committed:
         group, topic, partition = key
@@ -492,9 +498,7 @@ class CooperativeFetchFeature(Feature):
                 self._release([item])
             self._asks_after.inc()
             try:
-                asked = trio.current_time()
-                decision = await self.grants.propose(item.key, ask)
-                self.metrics.ask_seconds.observe(trio.current_time() - asked)
+                decision = await self._outcome(self.grants.submit(item.key, ask))
             except CommitLogError as exc:
                 log.warning("cooperative fetch: ask not written or not read back group=%s topic=%s partition=%s "
                             "reason=%r", *item.key, str(exc))

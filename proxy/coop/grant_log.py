@@ -236,12 +236,6 @@ class GrantLog:
         return True
 
     # -- proposing -------------------------------------------------------------------------------
-    async def propose(self, key: GroupPartitionKey, grant: Grant) -> Decision:
-        """Append ``grant`` (acks=all) and wait for this instance to apply it: the chunk it
-        got, which may be handed out (or none, and why). Raises ``CommitLogError`` when it
-        cannot be written, or not read back, within ``timeout``."""
-        return await self.outcome(self.submit(key, grant))
-
     def submit(self, key: GroupPartitionKey, grant: Grant) -> Proposal:
         """Queue ``grant`` for its log partition's next write now, so that this instance's
         asks reach the log in the order it decided them (an ask decided after another goes

@@ -696,10 +696,8 @@ class KeyGrants:
             raise ValueError(f"record {offset} noted after {self.offset}")
         if grant.fixed or grant.reset or grant.held:
             raise ValueError("only an ask of another instance, not a reset, decoded without its snapshot, is noted")
-        if grant.base >= 0:
-            stale = grant.base_ms >= 0 and ms - grant.base_ms > grant.lease_ms
-        else:
-            stale = _stale(grant, ms, self.between(grant, offset, ms))
+        # the window matters to the rule only for an ask with no base (rarely: listed then)
+        stale = _stale(grant, ms, self.between(grant, offset, ms) if grant.base < 0 else ())
         if stale:
             self._stale_after.append((ms, grant.floor))
             floor = grant.floor
